@@ -1,0 +1,11 @@
+// One init_<subsystem>_bindings(m) per subsystem (STYLE.md item 4); module.cpp calls them.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace zs::bindings {
+
+void init_config_bindings(pybind11::module_& m);
+void init_report_bindings(pybind11::module_& m);
+
+}  // namespace zs::bindings

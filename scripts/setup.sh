@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Sets up everything zerostream needs on a fresh Debian machine, idempotently:
+#   1. Debian packages (apt), 2. .venv with pinned Python packages, 3. build + install
+#   zerostream (and its C++ tests) into .venv. Each step is skipped when nothing changed.
+# Used by scripts/demo.sh and scripts/test.sh; safe to run by hand.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+log() { echo "[setup] $*"; }
+
+# --- 1. Debian packages ---------------------------------------------------------------
+apt_packages=(build-essential cmake ninja-build pkg-config python3-venv
+              liburing-dev nlohmann-json3-dev libgtest-dev libomp-dev fio)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# --- 2. Python environment ---------------------------------------------------------------
+py=${ZS_PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv with $($py --version 2>&1)"
+  "$py" -m venv .venv
+fi
+req_stamp=.venv/.zs-requirements.sha1
+req_hash=$(sha1sum requirements.txt | cut -d' ' -f1)
+if [ "$(cat "$req_stamp" 2>/dev/null)" != "$req_hash" ]; then
+  log "installing pinned Python packages (requirements.txt)"
+  .venv/bin/python -m pip install -q -r requirements.txt
+  echo "$req_hash" > "$req_stamp"
+fi
+
+# --- 3. Build and install zerostream -------------------------------------------------------
+# One CMake tree (build/native) serves the wheel and the C++ tests, so nothing compiles twice.
+src_stamp=.venv/.zs-source.sha1
+src_hash=$( (find CMakeLists.txt pyproject.toml csrc zero offload python tests/cpp -type f \
+              ! -name '*.so' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha1sum) | sha1sum | cut -d' ' -f1)
+if [ "$(cat "$src_stamp" 2>/dev/null)" != "$src_hash" ] || ! .venv/bin/python -c "import zerostream._C" 2>/dev/null; then
+  log "building zerostream (build/native)"
+  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+  .venv/bin/python -m pip install -q --no-build-isolation --no-deps \
+    --config-settings=build-dir=build/native --config-settings=cmake.define.ZS_BUILD_TESTS=ON \
+    ${ZS_CMAKE_ARGS:+--config-settings=cmake.args="$ZS_CMAKE_ARGS"} .
+  echo "$src_hash" > "$src_stamp"
+fi
+log "ready: $(.venv/bin/zerostream --version 2>/dev/null || echo 'zerostream installed')"
