@@ -14,4 +14,6 @@ PYBIND11_MODULE(_C, m) {
                                                   PyExc_NotImplementedError);
   zs::bindings::init_config_bindings(m);
   zs::bindings::init_report_bindings(m);
+  zs::bindings::init_optim_bindings(m);
+  zs::bindings::init_offload_bindings(m);
 }

@@ -1,0 +1,1 @@
+"""`zerostream bench NAME`: each module here defines add_arguments(parser) and run(args) -> int."""

@@ -1,0 +1,1 @@
+"""Python side of the offload tiers (host arena, swap I/O)."""
