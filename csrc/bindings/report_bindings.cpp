@@ -5,6 +5,7 @@
 
 #include "bindings/bindings.h"
 #include "common/cpu_features.h"
+#include "common/io_probe.h"
 #include "cuda/cuda_status.h"
 
 namespace py = pybind11;
@@ -45,6 +46,21 @@ void init_report_bindings(py::module_& m) {
     d["omp_max_threads"] = omp_get_max_threads();
     return d;
   });
+  m.def(
+      "probe_io_uring",
+      [] {
+        py::gil_scoped_release release;
+        return probe_io_uring();
+      },
+      "Sets up an io_uring ring and round-trips a NOP; returns \"\" or why it failed.");
+  m.def(
+      "probe_o_direct",
+      [](const std::string& dir) {
+        py::gil_scoped_release release;
+        return probe_o_direct(dir);
+      },
+      "Writes and reads 4 KiB with O_DIRECT under dir; returns \"\" or why it failed.",
+      py::arg("dir"));
   m.def("cuda_info", [] {
     cuda::CudaStatus s;
     {

@@ -1,9 +1,99 @@
-"""The `zerostream` command."""
+"""The `zerostream` command: report, config check, bench."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
 import sys
 
-def main(argv=None):
-    print("zerostream")
+from . import __version__
+
+_BENCHES = ("io", "optim", "step")
+
+
+def _config_check(args) -> int:
+    from . import config
+
+    result = config.check(args.file, world_size=args.world_size,
+                          micro_batch_size=args.micro_batch_size,
+                          gradient_accumulation_steps=args.gradient_accumulation_steps,
+                          hidden_size=args.hidden_size, model_dtype=args.model_dtype)
+    if args.json:
+        out = {k: result[k] for k in ("ok", "errors", "warnings", "notes", "resolved")}
+        print(json.dumps(out, indent=2))
+        return 0 if result["ok"] else 1
+    if not result["ok"]:
+        print(f"{args.file}: invalid", file=sys.stderr)
+        for e in result["errors"]:
+            print(f"  error: {e}", file=sys.stderr)
+        for w in result["warnings"]:
+            print(f"  warning: {w}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: ok")
+    resolved = result["resolved"]
+    width = max(len(k) for k in resolved) if resolved else 0
+    for path, entry in resolved.items():
+        print(f"  {path:<{width}}  {json.dumps(entry['value']):<24} [{entry['source']}]")
+    for n in result["notes"]:
+        print(f"  note: {n}")
+    for w in result["warnings"]:
+        print(f"  warning: {w}")
     return 0
+
+
+def _bench(args) -> int:
+    try:
+        module = importlib.import_module(f"zerostream.bench.{args.bench_name}")
+    except ModuleNotFoundError:
+        print(f"zerostream bench {args.bench_name}: not available in this build", file=sys.stderr)
+        return 2
+    return module.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zerostream", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"zerostream {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    report = sub.add_parser("report", help="versions, SIMD, io_uring, O_DIRECT, CUDA, backends")
+    report.add_argument("--path", help="directory whose O_DIRECT support to probe (nvme_path)")
+    report.add_argument("--json", action="store_true", help="print one JSON object")
+    report.set_defaults(func=lambda a: importlib.import_module("zerostream.report").run(a))
+
+    cfg = sub.add_parser("config", help="ds_config tools")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
+    check = cfg_sub.add_parser("check", help="validate a ds_config and print it resolved")
+    check.add_argument("file")
+    check.add_argument("--world-size", type=int, default=None,
+                       help="processes in the run (default: data-parallel size 1)")
+    check.add_argument("--micro-batch-size", type=int, default=None,
+                       help="resolves train_micro_batch_size_per_gpu \"auto\"")
+    check.add_argument("--gradient-accumulation-steps", type=int, default=None,
+                       help="resolves gradient_accumulation_steps \"auto\"")
+    check.add_argument("--hidden-size", type=int, default=None,
+                       help="resolves bucket sizes and thresholds set to \"auto\"")
+    check.add_argument("--model-dtype", choices=("fp32", "fp16", "bf16"), default=None,
+                       help="resolves fp16/bf16 enabled \"auto\"")
+    check.add_argument("--json", action="store_true",
+                       help='print {"ok", "errors", "warnings", "notes", "resolved"}')
+    check.set_defaults(func=_config_check)
+
+    bench = sub.add_parser("bench", help="benchmarks with ratios against a peer")
+    bench_sub = bench.add_subparsers(dest="bench_name", required=True)
+    for name in _BENCHES:
+        p = bench_sub.add_parser(name, help=f"{name} benchmark")
+        try:
+            importlib.import_module(f"zerostream.bench.{name}").add_arguments(p)
+        except ModuleNotFoundError:
+            pass
+        p.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
 
 if __name__ == "__main__":
     sys.exit(main())

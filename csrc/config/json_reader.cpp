@@ -1,0 +1,276 @@
+#include "config/json_reader.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <set>
+#include <vector>
+
+#include "common/check.h"
+
+namespace zs::config {
+namespace {
+
+// A recursive-descent reader. nlohmann's parser cannot name the key path of an error,
+// report duplicate keys, or skip '#' comments, all of which users of ds_config need.
+class Reader {
+ public:
+  Reader(std::string_view text, std::string source) : s_(text), source_(std::move(source)) {}
+
+  Json document() {
+    skip_space();
+    if (at_end()) fail("the file is empty; expected a JSON object");
+    Json root = value();
+    skip_space();
+    if (!at_end()) fail("unexpected text after the closing brace");
+    if (!root.is_object()) fail("the top level must be a JSON object");
+    return root;
+  }
+
+ private:
+  std::string_view s_;
+  std::string source_;
+  size_t i_ = 0;
+  std::vector<std::string> path_;
+
+  bool at_end() const { return i_ >= s_.size(); }
+  char peek() const { return at_end() ? '\0' : s_[i_]; }
+
+  std::string path_text() const {
+    if (path_.empty()) return "(top level)";
+    std::string out;
+    for (const std::string& part : path_) {
+      if (!out.empty() && part[0] != '[') out += '.';
+      out += part;
+    }
+    return out;
+  }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    size_t line = 1, col = 1;
+    for (size_t k = 0; k < i_ && k < s_.size(); ++k) {
+      if (s_[k] == '\n') {
+        ++line;
+        col = 1;
+      } else {
+        ++col;
+      }
+    }
+    throw ValueError(detail::concat(source_, ": ", path_text(), ": ", what, " (line ", line,
+                                    ", column ", col, ")"));
+  }
+
+  void skip_space() {
+    while (!at_end()) {
+      const char c = s_[i_];
+      if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+        ++i_;
+      } else if (c == '#' || (c == '/' && i_ + 1 < s_.size() && s_[i_ + 1] == '/')) {
+        while (!at_end() && s_[i_] != '\n') ++i_;
+      } else if (c == '/' && i_ + 1 < s_.size() && s_[i_ + 1] == '*') {
+        const size_t end = s_.find("*/", i_ + 2);
+        if (end == std::string_view::npos) fail("unterminated /* comment");
+        i_ = end + 2;
+      } else {
+        return;
+      }
+    }
+  }
+
+  Json value() {
+    const char c = peek();
+    if (c == '{') return object();
+    if (c == '[') return array();
+    if (c == '"') return Json(string());
+    if (c == '-' || (c >= '0' && c <= '9')) return number();
+    return word();
+  }
+
+  Json object() {
+    ++i_;  // '{'
+    Json obj = Json::object();
+    std::set<std::string> seen;
+    skip_space();
+    if (peek() == '}') {
+      ++i_;
+      return obj;
+    }
+    while (true) {
+      skip_space();
+      if (peek() == '}') {  // trailing comma, as hjson allows
+        ++i_;
+        return obj;
+      }
+      if (peek() != '"') fail("expected a quoted key or '}'");
+      std::string key = string();
+      if (!seen.insert(key).second) {
+        path_.push_back(key);
+        fail("duplicate key \"" + key + "\" (DeepSpeed rejects duplicate keys too)");
+      }
+      skip_space();
+      if (peek() != ':') fail("expected ':' after key \"" + key + "\"");
+      ++i_;
+      skip_space();
+      path_.push_back(key);
+      obj[key] = value();
+      path_.pop_back();
+      skip_space();
+      if (peek() == ',') {
+        ++i_;
+      } else if (peek() == '}') {
+        ++i_;
+        return obj;
+      } else {
+        path_.push_back(key);
+        fail("expected ',' or '}' after this value");
+      }
+    }
+  }
+
+  Json array() {
+    ++i_;  // '['
+    Json arr = Json::array();
+    while (true) {
+      skip_space();
+      if (peek() == ']') {
+        ++i_;
+        return arr;
+      }
+      path_.push_back("[" + std::to_string(arr.size()) + "]");
+      arr.push_back(value());
+      path_.pop_back();
+      skip_space();
+      if (peek() == ',') {
+        ++i_;
+      } else if (peek() != ']') {
+        fail("expected ',' or ']' in this list");
+      }
+    }
+  }
+
+  static void append_utf8(std::string& out, unsigned cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+
+  unsigned hex4() {
+    if (i_ + 4 > s_.size()) fail("truncated \\u escape");
+    unsigned v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char h = s_[i_++];
+      v <<= 4;
+      if (h >= '0' && h <= '9') v |= h - '0';
+      else if (h >= 'a' && h <= 'f') v |= h - 'a' + 10;
+      else if (h >= 'A' && h <= 'F') v |= h - 'A' + 10;
+      else fail("bad \\u escape");
+    }
+    return v;
+  }
+
+  std::string string() {
+    ++i_;  // opening quote
+    std::string out;
+    while (true) {
+      if (at_end()) fail("unterminated string");
+      const char c = s_[i_++];
+      if (c == '"') return out;
+      if (c == '\n') fail("newline inside a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (at_end()) fail("unterminated string");
+      const char e = s_[i_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          unsigned cp = hex4();
+          if (cp >= 0xD800 && cp < 0xDC00 && s_.substr(i_, 2) == "\\u") {
+            i_ += 2;
+            const unsigned lo = hex4();
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          }
+          append_utf8(out, cp);
+          break;
+        }
+        default: fail(std::string("unknown escape \\") + e);
+      }
+    }
+  }
+
+  Json number() {
+    const size_t start = i_;
+    bool integral = true;
+    if (peek() == '-') ++i_;
+    while (!at_end()) {
+      const char c = s_[i_];
+      if (c >= '0' && c <= '9') {
+        ++i_;
+      } else if (c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-') {
+        integral = false;
+        ++i_;
+      } else {
+        break;
+      }
+    }
+    const std::string text(s_.substr(start, i_ - start));
+    char* end = nullptr;
+    errno = 0;
+    if (integral) {
+      const long long v = std::strtoll(text.c_str(), &end, 10);
+      if (errno == 0 && end == text.c_str() + text.size()) return Json(static_cast<int64_t>(v));
+    }
+    errno = 0;
+    const double d = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() || text == "-") fail("malformed number " + text);
+    return Json(d);
+  }
+
+  Json word() {
+    const size_t start = i_;
+    while (!at_end()) {
+      const char c = s_[i_];
+      if (c == ',' || c == '}' || c == ']' || c == '\n' || c == '\r' || c == ' ' || c == '\t')
+        break;
+      ++i_;
+    }
+    const std::string w(s_.substr(start, i_ - start));
+    if (w == "true") return Json(true);
+    if (w == "false") return Json(false);
+    if (w == "null") return Json(nullptr);
+    i_ = start;
+    if (w.empty()) fail("expected a value");
+    if (w == "True" || w == "False" || w == "None")
+      fail("expected a JSON value, got the Python literal " + w +
+           " (JSON spells it true, false or null)");
+    fail("expected a JSON value, got the bare word " + w +
+         " (an unfilled template placeholder? quote it or replace it with a value)");
+  }
+};
+
+}  // namespace
+
+Json read_json_text(std::string_view text, const std::string& source) {
+  return Reader(text, source).document();
+}
+
+}  // namespace zs::config

@@ -1,0 +1,21 @@
+// Reads ds_config text the way DeepSpeed's hjson reading tolerates it (// # /* */ comments,
+// trailing commas) while keeping JSON's types, and fails with the key path on anything else.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace zs::config {
+
+// Key order is kept so that resolved configs print in the user's order.
+using Json = nlohmann::ordered_json;
+
+// Parses `text` (named `source` in messages). Throws zs::ValueError naming the key path,
+// line and column for: syntax errors, duplicate keys (DeepSpeed rejects them too) and bare
+// words such as unfilled template placeholders (`"enabled": FP16_ENABLE`).
+// Integers stay integers; numbers with a fraction or exponent become doubles.
+Json read_json_text(std::string_view text, const std::string& source);
+
+}  // namespace zs::config

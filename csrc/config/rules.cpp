@@ -1,0 +1,180 @@
+// Cross-field rules, checked once at load. Errors are the ones DeepSpeed raises (as
+// assertions, often much later); warnings are what DeepSpeed silently ignores.
+#include <algorithm>
+
+#include "config/resolve.h"
+
+namespace zs::config {
+namespace {
+
+bool on(const Resolution& r, const std::string& path) { return r.at(path) == true; }
+
+int64_t integer(const Resolution& r, const std::string& path) {
+  const Json& v = r.at(path);
+  return v.is_number() ? v.get<int64_t>() : 0;
+}
+
+std::string str(const Resolution& r, const std::string& path) {
+  const Json& v = r.at(path);
+  return v.is_string() ? v.get<std::string>() : "";
+}
+
+void precision_rules(Resolution& r, int64_t stage) {
+  if (on(r, "fp16.enabled") && on(r, "bf16.enabled"))
+    r.errors.push_back("fp16.enabled, bf16.enabled: bfloat16 and fp16 modes cannot be "
+                       "simultaneously enabled");
+  if (on(r, "fp16.enabled") && r.at("fp16.loss_scale") == 0.0) {
+    if (integer(r, "fp16.loss_scale_window") <= 0)
+      r.errors.push_back("fp16.loss_scale_window: must be > 0 with dynamic loss scaling; got " +
+                         show(r.at("fp16.loss_scale_window")));
+    if (integer(r, "fp16.min_loss_scale") <= 0)
+      r.errors.push_back("fp16.min_loss_scale: must be > 0 with dynamic loss scaling; got " +
+                         show(r.at("fp16.min_loss_scale")));
+  }
+  if (on(r, "fp16.fp16_master_weights_and_grads") &&
+      !(stage >= 1 && str(r, "zero_optimization.offload_optimizer.device") == "cpu"))
+    r.errors.push_back("fp16.fp16_master_weights_and_grads: needs ZeRO stage 1-3 with "
+                       "zero_optimization.offload_optimizer.device \"cpu\"");
+  if (on(r, "bf16.bf16_master_weights_and_grads") && stage == 0)
+    r.errors.push_back("bf16.bf16_master_weights_and_grads: needs ZeRO stage 1-3; got stage 0");
+  if (on(r, "bf16.bf16_optimizer_states") && !on(r, "bf16.bf16_master_weights_and_grads"))
+    r.errors.push_back("bf16.bf16_optimizer_states: needs bf16.bf16_master_weights_and_grads");
+  const std::string pd = str(r, "data_types.param_dtype");
+  if (!pd.empty()) {
+    const std::string want = on(r, "fp16.enabled") ? "fp16" : on(r, "bf16.enabled") ? "bf16" : "fp32";
+    const bool match = (want == "fp16" && (pd == "fp16" || pd == "float16" || pd == "half" ||
+                                           pd == "torch.float16")) ||
+                       (want == "bf16" && (pd == "bf16" || pd == "bfloat16" ||
+                                           pd == "torch.bfloat16")) ||
+                       (want == "fp32" && (pd == "fp32" || pd == "float32" || pd == "float" ||
+                                           pd == "torch.float32"));
+    if (!match)
+      r.errors.push_back("data_types.param_dtype: \"" + pd + "\" does not match the enabled "
+                         "precision (" + want + ")");
+  }
+}
+
+void offload_rules(Resolution& r, int64_t stage) {
+  for (const char* which : {"offload_optimizer", "offload_param"}) {
+    const std::string base = std::string("zero_optimization.") + which;
+    if (!r.at(base).is_object()) continue;
+    const std::string device = str(r, base + ".device");
+    if (device == "nvme" && r.at(base + ".nvme_path").is_null())
+      r.errors.push_back(base + ".nvme_path: required when " + base +
+                         ".device is \"nvme\" (a directory on the NVMe drive)");
+  }
+  const std::string param_device = str(r, "zero_optimization.offload_param.device");
+  if (!param_device.empty() && param_device != "none" && stage != 3)
+    r.warnings.push_back("zero_optimization.offload_param: only ZeRO stage 3 partitions "
+                         "parameters, so offload_param (device \"" + param_device +
+                         "\") has no effect at stage " + std::to_string(stage) +
+                         " (DeepSpeed ignores it too)");
+  const Json& ratio = r.at("zero_optimization.offload_optimizer.ratio");
+  if (ratio.is_number() && ratio.get<double>() < 1.0 && stage != 3)
+    r.errors.push_back("zero_optimization.offload_optimizer.ratio: partial offloading (" +
+                       show(ratio) + " < 1) is only supported for ZeRO stage 3; got stage " +
+                       std::to_string(stage));
+  if (str(r, "zero_optimization.offload_optimizer.device") == "nvme" &&
+      (stage == 1 || stage == 2))
+    r.notes.push_back("zero_optimization.offload_optimizer.device: \"nvme\" at stage " +
+                      std::to_string(stage) + " keeps optimizer states on NVMe (DeepSpeed "
+                      "would silently use CPU memory instead)");
+  if (on(r, "aio.use_gds"))
+    r.warnings.push_back("aio.use_gds: GPUDirect Storage is not supported by zerostream; "
+                         "NVMe I/O goes through host memory with io_uring");
+}
+
+void zero_rules(Resolution& r, int64_t stage) {
+  const std::string z = "zero_optimization.";
+  const bool reduce_scatter = on(r, z + "reduce_scatter");
+  if (stage >= 2 && reduce_scatter && on(r, "prescale_gradients"))
+    r.errors.push_back("prescale_gradients: must be false with zero_optimization.stage " +
+                       std::to_string(stage) + " and reduce_scatter true (DeepSpeed asserts "
+                       "this too); set one of them false");
+  if (stage >= 2 && reduce_scatter && r.at("gradient_predivide_factor") != 1.0)
+    r.errors.push_back("gradient_predivide_factor: must be 1.0 with zero_optimization.stage " +
+                       std::to_string(stage) + " and reduce_scatter true; got " +
+                       show(r.at("gradient_predivide_factor")));
+  if (stage == 3 && str(r, "gradient_allreduce_op") == "sum")
+    r.errors.push_back("gradient_allreduce_op: \"sum\" is not supported with ZeRO stage 3");
+  if (on(r, z + "legacy_stage1"))
+    r.errors.push_back("zero_optimization.legacy_stage1: the deprecated ZeRO stage 1 is not "
+                       "supported (DeepSpeed dropped it in 0.5.9)");
+  if ((stage == 1 || stage == 2) && integer(r, z + "allgather_bucket_size") % 2 != 0)
+    r.errors.push_back("zero_optimization.allgather_bucket_size: must be a multiple of 2 at "
+                       "stage 1/2; got " + show(r.at(z + "allgather_bucket_size")));
+  if (stage == 3 && on(r, z + "elastic_checkpoint"))
+    r.warnings.push_back("zero_optimization.elastic_checkpoint: not supported at stage 3; "
+                         "save_checkpoint() raises NotImplementedError while it is true");
+  struct Feature { std::string key; bool used; };
+  const Feature unsupported[] = {
+      {z + "zero_quantized_weights", on(r, z + "zero_quantized_weights")},
+      {z + "zero_quantized_nontrainable_weights", on(r, z + "zero_quantized_nontrainable_weights")},
+      {z + "zero_quantized_gradients", on(r, z + "zero_quantized_gradients")},
+      {z + "zero_hpz_partition_size", integer(r, z + "zero_hpz_partition_size") > 1},
+      {z + "mics_shard_size", integer(r, z + "mics_shard_size") > 0},
+      {z + "zenflow", r.at(z + "zenflow").is_object()},
+      {z + "offload_optimizer.super_offload", on(r, z + "offload_optimizer.super_offload")},
+  };
+  for (const Feature& f : unsupported)
+    if (f.used)
+      r.warnings.push_back(f.key + ": this DeepSpeed feature is not implemented by zerostream; "
+                           "initialize() raises NotImplementedError while it is set");
+}
+
+// DeepSpeed's engine raises on optimizer.params.max_grad_norm. When it equals the resolved
+// gradient_clipping it is redundant, so zerostream drops it with a warning; otherwise the
+// user must say which clipping they meant.
+void max_grad_norm_rule(Resolution& r) {
+  const Json& mgn = r.at("optimizer.params.max_grad_norm");
+  if (mgn.is_null()) return;
+  const Json& clip = r.at("gradient_clipping");
+  if (mgn.is_number() && clip.is_number() && mgn.get<double>() == clip.get<double>()) {
+    r.warnings.push_back("optimizer.params.max_grad_norm: not an optimizer parameter; ignored "
+                         "because it equals gradient_clipping (" + show(clip) + ")");
+  } else {
+    r.errors.push_back("optimizer.params.max_grad_norm: not an optimizer parameter, and " +
+                       show(mgn) + " differs from gradient_clipping " + show(clip) +
+                       "; set the clipping norm with the top-level \"gradient_clipping\" key");
+  }
+}
+
+void feature_rules(Resolution& r, int64_t stage) {
+  const Json& amp = r.at("amp");
+  if (amp.is_object() && amp.value("enabled", false) == true && stage > 0)
+    r.errors.push_back("amp.enabled: Apex AMP and ZeRO are not compatible (stage " +
+                       std::to_string(stage) + "); use fp16 or bf16 instead");
+  const std::string type = str(r, "optimizer.type");
+  std::string low = type;
+  std::transform(low.begin(), low.end(), low.begin(), ::tolower);
+  if ((low == "onebitadam" || low == "zerooneadam" || low == "onebitlamb") && stage > 0)
+    r.errors.push_back("optimizer.type: \"" + type + "\" is not compatible with ZeRO (stage " +
+                       std::to_string(stage) + ")");
+  // Sections of DeepSpeed features that zerostream accepts but does not implement.
+  for (const Key& k : root_schema().keys) {
+    if (k.kind != Kind::kAny || k.deprecation != Deprecation::kNone) continue;
+    const Json& v = r.at(k.name);
+    if (v.is_null() || (v.is_object() && v.value("enabled", true) == false)) continue;
+    r.warnings.push_back(k.name + ": accepted for compatibility, but zerostream does not "
+                         "implement this DeepSpeed feature; it has no effect");
+  }
+  for (const Key& k : root_schema().keys) {
+    if (k.kind != Kind::kSection || k.section->implemented) continue;
+    if (r.at(k.name + ".enabled") == true)
+      r.warnings.push_back(k.name + ".enabled: zerostream does not implement this DeepSpeed "
+                           "feature; it has no effect");
+  }
+}
+
+}  // namespace
+
+void check_cross_field_rules(Resolution& r) {
+  const int64_t stage = integer(r, "zero_optimization.stage");
+  precision_rules(r, stage);
+  offload_rules(r, stage);
+  zero_rules(r, stage);
+  feature_rules(r, stage);
+  max_grad_norm_rule(r);
+}
+
+}  // namespace zs::config

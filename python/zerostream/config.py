@@ -1,0 +1,386 @@
+"""ds_config loading: dict, path or base64 text in; a frozen, typed, resolved config out.
+
+Parsing, validation, "auto" and the batch rule live in the native core (csrc/config/);
+this module reads the input, calls it once, and turns the resolved tree into frozen
+dataclasses. Every error names its key path; warnings and "auto" notes are logged once.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import logging
+import os
+import types
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple
+
+from . import _C
+
+logger = logging.getLogger("zerostream")
+
+
+# --- reading the input ------------------------------------------------------------------------
+
+def config_text(config: Any) -> Tuple[str, str]:
+    """Returns (JSON text, source name) for a dict, a file path or URL-safe base64 text."""
+    if isinstance(config, Mapping):
+        try:
+            return json.dumps(dict(config)), "<dict>"
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"DeepSpeed config dict is not JSON-serializable: {exc}") from exc
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if os.path.isfile(path):
+            with open(path, "r", encoding="utf-8") as f:
+                return f.read(), path
+        if isinstance(config, str):
+            try:
+                text = base64.urlsafe_b64decode(config.encode("ascii")).decode("utf-8")
+            except (binascii.Error, UnicodeError, ValueError):
+                text = None
+            if text is not None and text.lstrip().startswith("{"):
+                return text, "<base64>"
+        raise ValueError(
+            f"Expected a string path to an existing deepspeed config, or a dictionary or a "
+            f"valid base64 string; got {path!r} (no such file)")
+    raise ValueError(
+        "Expected a string path to an existing deepspeed config, or a dictionary or a valid "
+        f"base64 string; got {type(config).__name__}")
+
+
+def _context(world_size, train_batch_size, micro_batch_size, gradient_accumulation_steps,
+             hidden_size, model_dtype, lr, total_num_steps):
+    return dict(world_size=world_size, train_batch_size=train_batch_size,
+                micro_batch_size=micro_batch_size,
+                gradient_accumulation_steps=gradient_accumulation_steps,
+                hidden_size=hidden_size, model_dtype=model_dtype, lr=lr,
+                total_num_steps=total_num_steps)
+
+
+def check(config: Any, *, world_size: Optional[int] = None, require_batch: bool = False,
+          train_batch_size=None, micro_batch_size=None, gradient_accumulation_steps=None,
+          hidden_size=None, model_dtype=None, lr=None, total_num_steps=None) -> dict:
+    """Validates without raising: {"ok", "errors", "warnings", "notes", "tree", "resolved"}.
+
+    `resolved` maps every key path to {"value", "source"} with source one of
+    "file", "default", "auto", "derived".
+    """
+    try:
+        text, source = config_text(config)
+    except ValueError as exc:
+        return {"ok": False, "errors": [str(exc)], "warnings": [], "notes": [], "tree": {},
+                "resolved": {}}
+    return _C.check_config(text, os.path.basename(source), require_batch=require_batch,
+                           **_context(world_size, train_batch_size, micro_batch_size,
+                                      gradient_accumulation_steps, hidden_size, model_dtype,
+                                      lr, total_num_steps))
+
+
+# --- the typed tree -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OffloadOptimizerConfig:
+    device: str
+    nvme_path: Optional[str]
+    buffer_count: int
+    pin_memory: bool
+    pipeline_read: bool
+    pipeline_write: bool
+    pipeline: bool
+    fast_init: bool
+    ratio: float
+    super_offload: bool
+    cpuadam_cores_perc: float
+
+
+@dataclass(frozen=True)
+class OffloadParamConfig:
+    device: str
+    nvme_path: Optional[str]
+    buffer_count: int
+    buffer_size: int
+    max_in_cpu: int
+    pin_memory: bool
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    stage: int
+    contiguous_gradients: bool
+    overlap_comm: bool
+    reduce_scatter: bool
+    reduce_bucket_size: int
+    use_multi_rank_bucket_allreduce: bool
+    allgather_partitions: bool
+    allgather_bucket_size: int
+    round_robin_gradients: bool
+    load_from_fp32_weights: bool
+    elastic_checkpoint: bool
+    offload_optimizer: Optional[OffloadOptimizerConfig]
+    offload_param: Optional[OffloadParamConfig]
+    sub_group_size: int
+    stage3_prefetch_bucket_size: int
+    stage3_param_persistence_threshold: int
+    stage3_model_persistence_threshold: int
+    stage3_max_live_parameters: int
+    stage3_max_reuse_distance: int
+    stage3_gather_16bit_weights_on_model_save: bool
+    stage3_module_granularity_threshold: int
+    stage3_use_all_reduce_for_fetch_params: bool
+    stage3_allgather_sequential: bool
+    ignore_unused_parameters: bool
+    legacy_stage1: bool
+    zero_hpz_partition_size: int
+    zero_quantized_weights: bool
+    zero_quantized_nontrainable_weights: bool
+    zero_quantized_gradients: bool
+    zeropp_loco_param: Any
+    mics_shard_size: int
+    mics_hierarchical_params_gather: bool
+    memory_efficient_linear: bool
+    pipeline_loading_checkpoint: bool
+    override_module_apply: bool
+    log_trace_cache_warnings: bool
+    enable_sanity_checks: bool
+    save_muon_momentum_buffer_in_memory: bool
+    zenflow: Any
+    leaf_module: Any
+
+    @property
+    def offload_optimizer_device(self) -> str:
+        return self.offload_optimizer.device if self.offload_optimizer else "none"
+
+    @property
+    def offload_param_device(self) -> str:
+        # DeepSpeed (and zerostream) use offload_param at stage 3 only.
+        if self.stage != 3 or self.offload_param is None:
+            return "none"
+        return self.offload_param.device
+
+
+@dataclass(frozen=True)
+class FP16Config:
+    enabled: bool
+    auto_cast: bool
+    loss_scale: float
+    initial_scale_power: int
+    loss_scale_window: int
+    hysteresis: int
+    consecutive_hysteresis: bool
+    min_loss_scale: int
+    fp16_master_weights_and_grads: bool
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return self.loss_scale == 0
+
+
+@dataclass(frozen=True)
+class BF16Config:
+    enabled: bool
+    immediate_grad_update: bool
+    check_grad_overflow: bool
+    bf16_master_weights_and_grads: bool
+    bf16_optimizer_states: bool
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    type: str
+    params: Mapping[str, Any]
+    legacy_fusion: bool
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    type: str
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AioConfig:
+    block_size: int
+    queue_depth: int
+    intra_op_parallelism: int
+    single_submit: bool
+    overlap_events: bool
+    use_gds: bool
+    backend: str  # zerostream extension: "auto" | "io_uring" | "threads"
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointingConfig:
+    partition_activations: bool
+    cpu_checkpointing: bool
+    contiguous_memory_optimization: bool
+    number_checkpoints: Optional[int]
+    synchronize_checkpoint_boundary: bool
+    profile: bool
+
+
+@dataclass(frozen=True)
+class DataTypesConfig:
+    grad_accum_dtype: Optional[str]
+    param_dtype: Optional[str]
+    buffer_dtype: Optional[str]
+
+
+@dataclass(frozen=True)
+class ParallelWriteConfig:
+    pipeline_stage: bool
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    tag_validation: str
+    load_universal: bool
+    use_node_local_storage: bool
+    parallel_write: ParallelWriteConfig
+    checkpoint_serialization: bool
+    writer: Any
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    enabled: bool
+    output_path: str
+    job_name: str
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    enabled: bool
+    group: Optional[str]
+    team: Optional[str]
+    project: str
+
+
+@dataclass(frozen=True)
+class FlopsProfilerConfig:
+    enabled: bool
+    recompute_fwd_factor: float
+    profile_step: int
+    module_depth: int
+    top_modules: int
+    detailed: bool
+    output_file: Optional[str]
+
+
+@dataclass(frozen=True)
+class ZeroStreamExtConfig:
+    verify_swap_checksums: bool
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    """The resolved config. Section objects mirror ds_config's sections and key names."""
+    train_batch_size: Optional[int]
+    train_micro_batch_size_per_gpu: Optional[int]
+    gradient_accumulation_steps: Optional[int]
+    gradient_clipping: float
+    steps_per_print: Optional[int]
+    wall_clock_breakdown: bool
+    memory_breakdown: bool
+    dump_state: bool
+    prescale_gradients: bool
+    gradient_predivide_factor: float
+    gradient_allreduce_op: str
+    communication_data_type: str
+    zero_allow_untested_optimizer: bool
+    zero_force_ds_cpu_optimizer: bool
+    sparse_gradients: bool
+    disable_allgather: bool
+    dataloader_drop_last: bool
+    managed_gradient_accumulation: bool
+    vocabulary_size: Optional[int]
+    log_level: Optional[str]
+    sequence_parallel_size: int
+    zero_optimization: ZeroConfig
+    fp16: FP16Config
+    bf16: BF16Config
+    optimizer: Optional[OptimizerConfig]
+    scheduler: Optional[SchedulerConfig]
+    aio: AioConfig
+    activation_checkpointing: ActivationCheckpointingConfig
+    data_types: DataTypesConfig
+    checkpoint: CheckpointConfig
+    tensorboard: MonitorConfig
+    csv_monitor: MonitorConfig
+    wandb: WandbConfig
+    flops_profiler: FlopsProfilerConfig
+    zerostream: ZeroStreamExtConfig
+    # Not from the schema: how the values were settled, and the input itself.
+    data_parallel_size: int = 1
+    raw: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    resolved: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    warnings: Tuple[str, ...] = ()
+    notes: Tuple[str, ...] = ()
+    native: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def zero_stage(self) -> int:
+        return self.zero_optimization.stage
+
+    @property
+    def precision(self) -> str:
+        return "fp16" if self.fp16.enabled else "bf16" if self.bf16.enabled else "fp32"
+
+
+def _build(cls, tree: Mapping[str, Any]):
+    """Builds dataclass `cls` from the resolved tree (its keys are the schema's keys)."""
+    hints = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for name, f in hints.items():
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        if name not in tree:
+            raise RuntimeError(f"resolved config has no key {name!r} for {cls.__name__}")
+        values[name] = _convert(f.type, tree[name])
+    return cls(**values)
+
+
+_SECTIONS = {}
+
+
+def _convert(annotation, value):
+    target = _SECTIONS.get(str(annotation).replace("Optional[", "").rstrip("]"))
+    if target is not None and isinstance(value, Mapping):
+        return _build(target, value)
+    if isinstance(value, Mapping):
+        return types.MappingProxyType(dict(value))
+    return value
+
+
+for _cls in (OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig, FP16Config, BF16Config,
+             OptimizerConfig, SchedulerConfig, AioConfig, ActivationCheckpointingConfig,
+             DataTypesConfig, ParallelWriteConfig, CheckpointConfig, MonitorConfig, WandbConfig,
+             FlopsProfilerConfig, ZeroStreamExtConfig):
+    _SECTIONS[_cls.__name__] = _cls
+
+
+def load(config: Any, *, world_size: Optional[int] = None, require_batch: bool = True,
+         train_batch_size=None, micro_batch_size=None, gradient_accumulation_steps=None,
+         hidden_size=None, model_dtype=None, lr=None, total_num_steps=None,
+         log: bool = True) -> DeepSpeedConfig:
+    """Loads, validates and resolves a ds_config. Raises ValueError listing every error."""
+    text, source = config_text(config)
+    native = _C.load_config(text, os.path.basename(source), require_batch=require_batch,
+                            **_context(world_size, train_batch_size, micro_batch_size,
+                                       gradient_accumulation_steps, hidden_size, model_dtype,
+                                       lr, total_num_steps))
+    res = native.resolution
+    tree = dict(res["tree"])
+    tree.pop("bfloat16", None)
+    cfg = _build(DeepSpeedConfig, tree)
+    cfg = dataclasses.replace(
+        cfg, data_parallel_size=native.data_parallel_size, raw=json.loads(text),
+        resolved=types.MappingProxyType(res["resolved"]), warnings=tuple(res["warnings"]),
+        notes=tuple(res["notes"]), native=native)
+    if log:
+        for w in cfg.warnings:
+            logger.warning("ds_config: %s", w)
+        for n in cfg.notes:
+            logger.info("ds_config: %s", n)
+    return cfg
