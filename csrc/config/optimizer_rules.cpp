@@ -18,6 +18,11 @@ bool contains(const std::vector<std::string>& names, const std::string& n) {
   return std::find(names.begin(), names.end(), n) != names.end();
 }
 
+bool contains_any_case(const std::vector<std::string>& names, const std::string& n) {
+  return std::any_of(names.begin(), names.end(),
+                     [&](const std::string& x) { return lower(x) == lower(n); });
+}
+
 std::string join(const std::vector<std::string>& names) {
   std::string out;
   for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
@@ -37,7 +42,7 @@ void check_optimizer(Resolution& r) {
   const std::string low = lower(name);
   const auto& ds = deepspeed_optimizer_names();
   const auto& torch_names = torch_optimizer_names();
-  const bool deepspeed_type = contains(ds, low);
+  const bool deepspeed_type = contains_any_case(ds, low);
   if (!deepspeed_type && !contains(torch_names, name)) {
     std::vector<std::string> all = ds;
     all.insert(all.end(), torch_names.begin(), torch_names.end());

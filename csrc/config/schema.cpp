@@ -240,8 +240,9 @@ struct Schema {
     zerostream = {"zerostream", true, true, {B("verify_swap_checksums", false)}};
 
     root = {"", false, true, {
-        U("train_batch_size", nullptr), U("train_micro_batch_size_per_gpu", nullptr),
-        U("gradient_accumulation_steps", nullptr),
+        I("train_batch_size", nullptr).greater_than_zero(),
+        I("train_micro_batch_size_per_gpu", nullptr).greater_than_zero(),
+        I("gradient_accumulation_steps", nullptr).greater_than_zero(),
         F("gradient_clipping", 1.0).at_least(0),
         U("steps_per_print", nullptr),
         B("wall_clock_breakdown", false), B("memory_breakdown", false), B("dump_state", false),
@@ -353,8 +354,8 @@ const Section* scheduler_params_schema(const std::string& t) {
 
 const std::vector<std::string>& deepspeed_optimizer_names() {
   static const std::vector<std::string> names = {
-      "adagrad", "adam", "adamw", "lamb", "onebitadam", "zerooneadam", "onebitlamb",
-      "muadam", "muadamw", "musgd", "lion", "muon"};
+      "Adagrad", "Adam", "AdamW", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb",
+      "MuAdam", "MuAdamW", "MuSGD", "Lion", "Muon"};
   return names;
 }
 

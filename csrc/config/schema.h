@@ -80,7 +80,7 @@ const Section* optimizer_params_schema(const std::string& type_lower);
 // Same for the DeepSpeed LR schedules; nullptr for torch.optim.lr_scheduler classes.
 const Section* scheduler_params_schema(const std::string& type);
 
-// Optimizer type names DeepSpeed handles itself (lowercased), those zerostream implements,
+// Optimizer type names DeepSpeed handles itself (any case; listed in display case), those zerostream implements,
 // torch.optim classes, DeepSpeed schedules and torch schedules.
 const std::vector<std::string>& deepspeed_optimizer_names();
 bool zerostream_implements_optimizer(const std::string& type_lower);

@@ -38,6 +38,11 @@ std::vector<std::string> split(const std::string& path) {
 
 const Json kNull;
 
+std::string number_text(double d) {
+  if (d == std::floor(d) && std::fabs(d) < 1e15) return std::to_string(static_cast<int64_t>(d));
+  return Json(d).dump();
+}
+
 std::string choices_text(const std::vector<Json>& choices) {
   std::string out;
   for (size_t i = 0; i < choices.size(); ++i) out += (i ? ", " : "") + show(choices[i]);
@@ -101,8 +106,8 @@ std::optional<Json> coerce(const Key& k, const Json& v, const std::string& path,
       }
       if ((k.min && d < *k.min) || (k.max && d > *k.max) || (k.positive && d <= 0)) {
         std::string range = k.positive ? "> 0" : "";
-        if (k.min) range = ">= " + Json(*k.min).dump();
-        if (k.max) range += std::string(range.empty() ? "" : " and ") + "<= " + Json(*k.max).dump();
+        if (k.min) range = ">= " + number_text(*k.min);
+        if (k.max) range += std::string(range.empty() ? "" : " and ") + "<= " + number_text(*k.max);
         err = path + ": must be " + range + "; got " + show(v);
         return std::nullopt;
       }

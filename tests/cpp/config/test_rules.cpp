@@ -1,0 +1,179 @@
+// Cross-field rules, optimizer and scheduler checks.
+#include "common/check.h"
+#include "config_test_util.h"
+
+namespace zs::config {
+namespace {
+
+using testing::check;
+
+std::string cfg(const std::string& body) { return R"({"train_batch_size": 8, )" + body + "}"; }
+
+TEST(Rules, Fp16AndBf16CannotBothBeOn) {
+  EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true}, "bf16": {"enabled": true})")),
+               "fp16.enabled, bf16.enabled: bfloat16 and fp16 modes cannot be simultaneously enabled");
+}
+
+TEST(Rules, NvmeNeedsAPath) {
+  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}})")),
+               "zero_optimization.offload_param.nvme_path: required when "
+               "zero_optimization.offload_param.device is \"nvme\"");
+  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}})")),
+               "zero_optimization.offload_optimizer.nvme_path: required");
+  EXPECT_OK(check(cfg(R"("zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"}})")));
+}
+
+TEST(Rules, OffloadParamBelowStage3IsIgnoredWithAWarning) {
+  const Resolution r = check(cfg(R"("zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}})"));
+  EXPECT_OK(r);
+  EXPECT_WARNING(r, "zero_optimization.offload_param: only ZeRO stage 3 partitions parameters");
+}
+
+TEST(Rules, PrescaleAndPredivideNeedReduceScatterOffAtStage2) {
+  EXPECT_ERROR(check(cfg(R"("prescale_gradients": true, "zero_optimization": {"stage": 2})")),
+               "prescale_gradients: must be false with zero_optimization.stage 2 and reduce_scatter true");
+  EXPECT_OK(check(cfg(R"("prescale_gradients": true, "zero_optimization": {"stage": 2, "reduce_scatter": false})")));
+  EXPECT_OK(check(cfg(R"("prescale_gradients": true, "zero_optimization": {"stage": 0})")));
+  EXPECT_ERROR(check(cfg(R"("gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 3})")),
+               "gradient_predivide_factor: must be 1.0 with zero_optimization.stage 3");
+}
+
+TEST(Rules, PartialOffloadNeedsStage3) {
+  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}})")),
+               "zero_optimization.offload_optimizer.ratio: partial offloading (0.5 < 1) is only "
+               "supported for ZeRO stage 3; got stage 2");
+}
+
+TEST(Rules, SumAllreduceNotWithStage3) {
+  EXPECT_ERROR(check(cfg(R"("gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3})")),
+               "gradient_allreduce_op: \"sum\" is not supported with ZeRO stage 3");
+  EXPECT_ERROR(check(cfg(R"("gradient_allreduce_op": "avg")")),
+               "gradient_allreduce_op: expected one of \"mean\", \"sum\"; got \"avg\"");
+}
+
+TEST(Rules, LegacyStage1AndOddAllgatherBucket) {
+  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 1, "legacy_stage1": true})")),
+               "zero_optimization.legacy_stage1");
+  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 1, "allgather_bucket_size": 1001})")),
+               "zero_optimization.allgather_bucket_size: must be a multiple of 2");
+}
+
+TEST(Rules, MasterWeightOptions) {
+  EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true})")),
+               "fp16.fp16_master_weights_and_grads: needs ZeRO stage 1-3");
+  EXPECT_ERROR(check(cfg(R"("bf16": {"enabled": true, "bf16_optimizer_states": true},
+                             "zero_optimization": {"stage": 1})")),
+               "bf16.bf16_optimizer_states: needs bf16.bf16_master_weights_and_grads");
+  EXPECT_ERROR(check(cfg(R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true})")),
+               "bf16.bf16_master_weights_and_grads: needs ZeRO stage 1-3");
+}
+
+TEST(Rules, DynamicLossScaleNeedsPositiveWindowAndFloor) {
+  EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true, "loss_scale_window": 0})")),
+               "fp16.loss_scale_window: must be > 0 with dynamic loss scaling");
+  EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true, "min_loss_scale": 0})")),
+               "fp16.min_loss_scale: must be > 0 with dynamic loss scaling");
+  EXPECT_OK(check(cfg(R"("fp16": {"enabled": true, "loss_scale": 128, "min_loss_scale": 0})")));
+}
+
+TEST(Rules, ParamDtypeMustMatchPrecision) {
+  EXPECT_ERROR(check(cfg(R"("bf16": {"enabled": true}, "data_types": {"param_dtype": "fp16"})")),
+               "data_types.param_dtype: \"fp16\" does not match the enabled precision (bf16)");
+  EXPECT_OK(check(cfg(R"("bf16": {"enabled": true}, "data_types": {"param_dtype": "bfloat16"})")));
+}
+
+TEST(Rules, AmpAndOneBitOptimizersAreNotCompatibleWithZero) {
+  EXPECT_ERROR(check(cfg(R"("amp": {"enabled": true}, "zero_optimization": {"stage": 1})")),
+               "amp.enabled: Apex AMP and ZeRO are not compatible");
+  EXPECT_ERROR(check(cfg(R"("optimizer": {"type": "OneBitAdam", "params": {}},
+                            "zero_optimization": {"stage": 2})")),
+               "optimizer.type: \"OneBitAdam\" is not compatible with ZeRO");
+}
+
+TEST(Optimizer, TypesAndParameters) {
+  const Resolution adam = check(cfg(R"("optimizer": {"type": "Adam", "params": {"lr": 0.01}})"));
+  EXPECT_OK(adam);
+  EXPECT_EQ(adam.at("optimizer.params.lr"), 0.01);
+  EXPECT_EQ(adam.at("optimizer.params.adam_w_mode"), true);  // Adam means AdamW by default
+  EXPECT_EQ(adam.origins.at("optimizer.params.eps"), Origin::kDefault);
+  EXPECT_ERROR(check(cfg(R"("optimizer": {"type": "AdamWW", "params": {}})")),
+               "optimizer.type: expected a DeepSpeed optimizer");
+  EXPECT_ERROR(check(cfg(R"("optimizer": {"type": "AdamWW", "params": {}})")),
+               "did you mean \"AdamW\"?");
+  EXPECT_ERROR(check(cfg(R"("optimizer": {"type": "AdamW", "params": {"learning_rate": 1}})")),
+               "optimizer.params.learning_rate: unknown key");
+  EXPECT_ERROR(check(cfg(R"("optimizer": {"params": {}})")), "optimizer.type: required");
+  EXPECT_OK(check(cfg(R"("optimizer": {"type": "RMSprop", "params": {"alpha": 0.9}})")));
+  const Resolution lamb = check(cfg(R"("optimizer": {"type": "Lamb", "params": {"lr": 1}})"));
+  EXPECT_OK(lamb);
+  EXPECT_WARNING(lamb, "optimizer.type: \"Lamb\" is a DeepSpeed optimizer that zerostream does not implement");
+}
+
+TEST(Optimizer, MaxGradNormMustAgreeWithGradientClipping) {
+  const Resolution same = check(cfg(R"("optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}})"));
+  EXPECT_OK(same);
+  EXPECT_WARNING(same, "optimizer.params.max_grad_norm: not an optimizer parameter; ignored");
+  EXPECT_ERROR(check(cfg(R"("gradient_clipping": 0.5,
+                            "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}})")),
+               "optimizer.params.max_grad_norm: not an optimizer parameter, and 1.0 differs "
+               "from gradient_clipping 0.5");
+}
+
+TEST(Scheduler, TypesRequiredParametersAndTorchSchedules) {
+  EXPECT_OK(check(cfg(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}})")));
+  EXPECT_ERROR(check(cfg(R"("scheduler": {"type": "WarmupDecayLR", "params": {}})")),
+               "scheduler.params.total_num_steps: required by WarmupDecayLR");
+  EXPECT_ERROR(check(cfg(R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0}})")),
+               "scheduler.params.cycle_max_lr: required by OneCycle");
+  EXPECT_ERROR(check(cfg(R"("scheduler": {"type": "WarmupLR"})")),
+               "scheduler.params: required, as an object (it may be {})");
+  EXPECT_ERROR(check(cfg(R"("scheduler": {"type": "warmuplr", "params": {}})")),
+               "did you mean \"WarmupLR\"?");
+  EXPECT_ERROR(check(cfg(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}})")),
+               "scheduler.params.warmup_type: expected one of \"log\", \"linear\"; got \"cubic\"");
+  EXPECT_OK(check(cfg(R"("scheduler": {"type": "StepLR", "params": {"step_size": 10}})")));
+}
+
+TEST(Notes, NvmeAtStage2IsHonouredAndSaid) {
+  const Resolution r = check(cfg(R"("zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}})"));
+  EXPECT_OK(r);
+  EXPECT_TRUE(testing::has_message(r.notes, "keeps optimizer states on NVMe"));
+}
+
+TEST(Load, ThrowsWithEveryErrorOnItsOwnLine) {
+  try {
+    load_config(R"({"train_batch_size": 8, "fp16": {"enabled": 3}, "zero_optimization": {"stage": 9}})",
+                "bad.json", RunContext{});
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("invalid DeepSpeed config bad.json:\n  "), std::string::npos) << m;
+    EXPECT_NE(m.find("\n  fp16.enabled: expected a boolean"), std::string::npos) << m;
+    EXPECT_NE(m.find("\n  zero_optimization.stage: expected one of 0, 1, 2, 3; got 9"),
+              std::string::npos) << m;
+  }
+}
+
+TEST(Load, TypedTreeCarriesResolvedValues) {
+  RunContext ctx;
+  ctx.world_size = 4;
+  const DsConfig c = load_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
+      "offload_param": {"device": "cpu", "buffer_size": 1e6}}, "bf16": {"enabled": true}})",
+                                 "ok.json", ctx);
+  EXPECT_EQ(c.batch.train_batch_size, 24);
+  EXPECT_EQ(c.batch.data_parallel_size, 4);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_TRUE(c.zero.overlap_comm);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/nvme");
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.zero.offload_param.buffer_size, 1000000);
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_EQ(c.communication_data_type, "bf16");
+}
+
+}  // namespace
+}  // namespace zs::config

@@ -1,0 +1,212 @@
+// Types, defaults, aliases, deprecated keys and unknown keys.
+#include "config_test_util.h"
+
+namespace zs::config {
+namespace {
+
+using testing::check;
+
+constexpr const char* kBatch = R"("train_batch_size": 8)";
+
+std::string with_batch(const std::string& body) {
+  return "{" + std::string(kBatch) + (body.empty() ? "" : ", " + body) + "}";
+}
+
+TEST(Defaults, MatchDeepSpeed) {
+  const Resolution r = check(with_batch(""));
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("gradient_clipping"), 1.0);  // 1.0 since DeepSpeed 0.19.3
+  EXPECT_TRUE(r.at("steps_per_print").is_null());
+  EXPECT_EQ(r.at("zero_optimization.stage"), 0);
+  EXPECT_EQ(r.at("zero_optimization.contiguous_gradients"), true);
+  EXPECT_EQ(r.at("zero_optimization.reduce_scatter"), true);
+  EXPECT_EQ(r.at("zero_optimization.reduce_bucket_size"), 500000000);
+  EXPECT_EQ(r.at("zero_optimization.allgather_bucket_size"), 500000000);
+  EXPECT_EQ(r.at("zero_optimization.sub_group_size"), 1000000000);
+  EXPECT_EQ(r.at("zero_optimization.stage3_prefetch_bucket_size"), 50000000);
+  EXPECT_EQ(r.at("zero_optimization.stage3_param_persistence_threshold"), 100000);
+  EXPECT_EQ(r.at("zero_optimization.overlap_comm"), false);
+  EXPECT_EQ(r.origins.at("zero_optimization.overlap_comm"), Origin::kDerived);
+  EXPECT_TRUE(r.at("zero_optimization.offload_optimizer").is_null());
+  EXPECT_EQ(r.at("fp16.initial_scale_power"), 16);
+  EXPECT_EQ(r.at("fp16.loss_scale_window"), 1000);
+  EXPECT_EQ(r.at("fp16.hysteresis"), 2);
+  EXPECT_EQ(r.at("bf16.check_grad_overflow"), true);  // true since 0.19.3
+  EXPECT_EQ(r.at("aio.block_size"), 1048576);
+  EXPECT_EQ(r.at("aio.queue_depth"), 8);
+  EXPECT_EQ(r.at("aio.overlap_events"), true);
+  EXPECT_EQ(r.at("zero_force_ds_cpu_optimizer"), true);
+  EXPECT_EQ(r.at("checkpoint.tag_validation"), "Warn");
+  EXPECT_EQ(r.at("communication_data_type"), "fp32");
+  EXPECT_EQ(r.origins.at("gradient_clipping"), Origin::kDefault);
+}
+
+TEST(Defaults, OverlapCommIsOnForStage3AndOffloadSectionsFillTheirDefaults) {
+  const Resolution r = check(with_batch(
+      R"("zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+          "offload_optimizer": {"device": "cpu"}})"));
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("zero_optimization.overlap_comm"), true);
+  EXPECT_EQ(r.at("zero_optimization.offload_param.pin_memory"), true);  // true since 0.19.5
+  EXPECT_EQ(r.at("zero_optimization.offload_param.buffer_count"), 5);
+  EXPECT_EQ(r.at("zero_optimization.offload_param.buffer_size"), 100000000);
+  EXPECT_EQ(r.at("zero_optimization.offload_optimizer.buffer_count"), 4);
+  EXPECT_EQ(r.origins.at("zero_optimization.offload_param.device"), Origin::kFile);
+  EXPECT_EQ(r.origins.at("zero_optimization.offload_param.buffer_count"), Origin::kDefault);
+}
+
+TEST(Types, MessagesNameThePathTheValueAndTheChoices) {
+  const Resolution r = check(with_batch(R"("zero_optimization": {"stage": 3,
+      "offload_param": {"device": "gpu"}})"));
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_EQ(r.errors[0], "zero_optimization.offload_param.device: expected one of \"none\", "
+                         "\"cpu\", \"nvme\"; got \"gpu\"");
+}
+
+TEST(Types, StageMustBeZeroToThree) {
+  EXPECT_ERROR(check(with_batch(R"("zero_optimization": {"stage": 4})")),
+               "zero_optimization.stage: expected one of 0, 1, 2, 3; got 4");
+}
+
+TEST(Types, IntegersAcceptIntegralFloatsOnly) {
+  const Resolution ok = check(with_batch(R"("zero_optimization": {"reduce_bucket_size": 5e8})"));
+  EXPECT_OK(ok);
+  EXPECT_TRUE(ok.at("zero_optimization.reduce_bucket_size").is_number_integer());
+  EXPECT_EQ(ok.at("zero_optimization.reduce_bucket_size"), 500000000);
+  EXPECT_ERROR(check(with_batch(R"("fp16": {"min_loss_scale": 0.5})")),
+               "fp16.min_loss_scale: expected an integer; got 0.5");
+  EXPECT_ERROR(check(with_batch(R"("zero_optimization": {"sub_group_size": -1})")),
+               "zero_optimization.sub_group_size: must be >= 0; got -1");
+  EXPECT_ERROR(check(with_batch(R"("zero_optimization": {"sub_group_size": "big"})")),
+               "zero_optimization.sub_group_size: expected an integer; got \"big\"");
+}
+
+TEST(Types, BooleansAcceptPydanticSpellings) {
+  const Resolution r = check(with_batch(R"("fp16": {"enabled": "true"}, "bf16": {"enabled": 0})"));
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("fp16.enabled"), true);
+  EXPECT_EQ(r.at("bf16.enabled"), false);
+  EXPECT_ERROR(check(with_batch(R"("fp16": {"enabled": "maybe"})")),
+               "fp16.enabled: expected a boolean (true or false); got \"maybe\"");
+}
+
+TEST(Types, RangesAndCaseInsensitiveEnums) {
+  EXPECT_ERROR(check(with_batch(R"("zero_optimization": {"stage": 3,
+                                  "offload_optimizer": {"device": "cpu", "ratio": 1.5}})")),
+               "zero_optimization.offload_optimizer.ratio: must be >= 0 and <= 1; got 1.5");
+  const Resolution r = check(with_batch(R"("communication_data_type": "BF16",
+                                           "checkpoint": {"tag_validation": "fail"})"));
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("communication_data_type"), "bf16");
+  EXPECT_EQ(r.at("checkpoint.tag_validation"), "Fail");
+  EXPECT_ERROR(check(with_batch(R"("checkpoint": {"tag_validation": "Sometimes"})")),
+               "checkpoint.tag_validation: expected one of \"Ignore\", \"Warn\", \"Fail\"");
+}
+
+TEST(Aliases, ShortFieldNamesAreAcceptedButNotBothSpellings) {
+  const Resolution r = check(with_batch(
+      R"("zero_optimization": {"stage": 3, "prefetch_bucket_size": 123, "max_live_parameters": 7})"));
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("zero_optimization.stage3_prefetch_bucket_size"), 123);
+  EXPECT_EQ(r.at("zero_optimization.stage3_max_live_parameters"), 7);
+  EXPECT_ERROR(check(with_batch(R"("zero_optimization": {"prefetch_bucket_size": 1,
+                                   "stage3_prefetch_bucket_size": 2})")),
+               "sets the same thing (zero_optimization.stage3_prefetch_bucket_size)");
+}
+
+TEST(Deprecated, RenamedKeysMoveTheirValueWithAWarning) {
+  const Resolution r = check(with_batch(
+      R"("zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true},
+         "bfloat16": {"enabled": true}, "aio": {"thread_count": 4})"));
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("zero_optimization.stage3_gather_16bit_weights_on_model_save"), true);
+  EXPECT_EQ(r.at("bf16.enabled"), true);
+  EXPECT_EQ(r.at("aio.intra_op_parallelism"), 4);
+  EXPECT_WARNING(r, "zero_optimization.stage3_gather_fp16_weights_on_model_save: deprecated");
+  EXPECT_WARNING(r, "bfloat16: deprecated; renamed bf16");
+  EXPECT_WARNING(r, "aio.thread_count: deprecated");
+}
+
+TEST(Deprecated, DeprecatedAndNewKeyTogetherIsAnError) {
+  EXPECT_ERROR(check(with_batch(R"("bf16": {"enabled": true}, "bfloat16": {"enabled": true})")),
+               "sets the same thing (bf16)");
+  EXPECT_ERROR(check(with_batch(R"("zero_optimization": {"stage": 2, "cpu_offload": true,
+                                   "offload_optimizer": {"device": "cpu"}})")),
+               "sets the same thing (zero_optimization.offload_optimizer)");
+}
+
+TEST(Deprecated, CpuOffloadFlagsBecomeOffloadSections) {
+  const Resolution r = check(with_batch(R"("zero_optimization": {"stage": 3, "cpu_offload": true,
+      "cpu_offload_param": true, "cpu_offload_use_pin_memory": true})"));
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("zero_optimization.offload_optimizer.device"), "cpu");
+  EXPECT_EQ(r.at("zero_optimization.offload_param.device"), "cpu");
+  EXPECT_EQ(r.at("zero_optimization.offload_optimizer.pin_memory"), true);
+  EXPECT_WARNING(r, "zero_optimization.cpu_offload: deprecated");
+  EXPECT_WARNING(r, "zero_optimization.cpu_offload_use_pin_memory: deprecated and has no effect");
+  const Resolution off = check(with_batch(R"("zero_optimization": {"stage": 2, "cpu_offload": false})"));
+  EXPECT_OK(off);
+  EXPECT_TRUE(off.at("zero_optimization.offload_optimizer").is_null());
+  EXPECT_ERROR(check(with_batch(R"("zero_optimization": {"cpu_offload_params": true})")),
+               "zero_optimization.cpu_offload_params: unknown key; did you mean \"cpu_offload_param\"?");
+}
+
+TEST(Deprecated, BooleanZeroOptimizationMeansStageOne) {
+  const Resolution r = check(R"({"train_batch_size": 8, "zero_optimization": true,
+                                  "allgather_size": 1000})");
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("zero_optimization.stage"), 1);
+  EXPECT_EQ(r.at("zero_optimization.allgather_bucket_size"), 1000);
+  EXPECT_WARNING(r, "zero_optimization: the boolean form is deprecated");
+  EXPECT_EQ(check(R"({"train_batch_size": 8, "zero_optimization": false})")
+                .at("zero_optimization.stage"), 0);
+}
+
+TEST(UnknownKeys, StrictSectionsRejectWithASuggestion) {
+  const Resolution r = check(with_batch(R"("zero_optimization": {"stage3_param_persitence_threshold": 1, "comm_overlap": true})"));
+  EXPECT_ERROR(r, "zero_optimization.stage3_param_persitence_threshold: unknown key; did you "
+                  "mean \"stage3_param_persistence_threshold\"?");
+  EXPECT_ERROR(r, "zero_optimization.comm_overlap: unknown key");
+  EXPECT_ERROR(check(with_batch(R"("bf16": {"enabled": true, "loss_scale": 0})")),
+               "bf16.loss_scale: unknown key; \"loss_scale\" is a key of \"fp16\", not of \"bf16\"");
+}
+
+TEST(UnknownKeys, PlainSectionsWarnInsteadAsDeepSpeedIgnoresThem) {
+  const Resolution r = check(with_batch(R"("aio": {"block_sise": 4096}, "train_batch_sise": 3)"));
+  EXPECT_OK(r);
+  EXPECT_WARNING(r, "aio.block_sise: unknown key, ignored; did you mean \"block_size\"?");
+  EXPECT_WARNING(r, "train_batch_sise: unknown key, ignored; did you mean \"train_batch_size\"?");
+}
+
+TEST(UnknownKeys, UnimplementedDeepSpeedFeaturesAreAcceptedWithAWarning) {
+  const Resolution r = check(with_batch(R"("compression_training": {"x": 1},
+      "curriculum_learning": {"enabled": false}, "comms_logger": {"enabled": true})"));
+  EXPECT_OK(r);
+  EXPECT_WARNING(r, "compression_training: accepted for compatibility, but zerostream does not "
+                    "implement this DeepSpeed feature");
+  EXPECT_FALSE(testing::has_message(r.warnings, "curriculum_learning"));
+  EXPECT_WARNING(r, "comms_logger.enabled: zerostream does not implement");
+}
+
+TEST(Extensions, AioBackendAndChecksums) {
+  const Resolution r = check(with_batch(R"("aio": {"backend": "threads"},
+                                          "zerostream": {"verify_swap_checksums": true})"));
+  EXPECT_OK(r);
+  const DsConfig c = typed_config(r, 1);
+  EXPECT_EQ(c.aio.backend, IoBackend::kThreads);
+  EXPECT_TRUE(c.aio.verify_checksums);
+  EXPECT_ERROR(check(with_batch(R"("aio": {"backend": "libaio"})")),
+               "aio.backend: expected one of \"auto\", \"io_uring\", \"threads\"; got \"libaio\"");
+  EXPECT_ERROR(check(with_batch(R"("zerostream": {"verify": true})")), "zerostream.verify: unknown key");
+}
+
+TEST(AcceptedKeys, IncludeEveryAliasAndNestedSection) {
+  const std::vector<std::string> keys = accepted_key_paths();
+  for (const char* k : {"zero_optimization.offload_param.nvme_path",
+                        "zero_optimization.prefetch_bucket_size", "aio.thread_count",
+                        "bfloat16", "scheduler.params", "checkpoint.parallel_write.pipeline_stage"})
+    EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+}
+
+}  // namespace
+}  // namespace zs::config
