@@ -124,6 +124,14 @@ void init_config_bindings(py::module_& m) {
       "Validates and resolves config text; raises ValueError listing every error.",
       py::arg("text"), py::arg("source"), ZS_RUN_CONTEXT_ARGS);
 
+  m.def(
+      "read_json_text",
+      [](const std::string& text, const std::string& source) {
+        return to_python(config::read_json_text(text, source));
+      },
+      "Parses ds_config text (comments and trailing commas allowed) into Python objects.",
+      py::arg("text"), py::arg("source"));
+
   m.def("accepted_key_paths", &config::accepted_key_paths,
         "Every ds_config key path zerostream accepts (aliases included).");
 }

@@ -244,7 +244,6 @@ class Walker {
       section(*k.section, Json::object(), path);
       return;
     }
-    if (k.kind == Kind::kAny && k.default_value.is_null()) return;  // nothing to report
     r_.set(path, k.kind == Kind::kSection ? Json() : k.default_value, Origin::kDefault);
   }
 

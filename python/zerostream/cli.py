@@ -30,7 +30,9 @@ def _config_check(args) -> int:
             print(f"  warning: {w}", file=sys.stderr)
         return 1
     print(f"{args.file}: ok")
-    resolved = result["resolved"]
+    # Unset optional keys (null defaults) are left out of the text view; --json has them.
+    resolved = {k: v for k, v in result["resolved"].items()
+                if not (v["value"] is None and v["source"] == "default")}
     width = max(len(k) for k in resolved) if resolved else 0
     for path, entry in resolved.items():
         print(f"  {path:<{width}}  {json.dumps(entry['value']):<24} [{entry['source']}]")

@@ -297,6 +297,9 @@ class DeepSpeedConfig:
     vocabulary_size: Optional[int]
     log_level: Optional[str]
     sequence_parallel_size: int
+    allgather_size: int
+    use_data_before_expert_parallelism: bool
+    graph_harvesting: bool
     zero_optimization: ZeroConfig
     fp16: FP16Config
     bf16: BF16Config
@@ -311,6 +314,29 @@ class DeepSpeedConfig:
     wandb: WandbConfig
     flops_profiler: FlopsProfilerConfig
     zerostream: ZeroStreamExtConfig
+    # DeepSpeed features accepted for compatibility but not implemented (a warning says so
+    # when one is enabled): kept as given.
+    comet: Optional[Mapping[str, Any]]
+    comms_logger: Optional[Mapping[str, Any]]
+    torch_autocast: Optional[Mapping[str, Any]]
+    amp: Any
+    elasticity: Any
+    autotuning: Any
+    pipeline: Any
+    sparse_attention: Any
+    eigenvalue: Any
+    progressive_layer_drop: Any
+    curriculum_learning: Any
+    data_efficiency: Any
+    compression_training: Any
+    quantize_training: Any
+    tensor_parallel: Any
+    nebula: Any
+    datastates: Any
+    hybrid_engine: Any
+    compile: Any
+    timers: Any
+    weight_quantization: Any
     # Not from the schema: how the values were settled, and the input itself.
     data_parallel_size: int = 1
     raw: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
@@ -375,7 +401,8 @@ def load(config: Any, *, world_size: Optional[int] = None, require_batch: bool =
     tree.pop("bfloat16", None)
     cfg = _build(DeepSpeedConfig, tree)
     cfg = dataclasses.replace(
-        cfg, data_parallel_size=native.data_parallel_size, raw=json.loads(text),
+        cfg, data_parallel_size=native.data_parallel_size,
+        raw=types.MappingProxyType(_C.read_json_text(text, source)),
         resolved=types.MappingProxyType(res["resolved"]), warnings=tuple(res["warnings"]),
         notes=tuple(res["notes"]), native=native)
     if log:
