@@ -1,0 +1,36 @@
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "common/io_probe.h"
+
+namespace zs {
+namespace {
+
+TEST(IoProbe, ODirectWorksOnTheBuildTreeOrSaysWhy) {
+  char dir[] = "/tmp/zs-probe-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string result = probe_o_direct(dir);
+  // ext4/xfs accept O_DIRECT; when a filesystem refuses, the reason names the directory.
+  if (!result.empty()) {
+    EXPECT_NE(result.find(dir), std::string::npos) << result;
+  }
+  rmdir(dir);
+}
+
+TEST(IoProbe, MissingDirectoryIsReportedWithItsPath) {
+  const std::string result = probe_o_direct("/no/such/zs-dir");
+  EXPECT_NE(result.find("cannot create a file in /no/such/zs-dir"), std::string::npos) << result;
+  EXPECT_NE(result.find("No such file or directory"), std::string::npos) << result;
+}
+
+TEST(IoProbe, IoUringAnswersWithoutThrowing) {
+  const std::string result = probe_io_uring();
+  if (!result.empty()) {
+    EXPECT_NE(result.find("io_uring"), std::string::npos) << result;
+  }
+}
+
+}  // namespace
+}  // namespace zs
