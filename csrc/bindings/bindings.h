@@ -7,6 +7,7 @@ namespace zs::bindings {
 
 void init_config_bindings(pybind11::module_& m);
 void init_report_bindings(pybind11::module_& m);
+void init_zero_bindings(pybind11::module_& m);
 void init_optim_bindings(pybind11::module_& m);    // csrc/bindings/optim_bindings.cpp
 void init_offload_bindings(pybind11::module_& m);  // csrc/bindings/offload_bindings.cpp
 

@@ -14,6 +14,7 @@ PYBIND11_MODULE(_C, m) {
                                                   PyExc_NotImplementedError);
   zs::bindings::init_config_bindings(m);
   zs::bindings::init_report_bindings(m);
+  zs::bindings::init_zero_bindings(m);
   zs::bindings::init_optim_bindings(m);
   zs::bindings::init_offload_bindings(m);
 }

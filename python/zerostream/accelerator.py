@@ -1,0 +1,158 @@
+"""`zerostream.accelerator.get_accelerator()`: the device abstraction DeepSpeed scripts call.
+
+Two kinds: CUDA when torch sees a GPU, else CPU (the first-class path here). `ZS_ACCELERATOR`
+or DeepSpeed's `DS_ACCELERATOR` (`cpu` or `cuda`) forces one.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+
+class _Accelerator:
+    _name = ""
+    _backend = ""
+
+    def device_name(self, device_index: Optional[int] = None) -> str:
+        return self._name if device_index is None else f"{self._name}:{device_index}"
+
+    def communication_backend_name(self) -> str:
+        return self._backend
+
+    def is_bf16_supported(self) -> bool:
+        return True
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def __repr__(self) -> str:
+        return f"<zerostream accelerator {self._name}>"
+
+
+class CpuAccelerator(_Accelerator):
+    """On CPU, "device" memory is host memory; ranks are processes talking Gloo."""
+    _name = "cpu"
+    _backend = "gloo"
+
+    def current_device(self) -> int:
+        return 0
+
+    def current_device_name(self) -> str:
+        return "cpu"
+
+    def device_count(self) -> int:
+        local = int(os.environ.get("LOCAL_SIZE", "0") or 0)
+        return local if local > 0 else 1
+
+    def is_available(self) -> bool:
+        return True
+
+    def set_device(self, device_index: int) -> None:
+        pass
+
+    def synchronize(self, device_index: Optional[int] = None) -> None:
+        pass
+
+    def is_synchronized_device(self) -> bool:
+        return True
+
+    def is_fp16_supported(self) -> bool:
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+        except (AttributeError, RuntimeError):
+            return False
+
+    def pin_memory(self, tensor: torch.Tensor, align_bytes: int = 1) -> torch.Tensor:
+        # Page-locking only helps DMA to a GPU; there is none.
+        return tensor
+
+    def empty_cache(self) -> None:
+        pass
+
+    def memory_allocated(self, device_index: Optional[int] = None) -> int:
+        import psutil
+        return psutil.Process().memory_info().rss
+
+    def total_memory(self, device_index: Optional[int] = None) -> int:
+        import psutil
+        return psutil.virtual_memory().total
+
+
+class CudaAccelerator(_Accelerator):
+    _name = "cuda"
+    _backend = "nccl"
+
+    def current_device(self) -> int:
+        return torch.cuda.current_device()
+
+    def current_device_name(self) -> str:
+        return f"cuda:{torch.cuda.current_device()}"
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def is_available(self) -> bool:
+        return torch.cuda.is_available()
+
+    def set_device(self, device_index: int) -> None:
+        torch.cuda.set_device(device_index)
+
+    def synchronize(self, device_index: Optional[int] = None) -> None:
+        torch.cuda.synchronize(device_index)
+
+    def is_synchronized_device(self) -> bool:
+        return False
+
+    def is_fp16_supported(self) -> bool:
+        return True
+
+    def is_bf16_supported(self) -> bool:
+        return torch.cuda.is_bf16_supported()
+
+    def manual_seed(self, seed: int) -> None:
+        torch.cuda.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.cuda.manual_seed_all(seed)
+
+    def pin_memory(self, tensor: torch.Tensor, align_bytes: int = 1) -> torch.Tensor:
+        return tensor.pin_memory()
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def memory_allocated(self, device_index: Optional[int] = None) -> int:
+        return torch.cuda.memory_allocated(device_index)
+
+    def total_memory(self, device_index: Optional[int] = None) -> int:
+        return torch.cuda.get_device_properties(device_index or 0).total_memory
+
+
+_ACCELERATOR: Optional[_Accelerator] = None
+
+
+def get_accelerator() -> _Accelerator:
+    global _ACCELERATOR
+    if _ACCELERATOR is None:
+        forced = os.environ.get("ZS_ACCELERATOR") or os.environ.get("DS_ACCELERATOR")
+        if forced not in (None, "", "cpu", "cuda"):
+            raise ValueError(f"ZS_ACCELERATOR/DS_ACCELERATOR: expected one of \"cpu\", \"cuda\"; "
+                             f"got {forced!r}")
+        if forced == "cuda" and not torch.cuda.is_available():
+            raise ValueError("DS_ACCELERATOR=cuda, but torch sees no CUDA device")
+        use_cuda = forced == "cuda" or (forced is None or forced == "") and torch.cuda.is_available()
+        _ACCELERATOR = CudaAccelerator() if use_cuda else CpuAccelerator()
+    return _ACCELERATOR
+
+
+def set_accelerator(accelerator: _Accelerator) -> None:
+    global _ACCELERATOR
+    if not isinstance(accelerator, _Accelerator):
+        raise TypeError(f"set_accelerator: expected a zerostream accelerator, got "
+                        f"{type(accelerator).__name__}")
+    _ACCELERATOR = accelerator

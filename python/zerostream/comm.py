@@ -1,0 +1,249 @@
+"""Collectives over torch.distributed, as `deepspeed.comm` offers them.
+
+One place for: process-group setup from launcher environments (torchrun, the zerostream and
+deepspeed launchers, SLURM, Open MPI), Gloo fallbacks for the tensor collectives it lacks, and
+errors that start with the rank (a peer that died shows up here first).
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import os
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed.comm does)
+
+from .accelerator import get_accelerator
+
+logger = logging.getLogger("zerostream")
+
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=float(os.environ.get("DEEPSPEED_TIMEOUT", "10")))
+
+
+# --- setup ---------------------------------------------------------------------------------------
+
+def _env_from_launchers(distributed_port: int) -> None:
+    """Fills RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from SLURM or Open MPI when torchrun did not."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return
+    for rank_key, size_key, local_key in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                           "OMPI_COMM_WORLD_LOCAL_RANK"),
+                                          ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+                                          ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")):
+        if rank_key in env and size_key in env:
+            env["RANK"], env["WORLD_SIZE"] = env[rank_key], env[size_key]
+            env.setdefault("LOCAL_RANK", env.get(local_key, "0"))
+            if "MASTER_ADDR" not in env:
+                nodes = env.get("SLURM_LAUNCH_NODE_IPADDR") or env.get("SLURM_STEP_NODELIST")
+                if env["WORLD_SIZE"] != "1" and not nodes:
+                    raise RuntimeError(
+                        f"{rank_key}/{size_key} are set but MASTER_ADDR is not: set MASTER_ADDR "
+                        f"to the address of rank 0 (and MASTER_PORT, default {distributed_port})")
+                env["MASTER_ADDR"] = (nodes or "127.0.0.1").split(",")[0]
+            env.setdefault("MASTER_PORT", str(distributed_port))
+            logger.info("zerostream: ranks from %s/%s", rank_key, size_key)
+            return
+    # A plain `python train.py`: one process. DeepSpeed would try mpi4py and fail here.
+    env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(distributed_port))
+    logger.info("zerostream: no launcher environment found; running as a single process")
+
+
+def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: bool = True,
+                     distributed_port: int = 29500, verbose: bool = True,
+                     timeout: datetime.timedelta = DEFAULT_TIMEOUT, init_method: Optional[str] = None,
+                     dist_init_required: Optional[bool] = None, config=None, rank: int = -1,
+                     world_size: int = -1) -> None:
+    """Creates the default process group unless one exists (then it is used as is)."""
+    if dist.is_initialized():
+        return
+    if dist_init_required is False:
+        raise RuntimeError("dist_init_required=False, but torch.distributed is not initialized: "
+                           "call torch.distributed.init_process_group first")
+    if rank < 0 or world_size < 0:
+        _env_from_launchers(distributed_port)
+    backend = dist_backend or get_accelerator().communication_backend_name()
+    kwargs = dict(backend=backend, timeout=timeout)
+    if init_method is not None:
+        kwargs["init_method"] = init_method
+    if rank >= 0 and world_size > 0:
+        kwargs.update(rank=rank, world_size=world_size)
+    if backend == "nccl":
+        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(**kwargs)
+    if verbose:
+        logger.info("zerostream: process group ready: backend=%s rank=%d world_size=%d",
+                    backend, dist.get_rank(), dist.get_world_size())
+
+
+# --- queries ---------------------------------------------------------------------------------------
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank(group=None) -> int:
+    return dist.get_rank(group) if is_initialized() else 0
+
+
+def get_world_size(group=None) -> int:
+    return dist.get_world_size(group) if is_initialized() else 1
+
+
+def get_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def get_global_rank(group=None, group_rank: int = 0) -> int:
+    return dist.get_global_rank(group, group_rank) if group is not None else group_rank
+
+
+def get_world_group():
+    return dist.group.WORLD
+
+
+def new_group(ranks: Optional[List[int]] = None, **kwargs):
+    return dist.new_group(ranks, **kwargs)
+
+
+def destroy_process_group(group=None) -> None:
+    if is_initialized():
+        dist.destroy_process_group(group)
+
+
+def get_backend(group=None) -> str:
+    return dist.get_backend(group)
+
+
+# --- collectives with rank-prefixed errors -------------------------------------------------------------
+
+def _named(op):
+    """Re-raises a collective's failure with the rank and the operation in front."""
+    @functools.wraps(op)
+    def call(*args, **kwargs):
+        try:
+            return op(*args, **kwargs)
+        except (RuntimeError, ValueError) as exc:
+            raise RuntimeError(f"[rank {get_rank()}] {op.__name__} failed: {exc}") from exc
+    return call
+
+
+@_named
+def barrier(group=None, async_op=False):
+    return dist.barrier(group=group, async_op=async_op)
+
+
+@_named
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    return dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+@_named
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+
+@_named
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
+    return dist.reduce(tensor, dst, op=op, group=group, async_op=async_op)
+
+
+@_named
+def broadcast(tensor, src, group=None, async_op=False):
+    return dist.broadcast(tensor, src, group=group, async_op=async_op)
+
+
+@_named
+def broadcast_object_list(object_list, src=0, group=None, device=None):
+    return dist.broadcast_object_list(object_list, src=src, group=group, device=device)
+
+
+@_named
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+
+
+@_named
+def all_gather_object(object_list, obj, group=None):
+    return dist.all_gather_object(object_list, obj, group=group)
+
+
+@_named
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
+    return dist.gather(tensor, gather_list, dst=dst, group=group, async_op=async_op)
+
+
+@_named
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
+    return dist.scatter(tensor, scatter_list, src=src, group=group, async_op=async_op)
+
+
+@_named
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False):
+    return dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                  group=group, async_op=async_op)
+
+
+@_named
+def send(tensor, dst, group=None, tag=0):
+    return dist.send(tensor, dst, group=group, tag=tag)
+
+
+@_named
+def recv(tensor, src=None, group=None, tag=0):
+    return dist.recv(tensor, src, group=group, tag=tag)
+
+
+def isend(tensor, dst, group=None, tag=0):
+    return dist.isend(tensor, dst, group=group, tag=tag)
+
+
+def irecv(tensor, src=None, group=None, tag=0):
+    return dist.irecv(tensor, src, group=group, tag=tag)
+
+
+# Note [Gloo tensor collectives]: Gloo has no native reduce-scatter and, in some torch
+# builds, no all_gather_into_tensor. The fallbacks keep one code path in the ZeRO stages:
+# reduce-scatter becomes an all-reduce of the whole buffer (2x the traffic of a real
+# reduce-scatter, the price torch's own Gloo emulation pays too), and all-gather into a
+# flat tensor becomes a list all-gather into views of it.
+
+def _backend_is_gloo(group) -> bool:
+    return dist.get_backend(group) == "gloo"
+
+
+@_named
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    if not _backend_is_gloo(group):
+        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
+                                           async_op=async_op)
+    world = get_world_size(group)
+    chunks = list(output_tensor.view(world, -1).unbind(0))
+    source = input_tensor
+    if input_tensor.data_ptr() == chunks[get_rank(group)].data_ptr():
+        source = input_tensor.clone()  # gloo may write the output before reading the input
+    return dist.all_gather(chunks, source, group=group, async_op=async_op)
+
+
+@_named
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    if not _backend_is_gloo(group):
+        return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+    world = get_world_size(group)
+    dist.all_reduce(input, op=op, group=group)
+    output.copy_(input.view(world, -1)[get_rank(group)])
+    return None
+
+
+allgather_fn = all_gather_into_tensor
+reduce_scatter_fn = reduce_scatter_tensor
+
+
+def log_summary() -> None:
+    """DeepSpeed prints its comms logger here; zerostream reports in telemetry instead."""

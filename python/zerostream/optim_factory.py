@@ -1,0 +1,128 @@
+"""The inner optimizer: from the client (instance or callable) or from the config, with
+DeepSpeed's rules (reference §1.5): "Adam" means AdamW unless adam_w_mode is false, untested
+optimizers need zero_allow_untested_optimizer, and a client optimizer with offload needs
+zero_force_ds_cpu_optimizer false."""
+from __future__ import annotations
+
+from typing import Callable, Iterable, List, Optional
+
+import torch
+
+from .config import DeepSpeedConfig
+
+
+class ZeRORuntimeException(Exception):
+    """DeepSpeed's exception for ZeRO setups that cannot run (same name, same meaning)."""
+
+
+# Optimizers ZeRO is tested with (DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS, torch side).
+_SUPPORTED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
+_CPU_OPTIMIZER_NAMES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
+_UNIMPLEMENTED = ("lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam", "muadamw",
+                  "musgd", "muon")
+
+
+def param_groups_of(model: torch.nn.Module, model_parameters) -> List[dict]:
+    """Trainable param groups from `model_parameters` (tensors or group dicts) or the model."""
+    source = model.parameters() if model_parameters is None else model_parameters
+    items = list(source)
+    if items and isinstance(items[0], dict):
+        groups = [dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in items]
+    else:
+        groups = [{"params": [p for p in items if p.requires_grad]}]
+    seen = {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for gi, g in enumerate(groups):
+        for p in g["params"]:
+            if id(p) in seen:
+                raise ValueError(f"Parameter with name: {names.get(id(p), '?')} occurs multiple "
+                                 f"times in optimizer.param_groups (groups {seen[id(p)]} and {gi})")
+            seen[id(p)] = gi
+    return [g for g in groups if g["params"]]
+
+
+def _offloaded(cfg: DeepSpeedConfig) -> bool:
+    return cfg.zero_optimization.offload_optimizer_device in ("cpu", "nvme")
+
+
+def check_client_optimizer(opt, cfg: DeepSpeedConfig) -> None:
+    cls = type(opt)
+    is_cpu_opt = cls.__name__ in _CPU_OPTIMIZER_NAMES
+    if _offloaded(cfg) and not is_cpu_opt and cfg.zero_force_ds_cpu_optimizer:
+        raise ZeRORuntimeException(
+            "You are using ZeRO-Offload with a client provided optimizer "
+            f"({cls.__name__}) which in most cases will yield poor performance. Please either "
+            "use deepspeed.ops.adam.DeepSpeedCPUAdam or set an optimizer in your ds-config "
+            "(https://www.deepspeed.ai/docs/config-json/#optimizer-parameters). If you really "
+            "want to use a custom optimizer w. ZeRO-Offload and understand the performance "
+            "impacts you can also set <\"zero_force_ds_cpu_optimizer\": false> in your "
+            "configuration file.")
+    if cfg.zero_stage > 0 and not (isinstance(opt, _SUPPORTED) or is_cpu_opt) \
+            and not cfg.zero_allow_untested_optimizer:
+        raise ValueError(
+            f"You are using an untested ZeRO Optimizer ({cls.__name__}). Please add "
+            "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it.")
+
+
+def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Optimizer]:
+    name = cfg.optimizer.type
+    low = name.lower()
+    params = dict(cfg.optimizer.params)
+    params.pop("max_grad_norm", None)  # dropped with a warning at load (equals gradient_clipping)
+    if low in _UNIMPLEMENTED:
+        raise NotImplementedError(f"optimizer.type: \"{name}\" is a DeepSpeed optimizer that "
+                                  f"zerostream does not implement; pass your own optimizer to "
+                                  f"initialize() or use Adam, AdamW, Adagrad, Lion or SGD")
+    if low in ("adam", "adamw"):
+        if params.get("amsgrad"):
+            raise NotImplementedError("optimizer.params.amsgrad: true is not supported")
+        adamw = low == "adamw" or params.get("adam_w_mode", True)
+        kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay") if k in params}
+        kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
+        cls = torch.optim.AdamW if adamw else torch.optim.Adam
+        return lambda groups: cls(groups, **kwargs)
+    if low == "adagrad":
+        kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay", "lr_decay",
+                                         "initial_accumulator_value") if k in params}
+        return lambda groups: torch.optim.Adagrad(groups, **kwargs)
+    if low == "lion":
+        from .ops.lion import DeepSpeedCPULion  # the CPU kernels (ops issue)
+        kwargs = {k: params[k] for k in ("lr", "weight_decay") if k in params}
+        kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
+        return lambda groups: DeepSpeedCPULion(groups, **kwargs)
+    cls = getattr(torch.optim, name, None)
+    if cls is None:
+        raise ValueError(f"optimizer.type: {name!r} is not a DeepSpeed optimizer or a "
+                         f"torch.optim class")
+    kwargs = {k: v for k, v in params.items() if v is not None}
+    return lambda groups: cls(groups, **kwargs)
+
+
+def optimizer_maker(client: Optional[object], cfg: DeepSpeedConfig,
+                    groups: List[dict]) -> Optional[Callable[[List[dict]], torch.optim.Optimizer]]:
+    """A function building the inner optimizer over (master) param groups, or None when the
+    run has no optimizer. Client optimizers are rebuilt with their own class and settings over
+    the groups ZeRO gives them, as DeepSpeed rebinds them to its flat partitions."""
+    if client is not None:
+        if isinstance(client, torch.optim.Optimizer):
+            check_client_optimizer(client, cfg)
+            cls, defaults = type(client), dict(client.defaults)
+            return lambda inner: cls(inner, **defaults)
+        if callable(client):
+            def build(inner, _make=client):
+                opt = _make(inner)
+                check_client_optimizer(opt, cfg)
+                return opt
+            return build
+        raise ValueError(f"optimizer: expected a torch.optim.Optimizer or a callable "
+                         f"params -> optimizer; got {type(client).__name__}")
+    if cfg.optimizer is None:
+        return None
+    return _from_config(cfg)
+
+
+def client_groups(client, groups: List[dict]) -> List[dict]:
+    """The param groups to train: a client optimizer instance brings its own (with options)."""
+    if isinstance(client, torch.optim.Optimizer):
+        return [dict(g) for g in client.param_groups if g["params"]]
+    return groups

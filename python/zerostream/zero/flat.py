@@ -1,0 +1,66 @@
+"""Flat parameter groups: one contiguous buffer per optimizer param group, params as views.
+
+The layout is DeepSpeed's stage 1/2 layout (reference §1.8): params flattened in group order,
+padded to a multiple of 2*world, cut into `world` equal partitions; rank r owns partition r.
+`_C.stage12_partition` is the one place that answers which elements a rank owns.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import torch
+
+from .. import _C
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    param: torch.nn.Parameter
+    offset: int  # first element in the flat buffer
+    numel: int
+
+
+class FlatGroup:
+    """One param group flattened into `self.buffer` (the model dtype); params become views."""
+
+    def __init__(self, params: List[torch.nn.Parameter], world: int, rank: int):
+        if not params:
+            raise ValueError("a flat group needs at least one parameter")
+        dtypes = {p.dtype for p in params}
+        devices = {p.device for p in params}
+        if len(dtypes) != 1 or len(devices) != 1:
+            raise ValueError(f"parameters of one group must share dtype and device; got "
+                             f"{sorted(map(str, dtypes))} on {sorted(map(str, devices))}")
+        self.world, self.rank = world, rank
+        self.slots: List[ParamSlot] = []
+        offset = 0
+        for p in params:
+            self.slots.append(ParamSlot(p, offset, p.numel()))
+            offset += p.numel()
+        self.numel = offset
+        self.padded_numel = _C.stage12_padded_numel(self.numel, world)
+        begin, self.partition_numel, self.partition_valid = _C.stage12_partition(
+            self.numel, world, rank)
+        self.partition_begin = begin
+        self.buffer = torch.zeros(self.padded_numel, dtype=params[0].dtype,
+                                  device=params[0].device)
+        with torch.no_grad():
+            for s in self.slots:
+                self.buffer[s.offset:s.offset + s.numel].copy_(s.param.detach().reshape(-1))
+                s.param.data = self.buffer[s.offset:s.offset + s.numel].view_as(s.param)
+
+    def partition(self, rank: int = None) -> torch.Tensor:
+        """View of `rank`'s partition of the buffer (this rank's by default)."""
+        r = self.rank if rank is None else rank
+        size = self.partition_numel
+        return self.buffer[r * size:(r + 1) * size]
+
+    def overlap(self, slot: ParamSlot) -> Tuple[int, int]:
+        """(start, end) of the slot's elements inside this rank's partition, relative to the
+        slot; (0, 0) when the rank owns none of them."""
+        lo = max(slot.offset, self.partition_begin)
+        hi = min(slot.offset + slot.numel, self.partition_begin + self.partition_numel)
+        if hi <= lo:
+            return 0, 0
+        return lo - slot.offset, hi - slot.offset

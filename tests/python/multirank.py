@@ -1,0 +1,82 @@
+"""Runs a function on N ranks: processes on this machine talking Gloo on loopback, with a hard
+timeout so a hang fails the test instead of blocking CI (see shared/TESTING.md)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from typing import Any, Callable, List
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world, port, queue, args, env):
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "LOCAL_SIZE": str(world), **env})
+    try:
+        import torch
+        torch.set_num_threads(1)  # N ranks share 2 cores
+        result = fn(rank, world, *args)
+        queue.put((rank, "ok", result))
+    except BaseException:  # report everything, including SystemExit from a rank
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        try:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120.0,
+              env: dict = None, expect_failure: bool = False) -> List[Any]:
+    """fn(rank, world, *args) on `world` processes; returns results ordered by rank.
+
+    With expect_failure, returns [(status, payload)] per rank instead of raising, for tests
+    where some rank is meant to die.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, queue, args, env or {}),
+                         daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    import queue as queue_mod
+    deadline_left = timeout
+    import time
+    start = time.monotonic()
+    while len(results) < world:
+        left = timeout - (time.monotonic() - start)
+        if left <= 0:
+            break
+        try:
+            rank, status, payload = queue.get(timeout=min(left, 1.0))
+            results[rank] = (status, payload)
+        except queue_mod.Empty:
+            if all(not p.is_alive() for p in procs) and queue.empty():
+                break
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    if expect_failure:
+        return [results.get(r, ("missing", f"exit code {procs[r].exitcode}"))
+                for r in range(world)]
+    missing = [r for r in range(world) if r not in results]
+    if missing:
+        raise AssertionError(f"ranks {missing} did not finish within {timeout:.0f}s "
+                             f"(exit codes {[procs[r].exitcode for r in missing]})")
+    errors = [f"--- rank {r} ---\n{payload}" for r, (status, payload) in sorted(results.items())
+              if status != "ok"]
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [results[r][1] for r in range(world)]
