@@ -23,7 +23,12 @@ def _entry(fn, rank, world, port, queue, args, env):
         import torch
         torch.set_num_threads(1)  # N ranks share 2 cores
         result = fn(rank, world, *args)
-        queue.put((rank, "ok", result))
+        # Bytes, not tensors: tensors in a Queue travel as shared-memory handles that die
+        # with this process before the parent reads them.
+        import io
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        queue.put((rank, "ok", buf.getvalue()))
     except BaseException:  # report everything, including SystemExit from a rank
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -70,7 +75,7 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120.0,
             p.kill()
     if expect_failure:
         return [results.get(r, ("missing", f"exit code {procs[r].exitcode}"))
-                for r in range(world)]
+                for r in range(world)]  # "ok" payloads stay serialized bytes here
     missing = [r for r in range(world) if r not in results]
     if missing:
         raise AssertionError(f"ranks {missing} did not finish within {timeout:.0f}s "
@@ -79,4 +84,6 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120.0,
               if status != "ok"]
     if errors:
         raise AssertionError("\n".join(errors))
-    return [results[r][1] for r in range(world)]
+    import io
+    import torch
+    return [torch.load(io.BytesIO(results[r][1]), weights_only=False) for r in range(world)]

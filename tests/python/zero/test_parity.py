@@ -2,7 +2,7 @@
 same global batch, for ZeRO stages 0/1/2 x fp32/bf16 x gradient accumulation 1/4.
 
 fp32 must agree to 1e-5 relative per step (losses, the pre-clip global grad norm) and in the
-final parameters. bf16 runs are compared with a plain-PyTorch bf16 mixed-precision reference
+final parameters (tensor-wise relative error; see the comment at the check). bf16 runs are compared with a plain-PyTorch bf16 mixed-precision reference
 (fp32 master weights, bf16 model); the only difference left is where bf16 gradients are summed
 (per rank, then across ranks), so the bound there is bf16 rounding: 2e-2 relative on losses.
 The mechanism is checked too: stage 1/2 keep 1/N of the optimizer state per rank, stage 2 never
@@ -49,7 +49,7 @@ def reference(dtype: str, steps: int = STEPS):
             with torch.no_grad():
                 for m, p in zip(master, model.parameters()):
                     p.copy_(m)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     return losses, norms, params
 
@@ -117,8 +117,12 @@ def test_stages_0_1_2_match_plain_pytorch(world, references):
             torch.testing.assert_close(torch.tensor(norms), torch.tensor(ref_norm_list), **tol)
             if dtype == "fp32":
                 for name, ref in ref_params.items():
-                    torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6,
-                                               msg=lambda m: f"{name}: {m}")
+                    # Tensor-wise relative error: an element whose gradient is ~0 gets Adam
+                    # steps of m/sqrt(v) built from rounding noise, so element-wise ratios
+                    # there measure noise, not ZeRO (TESTING.md); lr/100 bounds any element.
+                    rel = float((params[name] - ref).norm() / ref.norm())
+                    assert rel <= 1e-5, f"{name}: relative error {rel:.2e}"
+                    torch.testing.assert_close(params[name], ref, rtol=0, atol=LR / 100)
             if stage in (1, 2):
                 # Each rank holds ~1/world of the Adam state (plus padding), never all of it.
                 assert mech["state_numel"] <= mech["model_numel"] // world + 2 * world

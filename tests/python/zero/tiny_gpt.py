@@ -45,7 +45,7 @@ class TinyGPT(nn.Module):
         for blk in self.blocks:
             x = blk(x)
         logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def make_batches(steps: int, global_batch: int, seq: int = 16, vocab: int = 64, seed: int = 1):
