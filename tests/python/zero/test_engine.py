@@ -1,0 +1,238 @@
+"""Engine behaviour on Gloo ranks: loss scaling and overflow skips, the LR schedule, clipping
+norm bookkeeping, accumulation boundaries, DeepSpeed's optimizer rules and clear errors."""
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from multirank import free_port, run_ranks
+
+HERE = pathlib.Path(__file__).parent
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).float().pow(2).mean()
+
+
+def _engine(config, **kwargs):
+    import zerostream
+    torch.manual_seed(0)
+    model = MLP()
+    return zerostream.initialize(model=model, config=config, **kwargs)
+
+
+def _base(stage, **extra):
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+           "zero_optimization": {"stage": stage}}
+    cfg.update(extra)
+    return cfg
+
+
+def overflow_and_schedule_worker(rank, world):
+    """fp16 dynamic scaling with hysteresis 2 and a linear warmup schedule, at stage 2."""
+    from zerostream.lr_schedules import WarmupLR
+    cfg = _base(2, fp16={"enabled": True, "initial_scale_power": 8, "hysteresis": 2,
+                         "loss_scale_window": 100},
+                scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0.001,
+                                                          "warmup_max_lr": 0.01,
+                                                          "warmup_num_steps": 10,
+                                                          "warmup_type": "linear"}})
+    engine, opt, _, sched = _engine(cfg)
+    assert engine.get_global_grad_norm() is None
+    x = torch.randn(2, 8).half()
+    trace = []
+    for poison in (False, True, True, False):
+        before = [p.detach().clone() for p in engine.module.parameters()]
+        loss = engine(x)
+        if poison:
+            loss = loss * float("inf")
+        engine.backward(loss)
+        engine.step()
+        changed = any(not torch.equal(b, p) for b, p in zip(before, engine.module.parameters()))
+        trace.append((engine.loss_scale(), engine.skipped_steps, engine.get_lr()[0], changed,
+                      engine.was_step_applied(), opt.overflow))
+    # The same schedule on a plain optimizer, stepped once per applied step (two of four).
+    ref_opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.01)
+    ref = WarmupLR(ref_opt, warmup_min_lr=0.001, warmup_max_lr=0.01, warmup_num_steps=10,
+                   warmup_type="linear")
+    ref_lrs = []
+    for applied in (True, False, False, True):
+        if applied:
+            ref.step()
+        ref_lrs.append(ref_opt.param_groups[0]["lr"])
+    return trace, ref_lrs, engine.global_steps, engine.global_samples
+
+
+@pytest.mark.multirank
+def test_fp16_overflow_skips_the_step_and_lowers_the_scale_with_hysteresis():
+    trace, ref_lrs, steps, samples = run_ranks(overflow_and_schedule_worker, 2, timeout=120)[0]
+    scales = [t[0] for t in trace]
+    assert scales == [256.0, 256.0, 128.0, 128.0]  # hysteresis 2: the second overflow halves
+    assert [t[1] for t in trace] == [0, 1, 2, 2]    # skipped_steps
+    assert [t[3] for t in trace] == [True, False, False, True]  # params move only when applied
+    assert [t[4] for t in trace] == [True, False, False, True]  # was_step_applied
+    assert [t[5] for t in trace] == [False, True, True, False]  # optimizer.overflow
+    assert [t[2] for t in trace] == pytest.approx(ref_lrs)       # no LR step on overflow
+    assert steps == 4 and samples == 4 * 2 * 2
+
+
+def accumulation_worker(rank, world):
+    import zerostream
+    engine, *_ = _engine(_base(1, gradient_accumulation_steps=3))
+    x = torch.randn(2, 8)
+    boundaries, applied = [], []
+    for _ in range(6):
+        boundaries.append(engine.is_gradient_accumulation_boundary())
+        engine.backward(engine(x))
+        engine.step()
+        applied.append(engine.was_step_applied())
+    engine.set_gradient_accumulation_boundary(True)
+    forced = engine.is_gradient_accumulation_boundary()
+    errors = {}
+    with engine.no_sync():
+        engine.backward(engine(x))
+        try:
+            engine.step()
+        except RuntimeError as exc:
+            errors["step_in_no_sync"] = str(exc)
+    stage2, *_ = _engine(_base(2))
+    try:
+        with stage2.no_sync():
+            pass
+    except ValueError as exc:
+        errors["no_sync_stage2"] = str(exc)
+    return boundaries, applied, forced, engine.global_steps, errors
+
+
+@pytest.mark.multirank
+def test_accumulation_boundaries_and_no_sync():
+    boundaries, applied, forced, steps, errors = run_ranks(accumulation_worker, 2)[0]
+    assert boundaries == [False, False, True] * 2
+    assert applied == [False, False, True] * 2
+    assert forced is True and steps == 2
+    assert "no step is allowed inside no_sync" in errors["step_in_no_sync"]
+    assert "no_sync is not compatible with ZeRO stage 2" in errors["no_sync_stage2"]
+
+
+def rules_worker(rank, world):
+    """DeepSpeed's optimizer rules and config errors, each recorded as (type, message)."""
+    import zerostream
+    from zerostream.optim_factory import ZeRORuntimeException
+
+    def outcome(fn):
+        try:
+            fn()
+            return ("ok", "")
+        except Exception as exc:  # the test asserts the exact type
+            return (type(exc).__name__, str(exc))
+
+    torch.manual_seed(0)
+    out = {}
+    model = MLP()
+    offload = _base(2, zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}})
+    out["client_with_offload"] = outcome(lambda: zerostream.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters()), config=offload))
+    out["untested"] = outcome(lambda: _engine(_base(1), optimizer=None) and zerostream.initialize(
+        model=MLP(), optimizer=torch.optim.SGD(MLP().parameters(), lr=0.1),
+        config={k: v for k, v in _base(1).items() if k != "optimizer"}))
+    allow = {k: v for k, v in _base(1).items() if k != "optimizer"}
+    allow["zero_allow_untested_optimizer"] = True
+    m2 = MLP()
+    out["untested_allowed"] = outcome(lambda: zerostream.initialize(
+        model=m2, optimizer=torch.optim.SGD(m2.parameters(), lr=0.1), config=allow))
+    out["no_optimizer_stage2"] = outcome(lambda: zerostream.initialize(
+        model=MLP(), config={k: v for k, v in _base(2).items() if k != "optimizer"}))
+    out["batch"] = outcome(lambda: zerostream.initialize(model=MLP(), config={
+        "train_batch_size": 17, "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {}}}))
+    out["no_config"] = outcome(lambda: zerostream.initialize(model=MLP()))
+    out["lamb"] = outcome(lambda: zerostream.initialize(model=MLP(), config=_base(
+        0, optimizer={"type": "Lamb", "params": {"lr": 0.1}})))
+    out["bad_loss"] = outcome(lambda: _engine(_base(0))[0].backward(torch.ones(2)))
+    return out, ZeRORuntimeException.__name__
+
+
+@pytest.mark.multirank
+def test_deepspeed_optimizer_rules_and_config_errors():
+    out, zre = run_ranks(rules_worker, 2)[0]
+    assert out["client_with_offload"][0] == zre
+    assert "zero_force_ds_cpu_optimizer" in out["client_with_offload"][1]
+    assert out["untested"][0] == "ValueError"
+    assert 'untested ZeRO Optimizer (SGD)' in out["untested"][1]
+    assert out["untested_allowed"] == ("ok", "")
+    assert out["no_optimizer_stage2"][0] == "ValueError"
+    assert "zero_optimization.stage 2 requires an optimizer" in out["no_optimizer_stage2"][1]
+    assert out["batch"][0] == "ValueError"
+    assert ("train_batch_size: 17 != train_micro_batch_size_per_gpu 2 * "
+            "gradient_accumulation_steps 4 * data-parallel world size 2") in out["batch"][1]
+    assert out["no_config"] == ("ValueError", "DeepSpeed requires --deepspeed_config to specify "
+                                              "configuration file")
+    assert out["lamb"][0] == "NotImplementedError" and "Lamb" in out["lamb"][1]
+    assert out["bad_loss"][0] == "ValueError" and "scalar loss" in out["bad_loss"][1]
+
+
+def dying_rank_worker(rank, world):
+    """Rank 1 is SIGKILLed in the middle of a step; rank 0 must fail fast and say why."""
+    engine, *_ = _engine(_base(2))
+    x = torch.randn(2, 8)
+    engine.backward(engine(x))
+    engine.step()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        for _ in range(3):
+            engine.backward(engine(x))
+            engine.step()
+    except RuntimeError as exc:
+        return ("error", str(exc), time.monotonic() - start)
+    return ("no error", "", time.monotonic() - start)
+
+
+@pytest.mark.multirank
+def test_a_killed_rank_makes_the_others_fail_clearly_within_the_timeout():
+    results = run_ranks(dying_rank_worker, 2, timeout=120, expect_failure=True,
+                        env={"DEEPSPEED_TIMEOUT": "0.5"})
+    status, payload = results[0]
+    assert status == "ok", payload
+    import io
+    outcome, message, seconds = torch.load(io.BytesIO(payload), weights_only=False)
+    assert outcome == "error"
+    assert message.startswith("[rank 0] all_reduce failed"), message
+    assert seconds < 60
+    assert results[1][0] == "missing"  # the killed rank reported nothing
+
+
+def test_a_deepspeed_script_runs_unchanged_under_torchrun(tmp_path):
+    """examples-style script: argparse + add_config_arguments + initialize(args=...) +
+    engine.backward/step, launched by torchrun with --deepspeed_config."""
+    cfg = tmp_path / "ds_config.json"
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,'
+                   ' "optimizer": {"type": "Adam", "params": {"lr": 0.01}},'
+                   ' "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}},'
+                   ' "zero_optimization": {"stage": 2}, "steps_per_print": 1}')
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(free_port()), str(HERE / "ds_style_script.py"),
+         "--deepspeed", "--deepspeed_config", str(cfg), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [(tmp_path / f"out.{r}").read_text().split() for r in (0, 1)]
+    # Each rank saw its own half of the data, yet both hold the same trained weights.
+    assert lines[0][3] == lines[1][3], "ranks disagree on the trained weights"
+    assert [l[4] for l in lines] == ["0", "1"], "args.local_rank must be each rank's own"
+    steps, first, last = int(lines[0][0]), float(lines[0][1]), float(lines[0][2])
+    assert steps == 4 and last < first  # 64 samples / (4 micro x 2 ranks) / 2 accumulation
