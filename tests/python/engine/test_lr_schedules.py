@@ -65,7 +65,8 @@ def test_warmup_num_steps_one_is_clamped_to_two():
     opt = _optimizer(1.0)
     sched = L.WarmupLR(opt, warmup_min_lr=0.0, warmup_max_lr=1.0, warmup_num_steps=1)
     assert sched.warmup_num_steps == 2
-    assert [lrs[0] for _, lrs in _walk(sched, opt, 3)] == pytest.approx([0.0, math.log(2) / math.log(2), 1.0])
+    # gamma = ln(it + 1) / ln(2): 0 at iteration 0, 1 from iteration 1 on.
+    assert [lrs[0] for _, lrs in _walk(sched, opt, 3)] == pytest.approx([0.0, 1.0, 1.0])
 
 
 @pytest.mark.parametrize("bad", [0, -5, 2.5, True, "10", None])
