@@ -13,7 +13,8 @@ Note [Schedule quirks kept for parity]
   * WarmupLR with `warmup_max_lr=None` uses the *first* group's lr for every group.
   * WarmupCosineLR writes lr 0.0 into every group at construction (iteration -1).
   * OneCycle cycles `betas[0]` only when the optimizer's defaults have `betas`, and writes
-    `(beta1, 0.99)`: beta2 is pinned to 0.99, as DeepSpeed does.
+    `(beta1, 0.99)`: beta2 is pinned to 0.99, as DeepSpeed does. Before the first step()
+    beta1 is cycle_min_mom (DeepSpeed's constructor writes it), not the cycle's value.
   * `warmup_num_steps` is clamped to at least 2, so that ln(N) in log warmup is not 0.
 """
 from __future__ import annotations
@@ -388,6 +389,14 @@ class OneCycle(_Schedule):
             factor = 1.0 + self.decay_mom_rate * self._decay_interval()
             beta1 = [hi * factor for hi in self.max_moms]
         return [(b, _ONE_CYCLE_BETA2) for b in beta1]
+
+    def _start(self) -> None:
+        super()._start()
+        # See Note [Schedule quirks kept for parity]: a fresh run starts at cycle_min_mom,
+        # although the cycle formula at iteration -1 would give cycle_max_mom.
+        if self.last_batch_iteration == -1 and self.cycle_momentum:
+            for group, beta1 in zip(self.optimizer.param_groups, self.min_moms):
+                group["betas"] = (beta1, _ONE_CYCLE_BETA2)
 
     def _apply(self) -> None:
         super()._apply()

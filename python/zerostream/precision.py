@@ -15,8 +15,8 @@ Note [Loss-scaler state machine]
     stable = cur_iter - last_overflow_iter - 1, the scale doubles when stable > 0 and
     stable % scale_window == 0, refilling cur_hysteresis too.
   * cur_iter += 1 either way.
-  From a fresh scaler the first doubling is therefore on the (scale_window + 1)-th clean
-  update, and after an overflow on the scale_window-th clean one.
+  The first doubling is therefore on the (scale_window + 1)-th consecutive clean update,
+  counted from a fresh scaler or from the last overflow alike.
 """
 from __future__ import annotations
 
