@@ -9,10 +9,12 @@ import os
 from typing import Any, Optional
 
 from ._version import __version__
-from . import comm
+from . import comm, zero
+from .accelerator import get_accelerator
 from .comm import init_distributed
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "comm", "__version__"]
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "comm", "zero",
+           "get_accelerator", "__version__"]
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
