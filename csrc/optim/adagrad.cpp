@@ -23,7 +23,7 @@ void adagrad_step(const AdagradParams& params, const StepBuffers& b, const RunOp
   const AdagradCoeffs c = adagrad_coeffs(params);
   check_step_buffers(b, 1, "adagrad");
   const KernelTable& k = kernels_for(resolve_simd_level(run.simd));
-  run_step(k.adagrad, c, b, run, 1);
+  run_step(k.adagrad, c, b, run);
 }
 
 }  // namespace zs::optim

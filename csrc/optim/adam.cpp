@@ -41,7 +41,7 @@ void adam_step(const AdamParams& params, const StepBuffers& b, const RunOptions&
   const AdamCoeffs c = adam_coeffs(params);
   check_step_buffers(b, 2, "adam");
   const KernelTable& k = kernels_for(resolve_simd_level(run.simd));
-  run_step(k.adam, c, b, run, 2);
+  run_step(k.adam, c, b, run);
 }
 
 }  // namespace zs::optim

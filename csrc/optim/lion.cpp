@@ -27,7 +27,7 @@ void lion_step(const LionParams& params, const StepBuffers& b, const RunOptions&
   const LionCoeffs c = lion_coeffs(params);
   check_step_buffers(b, 1, "lion");
   const KernelTable& k = kernels_for(resolve_simd_level(run.simd));
-  run_step(k.lion, c, b, run, 1);
+  run_step(k.lion, c, b, run);
 }
 
 }  // namespace zs::optim

@@ -44,10 +44,6 @@ void check_step_buffers(const StepBuffers& b, int states, const char* who) {
                  ": param_copy dtype must be bf16 or fp16; got fp32");
 }
 
-bool want_nontemporal(NonTemporal mode, int64_t bytes) {
-  if (mode == NonTemporal::kOn) return true;
-  if (mode == NonTemporal::kOff) return false;
-  return bytes >= kNonTemporalAutoBytes;
-}
+bool want_nontemporal(NonTemporal mode) { return mode == NonTemporal::kOn; }
 
 }  // namespace zs::optim

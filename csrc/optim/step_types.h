@@ -24,12 +24,14 @@ struct StepBuffers {
 };
 
 // Note [Non-temporal stores]
-// With buffers much larger than the caches, every ordinary store first reads its line
-// (read-for-ownership): ~14 extra bytes per param on a 28-30 byte step. Streaming stores skip
-// that read. On data that fits in cache (a small offload sub-group just copied in) they
-// would push hot lines out to DRAM, so kAuto streams only above kNonTemporalAutoBytes.
+// In theory streaming stores save the read-for-ownership of every written line (~14 of the
+// 42-44 bytes per param an Adam step with a 16-bit copy moves with ordinary stores). On the
+// machine this was tuned on (2-core Emerald Rapids KVM guest) they measured slower, both in
+// the kernel and in the bare roofline probe (kernel 0.32 vs 0.56 Gparam/s; probe 0.48 vs
+// 0.60), and on data that fits in cache they would also push hot lines out. So kAuto means
+// ordinary stores, and kOn is there for machines where `zerostream bench optim
+// --nontemporal on` says it wins. Either way the results are bit-identical.
 enum class NonTemporal : int { kAuto = 0, kOn = 1, kOff = 2 };
-constexpr int64_t kNonTemporalAutoBytes = int64_t{32} << 20;
 
 struct RunOptions {
   int threads = 0;                   // 0: omp_get_max_threads() (OMP_NUM_THREADS)
@@ -50,7 +52,7 @@ namespace zs::optim {
 // Throws zs::ValueError naming `who` for null buffers or a bad copy dtype.
 void check_step_buffers(const StepBuffers& b, int states, const char* who);
 
-// Whether a call that touches `bytes` of memory streams its stores (Note [Non-temporal stores]).
-bool want_nontemporal(NonTemporal mode, int64_t bytes);
+// Whether a call streams its stores (Note [Non-temporal stores]).
+bool want_nontemporal(NonTemporal mode);
 
 }  // namespace zs::optim

@@ -72,7 +72,7 @@ struct RooflineBuffers {
   int grad_bytes;        // 2 or 4
   void* copy;            // 16-bit copy, or nullptr
 };
-using RooflineKernel = void (*)(const RooflineBuffers&, int64_t, int64_t);
+using RooflineKernel = void (*)(const RooflineBuffers&, int64_t, int64_t, bool nontemporal);
 
 struct KernelTable {
   SimdLevel level;

@@ -19,7 +19,7 @@ void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
 
 // Same bytes as the fused step; the rotation p <- m <- v <- p keeps the stores from being
 // optimised away as writes of the loaded value.
-void roofline(const RooflineBuffers& r, int64_t begin, int64_t end) {
+void roofline(const RooflineBuffers& r, int64_t begin, int64_t end, bool /*nt*/) {
   const auto* g16 = static_cast<const uint16_t*>(r.grad);
   auto* copy = static_cast<uint16_t*>(r.copy);
   const int stride = r.grad_bytes / 2;
