@@ -49,15 +49,15 @@ void run_full(const typename Rule::template K<V>& k, const StepBuffers& b, int64
   for (int64_t i = begin; i < end; i += V::kWidth) Rule::template apply<V, G, C, kNt>(k, b, i);
 }
 
-// Streaming stores need every written stream aligned to the vector width at the first full
-// vector. The peel aligns the params; the states and the copy follow when their buffers
-// share the params' offset (the usual flat-buffer layout). Otherwise: ordinary stores.
-template <class V, Copy C>
+// Streaming stores need every streamed buffer aligned to the vector width at the first full
+// vector. The peel aligns the params; the states follow when their buffers share the
+// params' offset (the usual flat-buffer layout). Otherwise: ordinary stores. The 16-bit
+// copy is never streamed (Note [No streaming for the 16-bit copy]).
+template <class V>
 bool streams_aligned(const StepBuffers& b, int64_t i, int states) {
-  constexpr uintptr_t kF32 = V::kWidth * 4, k16 = V::kWidth * 2;
+  constexpr uintptr_t kF32 = V::kWidth * 4;
   return V::kWidth > 1 && is_aligned(b.param + i, kF32) && is_aligned(b.state0 + i, kF32) &&
-         (states < 2 || is_aligned(b.state1 + i, kF32)) &&
-         (C == Copy::kNone || is_aligned(static_cast<uint16_t*>(b.param_copy) + i, k16));
+         (states < 2 || is_aligned(b.state1 + i, kF32));
 }
 
 template <class V, class Rule, DType G, Copy C>
@@ -73,7 +73,7 @@ void run_gc(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t
     i += head;
   }
   const int64_t full_end = i + (end - i) / W * W;
-  if (want_nt && streams_aligned<V, C>(b, i, Rule::kStates)) {
+  if (want_nt && streams_aligned<V>(b, i, Rule::kStates)) {
     run_full<V, Rule, G, C, true>(k, b, i, full_end);
     V::sfence();  // streaming stores are weakly ordered: publish before the caller joins
   } else {
