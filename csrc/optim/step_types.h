@@ -26,9 +26,10 @@ struct StepBuffers {
 // Note [Non-temporal stores]
 // In theory streaming stores save the read-for-ownership of every written line (~14 of the
 // 42-44 bytes per param an Adam step with a 16-bit copy moves with ordinary stores). On the
-// machine this was tuned on (2-core Emerald Rapids KVM guest) they measured slower, both in
-// the kernel and in the bare roofline probe (kernel 0.32 vs 0.56 Gparam/s; probe 0.48 vs
-// 0.60), and on data that fits in cache they would also push hot lines out. So kAuto means
+// machine this was tuned on (2-core Emerald Rapids KVM guest, 5e7 params) they measured
+// slower, in the kernel and in the bare roofline probe alike (kernel 0.52-0.58 vs 0.63
+// Gparam/s, probe 0.54-0.58 vs 0.62-0.65), and on data that fits in cache they would also
+// push hot lines out. So kAuto means
 // ordinary stores, and kOn is there for machines where `zerostream bench optim
 // --nontemporal on` says it wins. Either way the results are bit-identical.
 enum class NonTemporal : int { kAuto = 0, kOn = 1, kOff = 2 };
@@ -44,10 +45,6 @@ SimdLevel resolve_simd_level(int requested);
 
 // Threads a call of `numel` elements uses: small calls stay on the caller's thread.
 int resolve_threads(int requested, int64_t numel);
-
-}  // namespace zs::optim
-
-namespace zs::optim {
 
 // Throws zs::ValueError naming `who` for null buffers or a bad copy dtype.
 void check_step_buffers(const StepBuffers& b, int states, const char* who);
