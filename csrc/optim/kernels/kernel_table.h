@@ -5,9 +5,13 @@
 // The update rules are written once (kernels/update_rules.h) over a small vector-ops
 // interface (vec_scalar.h, vec_avx2.h, vec_avx512.h). Each ISA's .cpp instantiates them
 // with its own compile flags (no -march=native; see csrc/optim/CMakeLists.txt), and the
-// front end picks a table at run time. The code is compiled with -ffp-contract=off and every
-// fused multiply-add is written out, so all levels round identically and produce the same
-// bits; tests force each level and compare bit for bit.
+// front end picks a table at run time. The rules use no fused multiply-add: every product
+// and sum is rounded on its own (and the code is compiled with -ffp-contract=off so the
+// compiler fuses nothing either). So all levels produce the same bits, which tests check
+// by forcing each level; the scalar code needs no FMA hardware (std::fma without it is a
+// libm call, ~30x slower) and the compiler can vectorise it for SSE2 or NEON; and the
+// results follow torch.optim's rounding, which also rounds each op. An fma per op would
+// buy nothing here: the step is bound by memory, not by arithmetic.
 #pragma once
 
 #include <cstdint>

@@ -66,12 +66,12 @@ struct AdamRule {
     F g = V::mul(load_grad<V, G>(b.grad, i), k.scale);
     F m = V::load(b.state0 + i);
     F v = V::load(b.state1 + i);
-    if (k.use_l2) g = V::fma(k.l2, p, g);
+    if (k.use_l2) g = V::mul_add(k.l2, p, g);
     if (k.use_decay) p = V::mul(p, k.decay);
-    m = V::fma(k.omb1, V::sub(g, m), m);
-    v = V::fma(V::mul(k.omb2, g), g, V::mul(v, k.b2));
-    const F denom = V::fma(V::sqrt(v), k.ibc2, k.eps);
-    p = V::fma(k.nstep, V::div(m, denom), p);
+    m = V::mul_add(k.omb1, V::sub(g, m), m);
+    v = V::mul_add(V::mul(k.omb2, g), g, V::mul(v, k.b2));
+    const F denom = V::mul_add(V::sqrt(v), k.ibc2, k.eps);
+    p = V::mul_add(k.nstep, V::div(m, denom), p);
     V::template store<kNt>(b.param + i, p);
     V::template store<kNt>(b.state0 + i, m);
     V::template store<kNt>(b.state1 + i, v);
@@ -99,10 +99,10 @@ struct AdagradRule {
     F p = V::load(b.param + i);
     F g = V::mul(load_grad<V, G>(b.grad, i), k.scale);
     F s = V::load(b.state0 + i);
-    if (k.use_l2) g = V::fma(k.l2, p, g);
-    s = V::fma(g, g, s);
+    if (k.use_l2) g = V::mul_add(k.l2, p, g);
+    s = V::mul_add(g, g, s);
     const F denom = V::add(V::sqrt(s), k.eps);
-    p = V::fma(k.neg_lr, V::div(g, denom), p);
+    p = V::mul_add(k.neg_lr, V::div(g, denom), p);
     V::template store<kNt>(b.param + i, p);
     V::template store<kNt>(b.state0 + i, s);
     store_copy<V, C>(b.param_copy, i, p);
@@ -112,8 +112,8 @@ struct AdagradRule {
 // Lion (Chen et al. 2023), as DeepSpeed's CPU Lion and lucidrains' lion-pytorch:
 //   g = g * scale; p *= 1 - lr * wd
 //   p -= lr * sign(beta1 * m + (1 - beta1) * g); m = beta2 * m + (1 - beta2) * g
-// Products and sums are rounded separately (no fma): the sign of a value near zero must
-// not depend on contraction, so a plain-torch reference reproduces it bit for bit.
+// Written, like torch ops, as separately rounded products and sums, so that a plain-torch
+// reference reproduces the sign of values near zero bit for bit.
 struct LionRule {
   using Coeffs = LionCoeffs;
   static constexpr int kStates = 1;

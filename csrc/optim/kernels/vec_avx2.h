@@ -49,7 +49,7 @@ struct VecAvx2 {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F sqrt(F a) { return _mm256_sqrt_ps(a); }
-  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F mul_add(F a, F b, F c) { return _mm256_add_ps(_mm256_mul_ps(a, b), c); }
   static F sign(F a) {
     const __m256 zero = _mm256_setzero_ps();
     const __m256 pos = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_set1_ps(1.f));

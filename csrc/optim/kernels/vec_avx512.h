@@ -48,7 +48,7 @@ struct VecAvx512 {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F sqrt(F a) { return _mm512_sqrt_ps(a); }
-  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F mul_add(F a, F b, F c) { return _mm512_add_ps(_mm512_mul_ps(a, b), c); }
   static F sign(F a) {
     const __m512 zero = _mm512_setzero_ps();
     const __mmask16 pos = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ);

@@ -27,7 +27,8 @@ struct VecScalar {
   static F mul(F a, F b) { return a * b; }
   static F div(F a, F b) { return a / b; }
   static F sqrt(F a) { return std::sqrt(a); }
-  static F fma(F a, F b, F c) { return std::fma(a, b, c); }  // a * b + c, one rounding
+  // a * b + c with two roundings (no fma: see Note [One math, three ISAs]).
+  static F mul_add(F a, F b, F c) { return a * b + c; }
   static F sign(F a) { return a > 0.f ? 1.f : (a < 0.f ? -1.f : 0.f); }
 
   using Acc = double;
