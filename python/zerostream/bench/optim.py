@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="rounds (median is reported)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch peers")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json-out", metavar="PATH", help="also write the JSON object to PATH")
 
 
 def _bytes_per_param(optimizer: str, grad_bytes: int, copy_bytes: int) -> int:
@@ -260,6 +261,9 @@ def run(args) -> int:
         print(json.dumps(res, indent=2))
     else:
         _print_table(res)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res, f, indent=2)
     return 0
 
 
