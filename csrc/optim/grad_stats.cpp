@@ -22,7 +22,7 @@ GradStats grad_stats(const void* grad, DType dtype, int64_t numel, double scale,
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
   const int threads = static_cast<int>(std::min<int64_t>(resolve_threads(run.threads, numel),
                                                          std::max<int64_t>(blocks, 1)));
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 4) if (threads > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t begin = blk * kStatsBlock;
     partial[blk] = kernel(grad, dtype, s, begin, std::min(numel, begin + kStatsBlock));

@@ -1,9 +1,10 @@
 // The memory roofline of a fused optimizer step on this machine, measured by moving exactly
 // the bytes the step moves with no arithmetic: read grad (2 or 4 B), p, m, v (12 B); write
-// p, m, v (12 B) and the optional 16-bit param copy (2 B). Full-width vector loads,
-// streaming (or, to compare, ordinary) stores, all threads, the same chunking as the kernels. A naive scalar triad
-// understates what the hardware gives this access pattern (by about a third on a 2-core
-// Sapphire/Emerald Rapids VM), which would flatter the optimizer's ratio.
+// p, m, v (12 B) and the optional 16-bit param copy (2 B). Full-width vector loads and
+// stores (64 bytes per instruction on AVX-512, the 16-bit streams included), all threads,
+// the same chunking as the kernels. Run with streaming and with ordinary stores: which one
+// is faster depends on the machine (Note [Non-temporal stores]), and `bench optim` takes
+// the better as the roofline, so the kernel is never flattered by a weak probe.
 #pragma once
 
 #include <cstdint>
