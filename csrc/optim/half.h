@@ -15,6 +15,8 @@
 #include <cstring>
 
 namespace zs::optim {
+// Internal linkage: see Note [ISA isolation] in optim/kernels/kernel_table.h.
+namespace {
 
 inline uint32_t f32_bits(float f) {
   uint32_t u;
@@ -71,4 +73,5 @@ inline uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xff000000u ? 0x7e00u : nonsign));
 }
 
+}  // namespace
 }  // namespace zs::optim

@@ -11,6 +11,8 @@
 #include "optim/kernels/vec_scalar.h"
 
 namespace zs::optim {
+// Internal linkage: see Note [ISA isolation] in optim/kernels/kernel_table.h.
+namespace {
 
 inline bool is_aligned(const void* p, uintptr_t bytes) {
   return (reinterpret_cast<uintptr_t>(p) % bytes) == 0;
@@ -25,7 +27,7 @@ void run_tail(const typename Rule::template K<V>& k, const StepBuffers& b, int64
   alignas(64) float p[W] = {}, s0[W] = {}, s1[W] = {};
   alignas(64) float g[W] = {};  // big enough for W elements of any grad dtype
   alignas(64) uint16_t cp[W] = {};
-  const size_t gsz = dtype_size(G);
+  constexpr size_t gsz = G == DType::kFloat32 ? 4 : 2;  // not dtype_size(): Note [ISA isolation]
   std::memcpy(p, b.param + i, n * 4);
   std::memcpy(g, static_cast<const char*>(b.grad) + i * gsz, n * gsz);
   std::memcpy(s0, b.state0 + i, n * 4);
@@ -130,4 +132,5 @@ double sum_squares(const void* grad, DType dtype, float scale, int64_t begin, in
   return 0.0;
 }
 
+}  // namespace
 }  // namespace zs::optim

@@ -12,6 +12,13 @@
 // libm call, ~30x slower) and the compiler can vectorise it for SSE2 or NEON; and the
 // results follow torch.optim's rounding, which also rounds each op. An fma per op would
 // buy nothing here: the step is bound by memory, not by arithmetic.
+//
+// Note [ISA isolation]
+// The same inline functions and templates (half.h, vec_scalar.h, the rules) are compiled
+// in translation units with different -m flags. With external linkage, the linker keeps one
+// copy of each and may pick the AVX-512 one for the scalar path, which then faults on older
+// CPUs. So everything these headers define has internal linkage (anonymous namespaces):
+// each TU keeps its own copy, and only the *_kernels() tables are shared.
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,8 @@
 #include "optim/kernels/kernel_table.h"
 
 namespace zs::optim {
+// Internal linkage: see Note [ISA isolation] in optim/kernels/kernel_table.h.
+namespace {
 
 enum class Copy { kNone, kBf16, kF16 };
 
@@ -144,4 +146,5 @@ struct LionRule {
   }
 };
 
+}  // namespace
 }  // namespace zs::optim

@@ -7,6 +7,8 @@
 #include <cstdint>
 
 namespace zs::optim {
+// Internal linkage: see Note [ISA isolation] in optim/kernels/kernel_table.h.
+namespace {
 
 struct VecAvx2 {
   static constexpr int kWidth = 8;
@@ -73,4 +75,5 @@ struct VecAvx2 {
   }
 };
 
+}  // namespace
 }  // namespace zs::optim

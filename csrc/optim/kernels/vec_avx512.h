@@ -7,6 +7,8 @@
 #include <cstdint>
 
 namespace zs::optim {
+// Internal linkage: see Note [ISA isolation] in optim/kernels/kernel_table.h.
+namespace {
 
 struct VecAvx512 {
   static constexpr int kWidth = 16;
@@ -70,4 +72,5 @@ struct VecAvx512 {
   static double acc_sum(Acc acc) { return _mm512_reduce_add_pd(_mm512_add_pd(acc.lo, acc.hi)); }
 };
 
+}  // namespace
 }  // namespace zs::optim

@@ -8,6 +8,8 @@
 #include "optim/half.h"
 
 namespace zs::optim {
+// Internal linkage: see Note [ISA isolation] in optim/kernels/kernel_table.h.
+namespace {
 
 struct VecScalar {
   static constexpr int kWidth = 1;
@@ -40,4 +42,5 @@ struct VecScalar {
   static double acc_sum(Acc acc) { return acc; }
 };
 
+}  // namespace
 }  // namespace zs::optim
