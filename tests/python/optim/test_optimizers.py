@@ -112,15 +112,16 @@ def test_state_dict_resumes_bit_identically(kind, dtype):
     assert opt2.param_groups[1]["lr"] == opt.param_groups[1]["lr"]
 
 
-def test_bf16_params_train_against_an_fp32_master():
-    ours = _params(dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16bit_params_train_against_an_fp32_master(dtype):
+    ours = _params(dtype=dtype)
     ref = _params()  # same values: the bf16 params are fp32 values rounded to bf16
     for p, r in zip(ours, ref):
         r.data.copy_(p.data.float())
     opt = DeepSpeedCPUAdam(ours, lr=1e-2)
     ropt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.0)
     for step in range(1, 21):
-        _set_grads(ours, step, torch.bfloat16)
+        _set_grads(ours, step, dtype)
         for p, r in zip(ours, ref):
             r.grad = p.grad.float()
         opt.step()
@@ -128,7 +129,7 @@ def test_bf16_params_train_against_an_fp32_master():
     for p, r in zip(ours, ref):
         master = opt.state[p]["fp32_param"]
         assert_close_fp32(master.view_as(r), r.detach(), "master")
-        assert torch.equal(p.detach(), master.to(torch.bfloat16).view_as(p))
+        assert torch.equal(p.detach(), master.to(dtype).view_as(p))
 
 
 def test_grad_scale_and_closure():
@@ -196,3 +197,8 @@ def test_functional_calls_name_the_bad_argument():
         cpu_adam_step(z, torch.zeros(16)[::2], z, z.clone(), lr=1e-3, step=1)
     with pytest.raises(ValueError, match="step must be >= 1"):
         cpu_adam_step(z, z, z, z.clone(), lr=1e-3, step=0)
+
+
+def test_fp32_optimizer_states_false_is_accepted_with_a_warning():
+    with pytest.warns(UserWarning, match="fp32_optimizer_states"):
+        DeepSpeedCPUAdam(_params(), fp32_optimizer_states=False)
