@@ -1,8 +1,180 @@
-// Bindings of the optim subsystem (filled by its issue).
+// Bindings of the CPU optimizers (csrc/optim): zerostream._C.optim.
+//
+// Tensors cross as (data_ptr, numel, dtype name): the native core knows nothing of torch,
+// and python/zerostream/ops/_cpu_optimizer.py turns tensors into these arguments after
+// checking device, dtype, contiguity and sizes. Every kernel call releases the GIL.
+#include <omp.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
 #include "bindings/bindings.h"
+#include "common/check.h"
+#include "common/cpu_features.h"
+#include "optim/adagrad.h"
+#include "optim/adam.h"
+#include "optim/grad_stats.h"
+#include "optim/lion.h"
+#include "optim/roofline.h"
+
+namespace py = pybind11;
 
 namespace zs::bindings {
+namespace {
 
-void init_optim_bindings(pybind11::module_& m) {}
+using optim::DType;
+
+template <class T>
+T* ptr(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+optim::RunOptions run_options(int threads, const std::string& simd, const std::string& nt) {
+  optim::RunOptions run;
+  run.threads = threads;
+  run.simd = simd.empty() ? -1 : static_cast<int>(parse_simd_level(simd));
+  if (nt == "auto") {
+    run.nontemporal = optim::NonTemporal::kAuto;
+  } else if (nt == "on") {
+    run.nontemporal = optim::NonTemporal::kOn;
+  } else if (nt == "off") {
+    run.nontemporal = optim::NonTemporal::kOff;
+  } else {
+    throw ValueError("nontemporal: expected one of \"auto\", \"on\", \"off\"; got \"" + nt + "\"");
+  }
+  return run;
+}
+
+optim::StepBuffers buffers(uintptr_t param, uintptr_t grad, const std::string& grad_dtype,
+                           uintptr_t state0, uintptr_t state1, uintptr_t copy,
+                           const std::string& copy_dtype, int64_t numel) {
+  optim::StepBuffers b;
+  b.param = ptr<float>(param);
+  b.grad = ptr<const void>(grad);
+  b.grad_dtype = optim::parse_dtype(grad_dtype, "grad_dtype");
+  b.state0 = ptr<float>(state0);
+  b.state1 = ptr<float>(state1);
+  b.param_copy = ptr<void>(copy);
+  b.copy_dtype = optim::parse_dtype(copy_dtype, "copy_dtype");
+  b.numel = numel;
+  return b;
+}
+
+// Keyword arguments shared by every step function, after the hyperparameters.
+#define ZS_OPTIM_COMMON_ARGS                                                          \
+  py::arg("param_copy") = 0, py::arg("copy_dtype") = "bf16", py::arg("threads") = 0, \
+      py::arg("simd") = "", py::arg("nontemporal") = "auto"
+
+void def_adam(py::module_& m) {
+  m.def(
+      "adam_step",
+      [](uintptr_t param, uintptr_t grad, const std::string& grad_dtype, uintptr_t exp_avg,
+         uintptr_t exp_avg_sq, int64_t numel, double lr, double beta1, double beta2, double eps,
+         double weight_decay, bool bias_correction, bool adamw_mode, int64_t step,
+         double grad_scale, uintptr_t copy, const std::string& copy_dtype, int threads,
+         const std::string& simd, const std::string& nt) {
+        optim::AdamParams p{lr, beta1, beta2, eps, weight_decay, bias_correction, adamw_mode,
+                            step, grad_scale};
+        const auto b = buffers(param, grad, grad_dtype, exp_avg, exp_avg_sq, copy, copy_dtype,
+                               numel);
+        const auto run = run_options(threads, simd, nt);
+        py::gil_scoped_release release;
+        optim::adam_step(p, b, run);
+      },
+      "One fused Adam/AdamW step over raw fp32 buffers (see csrc/optim/adam.h).",
+      py::arg("param"), py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"),
+      py::arg("exp_avg_sq"), py::arg("numel"), py::kw_only(), py::arg("lr"), py::arg("beta1"),
+      py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction"),
+      py::arg("adamw_mode"), py::arg("step"), py::arg("grad_scale") = 1.0,
+      ZS_OPTIM_COMMON_ARGS);
+}
+
+void def_adagrad_lion(py::module_& m) {
+  m.def(
+      "adagrad_step",
+      [](uintptr_t param, uintptr_t grad, const std::string& grad_dtype, uintptr_t sum_sq,
+         int64_t numel, double lr, double eps, double weight_decay, double grad_scale,
+         uintptr_t copy, const std::string& copy_dtype, int threads, const std::string& simd,
+         const std::string& nt) {
+        optim::AdagradParams p{lr, eps, weight_decay, grad_scale};
+        const auto b = buffers(param, grad, grad_dtype, sum_sq, 0, copy, copy_dtype, numel);
+        const auto run = run_options(threads, simd, nt);
+        py::gil_scoped_release release;
+        optim::adagrad_step(p, b, run);
+      },
+      "One fused Adagrad step over raw fp32 buffers (see csrc/optim/adagrad.h).",
+      py::arg("param"), py::arg("grad"), py::arg("grad_dtype"), py::arg("sum_sq"),
+      py::arg("numel"), py::kw_only(), py::arg("lr"), py::arg("eps"), py::arg("weight_decay"),
+      py::arg("grad_scale") = 1.0, ZS_OPTIM_COMMON_ARGS);
+  m.def(
+      "lion_step",
+      [](uintptr_t param, uintptr_t grad, const std::string& grad_dtype, uintptr_t exp_avg,
+         int64_t numel, double lr, double beta1, double beta2, double weight_decay,
+         double grad_scale, uintptr_t copy, const std::string& copy_dtype, int threads,
+         const std::string& simd, const std::string& nt) {
+        optim::LionParams p{lr, beta1, beta2, weight_decay, grad_scale};
+        const auto b = buffers(param, grad, grad_dtype, exp_avg, 0, copy, copy_dtype, numel);
+        const auto run = run_options(threads, simd, nt);
+        py::gil_scoped_release release;
+        optim::lion_step(p, b, run);
+      },
+      "One fused Lion step over raw fp32 buffers (see csrc/optim/lion.h).", py::arg("param"),
+      py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"), py::arg("numel"),
+      py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("weight_decay"),
+      py::arg("grad_scale") = 1.0, ZS_OPTIM_COMMON_ARGS);
+}
+
+void def_stats_and_probe(py::module_& m) {
+  m.def(
+      "grad_stats",
+      [](uintptr_t grad, const std::string& dtype, int64_t numel, double scale, int threads,
+         const std::string& simd) {
+        const DType t = optim::parse_dtype(dtype, "dtype");
+        const auto run = run_options(threads, simd, "auto");
+        optim::GradStats s;
+        {
+          py::gil_scoped_release release;
+          s = optim::grad_stats(ptr<const void>(grad), t, numel, scale, run);
+        }
+        return std::make_pair(s.sum_squares, s.finite);
+      },
+      "(sum of squares of grad*scale in double, all finite) in one pass (csrc/optim/grad_stats.h).",
+      py::arg("grad"), py::arg("dtype"), py::arg("numel"), py::kw_only(),
+      py::arg("scale") = 1.0, py::arg("threads") = 0, py::arg("simd") = "");
+  m.def(
+      "roofline_pass",
+      [](uintptr_t p, uintptr_t mm, uintptr_t v, uintptr_t grad, int grad_bytes, uintptr_t copy,
+         int64_t numel, int threads, const std::string& simd, bool nontemporal) {
+        const optim::RooflineBuffers b{ptr<float>(p), ptr<float>(mm), ptr<float>(v),
+                                       ptr<const void>(grad), grad_bytes, ptr<void>(copy)};
+        const auto run = run_options(threads, simd, nontemporal ? "on" : "off");
+        py::gil_scoped_release release;
+        optim::roofline_pass(b, numel, run);
+      },
+      "One pass of the memory-roofline probe (csrc/optim/roofline.h).", py::arg("p"),
+      py::arg("m"), py::arg("v"), py::arg("grad"), py::arg("grad_bytes"), py::arg("copy"),
+      py::arg("numel"), py::kw_only(), py::arg("threads") = 0, py::arg("simd") = "",
+      py::arg("nontemporal") = true);
+  m.def(
+      "simd_level",
+      [](const std::string& simd) {
+        return std::string(simd_level_name(optim::resolve_simd_level(
+            simd.empty() ? -1 : static_cast<int>(parse_simd_level(simd)))));
+      },
+      "The level a call with this `simd` request runs at (capped by the CPU and ZS_SIMD).",
+      py::arg("simd") = "");
+  m.def("default_threads", [] { return omp_get_max_threads(); },
+        "Threads a large call uses when threads=0 (OpenMP's default, OMP_NUM_THREADS).");
+}
+
+}  // namespace
+
+void init_optim_bindings(py::module_& m) {
+  py::module_ sub = m.def_submodule("optim", "Fused CPU optimizers (csrc/optim)");
+  def_adam(sub);
+  def_adagrad_lion(sub);
+  def_stats_and_probe(sub);
+}
 
 }  // namespace zs::bindings

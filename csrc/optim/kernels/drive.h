@@ -1,0 +1,136 @@
+// Runs an update rule over [begin, end) of a StepBuffers for one vector-ops type V:
+// alignment peel, full vectors (streaming or ordinary stores), tail. Included by each
+// per-ISA translation unit, which instantiates it with its own V.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "optim/kernels/update_rules.h"
+#include "optim/kernels/vec_scalar.h"
+
+namespace zs::optim {
+// Internal linkage: see Note [ISA isolation] in optim/kernels/kernel_table.h.
+namespace {
+
+inline bool is_aligned(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) % bytes) == 0;
+}
+
+// Fewer than V::kWidth elements: copy them into zero-padded vectors, run the same rule on
+// full vectors, copy the valid lanes back. Lanes are independent, so the results are
+// exactly those the full-vector loop would give (padding lanes are discarded).
+template <class V, class Rule, DType G, Copy C>
+void run_tail(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t i, int64_t n) {
+  constexpr int W = V::kWidth;
+  alignas(64) float p[W] = {}, s0[W] = {}, s1[W] = {};
+  alignas(64) float g[W] = {};  // big enough for W elements of any grad dtype
+  alignas(64) uint16_t cp[W] = {};
+  constexpr size_t gsz = G == DType::kFloat32 ? 4 : 2;  // not dtype_size(): Note [ISA isolation]
+  std::memcpy(p, b.param + i, n * 4);
+  std::memcpy(g, static_cast<const char*>(b.grad) + i * gsz, n * gsz);
+  std::memcpy(s0, b.state0 + i, n * 4);
+  if (Rule::kStates > 1) std::memcpy(s1, b.state1 + i, n * 4);
+  StepBuffers t = b;
+  t.param = p;
+  t.grad = g;
+  t.state0 = s0;
+  t.state1 = s1;
+  t.param_copy = cp;
+  Rule::template apply<V, G, C, false>(k, t, 0);
+  std::memcpy(b.param + i, p, n * 4);
+  std::memcpy(b.state0 + i, s0, n * 4);
+  if (Rule::kStates > 1) std::memcpy(b.state1 + i, s1, n * 4);
+  if (C != Copy::kNone) std::memcpy(static_cast<uint16_t*>(b.param_copy) + i, cp, n * 2);
+}
+
+template <class V, class Rule, DType G, Copy C, bool kNt>
+void run_full(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
+              int64_t end) {
+  for (int64_t i = begin; i < end; i += V::kWidth) Rule::template apply<V, G, C, kNt>(k, b, i);
+}
+
+// Streaming stores need every streamed buffer aligned to the vector width at the first full
+// vector. The peel aligns the params; the states follow when their buffers share the
+// params' offset (the usual flat-buffer layout). Otherwise: ordinary stores. The 16-bit
+// copy is never streamed (Note [No streaming for the 16-bit copy]).
+template <class V>
+bool streams_aligned(const StepBuffers& b, int64_t i, int states) {
+  constexpr uintptr_t kF32 = V::kWidth * 4;
+  return V::kWidth > 1 && is_aligned(b.param + i, kF32) && is_aligned(b.state0 + i, kF32) &&
+         (states < 2 || is_aligned(b.state1 + i, kF32));
+}
+
+template <class V, class Rule, DType G, Copy C>
+void run_gc(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
+            int64_t end, bool want_nt) {
+  constexpr int W = V::kWidth;
+  int64_t i = begin;
+  if (want_nt && W > 1 && is_aligned(b.param + i, 4)) {
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(b.param + i);
+    const int64_t head_bytes = (W * 4 - addr % (W * 4)) % (W * 4);
+    const int64_t head = std::min<int64_t>(head_bytes / 4, end - i);
+    if (head > 0) run_tail<V, Rule, G, C>(k, b, i, head);
+    i += head;
+  }
+  const int64_t full_end = i + (end - i) / W * W;
+  if (want_nt && streams_aligned<V>(b, i, Rule::kStates)) {
+    run_full<V, Rule, G, C, true>(k, b, i, full_end);
+    V::sfence();  // streaming stores are weakly ordered: publish before the caller joins
+  } else {
+    run_full<V, Rule, G, C, false>(k, b, i, full_end);
+  }
+  if (full_end < end) run_tail<V, Rule, G, C>(k, b, full_end, end - full_end);
+}
+
+template <class V, class Rule, DType G>
+void run_g(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
+           int64_t end, bool want_nt) {
+  if (b.param_copy == nullptr) return run_gc<V, Rule, G, Copy::kNone>(k, b, begin, end, want_nt);
+  if (b.copy_dtype == DType::kFloat16) {
+    return run_gc<V, Rule, G, Copy::kF16>(k, b, begin, end, want_nt);
+  }
+  run_gc<V, Rule, G, Copy::kBf16>(k, b, begin, end, want_nt);
+}
+
+// The kernel entry points of kernel_table.h: one per rule, V chosen by the including TU.
+template <class V, class Rule>
+void run_rule(const typename Rule::Coeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
+              bool want_nt) {
+  const auto k = Rule::template broadcast<V>(c);
+  switch (b.grad_dtype) {
+    case DType::kFloat32: return run_g<V, Rule, DType::kFloat32>(k, b, begin, end, want_nt);
+    case DType::kBFloat16: return run_g<V, Rule, DType::kBFloat16>(k, b, begin, end, want_nt);
+    case DType::kFloat16: return run_g<V, Rule, DType::kFloat16>(k, b, begin, end, want_nt);
+  }
+}
+
+template <class V, DType G>
+double sum_squares_g(const void* grad, float scale, int64_t begin, int64_t end) {
+  auto acc = V::acc_zero();
+  const auto s = V::set1(scale);
+  int64_t i = begin;
+  for (; i + V::kWidth <= end; i += V::kWidth) {
+    acc = V::acc_add_squares(acc, V::mul(load_grad<V, G>(grad, i), s));
+  }
+  double total = V::acc_sum(acc);
+  for (; i < end; ++i) {
+    const double x = VecScalar::mul(load_grad<VecScalar, G>(grad, i), scale);
+    total += x * x;
+  }
+  return total;
+}
+
+template <class V>
+double sum_squares(const void* grad, DType dtype, float scale, int64_t begin, int64_t end) {
+  switch (dtype) {
+    case DType::kFloat32: return sum_squares_g<V, DType::kFloat32>(grad, scale, begin, end);
+    case DType::kBFloat16: return sum_squares_g<V, DType::kBFloat16>(grad, scale, begin, end);
+    case DType::kFloat16: return sum_squares_g<V, DType::kFloat16>(grad, scale, begin, end);
+  }
+  return 0.0;
+}
+
+}  // namespace
+}  // namespace zs::optim

@@ -1,0 +1,76 @@
+// AVX2 kernels. This file alone is compiled with -mavx2 -mfma -mf16c (see
+// csrc/optim/CMakeLists.txt) and is only called when cpu_features() reports them.
+#include "optim/kernels/x86_intrinsics.h"
+
+#include "optim/kernels/drive.h"
+#include "optim/kernels/kernel_table.h"
+#include "optim/kernels/vec_avx2.h"
+
+namespace zs::optim {
+namespace {
+
+using V = VecAvx2;
+
+void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, bool nt) {
+  run_rule<V, AdamRule>(c, b, begin, end, nt);
+}
+void adagrad(const AdagradCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, bool nt) {
+  run_rule<V, AdagradRule>(c, b, begin, end, nt);
+}
+void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, bool nt) {
+  run_rule<V, LionRule>(c, b, begin, end, nt);
+}
+
+template <bool kNt>
+void store_ps(float* p, __m256 x) {
+  if constexpr (kNt) _mm256_stream_ps(p, x); else _mm256_store_ps(p, x);
+}
+template <bool kNt>
+void store_si(uint16_t* p, __m256i x) {
+  auto* q = reinterpret_cast<__m256i*>(p);
+  if constexpr (kNt) _mm256_stream_si256(q, x); else _mm256_store_si256(q, x);
+}
+
+// See roofline.h and the AVX-512 version: 16 elements per iteration, full 32-byte vectors.
+template <bool kNt>
+void roofline_impl(const RooflineBuffers& r, int64_t begin, int64_t end) {
+  const char* g = static_cast<const char*>(r.grad);
+  auto* copy = static_cast<uint16_t*>(r.copy);
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m256 p0 = _mm256_load_ps(r.p + i), p1 = _mm256_load_ps(r.p + i + 8);
+    const __m256 m0 = _mm256_load_ps(r.m + i), m1 = _mm256_load_ps(r.m + i + 8);
+    const __m256 v0 = _mm256_load_ps(r.v + i), v1 = _mm256_load_ps(r.v + i + 8);
+    __m256i g0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i * r.grad_bytes));
+    if (r.grad_bytes == 4) {
+      g0 = _mm256_xor_si256(
+          g0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i * r.grad_bytes + 32)));
+    }
+    store_ps<kNt>(r.p + i, m0);
+    store_ps<kNt>(r.p + i + 8, m1);
+    store_ps<kNt>(r.m + i, v0);
+    store_ps<kNt>(r.m + i + 8, v1);
+    store_ps<kNt>(r.v + i, p0);
+    store_ps<kNt>(r.v + i + 8, p1);
+    if (copy != nullptr) store_si<kNt>(copy + i, g0);
+  }
+  if (kNt) _mm_sfence();
+  if (i < end) scalar_kernels().roofline(r, i, end, kNt);
+}
+
+void roofline(const RooflineBuffers& r, int64_t begin, int64_t end, bool nt) {
+  if (nt) {
+    roofline_impl<true>(r, begin, end);
+  } else {
+    roofline_impl<false>(r, begin, end);
+  }
+}
+
+}  // namespace
+
+const KernelTable& avx2_kernels() {
+  static const KernelTable table{SimdLevel::kAvx2, adam, adagrad, lion, sum_squares<V>, roofline};
+  return table;
+}
+
+}  // namespace zs::optim

@@ -1,0 +1,175 @@
+"""Shared machinery of zerostream's CPU optimizers (adam.py, adagrad.py, lion.py).
+
+Tensors cross into the native kernels (``zerostream._C.optim``, csrc/optim) as
+``(data_ptr, numel, dtype name)``: this module checks device, dtype, layout and sizes first,
+so a bad tensor is a ``ValueError`` naming the argument, never a crash in native code.
+
+``CPUOptimizerBase`` is the ``torch.optim.Optimizer`` behind DeepSpeedCPUAdam,
+DeepSpeedCPUAdagrad and DeepSpeedCPULion: it walks the param groups, creates fp32 state,
+and hands each parameter to its subclass's fused kernel call.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+
+from zerostream import _C
+
+_DTYPE_NAMES: Dict[torch.dtype, str] = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+}
+GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+COPY_DTYPES = (torch.bfloat16, torch.float16)
+_SIMD_NAMES = ("scalar", "neon", "avx2", "avx512")
+
+
+def dtype_name(dtype: torch.dtype, what: str) -> str:
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"{what}: expected dtype float32, bfloat16 or float16; got {dtype}")
+    return _DTYPE_NAMES[dtype]
+
+
+def check_buffer(what: str, t: torch.Tensor, numel: int, dtypes: Tuple[torch.dtype, ...]) -> int:
+    """Returns t's data pointer after checking it can be handed to a kernel as raw memory."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{what}: expected a torch.Tensor; got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{what}: CPU optimizers need CPU tensors; got device {t.device}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d) for d in dtypes)
+        raise ValueError(f"{what}: expected dtype in ({names}); got {t.dtype}")
+    if t.layout != torch.strided or not t.is_contiguous():
+        raise ValueError(f"{what}: expected a contiguous dense tensor")
+    if t.numel() != numel:
+        raise ValueError(f"{what}: expected {numel} elements (as param); got {t.numel()}")
+    return t.data_ptr()
+
+
+def run_kwargs(threads: Optional[int], simd: Optional[str], nontemporal: str) -> dict:
+    """Keyword arguments of every _C.optim step call that say how (not what) to run."""
+    if threads is not None and (not isinstance(threads, int) or threads < 0):
+        raise ValueError(f"threads: expected None or an int >= 0; got {threads!r}")
+    if simd is not None and simd not in _SIMD_NAMES:
+        raise ValueError(f"simd: expected None or one of {_SIMD_NAMES}; got {simd!r}")
+    if nontemporal not in ("auto", "on", "off"):
+        raise ValueError(f"nontemporal: expected 'auto', 'on' or 'off'; got {nontemporal!r}")
+    return {"threads": threads or 0, "simd": simd or "", "nontemporal": nontemporal}
+
+
+def step_buffers(param: torch.Tensor, grad: torch.Tensor, states: Dict[str, torch.Tensor],
+                 param_copy: Optional[torch.Tensor]) -> dict:
+    """The positional buffers of a _C.optim step call, checked."""
+    numel = param.numel() if isinstance(param, torch.Tensor) else -1
+    out = {"param": check_buffer("param", param, numel, (torch.float32,)),
+           "grad": check_buffer("grad", grad, numel, GRAD_DTYPES),
+           "grad_dtype": dtype_name(grad.dtype, "grad"), "numel": numel}
+    for name, t in states.items():
+        out[name] = check_buffer(name, t, numel, (torch.float32,))
+    if param_copy is not None:
+        out["param_copy"] = check_buffer("param_copy", param_copy, numel, COPY_DTYPES)
+        out["copy_dtype"] = dtype_name(param_copy.dtype, "param_copy")
+    return out
+
+
+def grad_stats(grad: torch.Tensor, scale: float = 1.0, *, threads: Optional[int] = None,
+               simd: Optional[str] = None) -> Tuple[float, bool]:
+    """(sum of squares of grad * scale, all finite) in one pass over a CPU gradient buffer.
+
+    fp32, bf16 or fp16; summed in double in a thread-count independent order, so every rank
+    gets the same bits (csrc/optim/grad_stats.h).
+    """
+    ptr = check_buffer("grad", grad, grad.numel() if isinstance(grad, torch.Tensor) else -1,
+                       GRAD_DTYPES)
+    kw = run_kwargs(threads, simd, "auto")
+    return _C.optim.grad_stats(ptr, dtype_name(grad.dtype, "grad"), grad.numel(),
+                               scale=float(scale), threads=kw["threads"], simd=kw["simd"])
+
+
+class CPUOptimizerBase(torch.optim.Optimizer):
+    """Walks param groups and calls the subclass's fused kernel once per parameter.
+
+    fp32 params are updated in place. bf16/fp16 params keep an fp32 master copy in
+    ``state["fp32_param"]``: the kernel updates the master and writes the 16-bit param in
+    the same pass (the fused param copy), with the 16-bit grad read directly.
+    Subclasses define ``_state_names`` and ``_kernel_step(group, p32, grad, state, copy)``.
+    """
+
+    _state_names: Tuple[str, ...] = ()
+    _display_name = "CPUOptimizer"
+
+    def __init__(self, params: Iterable, defaults: dict, fp32_optimizer_states: bool,
+                 threads: Optional[int]):
+        run_kwargs(threads, None, "auto")
+        self.threads = threads
+        self.fp32_optimizer_states = bool(fp32_optimizer_states)
+        super().__init__(params, defaults)
+        if not self.fp32_optimizer_states:
+            warnings.warn(f"{self._display_name}: fp32_optimizer_states=False is accepted for "
+                          "DeepSpeed compatibility; zerostream keeps optimizer states in fp32.",
+                          stacklevel=3)
+
+    def _check_param(self, gi: int, pi: int, p: torch.Tensor) -> None:
+        where = f"{self._display_name}: param_groups[{gi}]['params'][{pi}]"
+        if p.device.type != "cpu":
+            raise ValueError(f"{where} is on {p.device}; CPU optimizers need CPU parameters "
+                             "(enable offload_optimizer with device 'cpu')")
+        if p.dtype not in GRAD_DTYPES:
+            raise ValueError(f"{where}: expected float32, bfloat16 or float16; got {p.dtype}")
+        if not p.is_contiguous():
+            raise ValueError(f"{where}: expected a contiguous parameter")
+        if p.grad is not None and p.grad.is_sparse:
+            raise ValueError(f"{where}: sparse gradients are not supported")
+
+    def _init_state(self, p: torch.Tensor, state: dict) -> None:
+        state["step"] = 0
+        for name in self._state_names:
+            state[name] = torch.zeros(p.shape, dtype=torch.float32)
+        if p.dtype != torch.float32:
+            state["fp32_param"] = p.detach().to(torch.float32).contiguous()
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale: float = 1.0):
+        """One update of every parameter with a gradient; grads are multiplied by grad_scale
+        (1 / (loss_scale * clip_coef)) inside the same pass."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, group in enumerate(self.param_groups):
+            self._check_group(group)
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                self._check_param(gi, pi, p)
+                state = self.state[p]
+                if len(state) == 0:
+                    self._init_state(p, state)
+                state["step"] += 1
+                master = state.get("fp32_param")
+                grad = p.grad.contiguous()
+                if master is None:
+                    self._kernel_step(group, p.data, grad, state, None, float(grad_scale))
+                else:
+                    self._kernel_step(group, master, grad, state, p.data, float(grad_scale))
+        return loss
+
+    def _check_group(self, group: dict) -> None:
+        pass
+
+    def _kernel_step(self, group, p32, grad, state, copy, grad_scale) -> None:
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # torch casts floating state to the param's dtype on load; our states and masters
+        # stay fp32 whatever the param dtype, so they are restored from the saved tensors.
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        super().load_state_dict(state_dict)
+        params = [p for g in self.param_groups for p in g["params"]]
+        for pid, p in zip(saved_ids, params):
+            for key, value in state_dict["state"].get(pid, {}).items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    self.state[p][key] = value.detach().to(torch.float32).clone().contiguous()

@@ -1,0 +1,54 @@
+"""DeepSpeedCPUAdagrad-compatible fused CPU Adagrad (``from zerostream.ops.adagrad import
+DeepSpeedCPUAdagrad``) and its functional kernel call (csrc/optim/adagrad.h)."""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+
+from zerostream import _C
+from zerostream.ops._cpu_optimizer import CPUOptimizerBase, run_kwargs, step_buffers
+
+__all__ = ["DeepSpeedCPUAdagrad", "CPUAdagrad", "cpu_adagrad_step"]
+
+
+def cpu_adagrad_step(param: torch.Tensor, grad: torch.Tensor, exp_avg_sq: torch.Tensor, *,
+                     lr: float, eps: float = 1e-10, weight_decay: float = 0.0,
+                     grad_scale: float = 1.0, param_copy: Optional[torch.Tensor] = None,
+                     threads: Optional[int] = None, simd: Optional[str] = None,
+                     nontemporal: str = "auto") -> None:
+    """One fused Adagrad step in place: exp_avg_sq is the running sum of squared grads."""
+    bufs = step_buffers(param, grad, {"sum_sq": exp_avg_sq}, param_copy)
+    _C.optim.adagrad_step(**bufs, lr=float(lr), eps=float(eps), weight_decay=float(weight_decay),
+                          grad_scale=float(grad_scale), **run_kwargs(threads, simd, nontemporal))
+
+
+class DeepSpeedCPUAdagrad(CPUOptimizerBase):
+    """Drop-in for ``deepspeed.ops.adagrad.DeepSpeedCPUAdagrad``; state: step, exp_avg_sq
+    (the sum of squared gradients, DeepSpeed's name for it)."""
+
+    _state_names = ("exp_avg_sq",)
+    _display_name = "DeepSpeedCPUAdagrad"
+
+    def __init__(self, model_params: Iterable, lr: float = 1e-2, eps: float = 1e-10,
+                 weight_decay: float = 0, amsgrad: bool = False,
+                 fp32_optimizer_states: bool = True, *, threads: Optional[int] = None):
+        if amsgrad:
+            raise NotImplementedError("DeepSpeedCPUAdagrad: amsgrad=True is not supported "
+                                      "(as in DeepSpeed); use amsgrad=False")
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+        super().__init__(model_params, defaults, fp32_optimizer_states, threads)
+
+    def _kernel_step(self, group, p32, grad, state, copy, grad_scale) -> None:
+        cpu_adagrad_step(p32, grad, state["exp_avg_sq"], lr=group["lr"], eps=group["eps"],
+                         weight_decay=group["weight_decay"], grad_scale=grad_scale,
+                         param_copy=copy, threads=self.threads)
+
+
+CPUAdagrad = DeepSpeedCPUAdagrad

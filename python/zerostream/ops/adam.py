@@ -1,0 +1,95 @@
+"""DeepSpeedCPUAdam-compatible fused CPU Adam/AdamW (``from zerostream.ops.adam import
+DeepSpeedCPUAdam``), and the functional kernel call the ZeRO-Offload step uses per sub-group.
+
+The update runs in native code (csrc/optim/adam.h): one pass over memory reading the grad
+(fp32, bf16 or fp16), p, m, v and writing p, m, v and an optional bf16/fp16 param copy.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Tuple
+
+import torch
+
+from zerostream import _C
+from zerostream.ops._cpu_optimizer import CPUOptimizerBase, run_kwargs, step_buffers
+
+__all__ = ["DeepSpeedCPUAdam", "CPUAdam", "cpu_adam_step"]
+
+
+def cpu_adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                  exp_avg_sq: torch.Tensor, *, lr: float, betas: Tuple[float, float] = (0.9, 0.999),
+                  eps: float = 1e-8, weight_decay: float = 0.0, step: int,
+                  bias_correction: bool = True, adamw_mode: bool = True, grad_scale: float = 1.0,
+                  param_copy: Optional[torch.Tensor] = None, threads: Optional[int] = None,
+                  simd: Optional[str] = None, nontemporal: str = "auto") -> None:
+    """One fused Adam (adamw_mode=False: L2) / AdamW step, in place, over CPU tensors.
+
+    param, exp_avg, exp_avg_sq: fp32, contiguous, same numel (any slice of a flat buffer).
+    grad: fp32, bf16 or fp16, multiplied by grad_scale first. param_copy: optional bf16/fp16
+    buffer that receives the updated params in the same pass. step is 1-based.
+    """
+    bufs = step_buffers(param, grad, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, param_copy)
+    beta1, beta2 = _betas(betas)
+    _C.optim.adam_step(**bufs, lr=float(lr), beta1=beta1, beta2=beta2, eps=float(eps),
+                       weight_decay=float(weight_decay), bias_correction=bool(bias_correction),
+                       adamw_mode=bool(adamw_mode), step=int(step), grad_scale=float(grad_scale),
+                       **run_kwargs(threads, simd, nontemporal))
+
+
+def _betas(betas) -> Tuple[float, float]:
+    try:
+        beta1, beta2 = (float(b) for b in betas)
+    except (TypeError, ValueError):
+        raise ValueError(f"betas: expected a pair of floats; got {betas!r}") from None
+    for i, b in enumerate((beta1, beta2)):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+    return beta1, beta2
+
+
+class DeepSpeedCPUAdam(CPUOptimizerBase):
+    """Drop-in for ``deepspeed.ops.adam.DeepSpeedCPUAdam``: same constructor, param-group keys
+    (lr, betas, eps, weight_decay, bias_correction, amsgrad) and state (step, exp_avg,
+    exp_avg_sq). Extensions: ``threads`` (None: OpenMP's default) and
+    ``step(grad_scale=...)``. bf16/fp16 params train against an fp32 master in the state.
+    """
+
+    _state_names = ("exp_avg", "exp_avg_sq")
+    _display_name = "DeepSpeedCPUAdam"
+
+    def __init__(self, model_params: Iterable, lr: float = 1e-3, bias_correction: bool = True,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, amsgrad: bool = False, adamw_mode: bool = True,
+                 fp32_optimizer_states: bool = True, *, threads: Optional[int] = None):
+        if amsgrad:
+            raise NotImplementedError("DeepSpeedCPUAdam: amsgrad=True is not supported "
+                                      "(as in DeepSpeed); use amsgrad=False")
+        _check_hparams(lr, eps, weight_decay)
+        defaults = dict(lr=lr, betas=_betas(betas), eps=eps, weight_decay=weight_decay,
+                        bias_correction=bias_correction, amsgrad=amsgrad)
+        self.adamw_mode = bool(adamw_mode)
+        super().__init__(model_params, defaults, fp32_optimizer_states, threads)
+
+    def _check_group(self, group: dict) -> None:
+        if group.get("amsgrad", False):
+            raise NotImplementedError("DeepSpeedCPUAdam: amsgrad=True is not supported")
+
+    def _kernel_step(self, group, p32, grad, state, copy, grad_scale) -> None:
+        cpu_adam_step(p32, grad, state["exp_avg"], state["exp_avg_sq"], lr=group["lr"],
+                      betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"],
+                      step=state["step"], bias_correction=group["bias_correction"],
+                      adamw_mode=self.adamw_mode, grad_scale=grad_scale, param_copy=copy,
+                      threads=self.threads)
+
+
+def _check_hparams(lr, eps, weight_decay) -> None:
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+
+
+# zerostream's own name for the same optimizer.
+CPUAdam = DeepSpeedCPUAdam

@@ -1,0 +1,51 @@
+"""DeepSpeedCPULion-compatible fused CPU Lion (``from zerostream.ops.lion import
+DeepSpeedCPULion``) and its functional kernel call (csrc/optim/lion.h)."""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Tuple
+
+import torch
+
+from zerostream import _C
+from zerostream.ops._cpu_optimizer import CPUOptimizerBase, run_kwargs, step_buffers
+from zerostream.ops.adam import _betas
+
+__all__ = ["DeepSpeedCPULion", "CPULion", "cpu_lion_step"]
+
+
+def cpu_lion_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, *, lr: float,
+                  betas: Tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0,
+                  grad_scale: float = 1.0, param_copy: Optional[torch.Tensor] = None,
+                  threads: Optional[int] = None, simd: Optional[str] = None,
+                  nontemporal: str = "auto") -> None:
+    """One fused Lion step in place (decoupled weight decay)."""
+    bufs = step_buffers(param, grad, {"exp_avg": exp_avg}, param_copy)
+    beta1, beta2 = _betas(betas)
+    _C.optim.lion_step(**bufs, lr=float(lr), beta1=beta1, beta2=beta2,
+                       weight_decay=float(weight_decay), grad_scale=float(grad_scale),
+                       **run_kwargs(threads, simd, nontemporal))
+
+
+class DeepSpeedCPULion(CPUOptimizerBase):
+    """Drop-in for ``deepspeed.ops.lion.DeepSpeedCPULion``; state: step, exp_avg."""
+
+    _state_names = ("exp_avg",)
+    _display_name = "DeepSpeedCPULion"
+
+    def __init__(self, model_params: Iterable, lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), weight_decay: float = 0,
+                 fp32_optimizer_states: bool = True, *, threads: Optional[int] = None):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=_betas(betas), weight_decay=weight_decay)
+        super().__init__(model_params, defaults, fp32_optimizer_states, threads)
+
+    def _kernel_step(self, group, p32, grad, state, copy, grad_scale) -> None:
+        cpu_lion_step(p32, grad, state["exp_avg"], lr=group["lr"], betas=group["betas"],
+                      weight_decay=group["weight_decay"], grad_scale=grad_scale,
+                      param_copy=copy, threads=self.threads)
+
+
+CPULion = DeepSpeedCPULion
