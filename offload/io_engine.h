@@ -47,6 +47,17 @@ class IoEngine {
   // were. Throws the first failure not already raised by that request's own wait().
   int64_t wait_all();
 
+  // Optional io_uring fixed resources (IoConfig::register_buffers / register_files):
+  // pieces inside a registered buffer use READ_FIXED/WRITE_FIXED (no page pinning per
+  // I/O) and registered files skip the fd lookup. All return false, changing nothing, on
+  // the thread backend, when the config leaves them off, or when the kernel refuses. A
+  // registered buffer must stay mapped until unregister_buffer; a registered file stays
+  // open (the engine holds it) until unregister_file.
+  virtual bool register_buffer(void* /*ptr*/, int64_t /*bytes*/) { return false; }
+  virtual void unregister_buffer(void* /*ptr*/) {}
+  virtual bool register_file(const IoFilePtr& /*file*/) { return false; }
+  virtual void unregister_file(const IoFilePtr& /*file*/) {}
+
   const IoConfig& config() const { return config_; }
   virtual const char* backend_name() const = 0;
   virtual int workers() const = 0;

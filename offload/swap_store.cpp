@@ -82,6 +82,7 @@ SwapStore::SwapStore(const SwapStoreConfig& config, IoEngine& engine)
     if (::ftruncate(file->buffered_fd(), 0) != 0) {
       throw_io_error("truncate swap file", file->path(), 0, 0, errno);
     }
+    engine.register_file(file);  // a no-op unless IoConfig::register_files
     files_.push_back(std::move(file));
   }
 }
@@ -93,6 +94,7 @@ SwapStore::~SwapStore() {
     for (auto& [id, e] : entries_) all.insert(all.end(), e->inflight.begin(), e->inflight.end());
   }
   drain(all);
+  for (const auto& f : files_) engine_.unregister_file(f);
 }
 
 std::string SwapStore::file_path(int file) const {

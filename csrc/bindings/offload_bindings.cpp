@@ -143,6 +143,8 @@ void bind_config(py::module_& m) {
       .def_readwrite("single_submit", &IoConfig::single_submit)
       .def_readwrite("overlap_events", &IoConfig::overlap_events)
       .def_readwrite("use_direct", &IoConfig::use_direct)
+      .def_readwrite("register_buffers", &IoConfig::register_buffers)
+      .def_readwrite("register_files", &IoConfig::register_files)
       .def_property(
           "backend", [](const IoConfig& c) { return std::string(io_backend_name(c.backend)); },
           [](IoConfig& c, const std::string& name) { c.backend = parse_io_backend(name); })
@@ -181,6 +183,12 @@ void bind_engine(py::module_& m) {
       .def("write", submit(IoOp::kWrite), py::arg("path"), py::arg("ptr"), py::arg("nbytes"),
            py::arg("offset") = 0, py::arg("keepalive") = py::none())
       .def("wait_all", &IoEngine::wait_all, py::call_guard<py::gil_scoped_release>())
+      .def("register_buffer", [](IoEngine& e, uintptr_t ptr, int64_t nbytes) {
+             return e.register_buffer(as_ptr(ptr), nbytes);
+           }, py::arg("ptr"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>())
+      .def("unregister_buffer", [](IoEngine& e, uintptr_t ptr) {
+             e.unregister_buffer(as_ptr(ptr));
+           }, py::arg("ptr"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("backend", &IoEngine::backend_name)
       .def_property_readonly("workers", &IoEngine::workers)
       .def_property_readonly("config", &IoEngine::config);

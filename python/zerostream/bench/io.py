@@ -59,6 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="try block sizes x depths x threads; print the best as an aio block")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--backend", default="auto", choices=zio.BACKENDS)
+    p.add_argument("--register-buffers", action="store_true",
+                   help="io_uring fixed buffer and fixed file for zerostream's engine")
     p.add_argument("--no-fio", action="store_true", help="skip the fio peer")
     p.add_argument("--keep", action="store_true", help="keep the benchmark file")
 
@@ -89,13 +91,15 @@ def lay_out(path: str, size: int) -> None:
 
 
 class ZeroStreamRunner:
-    def __init__(self, w: Workload, backend: str):
+    def __init__(self, w: Workload, backend: str, register: bool = False):
         self.w = w
         self.engine = zio.IoEngine(block_size=w.block, queue_depth=w.depth,
-                                   intra_op_parallelism=w.threads, backend=backend)
+                                   intra_op_parallelism=w.threads, backend=backend,
+                                   register_buffers=register)
         self.arena = zio.HostArena(min(CHUNK_BYTES, w.size) + (1 << 20))
         self.buf = self.arena.empty(min(CHUNK_BYTES, w.size))
         self.buf.random_(0, 256)
+        self.registered = register and self.engine.register_buffer(self.buf)
 
     def run(self, op: str) -> float:
         submit = self.engine.read if op == "read" else self.engine.write
@@ -160,8 +164,8 @@ def _try(make: Callable[[], object], name: str, notes: list[str]) -> Optional[ob
 
 
 def measure(w: Workload, ops: list[str], loops: int, backend: str, peers: bool,
-            notes: list[str]) -> dict:
-    runners = {"zerostream": ZeroStreamRunner(w, backend)}
+            notes: list[str], register: bool = False) -> dict:
+    runners = {"zerostream": ZeroStreamRunner(w, backend, register)}
     if peers:
         for name, make in (("fio", lambda: FioRunner(w)), ("deepspeed", lambda: DeepSpeedRunner(w))):
             r = _try(make, name, notes)
@@ -178,7 +182,8 @@ def measure(w: Workload, ops: list[str], loops: int, backend: str, peers: bool,
                         raise
                     notes.append(f"{name} {op}: failed ({e}); dropped")
                     del runners[name]
-    result = {"backend": runners["zerostream"].engine.backend}
+    zs = runners["zerostream"]
+    result = {"backend": zs.engine.backend, "registered_buffers": bool(zs.registered)}
     for (name, op), vals in samples.items():
         prefix = "" if name == "zerostream" else f"{name}_"
         result[f"{prefix}{op}_gbps"] = round(statistics.median(vals), 4) if vals else None
@@ -253,7 +258,8 @@ def run(args) -> int:
             out = sweep(args, path, ops, notes)
         else:
             w = Workload(path, args.size, args.block_size, args.queue_depth, args.threads)
-            out = with_ratios(measure(w, ops, args.loops, args.backend, not args.no_fio, notes))
+            out = with_ratios(measure(w, ops, args.loops, args.backend, not args.no_fio, notes,
+                                      args.register_buffers))
     except (OSError, ValueError, RuntimeError) as e:
         print(f"bench io: {e}", file=sys.stderr)
         return 1

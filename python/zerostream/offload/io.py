@@ -30,7 +30,8 @@ BACKENDS = ("auto", "io_uring", "threads")
 
 def io_config(block_size: int = 1 << 20, queue_depth: int = 32, intra_op_parallelism: int = 1,
               single_submit: bool = False, overlap_events: bool = True, backend: str = "auto",
-              use_direct: bool = True) -> "_N.IoConfig":
+              use_direct: bool = True, register_buffers: bool = False,
+              register_files: bool = False) -> "_N.IoConfig":
     """An IoConfig from ds_config ``aio`` names (plus the extension key ``backend``)."""
     c = _N.IoConfig()
     c.block_size = int(block_size)
@@ -40,6 +41,8 @@ def io_config(block_size: int = 1 << 20, queue_depth: int = 32, intra_op_paralle
     c.overlap_events = bool(overlap_events)
     c.backend = backend  # raises ValueError naming aio.backend and the choices
     c.use_direct = bool(use_direct)
+    c.register_buffers = bool(register_buffers)
+    c.register_files = bool(register_files)
     c.validate()
     return c
 
@@ -61,6 +64,7 @@ class IoEngine:
 
     def __init__(self, config: Optional["_N.IoConfig"] = None, **aio):
         self._engine = _N.IoEngine(config if config is not None else io_config(**aio))
+        self._registered: dict[int, torch.Tensor] = {}
 
     @property
     def backend(self) -> str:
@@ -84,6 +88,21 @@ class IoEngine:
 
     def wait_all(self) -> int:
         return self._engine.wait_all()
+
+    def register_buffer(self, tensor: torch.Tensor) -> bool:
+        """Registers a long-lived buffer (e.g. from HostArena) as an io_uring fixed buffer
+        when the config asks for registered buffers; False when not used. The engine keeps
+        the tensor alive until unregister_buffer."""
+        ptr, nbytes = tensor_span(tensor, "registered buffer")
+        if not self._engine.register_buffer(ptr, nbytes):
+            return False
+        self._registered[ptr] = tensor
+        return True
+
+    def unregister_buffer(self, tensor: torch.Tensor) -> None:
+        ptr = tensor.data_ptr()
+        if self._registered.pop(ptr, None) is not None:
+            self._engine.unregister_buffer(ptr)
 
 
 def buffer_as_tensor(buffer: "_N.HostBuffer", numel: int, dtype: torch.dtype) -> torch.Tensor:
