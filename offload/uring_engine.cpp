@@ -5,6 +5,7 @@
 #include <liburing.h>
 
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -59,7 +60,7 @@ class UringWorker {
 
  private:
   void run();
-  int fill();
+  void fill();
   void prep(IoPiece* p);
   void reap(unsigned wait_nr);
   void finish(IoPiece* p, int64_t result);
@@ -90,14 +91,7 @@ void UringWorker::run() {
       // Drain on shutdown: callers may still wait on tickets of queued pieces.
       if (stop_ && queue_.empty() && retry_.empty() && inflight_ == 0) return;
     }
-    const int prepared = fill();
-    if (prepared > 0 && !config_.single_submit) {
-      const int ret = io_uring_submit(&ring_);
-      if (ret < 0 && ret != -EAGAIN && ret != -EBUSY && ret != -EINTR) {
-        warn_once("io_uring_submit", "io_uring_submit failed: " +
-                                         describe_io_failure("submit", "(ring)", 0, 0, -ret));
-      }
-    }
+    fill();
     if (inflight_ == 0) continue;
     // overlap_events: refill as soon as one completes; otherwise DeepSpeed's sequential
     // mode, which waits for the whole batch before submitting the next.
@@ -105,8 +99,7 @@ void UringWorker::run() {
   }
 }
 
-int UringWorker::fill() {
-  int prepared = 0;
+void UringWorker::fill() {
   while (inflight_ < static_cast<unsigned>(config_.queue_depth)) {
     IoPiece* p = nullptr;
     if (!retry_.empty()) {
@@ -120,17 +113,15 @@ int UringWorker::fill() {
     }
     prep(p);
     ++inflight_;
-    ++prepared;
     if (config_.single_submit) io_uring_submit(&ring_);
   }
-  return prepared;
 }
 
 void UringWorker::prep(IoPiece* p) {
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
   // The ring has queue_depth entries and at most queue_depth pieces are in flight, so an
   // entry is always free; a full SQ here would be a bookkeeping bug.
-  if (sqe == nullptr) {
+  while (sqe == nullptr) {
     io_uring_submit(&ring_);
     sqe = io_uring_get_sqe(&ring_);
   }
@@ -158,14 +149,15 @@ void UringWorker::prep(IoPiece* p) {
 }
 
 void UringWorker::reap(unsigned wait_nr) {
-  io_uring_cqe* cqe = nullptr;
-  int ret = io_uring_wait_cqe_nr(&ring_, &cqe, wait_nr);
-  while (ret == -EINTR || ret == -EAGAIN) ret = io_uring_wait_cqe_nr(&ring_, &cqe, wait_nr);
-  if (ret < 0) {
-    warn_once("io_uring_wait_cqe", describe_io_failure("io_uring_wait_cqe", "(ring)", 0, 0,
-                                                       -ret));
-    return;
+  // One io_uring_enter both submits what fill() queued (the batch) and waits; entries a
+  // failed submit left in the SQ go out with the next call, so nothing is stranded.
+  const int ret = io_uring_submit_and_wait(&ring_, wait_nr);
+  if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+    warn_once("io_uring_enter", describe_io_failure("io_uring_submit_and_wait", "(ring)", 0,
+                                                    0, -ret));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no hot spin
   }
+  io_uring_cqe* cqe = nullptr;
   unsigned head = 0;
   unsigned seen = 0;
   io_uring_for_each_cqe(&ring_, head, cqe) {
