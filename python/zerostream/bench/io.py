@@ -172,9 +172,14 @@ def measure(w: Workload, ops: list[str], loops: int, backend: str, peers: bool,
             if r is not None:
                 runners[name] = r
     samples = {(name, op): [] for name in runners for op in ops}
-    for _ in range(loops):
-        for op in ops:  # alternate engines inside each loop
-            for name, r in list(runners.items()):
+    for loop in range(loops):
+        for op in ops:
+            # Rotate which engine goes first so cache and drift effects hit all alike.
+            order = list(runners.items())
+            k = loop % len(order)
+            for name, r in order[k:] + order[:k]:
+                if name not in runners:
+                    continue
                 try:
                     samples[(name, op)].append(r.run(op))
                 except Exception as e:  # noqa: BLE001
@@ -187,6 +192,8 @@ def measure(w: Workload, ops: list[str], loops: int, backend: str, peers: bool,
     for (name, op), vals in samples.items():
         prefix = "" if name == "zerostream" else f"{name}_"
         result[f"{prefix}{op}_gbps"] = round(statistics.median(vals), 4) if vals else None
+    result["samples_gbps"] = {f"{name}_{op}": [round(v, 4) for v in vals]
+                              for (name, op), vals in samples.items()}
     return result
 
 
