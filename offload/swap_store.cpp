@@ -185,10 +185,15 @@ IoTicket SwapStore::read(uint64_t id, void* buf, int64_t bytes) {
   std::shared_ptr<Entry> e = find(id, "read");
   ZS_CHECK_VALUE(bytes == e->bytes, "swap store ", dir_, ": read of tensor ", id, " with ",
                  bytes, " bytes, but it was stored with ", e->bytes);
-  if (e->last_write) {
+  IoRequestPtr last_write;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_write = e->last_write;
+  }
+  if (last_write) {
     // Reading before the write landed would return stale bytes: wait for it here.
-    drain({e->last_write});
-    if (e->last_write->failed()) {
+    drain({last_write});
+    if (last_write->failed()) {
       throw IoError("swap store " + dir_ + ": tensor " + std::to_string(id) +
                         " cannot be read: its last write failed", EIO);
     }

@@ -68,3 +68,27 @@ def test_arena_timeout_names_budget_and_request():
     held = arena.empty(1 << 20)  # noqa: F841
     with pytest.raises(RuntimeError, match=r"request for 8192 bytes.*budget of 1048576"):
         arena.empty(8192, timeout_s=0.05)
+
+
+def test_low_memlock_limit_degrades_to_unlocked_memory_with_one_warning():
+    """Without CAP_IPC_LOCK and with `ulimit -l` 64 KiB, mlock fails: the arena still hands
+    out (unlocked) memory and says so once on stderr."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if not (shutil.which("setpriv") and shutil.which("prlimit")):
+        pytest.skip("setpriv/prlimit (util-linux) not installed")
+    code = ("from zerostream.offload import io as zio\n"
+            "a = zio.HostArena(16 << 20)\n"
+            "x = a.empty(1 << 20); y = a.empty(1 << 20); x.fill_(3)\n"
+            "print('unlocked', a.stats()['unlocked'], int(x.sum()))\n")
+    cmd = ["prlimit", "--memlock=65536:65536", "setpriv", "--inh-caps=-ipc_lock",
+           "--bounding-set=-ipc_lock", sys.executable, "-c", code]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    if r.returncode != 0 and "setpriv" in r.stderr:
+        pytest.skip(f"cannot drop CAP_IPC_LOCK here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"unlocked 2 {3 << 20}"
+    assert r.stderr.count("mlock refused") == 1, r.stderr
