@@ -75,7 +75,7 @@ AttemptOutcome complete_attempt(IoPiece& p, int64_t result) {
 }
 
 std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t block_size,
-                                                int workers) {
+                                                int workers, int first_worker) {
   std::vector<IoPiece> pieces;
   const int64_t len = req->length;
   const auto addr = reinterpret_cast<uintptr_t>(req->buf);
@@ -94,7 +94,8 @@ std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t
   }
   std::vector<std::vector<IoPiece>> per_worker(static_cast<size_t>(workers));
   for (size_t i = 0; i < pieces.size(); ++i) {
-    per_worker[i % static_cast<size_t>(workers)].push_back(std::move(pieces[i]));
+    const size_t w = (static_cast<size_t>(first_worker) + i) % static_cast<size_t>(workers);
+    per_worker[w].push_back(std::move(pieces[i]));
   }
   return per_worker;
 }
@@ -111,7 +112,8 @@ IoTicket IoEngine::submit(IoOp op, IoFilePtr file, void* buf, int64_t length, in
   auto req = std::make_shared<IoRequest>(op, std::move(file), static_cast<char*>(buf),
                                          length, offset);
   req->on_success = std::move(on_success);
-  auto per_worker = split_request(req, config_.block_size, workers());
+  const int first = static_cast<int>(next_worker_.fetch_add(1) % static_cast<uint64_t>(workers()));
+  auto per_worker = split_request(req, config_.block_size, workers(), first);
   int64_t count = 0;
   for (const auto& w : per_worker) count += static_cast<int64_t>(w.size());
   track(req);

@@ -5,6 +5,7 @@
 // every completion is checked (see Note [Completion results]).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -70,14 +71,17 @@ class IoEngine {
  private:
   void track(const IoRequestPtr& req);
   IoConfig config_;
+  std::atomic<uint64_t> next_worker_{0};
   std::mutex mu_;
   std::vector<IoRequestPtr> since_wait_all_;
 };
 
 // Cuts a request into pieces: see Note [Direct alignment] for head/body/tail; body pieces
-// are block_size bytes; piece i goes to worker i % workers. Exposed for tests.
+// are block_size bytes; piece i goes to worker (first_worker + i) % workers. The engine
+// rotates first_worker per request so that requests of one piece spread over the rings
+// too. Exposed for tests.
 std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t block_size,
-                                                int workers);
+                                                int workers, int first_worker = 0);
 
 // Builds the engine `config.backend` asks for. kAuto falls back to threads (one warning)
 // when io_uring cannot be set up; an explicit kIoUring that fails throws IoError.
