@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--backend", default="auto", choices=zio.BACKENDS)
     p.add_argument("--register-buffers", action="store_true",
-                   help="io_uring fixed buffer and fixed file for zerostream's engine")
+                   help="register zerostream's buffer as an io_uring fixed buffer")
     p.add_argument("--no-fio", action="store_true", help="skip the fio peer")
     p.add_argument("--keep", action="store_true", help="keep the benchmark file")
 

@@ -47,6 +47,28 @@ def io_config(block_size: int = 1 << 20, queue_depth: int = 32, intra_op_paralle
     return c
 
 
+# ds_config `aio` keys (DeepSpeed's defaults) and zerostream's extension key `backend`.
+DS_AIO_DEFAULTS = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+                   "single_submit": False, "overlap_events": True, "use_gds": False,
+                   "backend": "auto"}
+
+
+def io_config_from_ds(aio: Optional[dict] = None) -> "_N.IoConfig":
+    """Maps a ds_config ``aio`` section onto an IoConfig. Accepts the old name
+    ``thread_count`` for ``intra_op_parallelism``; rejects unknown keys and ``use_gds``
+    (GPUDirect Storage is not supported) with the key path in the message."""
+    aio = dict(aio or {})
+    if "thread_count" in aio:
+        aio.setdefault("intra_op_parallelism", aio.pop("thread_count"))
+    unknown = sorted(set(aio) - set(DS_AIO_DEFAULTS))
+    if unknown:
+        raise ValueError(f"aio: unknown keys {unknown}; expected some of {sorted(DS_AIO_DEFAULTS)}")
+    merged = {**DS_AIO_DEFAULTS, **aio}
+    if merged.pop("use_gds"):
+        raise NotImplementedError("aio.use_gds: GPUDirect Storage is not supported by zerostream")
+    return io_config(**merged)
+
+
 def tensor_span(tensor: torch.Tensor, what: str = "tensor") -> tuple[int, int]:
     """(data pointer, bytes) of a contiguous CPU tensor; ValueError otherwise."""
     if not isinstance(tensor, torch.Tensor):

@@ -66,3 +66,20 @@ def test_environment_variable_fault_injection(tmp_path):
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ERR 5 ") and "env.bin at offset 131072" in r.stdout, r.stdout
+
+
+def test_ds_config_aio_section_maps_onto_the_engine_config():
+    c = zio.io_config_from_ds({"block_size": 262144, "queue_depth": 16, "thread_count": 2,
+                               "single_submit": True, "overlap_events": False,
+                               "backend": "threads"})
+    assert (c.block_size, c.queue_depth, c.threads, c.single_submit, c.overlap_events,
+            c.backend) == (262144, 16, 2, True, False, "threads")
+    d = zio.io_config_from_ds(None)
+    assert (d.block_size, d.queue_depth, d.threads, d.overlap_events, d.backend) == (
+        1048576, 8, 1, True, "auto")
+    with pytest.raises(ValueError, match="unknown keys .'queue_dpeth'."):
+        zio.io_config_from_ds({"queue_dpeth": 8})
+    with pytest.raises(ValueError, match="aio.backend"):
+        zio.io_config_from_ds({"backend": "libaio"})
+    with pytest.raises(NotImplementedError, match="aio.use_gds"):
+        zio.io_config_from_ds({"use_gds": True})
