@@ -92,10 +92,18 @@ std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t
     append_pieces(pieces, req, head, body_end, block_size, true);
     append_pieces(pieces, req, body_end, len, block_size, false);
   }
-  std::vector<std::vector<IoPiece>> per_worker(static_cast<size_t>(workers));
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const size_t w = (static_cast<size_t>(first_worker) + i) % static_cast<size_t>(workers);
-    per_worker[w].push_back(std::move(pieces[i]));
+  // Contiguous runs per worker (as DeepSpeed's intra_op_parallelism and fio's jobs do):
+  // each ring then streams one sequential range, which devices and readahead favour.
+  const size_t n = pieces.size();
+  const size_t w_count = static_cast<size_t>(workers);
+  std::vector<std::vector<IoPiece>> per_worker(w_count);
+  size_t next = 0;
+  for (size_t g = 0; g < w_count; ++g) {
+    // The first n % workers runs take one extra piece, so a lone piece goes to the
+    // request's first worker.
+    const size_t count = n / w_count + (g < n % w_count ? 1 : 0);
+    auto& dst = per_worker[(static_cast<size_t>(first_worker) + g) % w_count];
+    for (size_t i = 0; i < count; ++i) dst.push_back(std::move(pieces[next++]));
   }
   return per_worker;
 }

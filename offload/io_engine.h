@@ -77,9 +77,9 @@ class IoEngine {
 };
 
 // Cuts a request into pieces: see Note [Direct alignment] for head/body/tail; body pieces
-// are block_size bytes; piece i goes to worker (first_worker + i) % workers. The engine
-// rotates first_worker per request so that requests of one piece spread over the rings
-// too. Exposed for tests.
+// are block_size bytes; the pieces are dealt in `workers` contiguous runs, run g going to
+// worker (first_worker + g) % workers. The engine rotates first_worker per request so
+// that requests of one piece spread over the rings too. Exposed for tests.
 std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t block_size,
                                                 int workers, int first_worker = 0);
 

@@ -228,18 +228,24 @@ TEST(OffloadIoConfig, RejectsBadValuesNamingTheKey) {
 namespace zs::offload {
 namespace {
 
-TEST(OffloadIoSplit, PiecesGoRoundRobinFromTheRequestsFirstWorker) {
+TEST(OffloadIoSplit, WorkersGetContiguousRunsStartingAtTheRequestsFirstWorker) {
   testing::ScratchDir dir;
   auto file = IoFile::open(dir.file("rr"), OpenMode::kWrite, false);
   std::vector<char> buf(10 * 4096);
   auto req = std::make_shared<IoRequest>(IoOp::kWrite, file, buf.data(), 10 * 4096, 0);
   auto per_worker = split_request(req, 4096, 3, 2);
   ASSERT_EQ(per_worker.size(), 3u);
-  // Pieces 0..9 go to workers 2,0,1,2,0,1,...: worker 2 gets pieces 0,3,6,9.
-  EXPECT_EQ(per_worker[2].size(), 4u);
-  EXPECT_EQ(per_worker[0].size(), 3u);
+  // Pieces 0..9 in runs [0,4) [4,7) [7,10) go to workers 2, 0, 1.
+  ASSERT_EQ(per_worker[2].size(), 4u);
+  ASSERT_EQ(per_worker[0].size(), 3u);
+  ASSERT_EQ(per_worker[1].size(), 3u);
   EXPECT_EQ(per_worker[2][0].offset, 0);
-  EXPECT_EQ(per_worker[0][0].offset, 4096);
+  EXPECT_EQ(per_worker[2][3].offset, 3 * 4096);
+  EXPECT_EQ(per_worker[0][0].offset, 4 * 4096);
+  EXPECT_EQ(per_worker[1][2].offset, 9 * 4096);
+  // A one-piece request lands on its first worker.
+  auto one = std::make_shared<IoRequest>(IoOp::kWrite, file, buf.data(), 100, 0);
+  EXPECT_EQ(split_request(one, 4096, 3, 1)[1].size(), 1u);
 }
 
 }  // namespace
