@@ -1,0 +1,81 @@
+// The host arena: one byte budget for page-locked host memory (DESIGN.md §5). Buffers are
+// allocated at their exact size rounded to whole 4 KiB pages (no power-of-two rounding as
+// in torch's caching host allocator), page aligned so the same bytes serve O_DIRECT and
+// DMA, mlock'ed and, with CUDA and a GPU, cudaHostRegister'ed. A request over the free
+// budget waits for a release (backpressure) up to a timeout, then fails with a message that
+// names the budget and the request; it never asserts.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+namespace zs::offload {
+
+struct HostArenaOptions {
+  int64_t budget_bytes = int64_t{1} << 30;
+  bool lock = true;           // mlock; refused (low `ulimit -l`) → one warning, unlocked
+  bool cuda_register = true;  // cudaHostRegister when built with CUDA and a GPU is present
+};
+
+struct HostArenaStats {
+  int64_t budget = 0;
+  int64_t in_use = 0;       // bytes of live buffers (page-rounded)
+  int64_t peak = 0;
+  int64_t waits = 0;        // allocations that had to wait for a release
+  int64_t allocations = 0;  // live buffers
+  int64_t unlocked = 0;     // live buffers that could not be mlock'ed
+};
+
+struct ArenaState;
+
+// One allocation. Its memory returns to the arena when the last owner (a shared_ptr held
+// by the caller, or by a DLPack capsule handed to torch) lets go; worker threads only ever
+// see the raw pointer.
+class HostBuffer {
+ public:
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  void* data() const { return data_; }
+  int64_t size() const { return size_; }          // as requested
+  int64_t footprint() const { return footprint_; }  // page-rounded, what the budget counts
+  bool locked() const { return locked_; }
+  bool cuda_registered() const { return cuda_registered_; }
+
+ private:
+  friend class HostArena;
+  HostBuffer() = default;
+  std::shared_ptr<ArenaState> arena_;
+  void* data_ = nullptr;
+  int64_t size_ = 0;
+  int64_t footprint_ = 0;
+  bool locked_ = false;
+  bool cuda_registered_ = false;
+};
+
+using HostBufferPtr = std::shared_ptr<HostBuffer>;
+
+class HostArena {
+ public:
+  explicit HostArena(const HostArenaOptions& options);
+  ~HostArena();  // buffers still alive keep the arena's bookkeeping alive
+  HostArena(const HostArena&) = delete;
+  HostArena& operator=(const HostArena&) = delete;
+
+  // Waits up to `timeout_s` for budget. Throws zs::ValueError when `bytes` can never fit
+  // the budget, std::runtime_error naming budget, in-use and request on timeout, and
+  // IoError when the operating system refuses the memory.
+  HostBufferPtr allocate(int64_t bytes, double timeout_s = 60.0);
+  // Returns nullptr instead of waiting.
+  HostBufferPtr try_allocate(int64_t bytes);
+
+  HostArenaStats stats() const;
+  int64_t budget() const;
+
+ private:
+  HostBufferPtr allocate_impl(int64_t bytes, double timeout_s, bool wait);
+  std::shared_ptr<ArenaState> state_;
+};
+
+}  // namespace zs::offload
