@@ -69,6 +69,11 @@ void offload_rules(Resolution& r, int64_t stage) {
                          "parameters, so offload_param (device \"" + param_device +
                          "\") has no effect at stage " + std::to_string(stage) +
                          " (DeepSpeed ignores it too)");
+  const std::string opt_device = str(r, "zero_optimization.offload_optimizer.device");
+  if (!opt_device.empty() && opt_device != "none" && stage == 0)
+    r.warnings.push_back("zero_optimization.offload_optimizer: ZeRO stage 0 keeps the optimizer "
+                         "with the model, so offload_optimizer (device \"" + opt_device +
+                         "\") has no effect; use stage 1, 2 or 3 to offload it");
   const Json& ratio = r.at("zero_optimization.offload_optimizer.ratio");
   if (ratio.is_number() && ratio.get<double>() < 1.0 && stage != 3)
     r.errors.push_back("zero_optimization.offload_optimizer.ratio: partial offloading (" +

@@ -16,7 +16,8 @@ from .lr_schedules import build_scheduler
 from .optim_factory import client_groups, optimizer_maker, param_groups_of
 from .precision import make_loss_scaler
 from .zero.stage0 import ReplicatedOptimizer
-from .zero.stage12 import PartitionedOptimizer
+from .offload.optimizer_swap import SwappedAdam
+from .zero.stage12 import OffloadSpec, PartitionedOptimizer
 
 logger = logging.getLogger("zerostream")
 
@@ -88,17 +89,43 @@ class ZeroEngine(torch.nn.Module):
         if stage == 3:
             raise NotImplementedError("zero_optimization.stage 3 is not implemented yet in this "
                                       "build of zerostream; use stage 0, 1 or 2")
-        offload = cfg.zero_optimization.offload_optimizer_device
-        if offload != "none":
-            raise NotImplementedError(f"zero_optimization.offload_optimizer.device \"{offload}\" "
-                                      f"is not implemented yet in this build of zerostream")
         common = dict(zero_cfg=cfg.zero_optimization, loss_scaler=self.loss_scaler,
                       clip=cfg.gradient_clipping, group=self.dp_process_group)
         if stage == 0:
+            # The config check warned: offload_optimizer has no effect without ZeRO.
             return ReplicatedOptimizer(groups, make, prescale_gradients=cfg.prescale_gradients,
                                        gradient_predivide_factor=cfg.gradient_predivide_factor,
                                        **common)
-        return PartitionedOptimizer(groups, make, stage=stage, **common)
+        return PartitionedOptimizer(groups, make, stage=stage, offload=self._offload_spec(),
+                                    **common)
+
+    def _offload_spec(self) -> OffloadSpec:
+        cfg = self._config
+        device = cfg.zero_optimization.offload_optimizer_device
+        if device == "none":
+            return OffloadSpec()
+        oo = cfg.zero_optimization.offload_optimizer
+        if device == "cpu":
+            return OffloadSpec("cpu", pin_memory=oo.pin_memory)
+        opt = cfg.optimizer
+        if opt is None or opt.type.lower() not in ("adam", "adamw") or opt.params.get("torch_adam"):
+            raise NotImplementedError(
+                "zero_optimization.offload_optimizer.device \"nvme\" keeps Adam/AdamW state on "
+                "NVMe; give \"optimizer\": {\"type\": \"AdamW\", ...} in the config (client "
+                "optimizers and other types are not supported with nvme yet)")
+        params = dict(opt.params)
+        defaults = {"lr": params.get("lr", 1e-3), "betas": tuple(params.get("betas", (0.9, 0.999))),
+                    "eps": params.get("eps", 1e-8), "weight_decay": params.get("weight_decay", 0.0),
+                    "bias_correction": params.get("bias_correction", True)}
+        adamw = opt.type.lower() == "adamw" or params.get("adam_w_mode", True)
+
+        def factory(masters, options, rank, stage):
+            return SwappedAdam(masters, options, defaults, adamw_mode=adamw,
+                               sub_group_size=cfg.zero_optimization.sub_group_size,
+                               offload_cfg=oo, aio_cfg=cfg.aio,
+                               verify_checksums=cfg.zerostream.verify_swap_checksums,
+                               stage=stage, rank=comm.get_rank())
+        return OffloadSpec("nvme", pin_memory=oo.pin_memory, swapper_factory=factory)
 
     def _build_scheduler(self, client):
         if client is not None:

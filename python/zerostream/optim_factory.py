@@ -73,15 +73,26 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
         raise NotImplementedError(f"optimizer.type: \"{name}\" is a DeepSpeed optimizer that "
                                   f"zerostream does not implement; pass your own optimizer to "
                                   f"initialize() or use Adam, AdamW, Adagrad, Lion or SGD")
+    offloaded = _offloaded(cfg) and cfg.zero_stage > 0
     if low in ("adam", "adamw"):
         if params.get("amsgrad"):
             raise NotImplementedError("optimizer.params.amsgrad: true is not supported")
         adamw = low == "adamw" or params.get("adam_w_mode", True)
+        if offloaded and not params.get("torch_adam"):
+            from .ops.adam import DeepSpeedCPUAdam  # the fused CPU kernel
+            kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay", "bias_correction")
+                      if k in params}
+            kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
+            return lambda groups: DeepSpeedCPUAdam(groups, adamw_mode=adamw, **kwargs)
         kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay") if k in params}
         kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
         cls = torch.optim.AdamW if adamw else torch.optim.Adam
         return lambda groups: cls(groups, **kwargs)
     if low == "adagrad":
+        if offloaded:
+            from .ops.adagrad import DeepSpeedCPUAdagrad
+            kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay") if k in params}
+            return lambda groups: DeepSpeedCPUAdagrad(groups, **kwargs)
         kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay", "lr_decay",
                                          "initial_accumulator_value") if k in params}
         return lambda groups: torch.optim.Adagrad(groups, **kwargs)

@@ -210,3 +210,10 @@ def io_faults_injected() -> int:
 def warnings_emitted() -> list[str]:
     """Degraded modes reported so far (O_DIRECT refused, mlock refused, no io_uring)."""
     return list(_N.warnings_emitted())
+
+
+def arena_bytes(nbytes: int) -> int:
+    """What a request of `nbytes` takes from a HostArena budget: whole 4 KiB pages, at least
+    one (offload/host_arena.cpp)."""
+    page = 4096
+    return max(page, (int(nbytes) + page - 1) // page * page)

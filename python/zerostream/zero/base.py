@@ -54,18 +54,24 @@ class ZeroOptimizerBase:
             comm.all_reduce(total, group=self.dp_process_group)
         return float(total)
 
-    def _unscale_and_clip(self, grads: List[torch.Tensor], norm_sq: float) -> bool:
-        """Applies 1/(loss_scale*clip_coef) to `grads` in place; returns False on overflow."""
+    def _grad_factor(self, norm_sq: float) -> Optional[float]:
+        """The factor 1/(loss_scale*clip_coef) the grads need, or None on overflow. Records
+        the overflow flag and the pre-clip, unscaled global norm."""
         scale = self.loss_scaler.loss_scale
         if not math.isfinite(norm_sq):
             self.overflow = True
             self._global_grad_norm = torch.tensor(float("inf"))
-            return False
+            return None
         self.overflow = False
         norm = math.sqrt(norm_sq)
         self._global_grad_norm = torch.tensor(norm / scale)
-        coef = unscale_and_clip_coef(norm, scale, self.clip)
-        factor = 1.0 / (coef * scale)
+        return 1.0 / (unscale_and_clip_coef(norm, scale, self.clip) * scale)
+
+    def _unscale_and_clip(self, grads: List[torch.Tensor], norm_sq: float) -> bool:
+        """Applies the factor to `grads` in place; returns False on overflow."""
+        factor = self._grad_factor(norm_sq)
+        if factor is None:
+            return False
         if factor != 1.0:
             for g in grads:
                 g.mul_(factor)

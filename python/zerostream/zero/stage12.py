@@ -1,6 +1,12 @@
 """ZeRO stages 1 and 2: fp32 master params and optimizer states partitioned over the
 data-parallel ranks; each rank steps its partition; updated params are all-gathered.
 
+Optimizer offload: with "cpu" the masters and gradient partitions live in the host arena and
+the fused CPU kernel (DeepSpeedCPUAdam) steps them with the unscale/clip factor folded in;
+with "nvme" the masters and Adam moments live in the swap store and stream through the
+kernel sub-group by sub-group (offload/optimizer_swap.py). DeepSpeed treats "nvme" as "cpu"
+at stages 1/2; zerostream honours it.
+
 Stage 1 accumulates gradients locally in a flat buffer and reduce-scatters it once per
 optimizer step. Stage 2 reduces gradients bucket by bucket during backward (as soon as
 `reduce_bucket_size` elements are ready) and keeps only this rank's partition, so no rank
@@ -13,32 +19,47 @@ from typing import Dict, List, Tuple
 import torch
 
 from .. import comm
+from ..ops._cpu_optimizer import CPUOptimizerBase
 from .base import ZeroOptimizerBase
 from .flat import FlatGroup, ParamSlot
+
+
+class OffloadSpec:
+    """Where the optimizer state of a partitioned run lives, and how to build its swapper."""
+
+    def __init__(self, device: str = "none", pin_memory: bool = True, swapper_factory=None):
+        self.device = device
+        self.pin_memory = pin_memory
+        self._swapper_factory = swapper_factory
+
+    def make_swapper(self, masters, options, rank, stage):
+        return self._swapper_factory(masters, options, rank, stage)
 
 
 class PartitionedOptimizer(ZeroOptimizerBase):
 
     def __init__(self, param_groups: List[dict], make_optimizer, *, stage: int, zero_cfg,
-                 loss_scaler, clip: float, group=None):
+                 loss_scaler, clip: float, group=None, offload: "OffloadSpec" = None):
         self.stage = stage
+        self.offload = offload or OffloadSpec()
         self.world = comm.get_world_size(group)
         self.rank = comm.get_rank(group)
         self.reduce_bucket_size = max(1, int(zero_cfg.reduce_bucket_size))
         self.overlap_comm = bool(zero_cfg.overlap_comm)
         self.group = group
-        self.flat_groups: List[FlatGroup] = []
-        self.masters: List[torch.Tensor] = []
-        inner_groups = []
-        for g in param_groups:
-            flat = FlatGroup(g["params"], self.world, self.rank)
-            master = flat.partition().detach().float().clone()
-            master.grad = torch.zeros_like(master)
-            self.flat_groups.append(flat)
-            self.masters.append(master)
-            inner_groups.append({**{k: v for k, v in g.items() if k != "params"},
-                                 "params": [master]})
-        super().__init__(make_optimizer(inner_groups), loss_scaler, clip, group)
+        self.flat_groups = [FlatGroup(g["params"], self.world, self.rank) for g in param_groups]
+        options = [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
+        self.masters, self.grads = self._allocate_partitions()
+        self.swapper = None
+        if self.offload.device == "nvme":
+            self.swapper = self.offload.make_swapper(self.masters, options, self.rank, stage)
+            self.masters = []  # the fp32 state lives on NVMe now
+            inner = self.swapper.hyper
+        else:
+            for m, gr in zip(self.masters, self.grads):
+                m.grad = gr
+            inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])
+        super().__init__(inner, loss_scaler, clip, group)
         self._slot_of: Dict[torch.nn.Parameter, Tuple[int, ParamSlot]] = {}
         for gi, flat in enumerate(self.flat_groups):
             for slot in flat.slots:
@@ -50,6 +71,26 @@ class PartitionedOptimizer(ZeroOptimizerBase):
         self._pending = []  # (work handle, bucket) of async stage-2 reductions
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._on_grad)
                        for f in self.flat_groups for s in f.slots]
+
+    def _allocate_partitions(self):
+        """fp32 master and gradient partitions: on the param's device, or in the host arena
+        (page-locked, budgeted) when the optimizer is offloaded."""
+        sizes = [f.partition_numel for f in self.flat_groups]
+        if self.offload.device == "none":
+            masters = [f.partition().detach().float().clone() for f in self.flat_groups]
+            return masters, [torch.zeros_like(m) for m in masters]
+        from ..offload.io import HostArena, arena_bytes
+        self.arena = HostArena(2 * sum(arena_bytes(4 * n) for n in sizes),
+                               lock=self.offload.pin_memory)
+        masters, grads = [], []
+        for f, n in zip(self.flat_groups, sizes):
+            m = self.arena.empty(n, torch.float32)
+            m.copy_(f.partition())
+            g = self.arena.empty(n, torch.float32)
+            g.zero_()
+            masters.append(m)
+            grads.append(g)
+        return masters, grads
 
     # --- backward ------------------------------------------------------------------------------
     def _on_grad(self, param: torch.nn.Parameter) -> None:
@@ -90,7 +131,8 @@ class PartitionedOptimizer(ZeroOptimizerBase):
             start, end = self.flat_groups[gi].overlap(slot)
             if end > start:
                 lo = slot.offset + start - self.flat_groups[gi].partition_begin
-                self.masters[gi].grad[lo:lo + end - start].add_(flat[pos + start:pos + end])
+                piece = flat[pos + start:pos + end]
+                self.grads[gi][lo:lo + end - start].add_(piece.to(self.grads[gi].device))
             pos += slot.numel
 
     def after_backward(self) -> None:
@@ -108,11 +150,11 @@ class PartitionedOptimizer(ZeroOptimizerBase):
         if self.stage != 1:
             return
         for gi, flat in enumerate(self.flat_groups):
-            part = self.masters[gi].grad
+            part = self.grads[gi]
             if self.world > 1:
                 out = torch.empty(flat.partition_numel, dtype=self.local_grads[gi].dtype)
                 comm.reduce_scatter_tensor(out, self.local_grads[gi], group=self.group)
-                part.add_(out.float())
+                part.add_(out.to(part.device, torch.float32))
             else:
                 part.add_(self.local_grads[gi].float())
             self.local_grads[gi].zero_()
@@ -122,23 +164,37 @@ class PartitionedOptimizer(ZeroOptimizerBase):
         """Averages over ranks, unscales, clips, steps this rank's partition and all-gathers the
         updated params. Returns False (and skips) on overflow."""
         self.reduce_gradients()
-        grads = [m.grad for m in self.masters]
         if self.world > 1:
-            for g in grads:
+            for g in self.grads:
                 g.div_(self.world)
-        ok = self._unscale_and_clip(grads, self._norm_and_overflow(grads, partitioned=True))
-        if ok:
-            self.optimizer.step()
-            for flat, master in zip(self.flat_groups, self.masters):
-                flat.partition().copy_(master)
+        factor = self._grad_factor(self._norm_and_overflow(self.grads, partitioned=True))
+        if factor is not None:
+            self._update(factor)
+            for flat in self.flat_groups:
                 if self.world > 1:
                     comm.all_gather_into_tensor(flat.buffer, flat.partition(), group=self.group)
         self.zero_grad()
-        return ok
+        return factor is not None
+
+    def _update(self, factor: float) -> None:
+        """Steps this rank's partitions and writes them into the model-dtype flat buffers."""
+        partitions = [f.partition() for f in self.flat_groups]
+        if self.swapper is not None:
+            self.swapper.step(self.grads, partitions, factor)
+            return
+        if isinstance(self.optimizer, CPUOptimizerBase):
+            self.optimizer.step(grad_scale=factor)  # folded into the kernel's one pass
+        else:
+            if factor != 1.0:
+                for g in self.grads:
+                    g.mul_(factor)
+            self.optimizer.step()
+        for part, master in zip(partitions, self.masters):
+            part.copy_(master)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for m in self.masters:
-            m.grad.zero_()
+        for g in self.grads:
+            g.zero_()
         for f in self.flat_groups:
             for s in f.slots:
                 s.param.grad = None

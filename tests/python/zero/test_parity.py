@@ -1,5 +1,6 @@
 """Parity: zerostream on 2 and 4 Gloo ranks against plain single-process PyTorch AdamW on the
-same global batch, for ZeRO stages 0/1/2 x fp32/bf16 x gradient accumulation 1/4.
+same global batch, for ZeRO stages 0/1/2 x fp32/bf16 x gradient accumulation 1/4 x optimizer offload
+none/cpu/nvme (stages 1 and 2).
 
 fp32 must agree to 1e-5 relative per step (losses, the pre-clip global grad norm) and in the
 final parameters (tensor-wise relative error; see the comment at the check). bf16 runs are compared with a plain-PyTorch bf16 mixed-precision reference
@@ -17,8 +18,9 @@ from tiny_gpt import TinyGPT, make_batches
 STEPS = 4
 GLOBAL_BATCH = 16
 LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5
-CASES = [(stage, dtype, gas) for stage in (0, 1, 2) for dtype in ("fp32", "bf16")
-         for gas in (1, 4)]
+CASES = [(stage, dtype, gas, offload) for stage in (0, 1, 2) for dtype in ("fp32", "bf16")
+         for gas in (1, 4) for offload in ("none", "cpu", "nvme")
+         if stage > 0 or offload == "none"]
 
 
 def reference(dtype: str, steps: int = STEPS):
@@ -54,13 +56,13 @@ def reference(dtype: str, steps: int = STEPS):
     return losses, norms, params
 
 
-def zerostream_worker(rank, world, cases):
+def zerostream_worker(rank, world, cases, nvme_root):
     import torch.distributed as dist
     import zerostream
 
     out = {}
     xs, ys = make_batches(STEPS, GLOBAL_BATCH)
-    for stage, dtype, gas in cases:
+    for stage, dtype, gas, offload in cases:
         torch.manual_seed(0)
         model = TinyGPT()
         micro = GLOBAL_BATCH // (world * gas)
@@ -68,8 +70,14 @@ def zerostream_worker(rank, world, cases):
                   "gradient_clipping": CLIP,
                   "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
                                                             "weight_decay": WD}},
-                  "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000},
+                  "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000,
+                                        "sub_group_size": 2000},
                   "bf16": {"enabled": dtype == "bf16"}}
+        nvme = f"{nvme_root}/s{stage}{dtype}{gas}"
+        if offload != "none":
+            config["zero_optimization"]["offload_optimizer"] = {
+                "device": offload, "nvme_path": nvme if offload == "nvme" else None,
+                "pipeline_read": gas == 1, "pipeline_write": gas == 1}
         engine, optimizer, _, _ = zerostream.initialize(model=model, config=config)
         losses, norms, mechanism = [], [], {}
         for s in range(STEPS):
@@ -86,13 +94,26 @@ def zerostream_worker(rank, world, cases):
             dist.all_reduce(total)
             losses.append(float(total) / (world * gas))
             norms.append(float(engine.get_global_grad_norm()))
-        if stage in (1, 2):
+        mechanism["model_numel"] = sum(p.numel() for p in engine.module.parameters())
+        if stage in (1, 2) and offload != "nvme":
             inner = optimizer.optimizer
-            state_numel = sum(st["exp_avg"].numel() for st in inner.state.values())
-            mechanism["state_numel"] = state_numel
-            mechanism["model_numel"] = sum(p.numel() for p in engine.module.parameters())
+            mechanism["state_numel"] = sum(st["exp_avg"].numel() for st in inner.state.values())
+            mechanism["inner"] = type(inner).__name__
+        if offload == "nvme":
+            swap = optimizer.swapper
+            stats = swap.stats()
+            master = swap.read_state(0)  # this rank's fp32 params, read back from the files
+            part = optimizer.flat_groups[0].partition().float()
+            mechanism["nvme_master_matches_params"] = bool(
+                torch.allclose(master, part, rtol=1e-2 if dtype == "bf16" else 0, atol=1e-2 if dtype == "bf16" else 0))
+            mechanism["state_numel"] = sum(swap.numels)
+            import glob, os
+            files = glob.glob(os.path.join(stats["directory"], "*"))
+            mechanism["nvme_file_bytes"] = sum(os.path.getsize(f) for f in files)
+            mechanism["nvme_state_bytes"] = 12 * sum(swap.numels)
+            mechanism["nvme_read"] = stats["bytes_read"]
         params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
-        out[(stage, dtype, gas)] = (losses, norms, params, mechanism)
+        out[(stage, dtype, gas, offload)] = (losses, norms, params, mechanism)
     return out if rank == 0 else None
 
 
@@ -103,13 +124,14 @@ def references():
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("world", [2, 4])
-def test_stages_0_1_2_match_plain_pytorch(world, references):
-    results = run_ranks(zerostream_worker, world, CASES, timeout=300)[0]
+def test_stages_0_1_2_match_plain_pytorch(world, references, tmp_path):
+    results = run_ranks(zerostream_worker, world, CASES, str(tmp_path), timeout=600)[0]
+    assert len(results) == len(CASES)
     ref_norms = references["fp32"][1]
     assert max(ref_norms) > CLIP, "the reference must exercise clipping"
     failures = []
     for case, (losses, norms, params, mech) in results.items():
-        stage, dtype, gas = case
+        stage, dtype, gas, offload = case
         ref_losses, ref_norm_list, ref_params = references[dtype]
         tol = dict(rtol=1e-5, atol=1e-6) if dtype == "fp32" else dict(rtol=2e-2, atol=2e-2)
         try:
@@ -128,6 +150,14 @@ def test_stages_0_1_2_match_plain_pytorch(world, references):
                 assert mech["state_numel"] <= mech["model_numel"] // world + 2 * world
             if stage == 2:
                 assert not mech["full_grads_left"], "stage 2 left a full gradient on a param"
+            if offload == "cpu":
+                assert mech["inner"] == "DeepSpeedCPUAdam"  # the fused CPU kernel stepped it
+            if offload == "nvme":
+                # The state really lives in the swap files and was streamed back each step.
+                assert mech["nvme_master_matches_params"]
+                assert mech["nvme_file_bytes"] >= mech["nvme_state_bytes"]
+                assert mech["nvme_read"] >= STEPS * mech["nvme_state_bytes"]
         except AssertionError as exc:
-            failures.append(f"world={world} stage={stage} {dtype} gas={gas}: {exc}")
+            failures.append(f"world={world} stage={stage} {dtype} gas={gas} "
+                            f"offload={offload}: {exc}")
     assert not failures, "\n\n".join(failures)

@@ -1,0 +1,188 @@
+"""Optimizer state on NVMe for ZeRO stages 1/2 (and later 3): fp32 master params and Adam
+moments of this rank's partitions live in the swap store, cut into sub-groups of
+`sub_group_size` elements, and stream through a few host-arena buffers during the step.
+
+Note [Sub-group pipeline]: with pipeline_read the read of sub-group i+1 is in flight while
+the fused CPU kernel updates sub-group i; with pipeline_write the write-back of i overlaps
+i+1's compute. Buffers rotate over `sets` = max(2, buffer_count // 3) triples (p, m, v), and a
+buffer is reused only after its write-back finished, so memory stays at
+sets * 3 * sub_group_size * 4 bytes whatever the model size.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+from ..ops.adam import cpu_adam_step
+from .io import HostArena, IoEngine, SwapStore, arena_bytes, io_config
+
+logger = logging.getLogger("zerostream")
+
+_KINDS = ("param", "exp_avg", "exp_avg_sq")
+
+
+@dataclass
+class SubGroup:
+    group: int  # param group index
+    lo: int     # element range inside this rank's partition of the group
+    hi: int
+    index: int  # position in the step order; swap ids are 3 * index + kind
+
+
+class _HyperParams(torch.optim.Optimizer):
+    """Holds the param groups' hyperparameters (lr, betas, ...) for LR schedulers and
+    checkpoints; the update itself is done by SwappedAdam."""
+
+    def __init__(self, groups: List[dict], defaults: dict):
+        placeholders = [{**g, "params": [torch.zeros(0)]} for g in groups]
+        super().__init__(placeholders, defaults)
+
+    def step(self, closure=None):
+        raise RuntimeError("the optimizer of an NVMe-offloaded run steps through the engine")
+
+
+class SwappedAdam:
+    """Adam/AdamW whose fp32 state lives on NVMe (see Note [Sub-group pipeline])."""
+
+    def __init__(self, masters: List[torch.Tensor], groups: List[dict], defaults: dict, *,
+                 adamw_mode: bool, sub_group_size: int, offload_cfg, aio_cfg,
+                 verify_checksums: bool, stage: int, rank: int):
+        self.adamw_mode = adamw_mode
+        self.pipeline_read = bool(offload_cfg.pipeline_read)
+        self.pipeline_write = bool(offload_cfg.pipeline_write)
+        self.hyper = _HyperParams(groups, defaults)
+        self.steps = [0] * len(masters)
+        self.numels = [m.numel() for m in masters]
+        sub = max(1, int(sub_group_size))
+        self.sub_groups = [SubGroup(g, lo, min(lo + sub, n), 0)
+                           for g, n in enumerate(self.numels) for lo in range(0, n, sub)]
+        for i, s in enumerate(self.sub_groups):
+            s.index = i
+        width = max(s.hi - s.lo for s in self.sub_groups)
+        self.sets = max(2, int(offload_cfg.buffer_count) // 3)
+        self.arena = HostArena(self.sets * 3 * arena_bytes(width * 4),
+                               lock=bool(offload_cfg.pin_memory))
+        self.buffers = [[self.arena.empty(width, torch.float32) for _ in _KINDS]
+                        for _ in range(self.sets)]
+        engine = IoEngine(io_config(block_size=aio_cfg.block_size,
+                                    queue_depth=aio_cfg.queue_depth,
+                                    intra_op_parallelism=aio_cfg.intra_op_parallelism,
+                                    single_submit=aio_cfg.single_submit,
+                                    overlap_events=aio_cfg.overlap_events,
+                                    backend=aio_cfg.backend))
+        root = os.path.join(offload_cfg.nvme_path, f"zero_stage_{stage}", "optimizer")
+        self.store = SwapStore(engine, root, rank=rank, name="adam",
+                               verify_checksums=verify_checksums)
+        self.bytes_read = self.bytes_written = 0
+        self.wait_seconds = 0.0
+        self._say_if_dram_would_do(sum(self.numels) * 12, offload_cfg)
+        self._write_initial_state(masters)
+
+    # --- setup ----------------------------------------------------------------------------------
+    @staticmethod
+    def _say_if_dram_would_do(state_bytes: int, offload_cfg) -> None:
+        try:
+            import psutil
+            free = psutil.virtual_memory().available
+        except ImportError:
+            return
+        if state_bytes * 2 < free:
+            logger.warning(
+                "zero_optimization.offload_optimizer.device \"nvme\": this rank's optimizer "
+                "state (%.2f GiB) would fit in free host memory (%.1f GiB); "
+                "\"device\": \"cpu\" keeps it there and is faster. Honouring \"nvme\".",
+                state_bytes / 2**30, free / 2**30)
+
+    def _write_initial_state(self, masters: List[torch.Tensor]) -> None:
+        p, m, v = self.buffers[0]
+        m.zero_()
+        v.zero_()
+        for s in self.sub_groups:
+            n = s.hi - s.lo
+            p[:n].copy_(masters[s.group][s.lo:s.hi])
+            tickets = [self.store.write(3 * s.index + k, buf[:n]) for k, buf in
+                       enumerate((p, m, v))]
+            for t in tickets:
+                t.wait()
+            self.bytes_written += 12 * n
+
+    # --- the step ---------------------------------------------------------------------------------
+    def _read(self, s: SubGroup, slot: int):
+        n = s.hi - s.lo
+        self.bytes_read += 12 * n
+        return [self.store.read(3 * s.index + k, buf[:n])
+                for k, buf in enumerate(self.buffers[slot])]
+
+    def _wait(self, tickets) -> None:
+        start = time.perf_counter()
+        for t in tickets:
+            t.wait()
+        self.wait_seconds += time.perf_counter() - start
+
+    def step(self, grads: List[torch.Tensor], partitions: List[torch.Tensor],
+             grad_scale: float) -> None:
+        """One Adam step of every sub-group: grads[g] is group g's fp32 gradient partition,
+        partitions[g] the model-dtype partition that receives the updated params."""
+        for g in range(len(self.steps)):
+            self.steps[g] += 1
+        pending_reads = {0: self._read(self.sub_groups[0], 0)} if self.sub_groups else {}
+        pending_writes = {}
+        for i, s in enumerate(self.sub_groups):
+            slot = i % self.sets
+            self._wait(pending_reads.pop(i))
+            nxt = i + 1
+            if self.pipeline_read and nxt < len(self.sub_groups):
+                nslot = nxt % self.sets
+                self._wait(pending_writes.pop(nslot, []))
+                pending_reads[nxt] = self._read(self.sub_groups[nxt], nslot)
+            self._update(s, slot, grads, partitions, grad_scale)
+            n = s.hi - s.lo
+            writes = [self.store.write(3 * s.index + k, buf[:n])
+                      for k, buf in enumerate(self.buffers[slot])]
+            self.bytes_written += 12 * n
+            if self.pipeline_write:
+                pending_writes[slot] = writes
+            else:
+                self._wait(writes)
+            if not self.pipeline_read and nxt < len(self.sub_groups):
+                nslot = nxt % self.sets
+                self._wait(pending_writes.pop(nslot, []))
+                pending_reads[nxt] = self._read(self.sub_groups[nxt], nslot)
+        for writes in pending_writes.values():
+            self._wait(writes)
+
+    def _update(self, s: SubGroup, slot: int, grads, partitions, grad_scale: float) -> None:
+        p, m, v = (buf[:s.hi - s.lo] for buf in self.buffers[slot])
+        group = self.hyper.param_groups[s.group]
+        target = partitions[s.group][s.lo:s.hi]
+        fused_copy = target if target.dtype in (torch.bfloat16, torch.float16) \
+            and target.device.type == "cpu" else None
+        cpu_adam_step(p, grads[s.group][s.lo:s.hi], m, v, lr=group["lr"],
+                      betas=group["betas"], eps=group["eps"],
+                      weight_decay=group["weight_decay"], step=self.steps[s.group],
+                      bias_correction=group.get("bias_correction", True),
+                      adamw_mode=self.adamw_mode, grad_scale=grad_scale, param_copy=fused_copy)
+        if fused_copy is None:
+            target.copy_(p)
+
+    # --- inspection ---------------------------------------------------------------------------------
+    def read_state(self, group: int, kind: str = "param") -> torch.Tensor:
+        """Group `group`'s whole partition of `kind` read back from NVMe (tests, checkpoints)."""
+        k = _KINDS.index(kind)
+        out = torch.empty(self.numels[group], dtype=torch.float32)
+        for s in self.sub_groups:
+            if s.group == group:
+                buf = self.buffers[0][0][:s.hi - s.lo]
+                self.store.read(3 * s.index + k, buf).wait()
+                out[s.lo:s.hi].copy_(buf)
+        return out
+
+    def stats(self) -> dict:
+        return {"bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "wait_seconds": self.wait_seconds, "store": self.store.stats(),
+                "directory": self.store.directory}
