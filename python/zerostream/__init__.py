@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any, Optional
 
@@ -12,6 +13,18 @@ from ._version import __version__
 from . import comm, zero
 from .accelerator import get_accelerator
 from .comm import init_distributed
+
+# Like DeepSpeed's logger: visible by default (warnings about the config, progress lines every
+# steps_per_print), level from ZS_LOG_LEVEL; a script that configures logging itself can
+# replace the handler.
+_logger = logging.getLogger("zerostream")
+if _logger.level == logging.NOTSET:
+    _logger.setLevel(os.environ.get("ZS_LOG_LEVEL", "INFO").upper())
+if not _logger.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("[zerostream] %(levelname)s %(message)s"))
+    _logger.addHandler(_handler)
+    _logger.propagate = False
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "comm", "zero",
            "get_accelerator", "__version__"]

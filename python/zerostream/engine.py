@@ -15,6 +15,7 @@ from .config import DeepSpeedConfig
 from .lr_schedules import build_scheduler
 from .optim_factory import client_groups, optimizer_maker, param_groups_of
 from .precision import make_loss_scaler
+from .telemetry import StepTelemetry
 from .zero.stage0 import ReplicatedOptimizer
 from .offload.optimizer_swap import SwappedAdam
 from .zero.stage12 import OffloadSpec, PartitionedOptimizer
@@ -52,7 +53,9 @@ class ZeroEngine(torch.nn.Module):
         self.optimizer = self._build_optimizer(optimizer, model_parameters)
         self.basic_optimizer = self.optimizer.optimizer if self.optimizer is not None else None
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
-        self.timers = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+        self.telemetry = StepTelemetry()
+        if self.optimizer is not None:
+            self.optimizer.telemetry = self.telemetry
 
     # --- setup ----------------------------------------------------------------------------------
     def _place_module(self) -> torch.device:
@@ -139,14 +142,12 @@ class ZeroEngine(torch.nn.Module):
 
     # --- training loop --------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        start = time.perf_counter()
         if self._config.fp16.enabled and self._config.fp16.auto_cast:
             cast = lambda x: x.half() if torch.is_tensor(x) and x.is_floating_point() else x
             args = tuple(cast(a) for a in args)
             kwargs = {k: cast(v) for k, v in kwargs.items()}
-        out = self.module(*args, **kwargs)
-        self.timers["forward"] += time.perf_counter() - start
-        return out
+        with self.telemetry.phase("forward"):
+            return self.module(*args, **kwargs)
 
     def _require_optimizer(self, what: str) -> None:
         if self.optimizer is None:
@@ -160,12 +161,11 @@ class ZeroEngine(torch.nn.Module):
         self._require_optimizer("backward")
         if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
             raise ValueError("backward: expected a scalar loss tensor with a grad_fn")
-        start = time.perf_counter()
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
-        scaled = loss.float() * (self.loss_scaler.loss_scale / gas)
-        scaled.backward(retain_graph=retain_graph)
+        with self.telemetry.phase("backward"):
+            scaled = loss.float() * (self.loss_scaler.loss_scale / gas)
+            scaled.backward(retain_graph=retain_graph)
         self.optimizer.after_backward()
-        self.timers["backward"] += time.perf_counter() - start
         return loss.detach() / gas
 
     def step(self, lr_kwargs: Optional[dict] = None) -> None:
@@ -178,7 +178,12 @@ class ZeroEngine(torch.nn.Module):
         self._step_applied = False
         if boundary:
             start = time.perf_counter()
+            reduce_before = self.telemetry.seconds["reduce"]
             applied = self.optimizer.step()
+            # "step" is the optimizer's own time; its gradient reduction counts as "reduce".
+            self.telemetry.seconds["step"] += (time.perf_counter() - start) - (
+                self.telemetry.seconds["reduce"] - reduce_before)
+            self.telemetry.steps += 1
             self.loss_scaler.update_scale(not applied)
             if applied:
                 if self.lr_scheduler is not None:
@@ -188,7 +193,6 @@ class ZeroEngine(torch.nn.Module):
             self._step_applied = applied
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
-            self.timers["step"] += time.perf_counter() - start
             self._report_progress()
         self.micro_steps += 1
         self._boundary_override = None
@@ -199,10 +203,7 @@ class ZeroEngine(torch.nn.Module):
             return
         logger.info("step=%d, skipped=%d, lr=%s, mom=%s", self.global_steps, self.skipped_steps,
                     self.get_lr(), self.get_mom())
-        if self._config.wall_clock_breakdown:
-            logger.info("time (ms) | forward: %.2f | backward: %.2f | step: %.2f",
-                        *(1000 * self.timers[k] for k in ("forward", "backward", "step")))
-            self.timers = dict.fromkeys(self.timers, 0.0)
+        logger.info("telemetry: %s", self.telemetry.report())
 
     # --- accumulation ---------------------------------------------------------------------------
     def is_gradient_accumulation_boundary(self) -> bool:

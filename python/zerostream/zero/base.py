@@ -2,6 +2,7 @@
 overflow check, clipping, and the surface HF Accelerate and LR schedulers touch."""
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Iterable, List, Optional
 
@@ -9,6 +10,10 @@ import torch
 
 from .. import comm
 from ..precision import unscale_and_clip_coef
+
+
+def _null():
+    return contextlib.nullcontext()
 
 
 class ZeroOptimizerBase:
@@ -23,6 +28,12 @@ class ZeroOptimizerBase:
         self.dp_process_group = group
         self.overflow = False
         self._global_grad_norm: Optional[torch.Tensor] = None
+        self.telemetry = None  # set by the engine (telemetry.StepTelemetry)
+
+    def _comm(self, tensor: torch.Tensor, seconds: float) -> None:
+        """Counts a collective's payload for the per-step report."""
+        if self.telemetry is not None:
+            self.telemetry.moved("comm", tensor.numel() * tensor.element_size(), seconds)
 
     # --- surface -----------------------------------------------------------------------------
     @property

@@ -3,13 +3,14 @@ buckets of `reduce_bucket_size` elements at the accumulation boundary. With fp16
 optimizer steps fp32 master copies and writes the 16-bit params back."""
 from __future__ import annotations
 
+import time
 from typing import List
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import comm
-from .base import ZeroOptimizerBase
+from .base import ZeroOptimizerBase, _null
 
 
 class ReplicatedOptimizer(ZeroOptimizerBase):
@@ -55,7 +56,9 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 flat = _flatten_dense_tensors(bucket)
                 if pre != 1.0:
                     flat.mul_(pre)
+                start = time.perf_counter()
                 comm.all_reduce(flat, group=self.group)
+                self._comm(flat, time.perf_counter() - start)
                 if post != 1.0:
                     flat.mul_(post)
                 for dst, src in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
@@ -63,7 +66,8 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 bucket, size = [], 0
 
     def step(self) -> bool:
-        self.reduce_gradients()
+        with self.telemetry.phase("reduce") if self.telemetry else _null():
+            self.reduce_gradients()
         if self.mixed:
             for p, m in zip(self.params, self.masters):
                 m.grad = None if p.grad is None else p.grad.float()

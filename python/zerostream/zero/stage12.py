@@ -14,13 +14,14 @@ holds a full gradient.
 """
 from __future__ import annotations
 
+import time
 from typing import Dict, List, Tuple
 
 import torch
 
 from .. import comm
 from ..ops._cpu_optimizer import CPUOptimizerBase
-from .base import ZeroOptimizerBase
+from .base import ZeroOptimizerBase, _null
 from .flat import FlatGroup, ParamSlot
 
 
@@ -119,7 +120,9 @@ class PartitionedOptimizer(ZeroOptimizerBase):
         bucket, self._bucket, self._bucket_numel = self._bucket, [], 0
         flat = torch.cat([g for _, _, g in bucket]) if len(bucket) > 1 else bucket[0][2].clone()
         if self.world > 1:
+            start = time.perf_counter()
             work = comm.all_reduce(flat, group=self.group, async_op=self.overlap_comm)
+            self._comm(flat, time.perf_counter() - start)
             if work is not None:
                 self._pending.append((work, flat, bucket))
                 return
@@ -140,9 +143,10 @@ class PartitionedOptimizer(ZeroOptimizerBase):
         reductions (stage 2)."""
         if self.stage == 2:
             self._flush_bucket()
-            for work, flat, bucket in self._pending:
-                work.wait()
-                self._keep_owned(flat, bucket)
+            with self.telemetry.phase("reduce") if self.telemetry else _null():
+                for work, flat, bucket in self._pending:
+                    work.wait()
+                    self._keep_owned(flat, bucket)
             self._pending.clear()
 
     def reduce_gradients(self) -> None:
@@ -153,7 +157,9 @@ class PartitionedOptimizer(ZeroOptimizerBase):
             part = self.grads[gi]
             if self.world > 1:
                 out = torch.empty(flat.partition_numel, dtype=self.local_grads[gi].dtype)
+                start = time.perf_counter()
                 comm.reduce_scatter_tensor(out, self.local_grads[gi], group=self.group)
+                self._comm(self.local_grads[gi], time.perf_counter() - start)
                 part.add_(out.to(part.device, torch.float32))
             else:
                 part.add_(self.local_grads[gi].float())
@@ -163,7 +169,8 @@ class PartitionedOptimizer(ZeroOptimizerBase):
     def step(self) -> bool:
         """Averages over ranks, unscales, clips, steps this rank's partition and all-gathers the
         updated params. Returns False (and skips) on overflow."""
-        self.reduce_gradients()
+        with self.telemetry.phase("reduce") if self.telemetry else _null():
+            self.reduce_gradients()
         if self.world > 1:
             for g in self.grads:
                 g.div_(self.world)
@@ -172,7 +179,9 @@ class PartitionedOptimizer(ZeroOptimizerBase):
             self._update(factor)
             for flat in self.flat_groups:
                 if self.world > 1:
+                    start = time.perf_counter()
                     comm.all_gather_into_tensor(flat.buffer, flat.partition(), group=self.group)
+                    self._comm(flat.buffer, time.perf_counter() - start)
         self.zero_grad()
         return factor is not None
 
@@ -180,7 +189,15 @@ class PartitionedOptimizer(ZeroOptimizerBase):
         """Steps this rank's partitions and writes them into the model-dtype flat buffers."""
         partitions = [f.partition() for f in self.flat_groups]
         if self.swapper is not None:
+            before = (self.swapper.bytes_read, self.swapper.bytes_written,
+                      self.swapper.wait_seconds)
+            start = time.perf_counter()
             self.swapper.step(self.grads, partitions, factor)
+            if self.telemetry is not None:
+                took = time.perf_counter() - start
+                self.telemetry.moved("nvme_read", self.swapper.bytes_read - before[0], took)
+                self.telemetry.moved("nvme_write", self.swapper.bytes_written - before[1], took)
+                self.telemetry.seconds["swap_wait"] += self.swapper.wait_seconds - before[2]
             return
         if isinstance(self.optimizer, CPUOptimizerBase):
             self.optimizer.step(grad_scale=factor)  # folded into the kernel's one pass

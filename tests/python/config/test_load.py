@@ -144,9 +144,16 @@ def test_auto_values_are_resolved_from_the_run_and_logged(caplog):
            "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
            "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"},
            "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}
-    with caplog.at_level("INFO", logger="zerostream"):
-        cfg = config.load(raw, world_size=2, micro_batch_size=4, gradient_accumulation_steps=1,
-                          hidden_size=256, model_dtype="bf16", lr=2e-4)
+    import logging
+    logger = logging.getLogger("zerostream")
+    logger.addHandler(caplog.handler)  # zerostream's logger does not propagate to the root
+    try:
+        with caplog.at_level("INFO", logger="zerostream"):
+            cfg = config.load(raw, world_size=2, micro_batch_size=4,
+                              gradient_accumulation_steps=1, hidden_size=256,
+                              model_dtype="bf16", lr=2e-4)
+    finally:
+        logger.removeHandler(caplog.handler)
     assert cfg.train_batch_size == 8
     assert cfg.bf16.enabled is True
     assert cfg.zero_optimization.reduce_bucket_size == 256 * 256

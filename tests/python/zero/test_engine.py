@@ -236,3 +236,37 @@ def test_a_deepspeed_script_runs_unchanged_under_torchrun(tmp_path):
     assert [l[4] for l in lines] == ["0", "1"], "args.local_rank must be each rank's own"
     steps, first, last = int(lines[0][0]), float(lines[0][1]), float(lines[0][2])
     assert steps == 4 and last < first  # 64 samples / (4 micro x 2 ranks) / 2 accumulation
+
+
+def telemetry_worker(rank, world, nvme):
+    import logging
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logging.getLogger("zerostream").addHandler(Keep())
+    cfg = _base(2, steps_per_print=2, zero_optimization={
+        "stage": 2, "sub_group_size": 64,
+        "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pipeline_read": True}})
+    engine, opt, _, _ = _engine(cfg)
+    x = torch.randn(2, 8)
+    for _ in range(4):
+        engine.backward(engine(x))
+        engine.step()
+    partition = sum(f.partition_numel for f in opt.flat_groups)
+    return [r for r in records if r.startswith(("telemetry", "step="))], partition
+
+
+@pytest.mark.multirank
+def test_telemetry_reports_time_split_and_bytes_per_tier(tmp_path):
+    lines, partition = run_ranks(telemetry_worker, 2, str(tmp_path))[0]
+    tele = [l for l in lines if l.startswith("telemetry")]
+    assert len(tele) == 2 and sum(l.startswith("step=") for l in lines) == 2
+    for phase in ("forward", "backward", "reduce", "step", "swap_wait"):
+        assert f"{phase} " in tele[0]
+    # Each step reads and writes p, m, v (12 bytes per element) of this rank's partition.
+    mib = 12 * partition / 2**20
+    assert f"nvme_read {mib:.2f} MiB" in tele[0] and f"nvme_write {mib:.2f} MiB" in tele[0]
+    assert "comm " in tele[0] and "GB/s" in tele[0]
