@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 
-_BENCHES = ("io", "optim", "step")
+_BENCHES = ("io", "optim")
 
 
 def _config_check(args) -> int:
