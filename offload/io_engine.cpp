@@ -44,8 +44,14 @@ void append_pieces(std::vector<IoPiece>& out, const IoRequestPtr& req, int64_t b
 
 }  // namespace
 
+void begin_attempt(IoPiece& p) {
+  const FaultAction f = next_io_fault(p.length - p.done, p.direct ? kDirectAlign : 1);
+  p.attempt_length = f.length;
+  p.injected_err = f.err;
+}
+
 AttemptOutcome complete_attempt(IoPiece& p, int64_t result) {
-  result = apply_io_fault(result, p.direct ? kDirectAlign : 1);
+  if (p.injected_err != 0) result = -p.injected_err;
   if (result == -EAGAIN || result == -EINTR) return AttemptOutcome::kResubmit;
   const int64_t pos = p.offset + p.done;
   const int64_t left = p.length - p.done;

@@ -27,6 +27,9 @@ namespace zs::offload {
 //  * 0 on a read: the file ended before the request did, an error (never zeros);
 //  * fewer bytes than asked: the remainder is resubmitted from where it stopped.
 enum class AttemptOutcome { kFinished, kResubmit };
+// Sets up the next attempt of `piece` (its length, and any injected fault); the engines
+// call it right before submitting, and complete_attempt() with the attempt's result.
+void begin_attempt(IoPiece& piece);
 AttemptOutcome complete_attempt(IoPiece& piece, int64_t result);
 
 class IoEngine {

@@ -67,6 +67,10 @@ struct IoPiece {
   int64_t length = 0;
   int64_t done = 0;
   bool direct = false;  // through the O_DIRECT fd; see Note [Direct alignment]
+  // The attempt in flight (see begin_attempt in io_engine.h): bytes asked for, and an
+  // injected errno that replaces its result (fault_injection.h; 0 normally).
+  int64_t attempt_length = 0;
+  int injected_err = 0;
 };
 
 // The caller's handle on one request: wait() for exactly this request, done() to poll.
