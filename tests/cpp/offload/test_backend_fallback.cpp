@@ -52,7 +52,7 @@ bool block_io_uring_setup() {
   std::exit(ok ? 0 : 1);
 }
 
-TEST(OffloadBackendFallbackDeathTest, AutoFallsBackToThreadsWhenIoUringIsBlocked) {
+TEST(offload_BackendFallbackDeathTest, AutoFallsBackToThreadsWhenIoUringIsBlocked) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(engines_without_io_uring(), ::testing::ExitedWithCode(0), "io_uring is unavailable");
 }

@@ -19,7 +19,7 @@ namespace {
 using testing::AlignedBytes;
 using testing::ScratchDir;
 
-class OffloadIoEngine : public ::testing::TestWithParam<IoBackend> {
+class offload_IoEngine : public ::testing::TestWithParam<IoBackend> {
  protected:
   std::unique_ptr<IoEngine> engine(int64_t block = 64 << 10, int depth = 8, int threads = 2) {
     return make_io_engine(testing::test_config(GetParam(), block, depth, threads));
@@ -27,14 +27,14 @@ class OffloadIoEngine : public ::testing::TestWithParam<IoBackend> {
   ScratchDir dir_;
 };
 
-TEST_P(OffloadIoEngine, PicksTheRequestedBackend) {
+TEST_P(offload_IoEngine, PicksTheRequestedBackend) {
   auto e = engine();
   EXPECT_STREQ(e->backend_name(), io_backend_name(GetParam()));
 }
 
 // Sizes from 1 byte to 64 MiB + change, at aligned and unaligned file offsets and buffer
 // addresses; the engine writes, the reference reads, and vice versa.
-TEST_P(OffloadIoEngine, RoundTripsRandomBytesAtManySizesAndOffsets) {
+TEST_P(offload_IoEngine, RoundTripsRandomBytesAtManySizesAndOffsets) {
   auto e = engine(1 << 20, 16, 2);
   const int64_t sizes[] = {1, 511, 4095, 4096, 4097, 65536 + 3, (1 << 20) + 511,
                            (5 << 20) + 17, (64 << 20) + 4096 + 3};
@@ -62,7 +62,7 @@ TEST_P(OffloadIoEngine, RoundTripsRandomBytesAtManySizesAndOffsets) {
   }
 }
 
-TEST_P(OffloadIoEngine, ManyInterleavedRequestsOnOneEngineFromSeveralThreads) {
+TEST_P(offload_IoEngine, ManyInterleavedRequestsOnOneEngineFromSeveralThreads) {
   auto e = engine(16 << 10, 4, 3);
   constexpr int kThreads = 4;
   constexpr int kRequests = 24;
@@ -96,7 +96,7 @@ TEST_P(OffloadIoEngine, ManyInterleavedRequestsOnOneEngineFromSeveralThreads) {
   e->wait_all();
 }
 
-TEST_P(OffloadIoEngine, WaitWaitsForOneRequestAndWaitAllCountsThem) {
+TEST_P(offload_IoEngine, WaitWaitsForOneRequestAndWaitAllCountsThem) {
   auto e = engine();
   auto a = testing::random_bytes(300000, 5);
   auto b = testing::random_bytes(70000, 6);
@@ -110,7 +110,7 @@ TEST_P(OffloadIoEngine, WaitWaitsForOneRequestAndWaitAllCountsThem) {
   EXPECT_EQ(e->wait_all(), 0);
 }
 
-TEST_P(OffloadIoEngine, ReadingPastEndOfFileIsAnErrorNamingThePath) {
+TEST_P(offload_IoEngine, ReadingPastEndOfFileIsAnErrorNamingThePath) {
   auto e = engine();
   auto data = testing::random_bytes(10000, 7);
   testing::posix_write(dir_.file("short"), 0, data.data(), data.size());
@@ -128,14 +128,14 @@ TEST_P(OffloadIoEngine, ReadingPastEndOfFileIsAnErrorNamingThePath) {
   EXPECT_THROW(e->read(dir_.file("missing"), dst.data(), 1, 0), IoError);
 }
 
-TEST_P(OffloadIoEngine, ZeroByteRequestsCompleteAtOnce) {
+TEST_P(offload_IoEngine, ZeroByteRequestsCompleteAtOnce) {
   auto e = engine();
   IoTicket t = e->write(dir_.file("z"), nullptr, 0, 0);
   t.wait();
   EXPECT_TRUE(t.done());
 }
 
-TEST_P(OffloadIoEngine, SequentialModeAndSingleSubmitAlsoRoundTrip) {
+TEST_P(offload_IoEngine, SequentialModeAndSingleSubmitAlsoRoundTrip) {
   IoConfig c = testing::test_config(GetParam(), 8 << 10, 4, 2);
   c.overlap_events = false;
   c.single_submit = true;
@@ -150,7 +150,7 @@ TEST_P(OffloadIoEngine, SequentialModeAndSingleSubmitAlsoRoundTrip) {
 // A filesystem that refuses O_DIRECT (open fails with EINVAL). TESTING.md names tmpfs,
 // but tmpfs accepts O_DIRECT since Linux 6.6; ramfs still refuses it. The engine must say
 // so once and still move the right bytes through the page cache.
-TEST_P(OffloadIoEngine, FilesystemRefusingODirectFallsBackToBufferedWithAWarning) {
+TEST_P(offload_IoEngine, FilesystemRefusingODirectFallsBackToBufferedWithAWarning) {
   ScratchDir mnt;
   if (::mount("ramfs", mnt.path().c_str(), "ramfs", 0, nullptr) != 0) {
     GTEST_SKIP() << "cannot mount ramfs here (" << std::strerror(errno)
@@ -177,11 +177,11 @@ TEST_P(OffloadIoEngine, FilesystemRefusingODirectFallsBackToBufferedWithAWarning
   EXPECT_FALSE(e->open(mnt.file("f"), OpenMode::kRead)->direct());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OffloadIoEngine,
+INSTANTIATE_TEST_SUITE_P(Backends, offload_IoEngine,
                          ::testing::Values(IoBackend::kIoUring, IoBackend::kThreads),
                          testing::backend_param_name);
 
-TEST(OffloadIoSplit, HeadBodyTailCoverTheRequestAndOnlyTheBodyIsDirect) {
+TEST(offload_IoSplit, HeadBodyTailCoverTheRequestAndOnlyTheBodyIsDirect) {
   ScratchDir dir;
   auto file = IoFile::open(dir.file("s"), OpenMode::kWrite, true);
   ASSERT_TRUE(file->direct());
@@ -209,7 +209,7 @@ TEST(OffloadIoSplit, HeadBodyTailCoverTheRequestAndOnlyTheBodyIsDirect) {
   EXPECT_FALSE(all.back().direct);
 }
 
-TEST(OffloadIoConfig, RejectsBadValuesNamingTheKey) {
+TEST(offload_IoConfig, RejectsBadValuesNamingTheKey) {
   IoConfig c;
   c.block_size = 1000;
   try {
@@ -228,7 +228,7 @@ TEST(OffloadIoConfig, RejectsBadValuesNamingTheKey) {
 namespace zs::offload {
 namespace {
 
-TEST(OffloadIoSplit, WorkersGetContiguousRunsStartingAtTheRequestsFirstWorker) {
+TEST(offload_IoSplit, WorkersGetContiguousRunsStartingAtTheRequestsFirstWorker) {
   testing::ScratchDir dir;
   auto file = IoFile::open(dir.file("rr"), OpenMode::kWrite, false);
   std::vector<char> buf(10 * 4096);
