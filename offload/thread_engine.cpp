@@ -63,7 +63,7 @@ int64_t ThreadEngine::attempt(IoPiece& p) {
   begin_attempt(p);
   const IoFile& f = *p.req->file;
   const int fd = p.direct ? f.direct_fd() : f.buffered_fd();
-  char* buf = p.buf + p.done;
+  char* buf = p.io_buffer();
   const size_t len = static_cast<size_t>(p.attempt_length);
   const off_t off = static_cast<off_t>(p.offset + p.done);
   const ssize_t n = p.req->op == IoOp::kRead ? ::pread(fd, buf, len, off)
@@ -83,8 +83,7 @@ void ThreadEngine::run() {
     }
     while (complete_attempt(piece, attempt(piece)) == AttemptOutcome::kResubmit) {
     }
-    IoRequestPtr req = std::move(piece.req);
-    req->piece_finished();
+    finish_piece(piece);
   }
 }
 

@@ -127,7 +127,7 @@ void UringWorker::prep(IoPiece* p) {
   }
   const IoFile& f = *p->req->file;
   begin_attempt(*p);
-  char* buf = p->buf + p->done;
+  char* buf = p->io_buffer();
   const unsigned len = static_cast<unsigned>(p->attempt_length);
   const uint64_t off = static_cast<uint64_t>(p->offset + p->done);
   const int file_slot = files_ok_ ? fixed_.file_slot(&f, p->direct) : -1;
@@ -175,9 +175,8 @@ void UringWorker::finish(IoPiece* p, int64_t result) {
     retry_.push_back(p);
     return;
   }
-  IoRequestPtr req = std::move(p->req);
+  finish_piece(*p);
   delete p;
-  req->piece_finished();
 }
 
 class UringEngine final : public IoEngine {
