@@ -86,9 +86,10 @@ void clear_io_fault() { set_io_fault(FaultSpec{}); }
 
 int64_t io_faults_injected() { return state().injected.load(); }
 
-int64_t apply_io_fault(int64_t result, int64_t align) {
+FaultAction next_io_fault(int64_t length, int64_t align) {
+  FaultAction action{0, length};
   FaultState& s = state();
-  if (!s.armed.load(std::memory_order_relaxed)) return result;
+  if (!s.armed.load(std::memory_order_relaxed)) return action;
   FaultSpec spec;
   int64_t n = 0;
   {
@@ -97,16 +98,17 @@ int64_t apply_io_fault(int64_t result, int64_t align) {
     n = ++s.attempts;
   }
   const bool hit = spec.every ? (n % spec.nth == 0) : (n == spec.nth);
-  if (!hit) return result;
+  if (!hit) return action;
   if (!spec.short_transfer) {
     ++s.injected;
-    return -spec.err;
+    action.err = spec.err;
+    return action;
   }
-  if (result <= 0) return result;  // nothing transferred: nothing to shorten
-  const int64_t shorter = (result / 2) / align * align;
-  if (shorter <= 0) return result;
+  const int64_t shorter = (length / 2) / align * align;
+  if (shorter <= 0) return action;  // too small to shorten and stay aligned
   ++s.injected;
-  return shorter;
+  action.length = shorter;
+  return action;
 }
 
 }  // namespace zs::offload

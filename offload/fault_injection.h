@@ -28,9 +28,15 @@ void set_io_fault(const FaultSpec& spec);
 void clear_io_fault();
 int64_t io_faults_injected();
 
-// Called by the engines with the real result of an attempt; returns the result to act on:
-// unchanged, -err, or a shorter positive count (a multiple of `align` so that the
-// resubmitted remainder stays valid for O_DIRECT).
-int64_t apply_io_fault(int64_t result, int64_t align);
+// What one attempt should do, decided by the engine right before it submits the attempt.
+struct FaultAction {
+  int err = 0;          // > 0: report this errno instead of the real result
+  int64_t length = 0;   // bytes to actually submit (shorter than asked for "short")
+};
+
+// Counts the attempt and decides its fate. A "short" attempt really moves fewer bytes
+// (a multiple of `align`, so the remainder stays valid for O_DIRECT): the engine must
+// notice the short count and resubmit the rest, exactly as for a short kernel completion.
+FaultAction next_io_fault(int64_t length, int64_t align);
 
 }  // namespace zs::offload

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <sstream>
 
 #include "common/check.h"
@@ -30,7 +31,7 @@ std::string end_of_file_message(const IoPiece& p) {
 }
 
 void append_pieces(std::vector<IoPiece>& out, const IoRequestPtr& req, int64_t begin,
-                   int64_t end, int64_t block_size, bool direct) {
+                   int64_t end, int64_t block_size, bool direct, BouncePool* bounce = nullptr) {
   for (int64_t at = begin; at < end; at += block_size) {
     IoPiece p;
     p.req = req;
@@ -38,14 +39,25 @@ void append_pieces(std::vector<IoPiece>& out, const IoRequestPtr& req, int64_t b
     p.buf = req->buf + at;
     p.length = std::min(block_size, end - at);
     p.direct = direct;
+    p.bounce_pool = bounce;
     out.push_back(std::move(p));
   }
 }
 
 }  // namespace
 
+void begin_attempt(IoPiece& p) {
+  if (p.bounce_pool != nullptr && p.bounce == nullptr) {
+    p.bounce = p.bounce_pool->get();
+    if (p.req->op == IoOp::kWrite) std::memcpy(p.bounce, p.buf, static_cast<size_t>(p.length));
+  }
+  const FaultAction f = next_io_fault(p.length - p.done, p.direct ? kDirectAlign : 1);
+  p.attempt_length = f.length;
+  p.injected_err = f.err;
+}
+
 AttemptOutcome complete_attempt(IoPiece& p, int64_t result) {
-  result = apply_io_fault(result, p.direct ? kDirectAlign : 1);
+  if (p.injected_err != 0) result = -p.injected_err;
   if (result == -EAGAIN || result == -EINTR) return AttemptOutcome::kResubmit;
   const int64_t pos = p.offset + p.done;
   const int64_t left = p.length - p.done;
@@ -64,7 +76,11 @@ AttemptOutcome complete_attempt(IoPiece& p, int64_t result) {
     }
     return AttemptOutcome::kFinished;
   }
-  p.done += std::min(result, left);
+  const int64_t moved = std::min(result, left);
+  if (p.bounce != nullptr && p.req->op == IoOp::kRead) {
+    std::memcpy(p.buf + p.done, p.bounce + p.done, static_cast<size_t>(moved));
+  }
+  p.done += moved;
   if (p.done >= p.length) return AttemptOutcome::kFinished;
   // A short direct transfer can stop at an unaligned place (end of file): the remainder
   // must then go through the buffered descriptor. See Note [Direct alignment].
@@ -74,22 +90,34 @@ AttemptOutcome complete_attempt(IoPiece& p, int64_t result) {
   return AttemptOutcome::kResubmit;
 }
 
+void finish_piece(IoPiece& p) {
+  if (p.bounce != nullptr) {
+    p.bounce_pool->put(p.bounce);
+    p.bounce = nullptr;
+  }
+  IoRequestPtr req = std::move(p.req);
+  req->piece_finished();
+}
+
 std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t block_size,
-                                                int workers, int first_worker) {
+                                                int workers, int first_worker,
+                                                BouncePool* bounce) {
   std::vector<IoPiece> pieces;
   const int64_t len = req->length;
   const auto addr = reinterpret_cast<uintptr_t>(req->buf);
-  // Direct needs buffer and offset to share their misalignment so the body is aligned.
-  const bool can_direct = req->file->direct() &&
+  // Direct from the caller's memory needs buffer and offset to share their misalignment;
+  // otherwise the body bounces (Note [Bounce buffers]) or, without a pool, is buffered.
+  const bool same_misalign =
       static_cast<int64_t>(addr % kDirectAlign) == req->offset % kDirectAlign;
-  if (!can_direct) {
+  BouncePool* body_bounce = same_misalign ? nullptr : bounce;
+  if (!req->file->direct() || (!same_misalign && bounce == nullptr)) {
     append_pieces(pieces, req, 0, len, block_size, false);
   } else {
     const int64_t head = std::min(len, (kDirectAlign - req->offset % kDirectAlign) %
                                            kDirectAlign);
     const int64_t body_end = head + (len - head) / kDirectAlign * kDirectAlign;
     append_pieces(pieces, req, 0, head, block_size, false);
-    append_pieces(pieces, req, head, body_end, block_size, true);
+    append_pieces(pieces, req, head, body_end, block_size, true, body_bounce);
     append_pieces(pieces, req, body_end, len, block_size, false);
   }
   // Contiguous runs per worker (as DeepSpeed's intra_op_parallelism and fio's jobs do):
@@ -108,7 +136,10 @@ std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t
   return per_worker;
 }
 
-IoEngine::IoEngine(const IoConfig& config) : config_(config) { config_.validate(); }
+IoEngine::IoEngine(const IoConfig& config)
+    : config_(config), bounce_(config.block_size) {
+  config_.validate();
+}
 
 IoTicket IoEngine::submit(IoOp op, IoFilePtr file, void* buf, int64_t length, int64_t offset,
                           std::function<void(IoRequest&)> on_success) {
@@ -121,7 +152,7 @@ IoTicket IoEngine::submit(IoOp op, IoFilePtr file, void* buf, int64_t length, in
                                          length, offset);
   req->on_success = std::move(on_success);
   const int first = static_cast<int>(next_worker_.fetch_add(1) % static_cast<uint64_t>(workers()));
-  auto per_worker = split_request(req, config_.block_size, workers(), first);
+  auto per_worker = split_request(req, config_.block_size, workers(), first, &bounce_);
   int64_t count = 0;
   for (const auto& w : per_worker) count += static_cast<int64_t>(w.size());
   track(req);

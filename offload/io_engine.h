@@ -27,7 +27,13 @@ namespace zs::offload {
 //  * 0 on a read: the file ended before the request did, an error (never zeros);
 //  * fewer bytes than asked: the remainder is resubmitted from where it stopped.
 enum class AttemptOutcome { kFinished, kResubmit };
+// Sets up the next attempt of `piece` (its length, and any injected fault); the engines
+// call it right before submitting, and complete_attempt() with the attempt's result.
+void begin_attempt(IoPiece& piece);
 AttemptOutcome complete_attempt(IoPiece& piece, int64_t result);
+// After kFinished: returns the piece's bounce buffer and counts it done on its request
+// (which may complete the request). The piece must not be used afterwards.
+void finish_piece(IoPiece& piece);
 
 class IoEngine {
  public:
@@ -65,12 +71,15 @@ class IoEngine {
 
  protected:
   explicit IoEngine(const IoConfig& config);
-  // Hands pieces to worker `worker` (0 <= worker < config().threads).
+  // Hands pieces to worker `worker` (0 <= worker < config().threads). Derived engines
+  // must finish every piece before their destructor returns (bounce buffers belong to
+  // the base).
   virtual void enqueue(int worker, std::vector<IoPiece>&& pieces) = 0;
 
  private:
   void track(const IoRequestPtr& req);
   IoConfig config_;
+  BouncePool bounce_;
   std::atomic<uint64_t> next_worker_{0};
   std::mutex mu_;
   std::vector<IoRequestPtr> since_wait_all_;
@@ -80,8 +89,12 @@ class IoEngine {
 // are block_size bytes; the pieces are dealt in `workers` contiguous runs, run g going to
 // worker (first_worker + g) % workers. The engine rotates first_worker per request so
 // that requests of one piece spread over the rings too. Exposed for tests.
+// With a `bounce` pool, the body of a request whose buffer is misaligned differently from
+// its offset still goes direct, through bounce buffers (Note [Bounce buffers]); without
+// one, such a request is all buffered.
 std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t block_size,
-                                                int workers, int first_worker = 0);
+                                                int workers, int first_worker = 0,
+                                                BouncePool* bounce = nullptr);
 
 // Builds the engine `config.backend` asks for. kAuto falls back to threads (one warning)
 // when io_uring cannot be set up; an explicit kIoUring that fails throws IoError.

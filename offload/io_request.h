@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "offload/bounce_pool.h"
 #include "offload/io_file.h"
 
 namespace zs::offload {
@@ -67,6 +68,16 @@ struct IoPiece {
   int64_t length = 0;
   int64_t done = 0;
   bool direct = false;  // through the O_DIRECT fd; see Note [Direct alignment]
+  // The attempt in flight (see begin_attempt in io_engine.h): bytes asked for, and an
+  // injected errno that replaces its result (fault_injection.h; 0 normally).
+  int64_t attempt_length = 0;
+  int injected_err = 0;
+  // Set for direct pieces of misaligned buffers: see Note [Bounce buffers].
+  BouncePool* bounce_pool = nullptr;
+  char* bounce = nullptr;  // mirrors buf[0, length) while the piece is in flight
+
+  // Where the next attempt's bytes go to or come from.
+  char* io_buffer() const { return (bounce != nullptr ? bounce : buf) + done; }
 };
 
 // The caller's handle on one request: wait() for exactly this request, done() to poll.

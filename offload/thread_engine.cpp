@@ -50,7 +50,7 @@ class ThreadEngine final : public IoEngine {
 
  private:
   void run();
-  static int64_t attempt(const IoPiece& p);
+  static int64_t attempt(IoPiece& p);
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -59,11 +59,12 @@ class ThreadEngine final : public IoEngine {
   std::vector<std::thread> pool_;
 };
 
-int64_t ThreadEngine::attempt(const IoPiece& p) {
+int64_t ThreadEngine::attempt(IoPiece& p) {
+  begin_attempt(p);
   const IoFile& f = *p.req->file;
   const int fd = p.direct ? f.direct_fd() : f.buffered_fd();
-  char* buf = p.buf + p.done;
-  const size_t len = static_cast<size_t>(p.length - p.done);
+  char* buf = p.io_buffer();
+  const size_t len = static_cast<size_t>(p.attempt_length);
   const off_t off = static_cast<off_t>(p.offset + p.done);
   const ssize_t n = p.req->op == IoOp::kRead ? ::pread(fd, buf, len, off)
                                              : ::pwrite(fd, buf, len, off);
@@ -82,8 +83,7 @@ void ThreadEngine::run() {
     }
     while (complete_attempt(piece, attempt(piece)) == AttemptOutcome::kResubmit) {
     }
-    IoRequestPtr req = std::move(piece.req);
-    req->piece_finished();
+    finish_piece(piece);
   }
 }
 

@@ -126,8 +126,9 @@ void UringWorker::prep(IoPiece* p) {
     sqe = io_uring_get_sqe(&ring_);
   }
   const IoFile& f = *p->req->file;
-  char* buf = p->buf + p->done;
-  const unsigned len = static_cast<unsigned>(p->length - p->done);
+  begin_attempt(*p);
+  char* buf = p->io_buffer();
+  const unsigned len = static_cast<unsigned>(p->attempt_length);
   const uint64_t off = static_cast<uint64_t>(p->offset + p->done);
   const int file_slot = files_ok_ ? fixed_.file_slot(&f, p->direct) : -1;
   const int fd = file_slot >= 0 ? file_slot : (p->direct ? f.direct_fd() : f.buffered_fd());
@@ -174,9 +175,8 @@ void UringWorker::finish(IoPiece* p, int64_t result) {
     retry_.push_back(p);
     return;
   }
-  IoRequestPtr req = std::move(p->req);
+  finish_piece(*p);
   delete p;
-  req->piece_finished();
 }
 
 class UringEngine final : public IoEngine {

@@ -7,8 +7,9 @@ remove failure modes:
 * every completion is checked: ``wait()`` raises ``OSError`` (``IoError``) naming the file,
   offset and errno instead of returning silently short data;
 * reads past the end of a file raise ``ValueError`` at the call, never read zeros;
-* any size and offset work (no ``intra_op_parallelism`` divisibility rule, no padding):
-  unaligned heads and tails go through a buffered descriptor;
+* any size, offset and buffer alignment work (no ``intra_op_parallelism`` divisibility
+  rule, no padding): unaligned heads and tails go through a buffered descriptor, buffers
+  that are not 4 KiB aligned bounce through reused aligned staging buffers;
 * ``wait()`` releases the GIL, and worker threads never hold Python objects;
 * the backend is io_uring, or a pread/pwrite thread pool where io_uring is unavailable
   (ds_config ``aio.backend``: ``auto|io_uring|threads``, a zerostream extension key).

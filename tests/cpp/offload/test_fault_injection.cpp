@@ -16,7 +16,7 @@ namespace {
 using testing::AlignedBytes;
 using testing::ScratchDir;
 
-class OffloadFault : public ::testing::TestWithParam<IoBackend> {
+class offload_Fault : public ::testing::TestWithParam<IoBackend> {
  protected:
   void TearDown() override { clear_io_fault(); }
   // One worker and depth one keep the attempt order deterministic.
@@ -26,7 +26,7 @@ class OffloadFault : public ::testing::TestWithParam<IoBackend> {
   ScratchDir dir_;
 };
 
-TEST_P(OffloadFault, InjectedErrnoOnAnyAttemptFailsTheRequestWithPathAndOffset) {
+TEST_P(offload_Fault, InjectedErrnoOnAnyAttemptFailsTheRequestWithPathAndOffset) {
   auto e = engine();
   const int64_t n = 8 * (64 << 10);  // 8 pieces
   AlignedBytes src(n);
@@ -62,7 +62,7 @@ TEST_P(OffloadFault, InjectedErrnoOnAnyAttemptFailsTheRequestWithPathAndOffset) 
   }
 }
 
-TEST_P(OffloadFault, ReadErrorsSurfaceToo) {
+TEST_P(offload_Fault, ReadErrorsSurfaceToo) {
   auto e = engine();
   auto src = testing::random_bytes(200000, 4);
   testing::posix_write(dir_.file("r"), 0, src.data(), src.size());
@@ -73,7 +73,7 @@ TEST_P(OffloadFault, ReadErrorsSurfaceToo) {
   EXPECT_EQ(io_faults_injected(), 1);
 }
 
-TEST_P(OffloadFault, WaitAllRaisesAFailureNobodyWaitedFor) {
+TEST_P(offload_Fault, WaitAllRaisesAFailureNobodyWaitedFor) {
   auto e = engine();
   auto src = testing::random_bytes(100000, 5);
   set_io_fault(parse_fault_spec("1:EIO"));
@@ -81,7 +81,7 @@ TEST_P(OffloadFault, WaitAllRaisesAFailureNobodyWaitedFor) {
   EXPECT_THROW(e->wait_all(), IoError);
 }
 
-TEST_P(OffloadFault, ShortCompletionsAreCompletedWithTheRightBytes) {
+TEST_P(offload_Fault, ShortCompletionsAreCompletedWithTheRightBytes) {
   auto e = engine();
   for (const char* spec : {"1:short", "3:short", "2:short:every"}) {
     SCOPED_TRACE(spec);
@@ -99,7 +99,7 @@ TEST_P(OffloadFault, ShortCompletionsAreCompletedWithTheRightBytes) {
   }
 }
 
-TEST_P(OffloadFault, EagainIsRetriedTransparently) {
+TEST_P(offload_Fault, EagainIsRetriedTransparently) {
   auto e = engine();
   set_io_fault(parse_fault_spec("2:EAGAIN"));
   auto src = testing::random_bytes(300000, 8);
@@ -108,11 +108,11 @@ TEST_P(OffloadFault, EagainIsRetriedTransparently) {
   EXPECT_EQ(io_faults_injected(), 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OffloadFault,
+INSTANTIATE_TEST_SUITE_P(Backends, offload_Fault,
                          ::testing::Values(IoBackend::kIoUring, IoBackend::kThreads),
                          testing::backend_param_name);
 
-TEST(OffloadFaultSpec, AcceptsTheDocumentedFormsAndRejectsOthers) {
+TEST(offload_FaultSpec, AcceptsTheDocumentedFormsAndRejectsOthers) {
   EXPECT_EQ(parse_fault_spec("3:EIO").err, EIO);
   EXPECT_EQ(parse_fault_spec("3:EIO").nth, 3);
   EXPECT_EQ(parse_fault_spec("7:28").err, 28);

@@ -19,7 +19,7 @@ IoConfig fixed_config(IoBackend backend) {
   return c;
 }
 
-TEST(OffloadFixedResources, RegisteredBuffersAndFilesRoundTrip) {
+TEST(offload_FixedResources, RegisteredBuffersAndFilesRoundTrip) {
   ScratchDir dir;
   auto e = make_io_engine(fixed_config(IoBackend::kIoUring));
   const size_t n = (3 << 20) + 4096 + 77;  // direct body, buffered tail, both fixed-buffer
@@ -47,7 +47,7 @@ TEST(OffloadFixedResources, RegisteredBuffersAndFilesRoundTrip) {
   }
 }
 
-TEST(OffloadFixedResources, SwapStoreWithRegisteredFiles) {
+TEST(offload_FixedResources, SwapStoreWithRegisteredFiles) {
   ScratchDir dir;
   auto e = make_io_engine(fixed_config(IoBackend::kIoUring));
   SwapStoreConfig c;
@@ -65,7 +65,7 @@ TEST(OffloadFixedResources, SwapStoreWithRegisteredFiles) {
   again.write(2, data.data(), static_cast<int64_t>(data.size())).wait();
 }
 
-TEST(OffloadFixedResources, ThreadBackendAndDisabledConfigDecline) {
+TEST(offload_FixedResources, ThreadBackendAndDisabledConfigDecline) {
   AlignedBytes buf(4096);
   EXPECT_FALSE(make_io_engine(fixed_config(IoBackend::kThreads))->register_buffer(buf.data(), 4096));
   auto plain = make_io_engine(testing::test_config(IoBackend::kIoUring));

@@ -24,7 +24,7 @@ HostArenaOptions budget(int64_t bytes) {
   return o;
 }
 
-TEST(OffloadHostArena, BuffersArePageAlignedExactSizedAndCounted) {
+TEST(offload_HostArena, BuffersArePageAlignedExactSizedAndCounted) {
   HostArena arena(budget(64 << 20));
   auto a = arena.allocate(1);
   auto b = arena.allocate((3 << 20) + 5);
@@ -43,7 +43,7 @@ TEST(OffloadHostArena, BuffersArePageAlignedExactSizedAndCounted) {
   EXPECT_EQ(s.peak, 4096 + (3 << 20) + 4096);
 }
 
-TEST(OffloadHostArena, OverBudgetRequestWaitsForARelease) {
+TEST(offload_HostArena, OverBudgetRequestWaitsForARelease) {
   HostArena arena(budget(1 << 20));
   auto held = arena.allocate(768 << 10);
   EXPECT_EQ(arena.try_allocate(512 << 10), nullptr);
@@ -62,7 +62,7 @@ TEST(OffloadHostArena, OverBudgetRequestWaitsForARelease) {
   EXPECT_EQ(arena.stats().in_use, 0);
 }
 
-TEST(OffloadHostArena, TimeoutNamesTheBudgetAndTheRequest) {
+TEST(offload_HostArena, TimeoutNamesTheBudgetAndTheRequest) {
   HostArena arena(budget(1 << 20));
   auto held = arena.allocate(1 << 20);
   try {
@@ -76,7 +76,7 @@ TEST(OffloadHostArena, TimeoutNamesTheBudgetAndTheRequest) {
   EXPECT_THROW(arena.allocate((1 << 20) + 1), ValueError);  // can never fit
 }
 
-TEST(OffloadHostArena, BuffersOutliveTheArenaObject) {
+TEST(offload_HostArena, BuffersOutliveTheArenaObject) {
   HostBufferPtr keep;
   {
     HostArena arena(budget(1 << 20));
@@ -108,7 +108,7 @@ TEST(OffloadHostArena, BuffersOutliveTheArenaObject) {
   std::exit(ok ? 0 : 1);
 }
 
-TEST(OffloadHostArenaDeathTest, LowMemlockLimitDegradesToUnlockedMemoryWithOneWarning) {
+TEST(offload_HostArenaDeathTest, LowMemlockLimitDegradesToUnlockedMemoryWithOneWarning) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer replaces mlock with a no-op that always succeeds";
 #endif

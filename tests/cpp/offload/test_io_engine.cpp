@@ -19,7 +19,7 @@ namespace {
 using testing::AlignedBytes;
 using testing::ScratchDir;
 
-class OffloadIoEngine : public ::testing::TestWithParam<IoBackend> {
+class offload_IoEngine : public ::testing::TestWithParam<IoBackend> {
  protected:
   std::unique_ptr<IoEngine> engine(int64_t block = 64 << 10, int depth = 8, int threads = 2) {
     return make_io_engine(testing::test_config(GetParam(), block, depth, threads));
@@ -27,14 +27,14 @@ class OffloadIoEngine : public ::testing::TestWithParam<IoBackend> {
   ScratchDir dir_;
 };
 
-TEST_P(OffloadIoEngine, PicksTheRequestedBackend) {
+TEST_P(offload_IoEngine, PicksTheRequestedBackend) {
   auto e = engine();
   EXPECT_STREQ(e->backend_name(), io_backend_name(GetParam()));
 }
 
 // Sizes from 1 byte to 64 MiB + change, at aligned and unaligned file offsets and buffer
 // addresses; the engine writes, the reference reads, and vice versa.
-TEST_P(OffloadIoEngine, RoundTripsRandomBytesAtManySizesAndOffsets) {
+TEST_P(offload_IoEngine, RoundTripsRandomBytesAtManySizesAndOffsets) {
   auto e = engine(1 << 20, 16, 2);
   const int64_t sizes[] = {1, 511, 4095, 4096, 4097, 65536 + 3, (1 << 20) + 511,
                            (5 << 20) + 17, (64 << 20) + 4096 + 3};
@@ -62,7 +62,7 @@ TEST_P(OffloadIoEngine, RoundTripsRandomBytesAtManySizesAndOffsets) {
   }
 }
 
-TEST_P(OffloadIoEngine, ManyInterleavedRequestsOnOneEngineFromSeveralThreads) {
+TEST_P(offload_IoEngine, ManyInterleavedRequestsOnOneEngineFromSeveralThreads) {
   auto e = engine(16 << 10, 4, 3);
   constexpr int kThreads = 4;
   constexpr int kRequests = 24;
@@ -96,7 +96,7 @@ TEST_P(OffloadIoEngine, ManyInterleavedRequestsOnOneEngineFromSeveralThreads) {
   e->wait_all();
 }
 
-TEST_P(OffloadIoEngine, WaitWaitsForOneRequestAndWaitAllCountsThem) {
+TEST_P(offload_IoEngine, WaitWaitsForOneRequestAndWaitAllCountsThem) {
   auto e = engine();
   auto a = testing::random_bytes(300000, 5);
   auto b = testing::random_bytes(70000, 6);
@@ -110,7 +110,7 @@ TEST_P(OffloadIoEngine, WaitWaitsForOneRequestAndWaitAllCountsThem) {
   EXPECT_EQ(e->wait_all(), 0);
 }
 
-TEST_P(OffloadIoEngine, ReadingPastEndOfFileIsAnErrorNamingThePath) {
+TEST_P(offload_IoEngine, ReadingPastEndOfFileIsAnErrorNamingThePath) {
   auto e = engine();
   auto data = testing::random_bytes(10000, 7);
   testing::posix_write(dir_.file("short"), 0, data.data(), data.size());
@@ -128,14 +128,14 @@ TEST_P(OffloadIoEngine, ReadingPastEndOfFileIsAnErrorNamingThePath) {
   EXPECT_THROW(e->read(dir_.file("missing"), dst.data(), 1, 0), IoError);
 }
 
-TEST_P(OffloadIoEngine, ZeroByteRequestsCompleteAtOnce) {
+TEST_P(offload_IoEngine, ZeroByteRequestsCompleteAtOnce) {
   auto e = engine();
   IoTicket t = e->write(dir_.file("z"), nullptr, 0, 0);
   t.wait();
   EXPECT_TRUE(t.done());
 }
 
-TEST_P(OffloadIoEngine, SequentialModeAndSingleSubmitAlsoRoundTrip) {
+TEST_P(offload_IoEngine, SequentialModeAndSingleSubmitAlsoRoundTrip) {
   IoConfig c = testing::test_config(GetParam(), 8 << 10, 4, 2);
   c.overlap_events = false;
   c.single_submit = true;
@@ -150,7 +150,7 @@ TEST_P(OffloadIoEngine, SequentialModeAndSingleSubmitAlsoRoundTrip) {
 // A filesystem that refuses O_DIRECT (open fails with EINVAL). TESTING.md names tmpfs,
 // but tmpfs accepts O_DIRECT since Linux 6.6; ramfs still refuses it. The engine must say
 // so once and still move the right bytes through the page cache.
-TEST_P(OffloadIoEngine, FilesystemRefusingODirectFallsBackToBufferedWithAWarning) {
+TEST_P(offload_IoEngine, FilesystemRefusingODirectFallsBackToBufferedWithAWarning) {
   ScratchDir mnt;
   if (::mount("ramfs", mnt.path().c_str(), "ramfs", 0, nullptr) != 0) {
     GTEST_SKIP() << "cannot mount ramfs here (" << std::strerror(errno)
@@ -177,11 +177,11 @@ TEST_P(OffloadIoEngine, FilesystemRefusingODirectFallsBackToBufferedWithAWarning
   EXPECT_FALSE(e->open(mnt.file("f"), OpenMode::kRead)->direct());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OffloadIoEngine,
+INSTANTIATE_TEST_SUITE_P(Backends, offload_IoEngine,
                          ::testing::Values(IoBackend::kIoUring, IoBackend::kThreads),
                          testing::backend_param_name);
 
-TEST(OffloadIoSplit, HeadBodyTailCoverTheRequestAndOnlyTheBodyIsDirect) {
+TEST(offload_IoSplit, HeadBodyTailCoverTheRequestAndOnlyTheBodyIsDirect) {
   ScratchDir dir;
   auto file = IoFile::open(dir.file("s"), OpenMode::kWrite, true);
   ASSERT_TRUE(file->direct());
@@ -209,7 +209,7 @@ TEST(OffloadIoSplit, HeadBodyTailCoverTheRequestAndOnlyTheBodyIsDirect) {
   EXPECT_FALSE(all.back().direct);
 }
 
-TEST(OffloadIoConfig, RejectsBadValuesNamingTheKey) {
+TEST(offload_IoConfig, RejectsBadValuesNamingTheKey) {
   IoConfig c;
   c.block_size = 1000;
   try {
@@ -228,7 +228,7 @@ TEST(OffloadIoConfig, RejectsBadValuesNamingTheKey) {
 namespace zs::offload {
 namespace {
 
-TEST(OffloadIoSplit, WorkersGetContiguousRunsStartingAtTheRequestsFirstWorker) {
+TEST(offload_IoSplit, WorkersGetContiguousRunsStartingAtTheRequestsFirstWorker) {
   testing::ScratchDir dir;
   auto file = IoFile::open(dir.file("rr"), OpenMode::kWrite, false);
   std::vector<char> buf(10 * 4096);
@@ -246,6 +246,99 @@ TEST(OffloadIoSplit, WorkersGetContiguousRunsStartingAtTheRequestsFirstWorker) {
   // A one-piece request lands on its first worker.
   auto one = std::make_shared<IoRequest>(IoOp::kWrite, file, buf.data(), 100, 0);
   EXPECT_EQ(split_request(one, 4096, 3, 1)[1].size(), 1u);
+}
+
+}  // namespace
+}  // namespace zs::offload
+
+namespace zs::offload {
+namespace {
+
+// Several independent engines (handles), both backends, each driven by its own thread,
+// interleaving writes and reads on disjoint ranges of one shared file.
+TEST(offload_IoEngineHandles, ManyHandlesInterleaveOnOneFile) {
+  testing::ScratchDir dir;
+  const std::string path = dir.file("shared");
+  constexpr int kHandles = 6;
+  constexpr int64_t kSlice = (1 << 20) + 4096;  // per handle, aligned
+  std::vector<std::unique_ptr<IoEngine>> engines;
+  for (int h = 0; h < kHandles; ++h) {
+    engines.push_back(make_io_engine(testing::test_config(
+        h % 2 ? IoBackend::kThreads : IoBackend::kIoUring, 32 << 10, 4, 1 + h % 3)));
+  }
+  std::vector<std::string> failures(kHandles);
+  std::vector<std::thread> threads;
+  for (int h = 0; h < kHandles; ++h) {
+    threads.emplace_back([&, h] {
+      IoEngine& e = *engines[h];
+      const int64_t base = h * kSlice;
+      for (int round = 0; round < 3; ++round) {
+        AlignedBytes src(kSlice), dst(kSlice);
+        testing::fill_random(src.data(), kSlice, 100 * h + round);
+        IoTicket w1 = e.write(path, src.data(), kSlice / 2, base);
+        IoTicket w2 = e.write(path, src.data() + kSlice / 2, kSlice / 2, base + kSlice / 2);
+        w1.wait();
+        IoTicket r1 = e.read(path, dst.data(), kSlice / 2, base);  // while w2 may run
+        w2.wait();
+        IoTicket r2 = e.read(path, dst.data() + kSlice / 2, kSlice / 2, base + kSlice / 2);
+        r1.wait();
+        r2.wait();
+        if (std::memcmp(src.data(), dst.data(), kSlice) != 0) {
+          failures[h] += "round " + std::to_string(round) + " differs; ";
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int h = 0; h < kHandles; ++h) EXPECT_EQ(failures[h], "") << "handle " << h;
+}
+
+}  // namespace
+}  // namespace zs::offload
+
+namespace zs::offload {
+namespace {
+
+// A buffer misaligned differently from its offset (torch's 64 B alignment) still sends
+// its body with O_DIRECT, through bounce buffers; without a pool it is all buffered.
+TEST(offload_IoSplit, MisalignedBufferBodyBouncesOnlyWithAPool) {
+  testing::ScratchDir dir;
+  auto file = IoFile::open(dir.file("b"), OpenMode::kWrite, true);
+  ASSERT_TRUE(file->direct());
+  AlignedBytes buf(100000, 64);
+  auto req = std::make_shared<IoRequest>(IoOp::kWrite, file,
+                                         reinterpret_cast<char*>(buf.data()), 90000, 4096);
+  BouncePool pool(16384);
+  auto with_pool = split_request(req, 16384, 1, 0, &pool)[0];
+  int bounced = 0;
+  for (const auto& p : with_pool) {
+    if (p.direct) {
+      EXPECT_EQ(p.bounce_pool, &pool);
+      EXPECT_EQ(p.offset % kDirectAlign, 0);
+      EXPECT_EQ(p.length % kDirectAlign, 0);
+      ++bounced;
+    }
+  }
+  EXPECT_EQ(bounced, 6);  // 90000 = 5 x 16384 + 8080: bodies of 16384 x5 and 4096, tail 3984
+  const auto without_pool = split_request(req, 16384, 1, 0, nullptr);
+  for (const auto& p : without_pool[0]) EXPECT_FALSE(p.direct);
+}
+
+TEST(offload_IoEngineBounce, MisalignedBuffersRoundTripAndReuseBounceBuffers) {
+  testing::ScratchDir dir;
+  for (IoBackend b : {IoBackend::kIoUring, IoBackend::kThreads}) {
+    auto e = make_io_engine(testing::test_config(b, 64 << 10, 4, 2));
+    for (int round = 0; round < 4; ++round) {
+      const size_t n = (3 << 20) + 123;
+      AlignedBytes src(n, 64), dst(n, 16);
+      testing::fill_random(src.data(), n, 40 + round);
+      const std::string path = dir.file("m" + std::to_string(round));
+      e->write(path, src.data(), static_cast<int64_t>(n), 8192).wait();
+      EXPECT_EQ(0, std::memcmp(testing::posix_read(path, 8192, n).data(), src.data(), n));
+      e->read(path, dst.data(), static_cast<int64_t>(n), 8192).wait();
+      EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), n));
+    }
+  }
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ namespace {
 using testing::AlignedBytes;
 using testing::ScratchDir;
 
-class OffloadSwapStore : public ::testing::TestWithParam<IoBackend> {
+class offload_SwapStore : public ::testing::TestWithParam<IoBackend> {
  protected:
   SwapStoreConfig config(bool checksums = false) {
     SwapStoreConfig c;
@@ -35,7 +35,7 @@ class OffloadSwapStore : public ::testing::TestWithParam<IoBackend> {
       make_io_engine(testing::test_config(GetParam(), 64 << 10, 8, 2));
 };
 
-TEST_P(OffloadSwapStore, RoundTripsManyTensorsAndReusesFreedExtents) {
+TEST_P(offload_SwapStore, RoundTripsManyTensorsAndReusesFreedExtents) {
   SwapStore store(config(), *engine_);
   EXPECT_EQ(store.directory(), dir_.path() + "/zerostream/rank3/optimizer");
   std::map<uint64_t, std::vector<unsigned char>> ref;
@@ -67,7 +67,7 @@ TEST_P(OffloadSwapStore, RoundTripsManyTensorsAndReusesFreedExtents) {
   EXPECT_EQ(store.stats().tensors, static_cast<int64_t>(ref.size()));
 }
 
-TEST_P(OffloadSwapStore, RewritingWithANewSizeMovesTheTensor) {
+TEST_P(offload_SwapStore, RewritingWithANewSizeMovesTheTensor) {
   SwapStore store(config(), *engine_);
   auto a = testing::random_bytes(10000, 1);
   auto b = testing::random_bytes(90000, 2);
@@ -80,7 +80,7 @@ TEST_P(OffloadSwapStore, RewritingWithANewSizeMovesTheTensor) {
   EXPECT_THROW(store.read(8, got.data(), 10), ValueError);
 }
 
-TEST_P(OffloadSwapStore, ChecksumsCatchBytesChangedOnDisk) {
+TEST_P(offload_SwapStore, ChecksumsCatchBytesChangedOnDisk) {
   SwapStore store(config(true), *engine_);
   auto a = testing::random_bytes(123457, 3);
   store.write(1, a.data(), static_cast<int64_t>(a.size())).wait();
@@ -100,13 +100,13 @@ TEST_P(OffloadSwapStore, ChecksumsCatchBytesChangedOnDisk) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OffloadSwapStore,
+INSTANTIATE_TEST_SUITE_P(Backends, offload_SwapStore,
                          ::testing::Values(IoBackend::kIoUring, IoBackend::kThreads),
                          testing::backend_param_name);
 
 // Random allocate/free against a byte-level occupancy reference: extents never overlap,
 // stay aligned, and freed space is found again.
-TEST(OffloadExtentAllocator, NeverOverlapsAndCoalescesFreedRanges) {
+TEST(offload_ExtentAllocator, NeverOverlapsAndCoalescesFreedRanges) {
   ExtentAllocator alloc(3, 4096);
   std::vector<Extent> live;
   std::mt19937_64 rng(7);
@@ -146,7 +146,7 @@ TEST(OffloadExtentAllocator, NeverOverlapsAndCoalescesFreedRanges) {
   EXPECT_EQ(alloc.free_ranges(), 3);  // everything merged back: one range per file
 }
 
-TEST(OffloadCrc32c, MatchesTheStandardCheckValueOnBothPaths) {
+TEST(offload_Crc32c, MatchesTheStandardCheckValueOnBothPaths) {
   const char* s = "123456789";
   EXPECT_EQ(crc32c(s, 9), 0xE3069283u);
   EXPECT_EQ(crc32c_portable(s, 9), 0xE3069283u);
