@@ -53,32 +53,6 @@ py::dict resolution_dict(const config::Resolution& r) {
   return d;
 }
 
-config::RunContext run_context(std::optional<int64_t> world_size, bool require_batch, std::optional<int64_t> train_batch_size,
-                               std::optional<int64_t> micro_batch_size,
-                               std::optional<int64_t> gradient_accumulation_steps,
-                               std::optional<int64_t> hidden_size,
-                               std::optional<std::string> model_dtype, std::optional<double> lr,
-                               std::optional<int64_t> total_num_steps) {
-  config::RunContext c;
-  c.world_size = world_size;
-  c.require_batch = require_batch;
-  c.train_batch_size = train_batch_size;
-  c.micro_batch_size = micro_batch_size;
-  c.gradient_accumulation_steps = gradient_accumulation_steps;
-  c.hidden_size = hidden_size;
-  c.model_dtype = std::move(model_dtype);
-  c.lr = lr;
-  c.total_num_steps = total_num_steps;
-  return c;
-}
-
-#define ZS_RUN_CONTEXT_ARGS                                                              \
-  py::arg("world_size") = py::none(), py::arg("require_batch") = false, py::arg("train_batch_size") = py::none(),                   \
-  py::arg("micro_batch_size") = py::none(),                                              \
-  py::arg("gradient_accumulation_steps") = py::none(), py::arg("hidden_size") = py::none(), \
-  py::arg("model_dtype") = py::none(), py::arg("lr") = py::none(),                       \
-  py::arg("total_num_steps") = py::none()
-
 }  // namespace
 
 void init_config_bindings(py::module_& m) {
@@ -90,15 +64,23 @@ void init_config_bindings(py::module_& m) {
       .def_property_readonly("data_parallel_size",
                              [](const config::DsConfig& c) { return c.batch.data_parallel_size; });
 
+  py::class_<config::RunContext>(m, "RunContext",
+                                 "What the run knows: resolves \"auto\" and the batch rule.")
+      .def(py::init<>())
+      .def_readwrite("world_size", &config::RunContext::world_size)
+      .def_readwrite("require_batch", &config::RunContext::require_batch)
+      .def_readwrite("train_batch_size", &config::RunContext::train_batch_size)
+      .def_readwrite("micro_batch_size", &config::RunContext::micro_batch_size)
+      .def_readwrite("gradient_accumulation_steps",
+                     &config::RunContext::gradient_accumulation_steps)
+      .def_readwrite("hidden_size", &config::RunContext::hidden_size)
+      .def_readwrite("model_dtype", &config::RunContext::model_dtype)
+      .def_readwrite("lr", &config::RunContext::lr)
+      .def_readwrite("total_num_steps", &config::RunContext::total_num_steps);
+
   m.def(
       "check_config",
-      [](const std::string& text, const std::string& source, std::optional<int64_t> world_size,
-         bool require_batch,
-         std::optional<int64_t> tb, std::optional<int64_t> mb, std::optional<int64_t> gas,
-         std::optional<int64_t> hidden, std::optional<std::string> dtype,
-         std::optional<double> lr, std::optional<int64_t> steps) {
-        const config::RunContext ctx =
-            run_context(world_size, require_batch, tb, mb, gas, hidden, std::move(dtype), lr, steps);
+      [](const std::string& text, const std::string& source, const config::RunContext& ctx) {
         config::Resolution r;
         {
           py::gil_scoped_release release;
@@ -107,22 +89,16 @@ void init_config_bindings(py::module_& m) {
         return resolution_dict(r);
       },
       "Validates and resolves config text; never raises for a bad config (see 'errors').",
-      py::arg("text"), py::arg("source"), ZS_RUN_CONTEXT_ARGS);
+      py::arg("text"), py::arg("source"), py::arg("context") = config::RunContext());
 
   m.def(
       "load_config",
-      [](const std::string& text, const std::string& source, std::optional<int64_t> world_size,
-         bool require_batch,
-         std::optional<int64_t> tb, std::optional<int64_t> mb, std::optional<int64_t> gas,
-         std::optional<int64_t> hidden, std::optional<std::string> dtype,
-         std::optional<double> lr, std::optional<int64_t> steps) {
-        const config::RunContext ctx =
-            run_context(world_size, require_batch, tb, mb, gas, hidden, std::move(dtype), lr, steps);
+      [](const std::string& text, const std::string& source, const config::RunContext& ctx) {
         py::gil_scoped_release release;
         return config::load_config(text, source, ctx);
       },
       "Validates and resolves config text; raises ValueError listing every error.",
-      py::arg("text"), py::arg("source"), ZS_RUN_CONTEXT_ARGS);
+      py::arg("text"), py::arg("source"), py::arg("context") = config::RunContext());
 
   m.def(
       "read_json_text",

@@ -5,29 +5,14 @@
 #include <cctype>
 
 #include "config/resolve.h"
+#include "config/text_util.h"
 
 namespace zs::config {
 namespace {
 
-std::vector<std::string> split(const std::string& path) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = path.find('.', start);
-    parts.push_back(path.substr(start, dot - start));
-    if (dot == std::string::npos) return parts;
-    start = dot + 1;
-  }
-}
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
 // The schema entry for a dotted path, following the optimizer/scheduler type.
 const Key* key_spec(const Resolution& r, const std::string& path) {
-  const std::vector<std::string> parts = split(path);
+  const std::vector<std::string> parts = split_path(path);
   const Section* section = &root_schema();
   for (size_t i = 0; i < parts.size(); ++i) {
     if (i == 2 && parts[1] == "params") {

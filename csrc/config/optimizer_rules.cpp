@@ -5,14 +5,10 @@
 #include <cctype>
 
 #include "config/resolve.h"
+#include "config/text_util.h"
 
 namespace zs::config {
 namespace {
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
 
 bool contains(const std::vector<std::string>& names, const std::string& n) {
   return std::find(names.begin(), names.end(), n) != names.end();

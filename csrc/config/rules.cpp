@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "config/resolve.h"
+#include "config/text_util.h"
 
 namespace zs::config {
 namespace {
@@ -150,8 +151,7 @@ void feature_rules(Resolution& r, int64_t stage) {
     r.errors.push_back("amp.enabled: Apex AMP and ZeRO are not compatible (stage " +
                        std::to_string(stage) + "); use fp16 or bf16 instead");
   const std::string type = str(r, "optimizer.type");
-  std::string low = type;
-  std::transform(low.begin(), low.end(), low.begin(), ::tolower);
+  const std::string low = lower(type);
   if ((low == "onebitadam" || low == "zerooneadam" || low == "onebitlamb") && stage > 0)
     r.errors.push_back("optimizer.type: \"" + type + "\" is not compatible with ZeRO (stage " +
                        std::to_string(stage) + ")");

@@ -1,4 +1,5 @@
 #include "config/schema.h"
+#include "config/text_util.h"
 
 #include <algorithm>
 #include <cctype>
@@ -293,11 +294,6 @@ void collect_paths(const Section& s, const std::string& prefix, std::vector<std:
     for (const std::string& a : k.aliases) out.push_back(prefix.empty() ? a : prefix + "." + a);
     if (k.kind == Kind::kSection) collect_paths(*k.section, path, out);
   }
-}
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {

@@ -4,6 +4,7 @@
 
 #include "common/check.h"
 #include "config/resolve.h"
+#include "config/text_util.h"
 
 namespace zs::config {
 
@@ -24,17 +25,6 @@ std::string dotted(const std::string& prefix, const std::string& key) {
 }
 
 namespace {
-
-std::vector<std::string> split(const std::string& path) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = path.find('.', start);
-    parts.push_back(path.substr(start, dot - start));
-    if (dot == std::string::npos) return parts;
-    start = dot + 1;
-  }
-}
 
 const Json kNull;
 
@@ -294,7 +284,7 @@ class Walker {
 
 const Json& Resolution::at(const std::string& path) const {
   const Json* node = &tree;
-  for (const std::string& part : split(path)) {
+  for (const std::string& part : split_path(path)) {
     if (!node->is_object()) return kNull;
     auto it = node->find(part);
     if (it == node->end()) return kNull;
@@ -305,7 +295,7 @@ const Json& Resolution::at(const std::string& path) const {
 
 void Resolution::set(const std::string& path, Json value, Origin origin) {
   Json* node = &tree;
-  for (const std::string& part : split(path)) {
+  for (const std::string& part : split_path(path)) {
     if (!node->is_object()) *node = Json::object();
     node = &(*node)[part];
   }

@@ -50,13 +50,13 @@ def config_text(config: Any) -> Tuple[str, str]:
         f"base64 string; got {type(config).__name__}")
 
 
-def _context(world_size, train_batch_size, micro_batch_size, gradient_accumulation_steps,
-             hidden_size, model_dtype, lr, total_num_steps):
-    return dict(world_size=world_size, train_batch_size=train_batch_size,
-                micro_batch_size=micro_batch_size,
-                gradient_accumulation_steps=gradient_accumulation_steps,
-                hidden_size=hidden_size, model_dtype=model_dtype, lr=lr,
-                total_num_steps=total_num_steps)
+def _context(require_batch, **known) -> "_C.RunContext":
+    """What the run knows (None: unknown), for "auto" and the batch rule."""
+    ctx = _C.RunContext()
+    ctx.require_batch = require_batch
+    for name, value in known.items():
+        setattr(ctx, name, value)
+    return ctx
 
 
 def check(config: Any, *, world_size: Optional[int] = None, require_batch: bool = False,
@@ -72,10 +72,10 @@ def check(config: Any, *, world_size: Optional[int] = None, require_batch: bool 
     except ValueError as exc:
         return {"ok": False, "errors": [str(exc)], "warnings": [], "notes": [], "tree": {},
                 "resolved": {}}
-    return _C.check_config(text, os.path.basename(source), require_batch=require_batch,
-                           **_context(world_size, train_batch_size, micro_batch_size,
-                                      gradient_accumulation_steps, hidden_size, model_dtype,
-                                      lr, total_num_steps))
+    return _C.check_config(text, os.path.basename(source), _context(
+        require_batch, world_size=world_size, train_batch_size=train_batch_size,
+        micro_batch_size=micro_batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
+        hidden_size=hidden_size, model_dtype=model_dtype, lr=lr, total_num_steps=total_num_steps))
 
 
 # --- the typed tree -----------------------------------------------------------------------------
@@ -392,10 +392,10 @@ def load(config: Any, *, world_size: Optional[int] = None, require_batch: bool =
          log: bool = True) -> DeepSpeedConfig:
     """Loads, validates and resolves a ds_config. Raises ValueError listing every error."""
     text, source = config_text(config)
-    native = _C.load_config(text, os.path.basename(source), require_batch=require_batch,
-                            **_context(world_size, train_batch_size, micro_batch_size,
-                                       gradient_accumulation_steps, hidden_size, model_dtype,
-                                       lr, total_num_steps))
+    native = _C.load_config(text, os.path.basename(source), _context(
+        require_batch, world_size=world_size, train_batch_size=train_batch_size,
+        micro_batch_size=micro_batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
+        hidden_size=hidden_size, model_dtype=model_dtype, lr=lr, total_num_steps=total_num_steps))
     res = native.resolution
     tree = dict(res["tree"])
     tree.pop("bfloat16", None)
