@@ -45,9 +45,14 @@ void run_tail(const typename Rule::template K<V>& k, const StepBuffers& b, int64
   if (C != Copy::kNone) std::memcpy(static_cast<uint16_t*>(b.param_copy) + i, cp, n * 2);
 }
 
+// The hot loops work on local copies of the constants and the buffer pointers: stores
+// through float* may alias anything reached through a reference, which made the compiler
+// reload every pointer and flag after every store.
 template <class V, class Rule, DType G, Copy C, bool kNt>
-void run_full(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
+void run_full(const typename Rule::template K<V>& k_in, const StepBuffers& b_in, int64_t begin,
               int64_t end) {
+  const auto k = k_in;
+  const StepBuffers b = b_in;
   for (int64_t i = begin; i < end; i += V::kWidth) Rule::template apply<V, G, C, kNt>(k, b, i);
 }
 
@@ -102,9 +107,11 @@ void run_stream_copy(const typename Rule::template K<V>& k, const StepBuffers& b
   run_plain<V, Rule, G, C>(k, b, i, i + head);
   i += head;
   if constexpr (V::kStreamsCopyLines && C != Copy::kNone) {
+    const auto kl = k;  // locals, as in run_full
+    const StepBuffers bl = b;
     for (; i + 2 * W <= end; i += 2 * W) {
-      const auto lo = Rule::template apply<V, G, Copy::kNone, false>(k, b, i);
-      const auto hi = Rule::template apply<V, G, Copy::kNone, false>(k, b, i + W);
+      const auto lo = Rule::template apply<V, G, Copy::kNone, false>(kl, bl, i);
+      const auto hi = Rule::template apply<V, G, Copy::kNone, false>(kl, bl, i + W);
       V::template stream_copy_line<C == Copy::kF16>(copy + i, lo, hi);
     }
     V::sfence();
