@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="threads for every peer (0: OpenMP/torch default)")
     parser.add_argument("--nontemporal", choices=["auto", "on", "off", "copy"], default="auto",
                         help="streaming stores in the zerostream kernel: on (params and "
-                             "states), copy (16-bit copy only), off; auto: the default")
+                             "states), copy (16-bit copy only, whole lines), off; auto = copy")
     parser.add_argument("--repeats", type=int, default=5, help="rounds (median is reported)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch peers")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -274,7 +274,9 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="zerostream bench optim", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="zerostream bench optim",
+        description="Fused CPU optimizer step vs the memory roofline and torch, in one run.")
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
