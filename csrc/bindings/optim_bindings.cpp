@@ -40,8 +40,11 @@ optim::RunOptions run_options(int threads, const std::string& simd, const std::s
     run.nontemporal = optim::NonTemporal::kOn;
   } else if (nt == "off") {
     run.nontemporal = optim::NonTemporal::kOff;
+  } else if (nt == "copy") {
+    run.nontemporal = optim::NonTemporal::kCopy;
   } else {
-    throw ValueError("nontemporal: expected one of \"auto\", \"on\", \"off\"; got \"" + nt + "\"");
+    throw ValueError("nontemporal: expected one of \"auto\", \"on\", \"off\", \"copy\"; got \"" +
+                     nt + "\"");
   }
   return run;
 }
@@ -145,17 +148,17 @@ void def_stats_and_probe(py::module_& m) {
   m.def(
       "roofline_pass",
       [](uintptr_t p, uintptr_t mm, uintptr_t v, uintptr_t grad, int grad_bytes, uintptr_t copy,
-         int64_t numel, int threads, const std::string& simd, bool nontemporal) {
+         int64_t numel, int threads, const std::string& simd, const std::string& nt) {
         const optim::RooflineBuffers b{ptr<float>(p), ptr<float>(mm), ptr<float>(v),
                                        ptr<const void>(grad), grad_bytes, ptr<void>(copy)};
-        const auto run = run_options(threads, simd, nontemporal ? "on" : "off");
+        const auto run = run_options(threads, simd, nt);
         py::gil_scoped_release release;
         optim::roofline_pass(b, numel, run);
       },
       "One pass of the memory-roofline probe (csrc/optim/roofline.h).", py::arg("p"),
       py::arg("m"), py::arg("v"), py::arg("grad"), py::arg("grad_bytes"), py::arg("copy"),
       py::arg("numel"), py::kw_only(), py::arg("threads") = 0, py::arg("simd") = "",
-      py::arg("nontemporal") = true);
+      py::arg("nontemporal") = "on");
   m.def(
       "simd_level",
       [](const std::string& simd) {

@@ -21,7 +21,7 @@ void roofline_pass(const RooflineBuffers& b, int64_t numel, const RunOptions& ru
                  "roofline: p, m, v and copy must be 64-byte aligned");
   const RooflineKernel kernel = kernels_for(resolve_simd_level(run.simd)).roofline;
   const int threads = resolve_threads(run.threads, numel);
-  const bool nt = run.nontemporal != NonTemporal::kOff;
+  const NonTemporal nt = resolve_nontemporal(run.nontemporal);
   for_each_chunk(b.p, numel, threads,
                  [&](int64_t begin, int64_t end) { kernel(b, begin, end, nt); });
 }

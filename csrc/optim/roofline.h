@@ -16,7 +16,7 @@ namespace zs::optim {
 
 // One pass over numel elements. p, m, v and copy must be 64-byte aligned (zs::ValueError
 // otherwise); grad_bytes is 2 or 4. The values in p, m, v are permuted, not preserved.
-// run.nontemporal == kOff uses ordinary stores; kAuto and kOn stream.
+// run.nontemporal: kOn streams every store, kCopy only the copy, kOff/kAuto none.
 void roofline_pass(const RooflineBuffers& buffers, int64_t numel, const RunOptions& run = {});
 
 }  // namespace zs::optim

@@ -10,7 +10,7 @@ namespace zs::optim {
 template <class Kernel, class Coeffs>
 void run_step(Kernel kernel, const Coeffs& c, const StepBuffers& b, const RunOptions& o) {
   const int threads = resolve_threads(o.threads, b.numel);
-  const bool nt = want_nontemporal(o.nontemporal);
+  const NonTemporal nt = resolve_nontemporal(o.nontemporal);
   for_each_chunk(b.param, b.numel, threads,
                  [&](int64_t begin, int64_t end) { kernel(c, b, begin, end, nt); });
 }

@@ -44,6 +44,8 @@ void check_step_buffers(const StepBuffers& b, int states, const char* who) {
                  ": param_copy dtype must be bf16 or fp16; got fp32");
 }
 
-bool want_nontemporal(NonTemporal mode) { return mode == NonTemporal::kOn; }
+NonTemporal resolve_nontemporal(NonTemporal mode) {
+  return mode == NonTemporal::kAuto ? NonTemporal::kCopy : mode;
+}
 
 }  // namespace zs::optim

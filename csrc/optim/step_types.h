@@ -24,15 +24,18 @@ struct StepBuffers {
 };
 
 // Note [Non-temporal stores]
-// In theory streaming stores save the read-for-ownership of every written line (~14 of the
-// 42-44 bytes per param an Adam step with a 16-bit copy moves with ordinary stores). On the
-// machine this was tuned on (2-core Emerald Rapids KVM guest, 5e7 params) they measured
-// slower, in the kernel and in the bare roofline probe alike (kernel 0.52-0.58 vs 0.63
-// Gparam/s, probe 0.54-0.58 vs 0.62-0.65), and on data that fits in cache they would also
-// push hot lines out. So kAuto means
-// ordinary stores, and kOn is there for machines where `zerostream bench optim
-// --nontemporal on` says it wins. Either way the results are bit-identical.
-enum class NonTemporal : int { kAuto = 0, kOn = 1, kOff = 2 };
+// An optimizer step updates p, m and v in place: their lines were read just before they are
+// written, so ordinary stores cost no read-for-ownership there, and streaming them only
+// pushes the lines out early. Measured on the 2-core Emerald Rapids KVM guest (2e8 and 5e7
+// params, AdamW, bf16 grads and copy): streaming p, m, v (kOn) ran 15-20% below ordinary
+// stores, in the kernel and in the bare roofline probe alike. The 16-bit copy is different:
+// it is only written, so each of its lines is read first unless streamed, and streaming it
+// in whole lines (kCopy) ran 5-15% faster than ordinary stores (probe: +13-18%). So kAuto
+// means kCopy, which levels without whole-line copy stores (AVX2, scalar) run as kOff.
+// All modes produce the same bits.
+// kCopy streams only the 16-bit param copy, in whole 64-byte lines (AVX-512; elsewhere it
+// means kOff): see Note [No streaming for the 16-bit copy].
+enum class NonTemporal : int { kAuto = 0, kOn = 1, kOff = 2, kCopy = 3 };
 
 struct RunOptions {
   int threads = 0;                   // 0: omp_get_max_threads() (OMP_NUM_THREADS)
@@ -49,7 +52,7 @@ int resolve_threads(int requested, int64_t numel);
 // Throws zs::ValueError naming `who` for null buffers or a bad copy dtype.
 void check_step_buffers(const StepBuffers& b, int states, const char* who);
 
-// Whether a call streams its stores (Note [Non-temporal stores]).
-bool want_nontemporal(NonTemporal mode);
+// The store mode a call runs with: kAuto resolved (Note [Non-temporal stores]).
+NonTemporal resolve_nontemporal(NonTemporal mode);
 
 }  // namespace zs::optim

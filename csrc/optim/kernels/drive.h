@@ -45,16 +45,29 @@ void run_tail(const typename Rule::template K<V>& k, const StepBuffers& b, int64
   if (C != Copy::kNone) std::memcpy(static_cast<uint16_t*>(b.param_copy) + i, cp, n * 2);
 }
 
+// The hot loops work on local copies of the constants and the buffer pointers: stores
+// through float* may alias anything reached through a reference, which made the compiler
+// reload every pointer and flag after every store.
 template <class V, class Rule, DType G, Copy C, bool kNt>
-void run_full(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
+void run_full(const typename Rule::template K<V>& k_in, const StepBuffers& b_in, int64_t begin,
               int64_t end) {
+  const auto k = k_in;
+  const StepBuffers b = b_in;
   for (int64_t i = begin; i < end; i += V::kWidth) Rule::template apply<V, G, C, kNt>(k, b, i);
+}
+
+// [begin, end) with ordinary stores: full vectors, then the tail.
+template <class V, class Rule, DType G, Copy C>
+void run_plain(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
+               int64_t end) {
+  const int64_t full_end = begin + (end - begin) / V::kWidth * V::kWidth;
+  run_full<V, Rule, G, C, false>(k, b, begin, full_end);
+  if (full_end < end) run_tail<V, Rule, G, C>(k, b, full_end, end - full_end);
 }
 
 // Streaming stores need every streamed buffer aligned to the vector width at the first full
 // vector. The peel aligns the params; the states follow when their buffers share the
-// params' offset (the usual flat-buffer layout). Otherwise: ordinary stores. The 16-bit
-// copy is never streamed (Note [No streaming for the 16-bit copy]).
+// params' offset (the usual flat-buffer layout). Otherwise: ordinary stores.
 template <class V>
 bool streams_aligned(const StepBuffers& b, int64_t i, int states) {
   constexpr uintptr_t kF32 = V::kWidth * 4;
@@ -62,31 +75,65 @@ bool streams_aligned(const StepBuffers& b, int64_t i, int states) {
          (states < 2 || is_aligned(b.state1 + i, kF32));
 }
 
+// Mode kOn: params and states stream, from the first 64-byte aligned param on.
 template <class V, class Rule, DType G, Copy C>
-void run_gc(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
-            int64_t end, bool want_nt) {
+void run_stream_states(const typename Rule::template K<V>& k, const StepBuffers& b,
+                       int64_t begin, int64_t end) {
   constexpr int W = V::kWidth;
   int64_t i = begin;
-  if (want_nt && W > 1 && is_aligned(b.param + i, 4)) {
+  if (is_aligned(b.param + i, 4)) {
     const uintptr_t addr = reinterpret_cast<uintptr_t>(b.param + i);
-    const int64_t head_bytes = (W * 4 - addr % (W * 4)) % (W * 4);
-    const int64_t head = std::min<int64_t>(head_bytes / 4, end - i);
-    if (head > 0) run_tail<V, Rule, G, C>(k, b, i, head);
+    const int64_t head = std::min<int64_t>((W * 4 - addr % (W * 4)) % (W * 4) / 4, end - i);
+    run_plain<V, Rule, G, C>(k, b, i, i + head);
     i += head;
   }
+  if (!streams_aligned<V>(b, i, Rule::kStates)) return run_plain<V, Rule, G, C>(k, b, i, end);
   const int64_t full_end = i + (end - i) / W * W;
-  if (want_nt && streams_aligned<V>(b, i, Rule::kStates)) {
-    run_full<V, Rule, G, C, true>(k, b, i, full_end);
-    V::sfence();  // streaming stores are weakly ordered: publish before the caller joins
-  } else {
-    run_full<V, Rule, G, C, false>(k, b, i, full_end);
+  run_full<V, Rule, G, C, true>(k, b, i, full_end);
+  V::sfence();  // streaming stores are weakly ordered: publish before the caller joins
+  run_plain<V, Rule, G, C>(k, b, full_end, end);
+}
+
+// Mode kCopy: only the 16-bit copy streams, two vectors (one 64-byte line) at a time, from
+// its first 64-byte boundary on (Note [No streaming for the 16-bit copy]).
+template <class V, class Rule, DType G, Copy C>
+void run_stream_copy(const typename Rule::template K<V>& k, const StepBuffers& b,
+                     int64_t begin, int64_t end) {
+  constexpr int W = V::kWidth;
+  auto* copy = static_cast<uint16_t*>(b.param_copy);
+  int64_t i = begin;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(copy + i);
+  const int64_t head = std::min<int64_t>((64 - addr % 64) % 64 / 2, end - i);
+  run_plain<V, Rule, G, C>(k, b, i, i + head);
+  i += head;
+  if constexpr (V::kStreamsCopyLines && C != Copy::kNone) {
+    const auto kl = k;  // locals, as in run_full
+    const StepBuffers bl = b;
+    for (; i + 2 * W <= end; i += 2 * W) {
+      const auto lo = Rule::template apply<V, G, Copy::kNone, false>(kl, bl, i);
+      const auto hi = Rule::template apply<V, G, Copy::kNone, false>(kl, bl, i + W);
+      V::template stream_copy_line<C == Copy::kF16>(copy + i, lo, hi);
+    }
+    V::sfence();
   }
-  if (full_end < end) run_tail<V, Rule, G, C>(k, b, full_end, end - full_end);
+  run_plain<V, Rule, G, C>(k, b, i, end);
+}
+
+template <class V, class Rule, DType G, Copy C>
+void run_gc(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
+            int64_t end, NonTemporal nt) {
+  if (nt == NonTemporal::kOn && V::kWidth > 1) {
+    run_stream_states<V, Rule, G, C>(k, b, begin, end);
+  } else if (nt == NonTemporal::kCopy && V::kStreamsCopyLines && C != Copy::kNone) {
+    run_stream_copy<V, Rule, G, C>(k, b, begin, end);
+  } else {
+    run_plain<V, Rule, G, C>(k, b, begin, end);
+  }
 }
 
 template <class V, class Rule, DType G>
 void run_g(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
-           int64_t end, bool want_nt) {
+           int64_t end, NonTemporal want_nt) {
   if (b.param_copy == nullptr) return run_gc<V, Rule, G, Copy::kNone>(k, b, begin, end, want_nt);
   if (b.copy_dtype == DType::kFloat16) {
     return run_gc<V, Rule, G, Copy::kF16>(k, b, begin, end, want_nt);
@@ -97,7 +144,7 @@ void run_g(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t 
 // The kernel entry points of kernel_table.h: one per rule, V chosen by the including TU.
 template <class V, class Rule>
 void run_rule(const typename Rule::Coeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-              bool want_nt) {
+              NonTemporal want_nt) {
   const auto k = Rule::template broadcast<V>(c);
   switch (b.grad_dtype) {
     case DType::kFloat32: return run_g<V, Rule, DType::kFloat32>(k, b, begin, end, want_nt);

@@ -62,12 +62,14 @@ struct LionCoeffs {
   bool use_decay;
 };
 
-// Each kernel updates elements [begin, end) of `b`. `nontemporal` asks for streaming
-// stores where the buffers' alignment allows them.
-using AdamKernel = void (*)(const AdamCoeffs&, const StepBuffers&, int64_t, int64_t, bool);
+// Each kernel updates elements [begin, end) of `b`. The store mode (kOn, kOff or kCopy,
+// never kAuto) asks for streaming stores where the buffers' alignment allows them.
+using AdamKernel = void (*)(const AdamCoeffs&, const StepBuffers&, int64_t, int64_t,
+                            NonTemporal);
 using AdagradKernel = void (*)(const AdagradCoeffs&, const StepBuffers&, int64_t, int64_t,
-                               bool);
-using LionKernel = void (*)(const LionCoeffs&, const StepBuffers&, int64_t, int64_t, bool);
+                               NonTemporal);
+using LionKernel = void (*)(const LionCoeffs&, const StepBuffers&, int64_t, int64_t,
+                            NonTemporal);
 
 // Sum of squares of grad[begin, end) * scale, accumulated in double in a fixed order for a
 // given level.
@@ -83,7 +85,7 @@ struct RooflineBuffers {
   int grad_bytes;        // 2 or 4
   void* copy;            // 16-bit copy, or nullptr
 };
-using RooflineKernel = void (*)(const RooflineBuffers&, int64_t, int64_t, bool nontemporal);
+using RooflineKernel = void (*)(const RooflineBuffers&, int64_t, int64_t, NonTemporal);
 
 struct KernelTable {
   SimdLevel level;

@@ -11,13 +11,16 @@ namespace {
 
 using V = VecAvx2;
 
-void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, bool nt) {
+void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
+          NonTemporal nt) {
   run_rule<V, AdamRule>(c, b, begin, end, nt);
 }
-void adagrad(const AdagradCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, bool nt) {
+void adagrad(const AdagradCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
+          NonTemporal nt) {
   run_rule<V, AdagradRule>(c, b, begin, end, nt);
 }
-void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, bool nt) {
+void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
+          NonTemporal nt) {
   run_rule<V, LionRule>(c, b, begin, end, nt);
 }
 
@@ -32,7 +35,7 @@ void store_si(uint16_t* p, __m256i x) {
 }
 
 // See roofline.h and the AVX-512 version: 16 elements per iteration, full 32-byte vectors.
-template <bool kNt>
+template <bool kNt, bool kNtCopy>
 void roofline_impl(const RooflineBuffers& r, int64_t begin, int64_t end) {
   const char* g = static_cast<const char*>(r.grad);
   auto* copy = static_cast<uint16_t*>(r.copy);
@@ -52,17 +55,19 @@ void roofline_impl(const RooflineBuffers& r, int64_t begin, int64_t end) {
     store_ps<kNt>(r.m + i + 8, v1);
     store_ps<kNt>(r.v + i, p0);
     store_ps<kNt>(r.v + i + 8, p1);
-    if (copy != nullptr) store_si<kNt>(copy + i, g0);
+    if (copy != nullptr) store_si<kNtCopy>(copy + i, g0);
   }
-  if (kNt) _mm_sfence();
-  if (i < end) scalar_kernels().roofline(r, i, end, kNt);
+  if (kNt || kNtCopy) _mm_sfence();
+  if (i < end) scalar_kernels().roofline(r, i, end, NonTemporal::kOff);
 }
 
-void roofline(const RooflineBuffers& r, int64_t begin, int64_t end, bool nt) {
-  if (nt) {
-    roofline_impl<true>(r, begin, end);
+void roofline(const RooflineBuffers& r, int64_t begin, int64_t end, NonTemporal nt) {
+  if (nt == NonTemporal::kOn) {
+    roofline_impl<true, true>(r, begin, end);
+  } else if (nt == NonTemporal::kCopy) {
+    roofline_impl<false, true>(r, begin, end);
   } else {
-    roofline_impl<false>(r, begin, end);
+    roofline_impl<false, false>(r, begin, end);
   }
 }
 

@@ -7,19 +7,22 @@
 namespace zs::optim {
 namespace {
 
-void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, bool nt) {
+void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
+          NonTemporal nt) {
   run_rule<VecScalar, AdamRule>(c, b, begin, end, nt);
 }
-void adagrad(const AdagradCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, bool nt) {
+void adagrad(const AdagradCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
+          NonTemporal nt) {
   run_rule<VecScalar, AdagradRule>(c, b, begin, end, nt);
 }
-void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, bool nt) {
+void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
+          NonTemporal nt) {
   run_rule<VecScalar, LionRule>(c, b, begin, end, nt);
 }
 
 // Same bytes as the fused step; the rotation p <- m <- v <- p keeps the stores from being
 // optimised away as writes of the loaded value.
-void roofline(const RooflineBuffers& r, int64_t begin, int64_t end, bool /*nt*/) {
+void roofline(const RooflineBuffers& r, int64_t begin, int64_t end, NonTemporal) {
   const auto* g16 = static_cast<const uint16_t*>(r.grad);
   auto* copy = static_cast<uint16_t*>(r.copy);
   const int stride = r.grad_bytes / 2;

@@ -1,6 +1,7 @@
 // The per-element update rules of Adam/AdamW, Adagrad and Lion, written once over the
 // vector-ops interface (see Note [One math, three ISAs]). Each rule's apply() updates
-// V::kWidth consecutive elements starting at index i: one load and one store per stream.
+// V::kWidth consecutive elements starting at index i, one load and one store per stream,
+// and returns the updated params.
 //
 // The operation order follows torch.optim's single-tensor implementations so results agree
 // with them to fp32 rounding (tests/python/optim states the tolerances).
@@ -28,11 +29,14 @@ inline typename V::F load_grad(const void* g, int64_t i) {
 }
 
 // Note [No streaming for the 16-bit copy]
-// A vector of 16-bit values fills half a cache line (AVX-512) or a quarter (AVX2). Streamed,
-// such partial lines are flushed from the write-combining buffers half-empty as the other
-// six streams compete for them: with the copy streamed, the kernel ran ~25% below the
-// streaming probe; with the copy stored normally it runs at the probe. So in streaming
-// mode only the fp32 params and states stream; store_copy always stores normally.
+// A vector of 16-bit values fills half a cache line (AVX-512) or a quarter (AVX2). Streamed
+// one vector at a time, such partial lines leave the write-combining buffers half-empty as
+// the other streams compete for them: the kernel ran ~25% below the streaming probe. So
+// store_copy always stores normally, and the rules return the updated params so that the
+// driver can instead stream whole lines made of two AVX-512 vectors (mode kCopy). That is
+// the one store worth streaming in an in-place step: p, m and v were read just before they
+// are written, so their lines are already in cache, while every copy line would otherwise
+// be read for ownership first (2 of ~30 bytes per param).
 template <class V, Copy C>
 inline void store_copy(void* copy, int64_t i, typename V::F p) {
   if constexpr (C == Copy::kBf16) {
@@ -62,7 +66,7 @@ struct AdamRule {
             c.use_l2, c.use_decay};
   }
   template <class V, DType G, Copy C, bool kNt>
-  static inline void apply(const K<V>& k, const StepBuffers& b, int64_t i) {
+  static inline typename V::F apply(const K<V>& k, const StepBuffers& b, int64_t i) {
     using F = typename V::F;
     F p = V::load(b.param + i);
     F g = V::mul(load_grad<V, G>(b.grad, i), k.scale);
@@ -78,6 +82,7 @@ struct AdamRule {
     V::template store<kNt>(b.state0 + i, m);
     V::template store<kNt>(b.state1 + i, v);
     store_copy<V, C>(b.param_copy, i, p);
+    return p;
   }
 };
 
@@ -96,7 +101,7 @@ struct AdagradRule {
     return {V::set1(c.grad_scale), V::set1(c.l2), V::set1(c.eps), V::set1(c.neg_lr), c.use_l2};
   }
   template <class V, DType G, Copy C, bool kNt>
-  static inline void apply(const K<V>& k, const StepBuffers& b, int64_t i) {
+  static inline typename V::F apply(const K<V>& k, const StepBuffers& b, int64_t i) {
     using F = typename V::F;
     F p = V::load(b.param + i);
     F g = V::mul(load_grad<V, G>(b.grad, i), k.scale);
@@ -108,6 +113,7 @@ struct AdagradRule {
     V::template store<kNt>(b.param + i, p);
     V::template store<kNt>(b.state0 + i, s);
     store_copy<V, C>(b.param_copy, i, p);
+    return p;
   }
 };
 
@@ -131,7 +137,7 @@ struct LionRule {
             V::set1(c.neg_lr), c.use_decay};
   }
   template <class V, DType G, Copy C, bool kNt>
-  static inline void apply(const K<V>& k, const StepBuffers& b, int64_t i) {
+  static inline typename V::F apply(const K<V>& k, const StepBuffers& b, int64_t i) {
     using F = typename V::F;
     F p = V::load(b.param + i);
     F g = V::mul(load_grad<V, G>(b.grad, i), k.scale);
@@ -143,6 +149,7 @@ struct LionRule {
     V::template store<kNt>(b.param + i, p);
     V::template store<kNt>(b.state0 + i, m);
     store_copy<V, C>(b.param_copy, i, p);
+    return p;
   }
 };
 

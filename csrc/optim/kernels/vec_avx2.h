@@ -44,6 +44,9 @@ struct VecAvx2 {
   template <bool kNt> static void store_f16(uint16_t* p, F x) {
     store16<kNt>(p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+  // Whole 64-byte lines of the 16-bit copy are two AVX-512 vectors; narrower levels never
+  // stream the copy (Note [No streaming for the 16-bit copy]).
+  static constexpr bool kStreamsCopyLines = false;
   static void sfence() { _mm_sfence(); }
 
   static F add(F a, F b) { return _mm256_add_ps(a, b); }

@@ -31,17 +31,27 @@ struct VecAvx512 {
     if constexpr (kNt) _mm256_stream_si256(q, h); else _mm256_storeu_si256(q, h);
   }
   // See Note [16-bit rounding]: integer round-to-nearest-even, canonical NaN.
-  template <bool kNt> static void store_bf16(uint16_t* p, F x) {
+  static __m256i to_bf16(F x) {
     const __m512i u = _mm512_castps_si512(x);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
-    store16<kNt>(p, _mm512_cvtepi32_epi16(r));
+    return _mm512_cvtepi32_epi16(r);
   }
-  template <bool kNt> static void store_f16(uint16_t* p, F x) {
-    store16<kNt>(p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  static __m256i to_f16(F x) {
+    return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  template <bool kNt> static void store_bf16(uint16_t* p, F x) { store16<kNt>(p, to_bf16(x)); }
+  template <bool kNt> static void store_f16(uint16_t* p, F x) { store16<kNt>(p, to_f16(x)); }
+  // Two vectors of params as one whole 64-byte line of 16-bit values, streamed
+  // (Note [No streaming for the 16-bit copy]). p must be 64-byte aligned.
+  static constexpr bool kStreamsCopyLines = true;
+  template <bool kF16> static void stream_copy_line(uint16_t* p, F a, F b) {
+    const __m256i lo = kF16 ? to_f16(a) : to_bf16(a), hi = kF16 ? to_f16(b) : to_bf16(b);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p),
+                        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
   }
   static void sfence() { _mm_sfence(); }
 

@@ -22,6 +22,9 @@ struct VecScalar {
   template <bool kNt> static void store(float* p, F x) { *p = x; }
   template <bool kNt> static void store_bf16(uint16_t* p, F x) { *p = f32_to_bf16(x); }
   template <bool kNt> static void store_f16(uint16_t* p, F x) { *p = f32_to_f16(x); }
+  // Whole 64-byte lines of the 16-bit copy are two AVX-512 vectors; narrower levels never
+  // stream the copy (Note [No streaming for the 16-bit copy]).
+  static constexpr bool kStreamsCopyLines = false;
   static void sfence() {}
 
   static F add(F a, F b) { return a + b; }

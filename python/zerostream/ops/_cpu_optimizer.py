@@ -55,8 +55,9 @@ def run_kwargs(threads: Optional[int], simd: Optional[str], nontemporal: str) ->
         raise ValueError(f"threads: expected None or an int >= 0; got {threads!r}")
     if simd is not None and simd not in _SIMD_NAMES:
         raise ValueError(f"simd: expected None or one of {_SIMD_NAMES}; got {simd!r}")
-    if nontemporal not in ("auto", "on", "off"):
-        raise ValueError(f"nontemporal: expected 'auto', 'on' or 'off'; got {nontemporal!r}")
+    if nontemporal not in ("auto", "on", "off", "copy"):
+        raise ValueError("nontemporal: expected 'auto', 'on', 'off' or 'copy'; "
+                         f"got {nontemporal!r}")
     return {"threads": threads or 0, "simd": simd or "", "nontemporal": nontemporal}
 
 

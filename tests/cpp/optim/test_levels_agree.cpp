@@ -63,15 +63,17 @@ TEST_P(optim_levels, MatchScalarBitForBit) {
     for (DType gd : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       const DType cd = gd == DType::kBFloat16 ? DType::kFloat16 : DType::kBFloat16;
       // Short calls: every tail and peel length of 8- and 16-wide vectors.
-      for (int64_t n = 0; n <= 40; ++n) {
+      for (int64_t n = 0; n <= 72; ++n) {
         const auto base = run(kind, SimdLevel::kScalar, 1, NonTemporal::kOff, gd, cd, 3, n);
-        const auto got = run(kind, level, 1, NonTemporal::kOn, gd, cd, 3, n);
-        expect_same(got, base, std::string(kind) + " n=" + std::to_string(n));
+        for (NonTemporal nt : {NonTemporal::kOn, NonTemporal::kCopy}) {
+          const auto got = run(kind, level, 1, nt, gd, cd, 3, n);
+          expect_same(got, base, std::string(kind) + " n=" + std::to_string(n));
+        }
       }
       // A call large enough for two threads.
       const auto base = run(kind, SimdLevel::kScalar, 1, NonTemporal::kOff, gd, cd, 5, 70001);
       for (int threads : {1, 2}) {
-        for (NonTemporal nt : {NonTemporal::kOff, NonTemporal::kOn}) {
+        for (NonTemporal nt : {NonTemporal::kOff, NonTemporal::kOn, NonTemporal::kCopy}) {
           expect_same(run(kind, level, threads, nt, gd, cd, 5, 70001), base,
                       std::string(kind) + " threads=" + std::to_string(threads));
         }

@@ -57,7 +57,7 @@ def test_levels_threads_and_stores_agree_bitwise(kind, grad_dtype, copy_dtype):
     base = _run(kind, "scalar", 1, "off", grad_dtype, copy_dtype)
     for level in LEVELS:
         for threads in (1, 2):
-            for nt in ("off", "on"):
+            for nt in ("off", "on", "copy"):
                 got = _run(kind, level, threads, nt, grad_dtype, copy_dtype)
                 for name, a, b in zip(("param", "state0", "state1", "copy"), got, base):
                     assert torch.equal(a, b), f"{kind} {level} threads={threads} nt={nt}: {name}"
