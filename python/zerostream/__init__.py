@@ -10,7 +10,7 @@ import os
 from typing import Any, Optional
 
 from ._version import __version__
-from . import comm, zero
+from . import comm, ops, zero
 from .accelerator import get_accelerator
 from .comm import init_distributed
 
@@ -26,7 +26,7 @@ if not _logger.handlers:
     _logger.addHandler(_handler)
     _logger.propagate = False
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "comm", "zero",
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "comm", "ops", "zero",
            "get_accelerator", "__version__"]
 
 
