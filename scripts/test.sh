@@ -8,15 +8,16 @@ scripts/setup.sh
 echo "== C++ tests (ctest)"
 ctest --test-dir build/native --output-on-failure -j "$(nproc)" --timeout 600
 
-# The build and the C++ tests must also pass without CUDA (ZS_WITH_CUDA=OFF), which is what a
-# machine without nvcc builds; when nvcc is here, build that variant too (C++ only).
-if [ "$(grep -s '^ZS_WITH_CUDA:BOOL=' build/native/CMakeCache.txt | cut -d= -f2)" = "ON" ]; then
-  echo "== C++ tests, ZS_WITH_CUDA=OFF variant (build/nocuda)"
-  cmake -S . -B build/nocuda -G Ninja -DZS_WITH_CUDA=OFF -DZS_BUILD_PYTHON=OFF \
-    -DZS_BUILD_TESTS=ON >/dev/null
-  cmake --build build/nocuda -j "$(nproc)" >/dev/null
-  ctest --test-dir build/nocuda --output-on-failure -j "$(nproc)" --timeout 600
-fi
+# A second C++ build serves two checks at once: it is built without CUDA (ZS_WITH_CUDA=OFF,
+# what a machine without nvcc builds; the main build has CUDA when nvcc is here) and with
+# AddressSanitizer + LeakSanitizer, so every native test also runs checked for memory errors
+# and leaks.
+echo "== C++ tests, ZS_WITH_CUDA=OFF + AddressSanitizer variant (build/asan)"
+cmake -S . -B build/asan -G Ninja -DZS_WITH_CUDA=OFF -DZS_SANITIZE=ON -DZS_BUILD_PYTHON=OFF \
+  -DZS_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build/asan -j "$(nproc)" >/dev/null
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -j "$(nproc)" \
+  --timeout 600
 
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q -ra "$@"

@@ -56,6 +56,11 @@ class ZeroEngine(torch.nn.Module):
         self.telemetry = StepTelemetry()
         if self.optimizer is not None:
             self.optimizer.telemetry = self.telemetry
+            self.optimizer.check_overflow = not (cfg.bf16.enabled and
+                                                 not cfg.bf16.check_grad_overflow)
+        if cfg.zero_optimization.round_robin_gradients and cfg.zero_stage in (1, 2):
+            logger.warning("zero_optimization.round_robin_gradients: zerostream partitions "
+                           "gradients in flat parameter order; the setting has no effect")
 
     # --- setup ----------------------------------------------------------------------------------
     def _place_module(self) -> torch.device:

@@ -29,6 +29,10 @@ class ZeroOptimizerBase:
         self.overflow = False
         self._global_grad_norm: Optional[torch.Tensor] = None
         self.telemetry = None  # set by the engine (telemetry.StepTelemetry)
+        # Skip the step on inf/nan gradients (fp16 always; bf16 unless
+        # bf16.check_grad_overflow is false, as in DeepSpeed; fp32 too: a non-finite update
+        # would silently destroy the weights). Set by the engine.
+        self.check_overflow = True
 
     def _comm(self, tensor: torch.Tensor, seconds: float) -> None:
         """Counts a collective's payload for the per-step report."""
@@ -69,7 +73,7 @@ class ZeroOptimizerBase:
         """The factor 1/(loss_scale*clip_coef) the grads need, or None on overflow. Records
         the overflow flag and the pre-clip, unscaled global norm."""
         scale = self.loss_scaler.loss_scale
-        if not math.isfinite(norm_sq):
+        if not math.isfinite(norm_sq) and self.check_overflow:
             self.overflow = True
             self._global_grad_norm = torch.tensor(float("inf"))
             return None

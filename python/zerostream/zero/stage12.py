@@ -46,6 +46,7 @@ class PartitionedOptimizer(ZeroOptimizerBase):
         self.world = comm.get_world_size(group)
         self.rank = comm.get_rank(group)
         self.reduce_bucket_size = max(1, int(zero_cfg.reduce_bucket_size))
+        self.allgather_bucket_size = max(1, int(zero_cfg.allgather_bucket_size))
         self.overlap_comm = bool(zero_cfg.overlap_comm)
         self.group = group
         self.flat_groups = [FlatGroup(g["params"], self.world, self.rank) for g in param_groups]
@@ -177,13 +178,30 @@ class PartitionedOptimizer(ZeroOptimizerBase):
         factor = self._grad_factor(self._norm_and_overflow(self.grads, partitioned=True))
         if factor is not None:
             self._update(factor)
-            for flat in self.flat_groups:
-                if self.world > 1:
-                    start = time.perf_counter()
-                    comm.all_gather_into_tensor(flat.buffer, flat.partition(), group=self.group)
-                    self._comm(flat.buffer, time.perf_counter() - start)
+            if self.world > 1:
+                for flat in self.flat_groups:
+                    self._all_gather(flat)
         self.zero_grad()
         return factor is not None
+
+    def _all_gather(self, flat: FlatGroup) -> None:
+        """Rebuilds every rank's copy of the group from the updated partitions, in pieces of at
+        most allgather_bucket_size elements per rank so the staging buffer stays bounded."""
+        part = flat.partition_numel
+        piece = min(part, self.allgather_bucket_size)
+        start = time.perf_counter()
+        if piece == part:
+            comm.all_gather_into_tensor(flat.buffer, flat.partition(), group=self.group)
+        else:
+            staging = torch.empty(self.world * piece, dtype=flat.buffer.dtype,
+                                  device=flat.buffer.device)
+            rows = flat.buffer.view(self.world, part)
+            for lo in range(0, part, piece):
+                n = min(piece, part - lo)
+                out = staging[:self.world * n]
+                comm.all_gather_into_tensor(out, flat.partition()[lo:lo + n], group=self.group)
+                rows[:, lo:lo + n].copy_(out.view(self.world, n))
+        self._comm(flat.buffer, time.perf_counter() - start)
 
     def _update(self, factor: float) -> None:
         """Steps this rank's partitions and writes them into the model-dtype flat buffers."""

@@ -270,3 +270,47 @@ def test_telemetry_reports_time_split_and_bytes_per_tier(tmp_path):
     mib = 12 * partition / 2**20
     assert f"nvme_read {mib:.2f} MiB" in tele[0] and f"nvme_write {mib:.2f} MiB" in tele[0]
     assert "comm " in tele[0] and "GB/s" in tele[0]
+
+
+def scaling_modes_worker(rank, world):
+    """Stage 0's pre-/post-division of gradients: three orders of the same average."""
+    torch.manual_seed(100 + rank)  # each rank its own data
+    xs = [torch.randn(2, 8) for _ in range(3)]
+    out = {}
+    for name, extra in (("post", {}), ("prescale", {"prescale_gradients": True}),
+                        ("predivide", {"gradient_predivide_factor": 2.0})):
+        engine, *_ = _engine(_base(0, **extra))
+        for x in xs:
+            engine.backward(engine(x))
+            engine.step()
+        out[name] = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
+    return out
+
+
+@pytest.mark.multirank
+def test_prescale_and_predivide_average_the_same_gradients():
+    results = run_ranks(scaling_modes_worker, 2)
+    for r in results:
+        torch.testing.assert_close(r["prescale"], r["post"], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(r["predivide"], r["post"], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(results[0]["post"], results[1]["post"], rtol=0, atol=0)
+
+
+def bf16_overflow_flag_worker(rank, world):
+    """bf16.check_grad_overflow: true (default) skips a non-finite step; false lets it through,
+    as DeepSpeed does."""
+    out = {}
+    for check in (True, False):
+        engine, *_ = _engine(_base(1, bf16={"enabled": True, "check_grad_overflow": check}))
+        loss = engine(torch.randn(2, 8).bfloat16()) * float("inf")
+        engine.backward(loss)
+        engine.step()
+        out[check] = (engine.was_step_applied(), engine.skipped_steps)
+    return out
+
+
+@pytest.mark.multirank
+def test_bf16_check_grad_overflow_is_honoured():
+    out = run_ranks(bf16_overflow_flag_worker, 2)[0]
+    assert out[True] == (False, 1)
+    assert out[False] == (True, 0)

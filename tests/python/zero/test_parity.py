@@ -71,6 +71,7 @@ def zerostream_worker(rank, world, cases, nvme_root):
                   "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
                                                             "weight_decay": WD}},
                   "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000,
+                                        "allgather_bucket_size": 500,
                                         "sub_group_size": 2000},
                   "bf16": {"enabled": dtype == "bf16"}}
         nvme = f"{nvme_root}/s{stage}{dtype}{gas}"
