@@ -13,9 +13,14 @@ ctest --test-dir build/native --output-on-failure -j "$(nproc)" --timeout 600
 # AddressSanitizer + LeakSanitizer, so every native test also runs checked for memory errors
 # and leaks.
 echo "== C++ tests, ZS_WITH_CUDA=OFF + AddressSanitizer variant (build/asan)"
-cmake -S . -B build/asan -G Ninja -DZS_WITH_CUDA=OFF -DZS_SANITIZE=ON -DZS_BUILD_PYTHON=OFF \
-  -DZS_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build/asan -j "$(nproc)" >/dev/null
+mkdir -p build
+if ! { cmake -S . -B build/asan -G Ninja -DZS_WITH_CUDA=OFF -DZS_SANITIZE=ON \
+         -DZS_BUILD_PYTHON=OFF -DZS_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+       cmake --build build/asan -j "$(nproc)"; } > build/asan-build.log 2>&1; then
+  tail -n 60 build/asan-build.log
+  echo "ASan build failed (full log: build/asan-build.log)" >&2
+  exit 1
+fi
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -j "$(nproc)" \
   --timeout 600
 
