@@ -314,3 +314,48 @@ def test_bf16_check_grad_overflow_is_honoured():
     out = run_ranks(bf16_overflow_flag_worker, 2)[0]
     assert out[True] == (False, 1)
     assert out[False] == (True, 0)
+
+
+def param_groups_worker(rank, world, use_callable):
+    """Two param groups (weights decayed at lr 0.02, biases not at lr 0.005) through stage 2
+    with a client optimizer given as a callable or as model_parameters + config."""
+    import zerostream
+    torch.manual_seed(0)
+    model = MLP()
+    groups = [{"params": [model.a.weight, model.b.weight], "weight_decay": 0.1, "lr": 0.02},
+              {"params": [model.a.bias, model.b.bias], "weight_decay": 0.0, "lr": 0.005}]
+    cfg = {k: v for k, v in _base(2).items() if k != "optimizer"}
+    if use_callable:
+        engine, opt, _, _ = zerostream.initialize(
+            model=model, model_parameters=groups, config=cfg,
+            optimizer=lambda params: torch.optim.AdamW(params, lr=0.001))
+    else:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 0.001}}
+        engine, opt, _, _ = zerostream.initialize(model=model, model_parameters=groups, config=cfg)
+    torch.manual_seed(7)
+    xs = torch.randn(3, world * 2, 8)
+    for x in xs:
+        engine.backward(engine(x[rank * 2:(rank + 1) * 2]))
+        engine.step()
+    return [g["lr"] for g in opt.param_groups], {n: p.detach().clone()
+                                                  for n, p in engine.module.named_parameters()}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("use_callable", [True, False])
+def test_param_groups_keep_their_options_under_zero(use_callable):
+    lrs, params = run_ranks(param_groups_worker, 2, use_callable)[0]
+    assert lrs == [0.02, 0.005]
+    torch.manual_seed(0)
+    model = MLP()
+    ref = torch.optim.AdamW(
+        [{"params": [model.a.weight, model.b.weight], "weight_decay": 0.1, "lr": 0.02},
+         {"params": [model.a.bias, model.b.bias], "weight_decay": 0.0, "lr": 0.005}], lr=0.001)
+    torch.manual_seed(7)
+    for x in torch.randn(3, 4, 8):
+        model(x).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        ref.step()
+        ref.zero_grad()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=1e-6)
