@@ -118,7 +118,15 @@ def optimizer_maker(client: Optional[object], cfg: DeepSpeedConfig,
         if isinstance(client, torch.optim.Optimizer):
             check_client_optimizer(client, cfg)
             cls, defaults = type(client), dict(client.defaults)
-            return lambda inner: cls(inner, **defaults)
+            own = [id(p) for g in client.param_groups for p in g["params"]]
+
+            def rebind(inner):
+                # Over the model's own params (stage 0, fp32) the client's object is used as
+                # is, keeping its state; over ZeRO's partitions it is rebuilt like it.
+                if [id(p) for g in inner for p in g["params"]] == own:
+                    return client
+                return cls(inner, **defaults)
+            return rebind
         if callable(client):
             def build(inner, _make=client):
                 opt = _make(inner)

@@ -359,3 +359,21 @@ def test_param_groups_keep_their_options_under_zero(use_callable):
         ref.zero_grad()
     for name, p in model.named_parameters():
         torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def client_instance_worker(rank, world):
+    import zerostream
+    torch.manual_seed(0)
+    model = MLP()
+    client = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cfg = {k: v for k, v in _base(0).items() if k != "optimizer"}
+    engine, opt, _, _ = zerostream.initialize(model=model, optimizer=client, config=cfg)
+    engine.backward(engine(torch.randn(2, 8)))
+    engine.step()
+    return opt.optimizer is client, len(client.state) > 0
+
+
+@pytest.mark.multirank
+def test_a_client_optimizer_is_used_as_is_at_stage_0():
+    same, has_state = run_ranks(client_instance_worker, 2)[0]
+    assert same and has_state
