@@ -9,6 +9,6 @@ py=${PY:-$root/.venv/bin/python}
 out=${ZS_BENCH_OUT:-$root/build/bench}
 mkdir -p "$out"
 args=(--numel 2e8 --optimizer adamw --grad-dtype bf16 --param-copy bf16 "$@")
-PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$py" -m zerostream.bench.optim "${args[@]}" \
+"$py" -m zerostream.bench.optim "${args[@]}" \
   --json-out "$out/optim.json"
 echo "saved $out/optim.json"

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Sets up the benchmark peers and runs every benchmark (DESIGN.md §7): fio (Debian) for the
+# disk, DeepSpeed from PyPI (its cpu_adam and async_io ops JIT-built here) for the optimizer
+# and the aio handle, torch's optimizers. Peers live in .venv-bench so the test environment
+# never sees them. Results: printed tables plus JSON under build/bench/.
+#   ZS_BENCH_PATH   directory on the drive to measure (default build/bench/io)
+#   ZS_BENCH_SIZE   bytes per I/O pass (default 1G)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+scripts/setup.sh
+log() { echo "[bench] $*"; }
+
+missing=()
+for p in fio libaio-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+venv=.venv-bench
+stamp=$venv/.zs-bench.sha1
+want=$(cat requirements.txt requirements-bench.txt | sha1sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "creating $venv with DeepSpeed as a peer"
+  "${ZS_PYTHON:-python3}" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q -r requirements.txt -r requirements-bench.txt
+  DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q --no-build-isolation deepspeed==0.19.8
+  echo "$want" > "$stamp"
+fi
+log "installing zerostream into $venv"
+"$venv/bin/python" -m pip install -q --no-build-isolation --no-deps \
+  --config-settings=build-dir=build/bench-native .
+
+out=build/bench
+path=${ZS_BENCH_PATH:-$out/io}
+mkdir -p "$out" "$path"
+log "bench io on $path"
+"$venv/bin/zerostream" bench io --path "$path" --size "${ZS_BENCH_SIZE:-1G}" --block-size 1M \
+  --queue-depth 32 --loops 5
+"$venv/bin/zerostream" bench io --path "$path" --size "${ZS_BENCH_SIZE:-1G}" --block-size 1M \
+  --queue-depth 32 --loops 5 --json > "$out/io.json"
+log "bench optim"
+PY="$venv/bin/python" benchmarks/optim.sh --threads "$(nproc)"
+log "results in $out/"
