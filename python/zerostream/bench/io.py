@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
+from zerostream.bench import stdout_to_stderr
 from zerostream.offload import io as zio
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -260,13 +261,14 @@ def run(args) -> int:
     if not args.json:
         print("bench io: " + json.dumps(config))
     try:
-        lay_out(path, args.size)
-        if args.sweep:
-            out = sweep(args, path, ops, notes)
-        else:
-            w = Workload(path, args.size, args.block_size, args.queue_depth, args.threads)
-            out = with_ratios(measure(w, ops, args.loops, args.backend, not args.no_fio, notes,
-                                      args.register_buffers))
+        with stdout_to_stderr(args.json):  # peers (DeepSpeed) log to stdout
+            lay_out(path, args.size)
+            if args.sweep:
+                out = sweep(args, path, ops, notes)
+            else:
+                w = Workload(path, args.size, args.block_size, args.queue_depth, args.threads)
+                out = with_ratios(measure(w, ops, args.loops, args.backend, not args.no_fio,
+                                          notes, args.register_buffers))
     except (OSError, ValueError, RuntimeError) as e:
         print(f"bench io: {e}", file=sys.stderr)
         return 1

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from zerostream import _C
+from zerostream.bench import stdout_to_stderr
 from zerostream.ops.adagrad import cpu_adagrad_step
 from zerostream.ops.adam import cpu_adam_step
 from zerostream.ops.lion import cpu_lion_step
@@ -253,14 +254,15 @@ def run(args) -> int:
     numel = args.numel
     if args.threads:
         torch.set_num_threads(args.threads)
-    peers = _ours(args, numel)
-    if not args.no_torch:
-        peers += _torch_peers(args, numel)
-    ds = _deepspeed_peer(args, numel)
-    if ds is not None:
-        peers.append(ds)
-    _measure(peers, args.repeats)
-    res = _results(args, numel, peers)
+    with stdout_to_stderr(args.json):  # peers (DeepSpeed) log to stdout
+        peers = _ours(args, numel)
+        if not args.no_torch:
+            peers += _torch_peers(args, numel)
+        ds = _deepspeed_peer(args, numel)
+        if ds is not None:
+            peers.append(ds)
+        _measure(peers, args.repeats)
+        res = _results(args, numel, peers)
     del peers
     gc.collect()
     if args.json:
