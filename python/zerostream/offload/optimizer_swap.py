@@ -76,8 +76,12 @@ class SwappedAdam:
                                     overlap_events=aio_cfg.overlap_events,
                                     backend=aio_cfg.backend))
         root = os.path.join(offload_cfg.nvme_path, f"zero_stage_{stage}", "optimizer")
-        self.store = SwapStore(engine, root, rank=rank, name="adam",
-                               verify_checksums=verify_checksums)
+        try:
+            self.store = SwapStore(engine, root, rank=rank, name="adam",
+                                   verify_checksums=verify_checksums)
+        except OSError as exc:
+            raise OSError(exc.errno, f"zero_optimization.offload_optimizer.nvme_path: cannot keep "
+                          f"the optimizer state under {offload_cfg.nvme_path!r}: {exc}") from exc
         self.bytes_read = self.bytes_written = 0
         self.wait_seconds = 0.0
         self._say_if_dram_would_do(sum(self.numels) * 12, offload_cfg)

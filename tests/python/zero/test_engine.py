@@ -377,3 +377,21 @@ def client_instance_worker(rank, world):
 def test_a_client_optimizer_is_used_as_is_at_stage_0():
     same, has_state = run_ranks(client_instance_worker, 2)[0]
     assert same and has_state
+
+
+def bad_nvme_path_worker(rank, world, path):
+    try:
+        _engine(_base(2, zero_optimization={
+            "stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": path}}))
+    except OSError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.multirank
+def test_an_unusable_nvme_path_names_the_key_and_the_path(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    message = run_ranks(bad_nvme_path_worker, 1, str(not_a_dir))[0]
+    assert "zero_optimization.offload_optimizer.nvme_path" in message
+    assert str(not_a_dir) in message and "Not a directory" in message
