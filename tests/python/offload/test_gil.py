@@ -34,12 +34,18 @@ def test_wait_releases_the_gil(tmp_path):
     c0, t0 = counter.count, time.monotonic()
     time.sleep(0.2)
     rate = (counter.count - c0) / (time.monotonic() - t0)
-    h.async_pwrite(t, str(tmp_path / "g.bin"))
-    before = counter.count
-    start = time.monotonic()
-    assert h.wait() == 1
-    elapsed = time.monotonic() - start
-    progressed = counter.count - before
+    # A fast drive finishes one write too quickly to tell; queue more until wait() blocks
+    # long enough to compare rates.
+    for writes in (1, 4, 16):
+        for i in range(writes):
+            h.async_pwrite(t, str(tmp_path / f"g{i}.bin"))
+        before = counter.count
+        start = time.monotonic()
+        assert h.wait() == writes
+        elapsed = time.monotonic() - start
+        progressed = counter.count - before
+        if elapsed > 0.1:
+            break
     counter.stop = True
     counter.join()
     print(f"wait() blocked {elapsed:.3f}s; the other thread counted {progressed} "
