@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from ._version import __version__
 from . import comm, ops, zero

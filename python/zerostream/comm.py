@@ -12,7 +12,6 @@ import logging
 import os
 from typing import List, Optional
 
-import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed.comm does)
 

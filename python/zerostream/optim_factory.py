@@ -4,7 +4,7 @@ optimizers need zero_allow_untested_optimizer, and a client optimizer with offlo
 zero_force_ds_cpu_optimizer false."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, List, Optional
 
 import torch
 

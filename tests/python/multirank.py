@@ -2,9 +2,12 @@
 timeout so a hang fails the test instead of blocking CI (see shared/TESTING.md)."""
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
+import queue as queue_mod
 import socket
+import time
 import traceback
 from typing import Any, Callable, List
 
@@ -25,7 +28,6 @@ def _entry(fn, rank, world, port, queue, args, env):
         result = fn(rank, world, *args)
         # Bytes, not tensors: tensors in a Queue travel as shared-memory handles that die
         # with this process before the parent reads them.
-        import io
         buf = io.BytesIO()
         torch.save(result, buf)
         queue.put((rank, "ok", buf.getvalue()))
@@ -55,9 +57,6 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120.0,
     for p in procs:
         p.start()
     results = {}
-    import queue as queue_mod
-    deadline_left = timeout
-    import time
     start = time.monotonic()
     while len(results) < world:
         left = timeout - (time.monotonic() - start)
@@ -84,6 +83,5 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120.0,
               if status != "ok"]
     if errors:
         raise AssertionError("\n".join(errors))
-    import io
     import torch
     return [torch.load(io.BytesIO(results[r][1]), weights_only=False) for r in range(world)]

@@ -6,7 +6,6 @@ import math
 import re
 
 import hjson
-import pytest
 
 from zerostream import cli, config
 

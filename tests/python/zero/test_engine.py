@@ -89,7 +89,6 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale_with_hysteresis():
 
 
 def accumulation_worker(rank, world):
-    import zerostream
     engine, *_ = _engine(_base(1, gradient_accumulation_steps=3))
     x = torch.randn(2, 8)
     boundaries, applied = [], []
