@@ -4,10 +4,12 @@
 // and python/zerostream/ops/_cpu_optimizer.py turns tensors into these arguments after
 // checking device, dtype, contiguity and sizes. Every kernel call releases the GIL.
 #include <omp.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bindings/bindings.h"
 #include "common/check.h"
@@ -64,6 +66,42 @@ optim::StepBuffers buffers(uintptr_t param, uintptr_t grad, const std::string& g
   return b;
 }
 
+using Ptrs = std::vector<uintptr_t>;
+using Names = std::vector<std::string>;
+
+// The buffers of a *_step_many call, given as one list per field (item i = entry i of
+// each). state1s, copies and copy_dtypes may be empty (no second state, no copies).
+std::vector<optim::StepBuffers> buffers_many(const Ptrs& params, const Ptrs& grads,
+                                             const Names& grad_dtypes, const Ptrs& state0s,
+                                             const Ptrs& state1s, const Ptrs& copies,
+                                             const Names& copy_dtypes,
+                                             const std::vector<int64_t>& numels) {
+  const size_t n = params.size();
+  auto check_len = [n](size_t len, const char* what, bool optional) {
+    ZS_CHECK_VALUE(len == n || (optional && len == 0), what, ": expected ", n,
+                   " entries (one per param); got ", len);
+  };
+  check_len(grads.size(), "grads", false);
+  check_len(grad_dtypes.size(), "grad_dtypes", false);
+  check_len(state0s.size(), "states", false);
+  check_len(state1s.size(), "second states", true);
+  check_len(copies.size(), "param_copies", true);
+  check_len(copy_dtypes.size(), "copy_dtypes", true);
+  check_len(numels.size(), "numels", false);
+  std::vector<optim::StepBuffers> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = buffers(params[i], grads[i], grad_dtypes[i], state0s[i],
+                     state1s.empty() ? 0 : state1s[i], copies.empty() ? 0 : copies[i],
+                     copy_dtypes.empty() ? "bf16" : copy_dtypes[i], numels[i]);
+  }
+  return out;
+}
+
+// Keyword arguments shared by every *_step_many function, after the hyperparameters.
+#define ZS_OPTIM_MANY_ARGS                                                \
+  py::arg("param_copies") = Ptrs{}, py::arg("copy_dtypes") = Names{},    \
+      py::arg("threads") = 0, py::arg("simd") = "", py::arg("nontemporal") = "auto"
+
 // Keyword arguments shared by every step function, after the hyperparameters.
 #define ZS_OPTIM_COMMON_ARGS                                                          \
   py::arg("param_copy") = 0, py::arg("copy_dtype") = "bf16", py::arg("threads") = 0, \
@@ -91,6 +129,36 @@ void def_adam(py::module_& m) {
       py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction"),
       py::arg("adamw_mode"), py::arg("step"), py::arg("grad_scale") = 1.0,
       ZS_OPTIM_COMMON_ARGS);
+  m.def(
+      "adam_step_many",
+      [](const Ptrs& params, const Ptrs& grads, const Names& grad_dtypes, const Ptrs& exp_avgs,
+         const Ptrs& exp_avg_sqs, const std::vector<int64_t>& numels,
+         const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
+         double weight_decay, bool bias_correction, bool adamw_mode, double grad_scale,
+         const Ptrs& copies, const Names& copy_dtypes, int threads, const std::string& simd,
+         const std::string& nt) {
+        ZS_CHECK_VALUE(steps.size() == params.size(), "steps: expected ", params.size(),
+                       " entries (one per param); got ", steps.size());
+        ZS_CHECK_VALUE(exp_avg_sqs.size() == params.size(), "exp_avg_sqs: expected ",
+                       params.size(), " entries (one per param); got ", exp_avg_sqs.size());
+        const auto b = buffers_many(params, grads, grad_dtypes, exp_avgs, exp_avg_sqs, copies,
+                                    copy_dtypes, numels);
+        std::vector<optim::AdamParams> p(params.size());
+        for (size_t i = 0; i < p.size(); ++i) {
+          p[i] = {lr, beta1, beta2, eps, weight_decay, bias_correction, adamw_mode, steps[i],
+                  grad_scale};
+        }
+        const auto run = run_options(threads, simd, nt);
+        py::gil_scoped_release release;
+        optim::adam_step_many(p, b, run);
+      },
+      "Fused Adam/AdamW steps of a list of tensors sharing hyperparameters (one step count "
+      "each), in one parallel region (see csrc/optim/adam.h).",
+      py::arg("params"), py::arg("grads"), py::arg("grad_dtypes"), py::arg("exp_avgs"),
+      py::arg("exp_avg_sqs"), py::arg("numels"), py::arg("steps"), py::kw_only(),
+      py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+      py::arg("weight_decay"), py::arg("bias_correction"), py::arg("adamw_mode"),
+      py::arg("grad_scale") = 1.0, ZS_OPTIM_MANY_ARGS);
 }
 
 void def_adagrad_lion(py::module_& m) {
@@ -111,6 +179,24 @@ void def_adagrad_lion(py::module_& m) {
       py::arg("numel"), py::kw_only(), py::arg("lr"), py::arg("eps"), py::arg("weight_decay"),
       py::arg("grad_scale") = 1.0, ZS_OPTIM_COMMON_ARGS);
   m.def(
+      "adagrad_step_many",
+      [](const Ptrs& params, const Ptrs& grads, const Names& grad_dtypes, const Ptrs& sum_sqs,
+         const std::vector<int64_t>& numels, double lr, double eps, double weight_decay,
+         double grad_scale, const Ptrs& copies, const Names& copy_dtypes, int threads,
+         const std::string& simd, const std::string& nt) {
+        const auto b = buffers_many(params, grads, grad_dtypes, sum_sqs, {}, copies,
+                                    copy_dtypes, numels);
+        const std::vector<optim::AdagradParams> p(params.size(),
+                                                  {lr, eps, weight_decay, grad_scale});
+        const auto run = run_options(threads, simd, nt);
+        py::gil_scoped_release release;
+        optim::adagrad_step_many(p, b, run);
+      },
+      "Fused Adagrad steps of a list of tensors in one parallel region (csrc/optim/adagrad.h).",
+      py::arg("params"), py::arg("grads"), py::arg("grad_dtypes"), py::arg("sum_sqs"),
+      py::arg("numels"), py::kw_only(), py::arg("lr"), py::arg("eps"),
+      py::arg("weight_decay"), py::arg("grad_scale") = 1.0, ZS_OPTIM_MANY_ARGS);
+  m.def(
       "lion_step",
       [](uintptr_t param, uintptr_t grad, const std::string& grad_dtype, uintptr_t exp_avg,
          int64_t numel, double lr, double beta1, double beta2, double weight_decay,
@@ -126,6 +212,24 @@ void def_adagrad_lion(py::module_& m) {
       py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"), py::arg("numel"),
       py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("weight_decay"),
       py::arg("grad_scale") = 1.0, ZS_OPTIM_COMMON_ARGS);
+  m.def(
+      "lion_step_many",
+      [](const Ptrs& params, const Ptrs& grads, const Names& grad_dtypes, const Ptrs& exp_avgs,
+         const std::vector<int64_t>& numels, double lr, double beta1, double beta2,
+         double weight_decay, double grad_scale, const Ptrs& copies, const Names& copy_dtypes,
+         int threads, const std::string& simd, const std::string& nt) {
+        const auto b = buffers_many(params, grads, grad_dtypes, exp_avgs, {}, copies,
+                                    copy_dtypes, numels);
+        const std::vector<optim::LionParams> p(params.size(),
+                                               {lr, beta1, beta2, weight_decay, grad_scale});
+        const auto run = run_options(threads, simd, nt);
+        py::gil_scoped_release release;
+        optim::lion_step_many(p, b, run);
+      },
+      "Fused Lion steps of a list of tensors in one parallel region (csrc/optim/lion.h).",
+      py::arg("params"), py::arg("grads"), py::arg("grad_dtypes"), py::arg("exp_avgs"),
+      py::arg("numels"), py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+      py::arg("weight_decay"), py::arg("grad_scale") = 1.0, ZS_OPTIM_MANY_ARGS);
 }
 
 void def_stats_and_probe(py::module_& m) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "optim/kernels/kernel_table.h"
 #include "optim/step_types.h"
@@ -20,5 +21,10 @@ AdagradCoeffs adagrad_coeffs(const AdagradParams& params);
 
 // state0 = sum of squared grads; state1 unused.
 void adagrad_step(const AdagradParams& params, const StepBuffers& b, const RunOptions& run = {});
+
+// Item i steps b[i] with params[i], every item in one parallel region (Note [Many tensors,
+// one region] in optim/parallel.h): the list form for a model's parameter list.
+void adagrad_step_many(const std::vector<AdagradParams>& params,
+                      const std::vector<StepBuffers>& b, const RunOptions& run = {});
 
 }  // namespace zs::optim

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "optim/kernels/kernel_table.h"
 #include "optim/step_types.h"
@@ -27,5 +28,10 @@ AdamCoeffs adam_coeffs(const AdamParams& params);
 // One Adam/AdamW step over b.numel elements: state0 = exp_avg, state1 = exp_avg_sq, grads
 // fp32/bf16/fp16, optional bf16/fp16 param copy written in the same pass.
 void adam_step(const AdamParams& params, const StepBuffers& b, const RunOptions& run = {});
+
+// Item i steps b[i] with params[i], every item in one parallel region (Note [Many tensors,
+// one region] in optim/parallel.h): the list form for a model's parameter list.
+void adam_step_many(const std::vector<AdamParams>& params,
+                   const std::vector<StepBuffers>& b, const RunOptions& run = {});
 
 }  // namespace zs::optim

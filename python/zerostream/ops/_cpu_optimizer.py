@@ -6,12 +6,14 @@ so a bad tensor is a ``ValueError`` naming the argument, never a crash in native
 
 ``CPUOptimizerBase`` is the ``torch.optim.Optimizer`` behind DeepSpeedCPUAdam,
 DeepSpeedCPUAdagrad and DeepSpeedCPULion: it walks the param groups, creates fp32 state,
-and hands each parameter to its subclass's fused kernel call.
+and hands each group's parameters to its subclass's fused kernel in one native call
+(``*_step_many``: one parallel region for the whole list, Note [Many tensors, one region]
+in csrc/optim/parallel.h).
 """
 from __future__ import annotations
 
 import warnings
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -90,13 +92,48 @@ def grad_stats(grad: torch.Tensor, scale: float = 1.0, *, threads: Optional[int]
                                scale=float(scale), threads=kw["threads"], simd=kw["simd"])
 
 
+class StepItem(NamedTuple):
+    """One parameter of a group step: the fp32 tensor the kernel updates, its grad, its
+    optimizer state, the 16-bit param to write (or None) and where it is, for errors."""
+    p32: torch.Tensor
+    grad: torch.Tensor
+    state: dict
+    copy: Optional[torch.Tensor]
+    where: str
+
+
+def many_buffers(items: List[StepItem], state_names: Tuple[str, ...]) -> dict:
+    """The list arguments of a _C.optim.*_step_many call, every tensor checked first (a bad
+    one is a ValueError naming its param, and nothing has been stepped). Keys: params,
+    grads, grad_dtypes, numels, param_copies (0: none), copy_dtypes and one list per state
+    name."""
+    out: dict = {"params": [], "grads": [], "grad_dtypes": [], "numels": [],
+                 "param_copies": [], "copy_dtypes": []}
+    out.update({name: [] for name in state_names})
+    for it in items:
+        try:
+            b = step_buffers(it.p32, it.grad, {n: it.state[n] for n in state_names}, it.copy)
+        except ValueError as e:
+            raise ValueError(f"{it.where}: {e}") from None
+        out["params"].append(b["param"])
+        out["grads"].append(b["grad"])
+        out["grad_dtypes"].append(b["grad_dtype"])
+        out["numels"].append(b["numel"])
+        out["param_copies"].append(b.get("param_copy", 0))
+        out["copy_dtypes"].append(b.get("copy_dtype", "bf16"))
+        for name in state_names:
+            out[name].append(b[name])
+    return out
+
+
 class CPUOptimizerBase(torch.optim.Optimizer):
-    """Walks param groups and calls the subclass's fused kernel once per parameter.
+    """Walks param groups and calls the subclass's fused kernel once per group.
 
     fp32 params are updated in place. bf16/fp16 params keep an fp32 master copy in
     ``state["fp32_param"]``: the kernel updates the master and writes the 16-bit param in
     the same pass (the fused param copy), with the 16-bit grad read directly.
-    Subclasses define ``_state_names`` and ``_kernel_step(group, p32, grad, state, copy)``.
+    Subclasses define ``_state_names`` and ``_group_step(group, items, grad_scale)``, which
+    steps a list of StepItem in one native call with each item's ``state["step"] + 1``.
     """
 
     _state_names: Tuple[str, ...] = ()
@@ -142,6 +179,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 loss = closure()
         for gi, group in enumerate(self.param_groups):
             self._check_group(group)
+            items = []
             for pi, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
@@ -149,19 +187,21 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 state = self.state[p]
                 if len(state) == 0:
                     self._init_state(p, state)
-                state["step"] += 1
                 master = state.get("fp32_param")
-                grad = p.grad.contiguous()
-                if master is None:
-                    self._kernel_step(group, p.data, grad, state, None, float(grad_scale))
-                else:
-                    self._kernel_step(group, master, grad, state, p.data, float(grad_scale))
+                where = f"{self._display_name}: param_groups[{gi}]['params'][{pi}]"
+                items.append(StepItem(p.data if master is None else master,
+                                      p.grad.contiguous(), state,
+                                      None if master is None else p.data, where))
+            if items:
+                self._group_step(group, items, float(grad_scale))
+                for it in items:
+                    it.state["step"] += 1
         return loss
 
     def _check_group(self, group: dict) -> None:
         pass
 
-    def _kernel_step(self, group, p32, grad, state, copy, grad_scale) -> None:
+    def _group_step(self, group: dict, items: List[StepItem], grad_scale: float) -> None:
         raise NotImplementedError
 
     def load_state_dict(self, state_dict: dict) -> None:

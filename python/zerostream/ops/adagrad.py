@@ -7,7 +7,8 @@ from typing import Iterable, Optional
 import torch
 
 from zerostream import _C
-from zerostream.ops._cpu_optimizer import CPUOptimizerBase, run_kwargs, step_buffers
+from zerostream.ops._cpu_optimizer import (CPUOptimizerBase, many_buffers, run_kwargs,
+                                           step_buffers)
 
 __all__ = ["DeepSpeedCPUAdagrad", "CPUAdagrad", "cpu_adagrad_step"]
 
@@ -45,10 +46,14 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         super().__init__(model_params, defaults, fp32_optimizer_states, threads)
 
-    def _kernel_step(self, group, p32, grad, state, copy, grad_scale) -> None:
-        cpu_adagrad_step(p32, grad, state["exp_avg_sq"], lr=group["lr"], eps=group["eps"],
-                         weight_decay=group["weight_decay"], grad_scale=grad_scale,
-                         param_copy=copy, threads=self.threads)
+    def _group_step(self, group, items, grad_scale) -> None:
+        b = many_buffers(items, self._state_names)
+        _C.optim.adagrad_step_many(
+            b["params"], b["grads"], b["grad_dtypes"], b["exp_avg_sq"], b["numels"],
+            lr=float(group["lr"]), eps=float(group["eps"]),
+            weight_decay=float(group["weight_decay"]), grad_scale=grad_scale,
+            param_copies=b["param_copies"], copy_dtypes=b["copy_dtypes"],
+            threads=self.threads or 0)
 
 
 CPUAdagrad = DeepSpeedCPUAdagrad

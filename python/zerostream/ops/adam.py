@@ -11,7 +11,8 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from zerostream import _C
-from zerostream.ops._cpu_optimizer import CPUOptimizerBase, run_kwargs, step_buffers
+from zerostream.ops._cpu_optimizer import (CPUOptimizerBase, many_buffers, run_kwargs,
+                                           step_buffers)
 
 __all__ = ["DeepSpeedCPUAdam", "CPUAdam", "cpu_adam_step"]
 
@@ -74,12 +75,17 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
         if group.get("amsgrad", False):
             raise NotImplementedError("DeepSpeedCPUAdam: amsgrad=True is not supported")
 
-    def _kernel_step(self, group, p32, grad, state, copy, grad_scale) -> None:
-        cpu_adam_step(p32, grad, state["exp_avg"], state["exp_avg_sq"], lr=group["lr"],
-                      betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"],
-                      step=state["step"], bias_correction=group["bias_correction"],
-                      adamw_mode=self.adamw_mode, grad_scale=grad_scale, param_copy=copy,
-                      threads=self.threads)
+    def _group_step(self, group, items, grad_scale) -> None:
+        b = many_buffers(items, self._state_names)
+        beta1, beta2 = _betas(group["betas"])
+        _C.optim.adam_step_many(
+            b["params"], b["grads"], b["grad_dtypes"], b["exp_avg"], b["exp_avg_sq"],
+            b["numels"], [it.state["step"] + 1 for it in items], lr=float(group["lr"]),
+            beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+            weight_decay=float(group["weight_decay"]),
+            bias_correction=bool(group["bias_correction"]), adamw_mode=self.adamw_mode,
+            grad_scale=grad_scale, param_copies=b["param_copies"],
+            copy_dtypes=b["copy_dtypes"], threads=self.threads or 0)
 
 
 def _check_hparams(lr, eps, weight_decay) -> None:

@@ -7,7 +7,8 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from zerostream import _C
-from zerostream.ops._cpu_optimizer import CPUOptimizerBase, run_kwargs, step_buffers
+from zerostream.ops._cpu_optimizer import (CPUOptimizerBase, many_buffers, run_kwargs,
+                                           step_buffers)
 from zerostream.ops.adam import _betas
 
 __all__ = ["DeepSpeedCPULion", "CPULion", "cpu_lion_step"]
@@ -42,10 +43,15 @@ class DeepSpeedCPULion(CPUOptimizerBase):
         defaults = dict(lr=lr, betas=_betas(betas), weight_decay=weight_decay)
         super().__init__(model_params, defaults, fp32_optimizer_states, threads)
 
-    def _kernel_step(self, group, p32, grad, state, copy, grad_scale) -> None:
-        cpu_lion_step(p32, grad, state["exp_avg"], lr=group["lr"], betas=group["betas"],
-                      weight_decay=group["weight_decay"], grad_scale=grad_scale,
-                      param_copy=copy, threads=self.threads)
+    def _group_step(self, group, items, grad_scale) -> None:
+        b = many_buffers(items, self._state_names)
+        beta1, beta2 = _betas(group["betas"])
+        _C.optim.lion_step_many(
+            b["params"], b["grads"], b["grad_dtypes"], b["exp_avg"], b["numels"],
+            lr=float(group["lr"]), beta1=beta1, beta2=beta2,
+            weight_decay=float(group["weight_decay"]), grad_scale=grad_scale,
+            param_copies=b["param_copies"], copy_dtypes=b["copy_dtypes"],
+            threads=self.threads or 0)
 
 
 CPULion = DeepSpeedCPULion
