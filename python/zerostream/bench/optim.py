@@ -4,9 +4,13 @@ the same run.
 
     zerostream bench optim --numel 2e8 --optimizer adamw --grad-dtype bf16 --param-copy bf16
     python -m zerostream.bench.optim --numel 5e7 --json
+    zerostream bench optim --model gpt2-small     (the optimizer classes on a model's list:
+                                                   bench/optim_model.py)
 
 Peers run in interleaved rounds (one step of each per round) so that noise from other
-processes on a shared machine hits them alike; reported times are per-peer medians.
+processes on a shared machine hits them alike. Rates are per-peer medians; ratios are
+paired: the median over rounds of the ratio within each round, so a drift of the machine's
+memory bandwidth between rounds (seen here: 2x over an evening) cancels out.
 
 Bytes-per-param model (stated in the output): the minimum traffic of one step, read grad +
 params + states, write params + states + the optional 16-bit copy. Read-for-ownership of
@@ -26,6 +30,7 @@ import torch
 
 from zerostream import _C
 from zerostream.bench import stdout_to_stderr
+from zerostream.bench.optim_model import MODELS, print_model_table, run_model
 from zerostream.ops.adagrad import cpu_adagrad_step
 from zerostream.ops.adam import cpu_adam_step
 from zerostream.ops.lion import cpu_lion_step
@@ -62,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "states), copy (16-bit copy only, whole lines), off; auto = copy")
     parser.add_argument("--repeats", type=int, default=5, help="rounds (median is reported)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch peers")
+    parser.add_argument("--model", choices=sorted(MODELS),
+                        help="instead of one flat buffer: step() of the optimizer classes "
+                             "over this model's parameter list (fp32), vs torch and DeepSpeed")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--json-out", metavar="PATH", help="also write the JSON object to PATH")
 
@@ -184,8 +192,20 @@ def _measure(peers: List[_Peer], repeats: int) -> None:
             peer.times.append(time.perf_counter() - t0)
 
 
-def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return None if a is None or not b else a / b
+def _paired(ours: _Peer, other: Optional[_Peer]) -> Optional[float]:
+    """Median over rounds of ours' speed / other's speed within the round."""
+    if other is None:
+        return None
+    return statistics.median(t_other / t_ours for t_ours, t_other in zip(ours.times, other.times))
+
+
+def _paired_roofline(ours: _Peer, probes: List[_Peer]) -> float:
+    """Median over rounds of ours' GB/s / the best probe's GB/s within the round."""
+    ratios = []
+    for r, t_ours in enumerate(ours.times):
+        best = max(p.bytes_per_param / p.times[r] for p in probes)
+        ratios.append(ours.bytes_per_param / t_ours / best)
+    return statistics.median(ratios)
 
 
 def _results(args, numel: int, peers: List[_Peer]) -> Dict:
@@ -196,10 +216,13 @@ def _results(args, numel: int, peers: List[_Peer]) -> Dict:
     roof_nt, roof_st = gbps["roofline (streaming stores)"], gbps["roofline (ordinary stores)"]
     roof_copy = gbps.get("roofline (streaming copy only)")
     roofline = max(x for x in (roof_nt, roof_st, roof_copy) if x is not None)
-    fused = next((rates[n] for n in rates if n.endswith("(fused=True)")), None)
-    fused_equiv = next((rates[n] for n in rates if n.endswith("(fused=True) + casts")), None)
-    foreach = next((rates[n] for n in rates if "foreach" in n), None)
-    ds = rates.get("deepspeed DeepSpeedCPUAdam")
+    probes = [p for p in peers if p.name.startswith("roofline")]
+    fused_peer = next((p for p in peers if p.name.endswith("(fused=True)")), None)
+    equiv_peer = next((p for p in peers if p.name.endswith("(fused=True) + casts")), None)
+    foreach_peer = next((p for p in peers if "foreach" in p.name), None)
+    ds_peer = by_name.get("deepspeed DeepSpeedCPUAdam")
+    rate = lambda p: None if p is None else rates[p.name]  # noqa: E731
+    fused, fused_equiv, foreach, ds = map(rate, (fused_peer, equiv_peer, foreach_peer, ds_peer))
     return {
         "config": {"numel": numel, "optimizer": args.optimizer, "grad_dtype": args.grad_dtype,
                    "param_copy": args.param_copy, "threads": args.threads or _C.optim.default_threads(),
@@ -213,15 +236,16 @@ def _results(args, numel: int, peers: List[_Peer]) -> Dict:
         "roofline_ordinary_gbps": roof_st,
         "roofline_streaming_copy_gbps": roof_copy,
         "roofline_bytes_per_param": by_name["roofline (streaming stores)"].bytes_per_param,
-        "ratio_vs_roofline": gbps["zerostream"] / roofline,
+        "ratio_vs_roofline": _paired_roofline(ours, probes),
         "torch_fused_params_per_s": fused,
         "torch_foreach_params_per_s": foreach,
         "deepspeed_params_per_s": ds,
-        "ratio_vs_torch_fused": _ratio(rates["zerostream"], fused),
+        "ratio_vs_torch_fused": _paired(ours, fused_peer),
         "torch_fused_with_casts_params_per_s": fused_equiv,
-        "ratio_vs_torch_fused_with_casts": _ratio(rates["zerostream"], fused_equiv),
-        "ratio_vs_torch_foreach": _ratio(rates["zerostream"], foreach),
-        "ratio_vs_deepspeed": _ratio(rates["zerostream"], ds),
+        "ratio_vs_torch_fused_with_casts": _paired(ours, equiv_peer),
+        "ratio_vs_torch_foreach": _paired(ours, foreach_peer),
+        "ratio_vs_deepspeed": _paired(ours, ds_peer),
+        "ratio_note": "paired: median over rounds of the ratio within each round",
         "peers": [{"name": p.name, "params_per_s": rates[p.name], "gbps": gbps[p.name],
                    "bytes_per_param": p.bytes_per_param, "note": p.note} for p in peers],
     }
@@ -239,8 +263,8 @@ def _print_table(res: Dict) -> None:
         print(f"{p['name']:34s} {p['params_per_s'] / 1e9:9.3f} {p['gbps']:7.1f} "
               f"{p['bytes_per_param']:8d}  {p['note']}")
     fmt = lambda x: "n/a" if x is None else f"{x:.2f}"
-    print(f"ratio vs roofline {fmt(res['ratio_vs_roofline'])} (roofline = best probe, "
-          f"{res['roofline_gbps']:.1f} GB/s); vs torch fused {fmt(res['ratio_vs_torch_fused'])} "
+    print(f"ratios (median of per-round ratios): vs roofline {fmt(res['ratio_vs_roofline'])} "
+          f"(roofline = best probe, {res['roofline_gbps']:.1f} GB/s); vs torch fused {fmt(res['ratio_vs_torch_fused'])} "
           f"(with casts {fmt(res['ratio_vs_torch_fused_with_casts'])}); "
           f"vs torch foreach {fmt(res['ratio_vs_torch_foreach'])}; "
           f"vs DeepSpeed {fmt(res['ratio_vs_deepspeed'])}")
@@ -254,6 +278,11 @@ def run(args) -> int:
     numel = args.numel
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.model:
+        with stdout_to_stderr(args.json):
+            res = run_model(args)
+        _emit(args, res, print_model_table)
+        return 0
     with stdout_to_stderr(args.json):  # peers (DeepSpeed) log to stdout
         peers = _ours(args, numel)
         if not args.no_torch:
@@ -265,14 +294,18 @@ def run(args) -> int:
         res = _results(args, numel, peers)
     del peers
     gc.collect()
+    _emit(args, res, _print_table)
+    return 0
+
+
+def _emit(args, res: Dict, print_table: Callable[[Dict], None]) -> None:
     if args.json:
         print(json.dumps(res, indent=2))
     else:
-        _print_table(res)
+        print_table(res)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res, f, indent=2)
-    return 0
 
 
 def main(argv=None) -> int:
