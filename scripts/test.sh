@@ -24,5 +24,8 @@ fi
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -j "$(nproc)" \
   --timeout 600
 
+echo "== C++ tests cross-built for aarch64, under qemu-user (build/aarch64)"
+scripts/test-aarch64.sh
+
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q -ra "$@"

@@ -83,8 +83,8 @@ TEST_P(optim_levels, MatchScalarBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, optim_levels,
-                         ::testing::Values(SimdLevel::kScalar, SimdLevel::kAvx2,
-                                           SimdLevel::kAvx512),
+                         ::testing::Values(SimdLevel::kScalar, SimdLevel::kNeon,
+                                           SimdLevel::kAvx2, SimdLevel::kAvx512),
                          [](const auto& info) { return std::string(simd_level_name(info.param)); });
 
 }  // namespace

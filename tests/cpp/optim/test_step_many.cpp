@@ -68,7 +68,8 @@ void expect_same(const Arena& a, const Arena& b, const std::string& what) {
 TEST(optim_step_many, EachTensorGetsTheBitsOfItsOwnCall) {
   for (const DType gd : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     for (const int threads : {1, 2, 3}) {
-      for (const SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+      for (const SimdLevel level : {SimdLevel::kScalar, SimdLevel::kNeon, SimdLevel::kAvx2,
+                                     SimdLevel::kAvx512}) {
         if (!testing::level_supported(level)) continue;
         const RunOptions o{threads, static_cast<int>(level), NonTemporal::kAuto};
         const std::string what = std::string("grad ") + dtype_name(gd) + ", threads " +
