@@ -46,4 +46,7 @@ log "bench io on $path"
   --queue-depth 32 --loops 5 --json > "$out/io.json"
 log "bench optim"
 PY="$venv/bin/python" benchmarks/optim.sh --threads "$(nproc)"
+log "bench optim --model gpt2-small"
+"$venv/bin/zerostream" bench optim --model gpt2-small --threads "$(nproc)" --repeats 7 \
+  --json-out "$out/optim-gpt2-small.json"
 log "results in $out/"

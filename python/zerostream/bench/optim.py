@@ -87,14 +87,40 @@ class _Peer:
         return numel / statistics.median(self.times)
 
 
-def _ours(args, numel: int) -> List[_Peer]:
-    """The zerostream kernel and the roofline probes over one shared set of buffers."""
-    grad_dtype = _DTYPES[args.grad_dtype]
-    p = torch.full((numel,), 0.5)
-    m = torch.zeros(numel)
-    v = torch.zeros(numel)
-    g = torch.full((numel,), 1e-3, dtype=grad_dtype)
-    copy = None if args.param_copy == "none" else torch.zeros(numel, dtype=_DTYPES[args.param_copy])
+class _Buffers:
+    """The one set of buffers every peer steps (Note [One working set])."""
+
+    def __init__(self, args, numel: int):
+        self.p = torch.full((numel,), 0.5)
+        self.m = torch.zeros(numel)
+        self.v = torch.zeros(numel)
+        self.g = torch.full((numel,), 1e-3, dtype=_DTYPES[args.grad_dtype])
+        self.copy = (None if args.param_copy == "none"
+                     else torch.zeros(numel, dtype=_DTYPES[args.param_copy]))
+        self.param = torch.nn.Parameter(self.p)  # shares p's storage
+        self.param.grad = self.g if self.g.dtype == torch.float32 else torch.full((numel,), 1e-3)
+
+
+# Note [One working set]
+# Every peer steps the same p, m and v (torch's and DeepSpeed's optimizer states are made
+# aliases of ours after their first step) and the same grads. The values only need to stay
+# finite, and with 2e8 params a private set per peer would need ~16 GB: on a 24 GB machine
+# that put the kernel's reclaim to work during the runs and cost every peer 20-30%.
+# Sharing keeps the footprint at one set (~7 GB) and all peers touch the same memory.
+def _alias_states(opt: torch.optim.Optimizer, param, states: Dict[str, torch.Tensor]) -> None:
+    opt.step()  # creates the states
+    for name, t in states.items():
+        old = opt.state[param][name]
+        if old.shape != t.shape:
+            raise RuntimeError(f"bench optim: {type(opt).__name__} state {name!r} has shape "
+                               f"{tuple(old.shape)}, expected {tuple(t.shape)}")
+        opt.state[param][name] = t
+    gc.collect()
+
+
+def _ours(args, numel: int, buf: _Buffers) -> List[_Peer]:
+    """The zerostream kernel and the roofline probes over the shared buffers."""
+    p, m, v, g, copy = buf.p, buf.m, buf.v, buf.g, buf.copy
     run = dict(threads=args.threads or None, nontemporal=args.nontemporal)
 
     def step(i: int) -> None:
@@ -121,39 +147,38 @@ def _ours(args, numel: int) -> List[_Peer]:
     return [ours] + probes
 
 
-def _torch_peers(args, numel: int) -> List[_Peer]:
+def _torch_peers(args, numel: int, buf: _Buffers) -> List[_Peer]:
     """torch's own CPU optimizers on fp32 params and grads (torch needs grad dtype == param
     dtype, and writes no 16-bit copy: their bytes model has neither)."""
     if args.optimizer == "lion":
         return []
-    param = torch.nn.Parameter(torch.full((numel,), 0.5))
-    param.grad = torch.full((numel,), 1e-3)
+    param = buf.param
     peers = []
     for mode in ("fused", "foreach"):
         if args.optimizer == "adagrad":
             opt = torch.optim.Adagrad([param], lr=1e-3, weight_decay=0.01, **{mode: True})
+            _alias_states(opt, param, {"sum": buf.m})
         else:
             cls = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam
             opt = cls([param], lr=1e-3, weight_decay=0.01, **{mode: True})
+            _alias_states(opt, param, {"exp_avg": buf.m, "exp_avg_sq": buf.v})
         name = f"torch {type(opt).__name__}({mode}=True)"
         peers.append(_Peer(name, lambda i, o=opt: o.step(), _bytes_per_param(args.optimizer, 4, 0),
                            "fp32 grads, no copy"))
         if mode == "fused":
-            equivalent = _torch_equivalent(args, param, opt)
+            equivalent = _torch_equivalent(args, param, opt, buf)
             if equivalent is not None:
                 peers.append(equivalent)
     return peers
 
 
-def _torch_equivalent(args, param, opt) -> Optional[_Peer]:
+def _torch_equivalent(args, param, opt, buf: _Buffers) -> Optional[_Peer]:
     """torch fused doing the work of our configuration: cast the 16-bit grads to fp32 before
     the step and write the 16-bit param copy after it (what a ZeRO-Offload step with torch's
     optimizer must do). Same useful bytes as ours, so the same bytes model."""
     if args.grad_dtype == "fp32" and args.param_copy == "none":
         return None
-    numel = param.numel()
-    g16 = torch.full((numel,), 1e-3, dtype=_DTYPES[args.grad_dtype])
-    copy = None if args.param_copy == "none" else torch.empty(numel, dtype=_DTYPES[args.param_copy])
+    g16, copy = buf.g, buf.copy
 
     def step(i: int) -> None:
         param.grad.copy_(g16)
@@ -167,17 +192,17 @@ def _torch_equivalent(args, param, opt) -> Optional[_Peer]:
                  f"grads {args.grad_dtype} -> fp32, step, copy {args.param_copy}")
 
 
-def _deepspeed_peer(args, numel: int) -> Optional[_Peer]:
+def _deepspeed_peer(args, numel: int, buf: _Buffers) -> Optional[_Peer]:
     if args.optimizer not in ("adam", "adamw"):
         return None
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # type: ignore
     except Exception:  # not installed, or its op fails to build: reported as absent
         return None
-    param = torch.nn.Parameter(torch.full((numel,), 0.5))
-    param.grad = torch.full((numel,), 1e-3)
+    param = buf.param
     opt = DeepSpeedCPUAdam([param], lr=1e-3, weight_decay=0.01,
                            adamw_mode=args.optimizer == "adamw")
+    _alias_states(opt, param, {"exp_avg": buf.m, "exp_avg_sq": buf.v})
     return _Peer("deepspeed DeepSpeedCPUAdam", lambda i: opt.step(),
                  _bytes_per_param(args.optimizer, 4, 0), "fp32 grads, no copy")
 
@@ -284,15 +309,16 @@ def run(args) -> int:
         _emit(args, res, print_model_table)
         return 0
     with stdout_to_stderr(args.json):  # peers (DeepSpeed) log to stdout
-        peers = _ours(args, numel)
+        buf = _Buffers(args, numel)
+        peers = _ours(args, numel, buf)
         if not args.no_torch:
-            peers += _torch_peers(args, numel)
-        ds = _deepspeed_peer(args, numel)
+            peers += _torch_peers(args, numel, buf)
+        ds = _deepspeed_peer(args, numel, buf)
         if ds is not None:
             peers.append(ds)
         _measure(peers, args.repeats)
         res = _results(args, numel, peers)
-    del peers
+    del peers, buf
     gc.collect()
     _emit(args, res, _print_table)
     return 0
