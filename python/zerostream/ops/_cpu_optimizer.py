@@ -18,6 +18,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 import torch
 
 from zerostream import _C
+from zerostream.ops.threads import optimizer_threads
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {
     torch.float32: "fp32",
@@ -60,7 +61,8 @@ def run_kwargs(threads: Optional[int], simd: Optional[str], nontemporal: str) ->
     if nontemporal not in ("auto", "on", "off", "copy"):
         raise ValueError("nontemporal: expected 'auto', 'on', 'off' or 'copy'; "
                          f"got {nontemporal!r}")
-    return {"threads": threads or 0, "simd": simd or "", "nontemporal": nontemporal}
+    return {"threads": optimizer_threads(threads or None), "simd": simd or "",
+            "nontemporal": nontemporal}
 
 
 def step_buffers(param: torch.Tensor, grad: torch.Tensor, states: Dict[str, torch.Tensor],

@@ -9,6 +9,7 @@ import torch
 from zerostream import _C
 from zerostream.ops._cpu_optimizer import (CPUOptimizerBase, many_buffers, run_kwargs,
                                            step_buffers)
+from zerostream.ops.threads import optimizer_threads
 
 __all__ = ["DeepSpeedCPUAdagrad", "CPUAdagrad", "cpu_adagrad_step"]
 
@@ -53,7 +54,7 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
             lr=float(group["lr"]), eps=float(group["eps"]),
             weight_decay=float(group["weight_decay"]), grad_scale=grad_scale,
             param_copies=b["param_copies"], copy_dtypes=b["copy_dtypes"],
-            threads=self.threads or 0)
+            threads=optimizer_threads(self.threads))
 
 
 CPUAdagrad = DeepSpeedCPUAdagrad

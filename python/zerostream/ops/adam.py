@@ -13,6 +13,7 @@ import torch
 from zerostream import _C
 from zerostream.ops._cpu_optimizer import (CPUOptimizerBase, many_buffers, run_kwargs,
                                            step_buffers)
+from zerostream.ops.threads import optimizer_threads
 
 __all__ = ["DeepSpeedCPUAdam", "CPUAdam", "cpu_adam_step"]
 
@@ -85,7 +86,7 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
             weight_decay=float(group["weight_decay"]),
             bias_correction=bool(group["bias_correction"]), adamw_mode=self.adamw_mode,
             grad_scale=grad_scale, param_copies=b["param_copies"],
-            copy_dtypes=b["copy_dtypes"], threads=self.threads or 0)
+            copy_dtypes=b["copy_dtypes"], threads=optimizer_threads(self.threads))
 
 
 def _check_hparams(lr, eps, weight_decay) -> None:

@@ -9,6 +9,7 @@ import torch
 from zerostream import _C
 from zerostream.ops._cpu_optimizer import (CPUOptimizerBase, many_buffers, run_kwargs,
                                            step_buffers)
+from zerostream.ops.threads import optimizer_threads
 from zerostream.ops.adam import _betas
 
 __all__ = ["DeepSpeedCPULion", "CPULion", "cpu_lion_step"]
@@ -51,7 +52,7 @@ class DeepSpeedCPULion(CPUOptimizerBase):
             lr=float(group["lr"]), beta1=beta1, beta2=beta2,
             weight_decay=float(group["weight_decay"]), grad_scale=grad_scale,
             param_copies=b["param_copies"], copy_dtypes=b["copy_dtypes"],
-            threads=self.threads or 0)
+            threads=optimizer_threads(self.threads))
 
 
 CPULion = DeepSpeedCPULion
