@@ -11,16 +11,8 @@ cd "$root"
 scripts/setup.sh
 log() { echo "[bench] $*"; }
 
-missing=()
-for p in fio libaio-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo_cmd=""
-  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+source scripts/apt.sh
+LOG_PREFIX=bench apt_ensure fio libaio-dev
 
 venv=.venv-bench
 stamp=$venv/.zs-bench.sha1

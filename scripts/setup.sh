@@ -11,17 +11,8 @@ log() { echo "[setup] $*"; }
 # --- 1. Debian packages ---------------------------------------------------------------
 apt_packages=(build-essential cmake ninja-build pkg-config python3-venv
               liburing-dev nlohmann-json3-dev libgtest-dev libomp-dev fio)
-missing=()
-for p in "${apt_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing Debian packages: ${missing[*]}"
-  sudo_cmd=""
-  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+source scripts/apt.sh
+LOG_PREFIX=setup apt_ensure "${apt_packages[@]}"
 
 # --- 2. Python environment ---------------------------------------------------------------
 py=${ZS_PYTHON:-python3}

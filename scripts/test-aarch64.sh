@@ -13,23 +13,13 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 log() { echo "[aarch64] $*"; }
 
-sudo_cmd=""
-[ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+source scripts/apt.sh
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   log "adding the arm64 architecture to dpkg"
-  $sudo_cmd dpkg --add-architecture arm64
-  $sudo_cmd apt-get update -qq
+  apt_sudo dpkg --add-architecture arm64
 fi
-packages=(g++-aarch64-linux-gnu qemu-user liburing-dev:arm64 libgtest-dev:arm64)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing Debian packages: ${missing[*]}"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+LOG_PREFIX=aarch64 apt_ensure g++-aarch64-linux-gnu qemu-user liburing-dev:arm64 \
+  libgtest-dev:arm64
 
 mkdir -p build
 log "cross-building (build/aarch64)"
