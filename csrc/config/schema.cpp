@@ -238,7 +238,8 @@ struct Schema {
         S("output_file", nullptr)}};
     torch_autocast = {"torch_autocast", false, false, {
         B("enabled", false), S("dtype", nullptr), A("lower_precision_safe_modules")}};
-    zerostream = {"zerostream", true, true, {B("verify_swap_checksums", false)}};
+    zerostream = {"zerostream", true, true, {B("verify_swap_checksums", false),
+                                             U("cpu_optimizer_threads", 0)}};
 
     root = {"", false, true, {
         I("train_batch_size", nullptr).greater_than_zero(),

@@ -271,6 +271,7 @@ class FlopsProfilerConfig:
 @dataclass(frozen=True)
 class ZeroStreamExtConfig:
     verify_swap_checksums: bool
+    cpu_optimizer_threads: int  # 0: the default of zerostream/ops/threads.py
 
 
 @dataclass(frozen=True)

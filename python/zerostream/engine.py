@@ -132,6 +132,7 @@ class ZeroEngine(torch.nn.Module):
                                sub_group_size=cfg.zero_optimization.sub_group_size,
                                offload_cfg=oo, aio_cfg=cfg.aio,
                                verify_checksums=cfg.zerostream.verify_swap_checksums,
+                               threads=cfg.zerostream.cpu_optimizer_threads or None,
                                stage=stage, rank=comm.get_rank())
         return OffloadSpec("nvme", pin_memory=oo.pin_memory, swapper_factory=factory)
 

@@ -83,6 +83,7 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
             kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay", "bias_correction")
                       if k in params}
             kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
+            kwargs["threads"] = cfg.zerostream.cpu_optimizer_threads or None
             return lambda groups: DeepSpeedCPUAdam(groups, adamw_mode=adamw, **kwargs)
         kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay") if k in params}
         kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
@@ -92,6 +93,7 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
         if offloaded:
             from .ops.adagrad import DeepSpeedCPUAdagrad
             kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay") if k in params}
+            kwargs["threads"] = cfg.zerostream.cpu_optimizer_threads or None
             return lambda groups: DeepSpeedCPUAdagrad(groups, **kwargs)
         kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay", "lr_decay",
                                          "initial_accumulator_value") if k in params}
@@ -100,6 +102,7 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
         from .ops.lion import DeepSpeedCPULion  # the CPU kernels (ops issue)
         kwargs = {k: params[k] for k in ("lr", "weight_decay") if k in params}
         kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
+        kwargs["threads"] = cfg.zerostream.cpu_optimizer_threads or None
         return lambda groups: DeepSpeedCPULion(groups, **kwargs)
     cls = getattr(torch.optim, name, None)
     if cls is None:

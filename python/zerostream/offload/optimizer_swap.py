@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -51,8 +51,10 @@ class SwappedAdam:
 
     def __init__(self, masters: List[torch.Tensor], groups: List[dict], defaults: dict, *,
                  adamw_mode: bool, sub_group_size: int, offload_cfg, aio_cfg,
-                 verify_checksums: bool, stage: int, rank: int):
+                 verify_checksums: bool, stage: int, rank: int,
+                 threads: Optional[int] = None):
         self.adamw_mode = adamw_mode
+        self.threads = threads
         self.pipeline_read = bool(offload_cfg.pipeline_read)
         self.pipeline_write = bool(offload_cfg.pipeline_write)
         self.hyper = _HyperParams(groups, defaults)
@@ -170,7 +172,8 @@ class SwappedAdam:
                       betas=group["betas"], eps=group["eps"],
                       weight_decay=group["weight_decay"], step=self.steps[s.group],
                       bias_correction=group.get("bias_correction", True),
-                      adamw_mode=self.adamw_mode, grad_scale=grad_scale, param_copy=fused_copy)
+                      adamw_mode=self.adamw_mode, grad_scale=grad_scale, param_copy=fused_copy,
+                      threads=self.threads)
         if fused_copy is None:
             target.copy_(p)
 

@@ -394,3 +394,22 @@ def test_an_unusable_nvme_path_names_the_key_and_the_path(tmp_path):
     message = run_ranks(bad_nvme_path_worker, 1, str(not_a_dir))[0]
     assert "zero_optimization.offload_optimizer.nvme_path" in message
     assert str(not_a_dir) in message and "Not a directory" in message
+
+
+def optimizer_threads_worker(rank, world, threads):
+    extra = {} if threads is None else {"zerostream": {"cpu_optimizer_threads": threads}}
+    engine, opt, _, _ = _engine(_base(2, zero_optimization={
+        "stage": 2, "offload_optimizer": {"device": "cpu"}}, **extra))
+    from zerostream.ops.threads import resolve
+    inner = opt.optimizer
+    return type(inner).__name__, inner.threads, resolve(inner.threads)[0]
+
+
+@pytest.mark.multirank
+def test_cpu_optimizer_threads_come_from_the_config_or_the_node_default():
+    # 2 ranks on this node: the default shares the process's cores between them.
+    name, threads, used = run_ranks(optimizer_threads_worker, 2, None)[0]
+    assert name == "DeepSpeedCPUAdam" and threads is None
+    assert used == max(1, len(os.sched_getaffinity(0)) // 2)
+    name, threads, used = run_ranks(optimizer_threads_worker, 1, 3)[0]
+    assert (threads, used) == (3, 3)
