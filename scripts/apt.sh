@@ -13,5 +13,5 @@ apt_ensure() {
   [ ${#missing[@]} -eq 0 ] && return 0
   echo "[${LOG_PREFIX:-apt}] installing Debian packages: ${missing[*]}"
   apt_sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt_sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  apt_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }

@@ -18,8 +18,10 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   log "adding the arm64 architecture to dpkg"
   apt_sudo dpkg --add-architecture arm64
 fi
-LOG_PREFIX=aarch64 apt_ensure g++-aarch64-linux-gnu qemu-user liburing-dev:arm64 \
-  libgtest-dev:arm64
+# Host tools and headers too (cmake, ninja, nlohmann-json; libgtest-dev is Multi-Arch: same,
+# so the host and arm64 packages come in matching versions), so it also runs on its own.
+LOG_PREFIX=aarch64 apt_ensure cmake ninja-build pkg-config nlohmann-json3-dev libgtest-dev \
+  g++-aarch64-linux-gnu qemu-user liburing-dev:arm64 libgtest-dev:arm64
 
 mkdir -p build
 log "cross-building (build/aarch64)"

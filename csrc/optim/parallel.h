@@ -18,7 +18,9 @@
 // worse, the tail of every region: the last chunk runs while the other thread waits. One
 // region over the chunks of every tensor pays both once (see benchmarks/optim.md for the
 // measured gain). Small tensors become one chunk each, so two threads step two of them at
-// once instead of one thread stepping each alone.
+// once instead of one thread stepping each alone. Items that are views of one flat buffer
+// can share the cache line at their boundary, which two threads may then both write: the
+// results are the same, it only costs that line's false sharing.
 #pragma once
 
 #include <omp.h>

@@ -34,6 +34,7 @@ from zerostream.bench.optim_model import MODELS, print_model_table, run_model
 from zerostream.ops.adagrad import cpu_adagrad_step
 from zerostream.ops.adam import cpu_adam_step
 from zerostream.ops.lion import cpu_lion_step
+from zerostream.ops.threads import optimizer_threads
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _STATES = {"adam": 2, "adamw": 2, "adagrad": 1, "lion": 1}
@@ -135,7 +136,7 @@ def _ours(args, numel: int, buf: _Buffers) -> List[_Peer]:
     def probe(nontemporal: str) -> Callable[[int], None]:
         ptrs = (p.data_ptr(), m.data_ptr(), v.data_ptr(), g.data_ptr(), g.element_size(),
                 0 if copy is None else copy.data_ptr(), numel)
-        return lambda i: _C.optim.roofline_pass(*ptrs, threads=args.threads,
+        return lambda i: _C.optim.roofline_pass(*ptrs, threads=optimizer_threads(args.threads or None),
                                                 nontemporal=nontemporal)
 
     gb, cb = g.element_size(), 0 if copy is None else 2
@@ -250,7 +251,7 @@ def _results(args, numel: int, peers: List[_Peer]) -> Dict:
     fused, fused_equiv, foreach, ds = map(rate, (fused_peer, equiv_peer, foreach_peer, ds_peer))
     return {
         "config": {"numel": numel, "optimizer": args.optimizer, "grad_dtype": args.grad_dtype,
-                   "param_copy": args.param_copy, "threads": args.threads or _C.optim.default_threads(),
+                   "param_copy": args.param_copy, "threads": optimizer_threads(args.threads or None),
                    "simd": _C.optim.simd_level(), "nontemporal": args.nontemporal,
                    "repeats": args.repeats},
         "bytes_per_param": ours.bytes_per_param,

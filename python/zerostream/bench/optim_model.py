@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from zerostream.ops.adam import DeepSpeedCPUAdam
+from zerostream.ops.threads import optimizer_threads
 
 
 def gpt2_shapes(h: int, layers: int, vocab: int, ctx: int) -> List[Tuple[int, ...]]:
@@ -95,7 +96,8 @@ def run_model(args) -> Dict:
     find = lambda key: next((n for n in times if key in n), None)  # noqa: E731
     return {
         "config": {"model": args.model, "optimizer": args.optimizer, "tensors": len(shapes),
-                   "numel": numel, "threads": args.threads, "repeats": args.repeats},
+                   "numel": numel, "threads": optimizer_threads(args.threads or None),
+                   "repeats": args.repeats},
         "peers": [{"name": n, "ms_per_step": statistics.median(t) * 1e3,
                    "params_per_s": numel / statistics.median(t)} for n, t in times.items()],
         "params_per_s": numel / statistics.median(ours),

@@ -52,7 +52,7 @@ def _betas(betas) -> Tuple[float, float]:
 class DeepSpeedCPUAdam(CPUOptimizerBase):
     """Drop-in for ``deepspeed.ops.adam.DeepSpeedCPUAdam``: same constructor, param-group keys
     (lr, betas, eps, weight_decay, bias_correction, amsgrad) and state (step, exp_avg,
-    exp_avg_sq). Extensions: ``threads`` (None: OpenMP's default) and
+    exp_avg_sq). Extensions: ``threads`` (None: zerostream/ops/threads.py's default) and
     ``step(grad_scale=...)``. bf16/fp16 params train against an fp32 master in the state.
     """
 
@@ -81,7 +81,7 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
         beta1, beta2 = _betas(group["betas"])
         _C.optim.adam_step_many(
             b["params"], b["grads"], b["grad_dtypes"], b["exp_avg"], b["exp_avg_sq"],
-            b["numels"], [it.state["step"] + 1 for it in items], lr=float(group["lr"]),
+            b["numels"], [int(it.state["step"]) + 1 for it in items], lr=float(group["lr"]),
             beta1=beta1, beta2=beta2, eps=float(group["eps"]),
             weight_decay=float(group["weight_decay"]),
             bias_correction=bool(group["bias_correction"]), adamw_mode=self.adamw_mode,

@@ -13,9 +13,12 @@ Resolution, first match wins:
 2. ``ZS_OPTIM_THREADS`` in the environment;
 3. ``OMP_NUM_THREADS``, unless it is torchrun's multi-process default (``1`` with more than
    one local rank);
-4. the cores in this process's affinity mask divided by the ranks on this node
+4. the cores in this process's affinity mask, divided by the ranks on this node
    (``LOCAL_WORLD_SIZE`` from torchrun, ``LOCAL_SIZE`` from DeepSpeed's launcher,
-   ``OMPI_COMM_WORLD_LOCAL_SIZE`` from Open MPI), at least 1.
+   ``OMPI_COMM_WORLD_LOCAL_SIZE`` from Open MPI) when the ranks share it, at least 1. A mask
+   no larger than one rank's share of the machine's CPUs is taken as this rank's own
+   (numactl or SLURM per-rank binding) and used whole; a larger one (all CPUs, a container's
+   cpuset) is shared. DeepSpeed's ``--bind_cores_to_rank`` also sets ``OMP_NUM_THREADS``.
 
 The resolved count and its reason are logged once (logger ``zerostream``, INFO).
 """
@@ -72,18 +75,23 @@ def _resolve_from_env() -> Tuple[int, str]:
         return _positive_int("ZS_OPTIM_THREADS", text), "ZS_OPTIM_THREADS"
     ranks, ranks_var = _local_ranks()
     omp = os.environ.get("OMP_NUM_THREADS")
-    if omp and not (omp.strip() == "1" and ranks > 1):
-        return _positive_int("OMP_NUM_THREADS", omp), "OMP_NUM_THREADS"
+    if omp:
+        first = omp.split(",")[0].strip()  # a nested list "4,2": the outer level
+        if not (first == "1" and ranks > 1):
+            return _positive_int("OMP_NUM_THREADS", first), "OMP_NUM_THREADS"
     cores = _cores()
     if ranks == 1:
         return cores, f"{cores} cores available"
+    machine = os.cpu_count() or cores
+    if cores * ranks <= machine:
+        return cores, f"{cores} cores bound to this rank"
     return max(1, cores // ranks), f"{cores} cores available / {ranks} ranks on this node ({ranks_var})"
 
 
 def optimizer_threads(threads: Optional[int] = None) -> int:
     """The thread count to pass to a native optimizer call; logs the choice once."""
     count, why = resolve(threads)
-    if why not in _logged and not threads:
-        _logged.add(why)
+    if (count, why) not in _logged and not threads:
+        _logged.add((count, why))
         logging.getLogger("zerostream").info("CPU optimizer: %d threads (%s)", count, why)
     return count

@@ -81,6 +81,28 @@ def test_group_step_gives_each_tensor_its_own_calls_bits(kind):
             assert torch.equal(state[name], ref), f"{name} of param {i}"
 
 
+def test_a_step_count_stored_as_a_tensor_still_works():
+    # torch's own optimizers keep "step" as a float tensor; a state dict converted from one
+    # can carry that into ours.
+    params = _params()[:2]
+    opt = DeepSpeedCPUAdam(params, lr=1e-2)
+    for i, p in enumerate(params):
+        p.grad = _grad(p, 1, i)
+    opt.step()
+    ref = DeepSpeedCPUAdam([torch.nn.Parameter(p.detach().clone()) for p in params], lr=1e-2)
+    ref.load_state_dict(opt.state_dict())
+    for p in params:
+        opt.state[p]["step"] = torch.tensor(1.0)
+    for i, (p, q) in enumerate(zip(params, ref.param_groups[0]["params"])):
+        p.grad = _grad(p, 2, i)
+        q.grad = p.grad.clone()
+    opt.step()
+    ref.step()
+    for p, q in zip(params, ref.param_groups[0]["params"]):
+        assert torch.equal(p.detach(), q.detach())
+        assert int(opt.state[p]["step"]) == 2
+
+
 def test_a_bad_tensor_anywhere_names_it_and_steps_nothing():
     params = _params()
     opt = DeepSpeedCPUAdam(params, lr=1e-2)

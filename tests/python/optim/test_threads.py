@@ -22,6 +22,7 @@ def env(monkeypatch):
     for v in _VARS:
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setattr(zt.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(zt.os, "cpu_count", lambda: 16)  # the mask covers the machine
     zt._cache.clear()
     yield monkeypatch
     zt._cache.clear()
@@ -29,12 +30,13 @@ def env(monkeypatch):
 
 @pytest.mark.parametrize("settings, expected, why", [
     ({}, 16, "16 cores available"),
-    ({"LOCAL_WORLD_SIZE": "4", "OMP_NUM_THREADS": "1"}, 4, "/ 4 ranks on this node"),
+    ({"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, 8, "/ 2 ranks on this node"),
     ({"LOCAL_SIZE": "3"}, 5, "(LOCAL_SIZE)"),
     ({"OMPI_COMM_WORLD_LOCAL_SIZE": "32"}, 1, "/ 32 ranks"),
     ({"OMP_NUM_THREADS": "1"}, 1, "OMP_NUM_THREADS"),            # one process: the user's 1
     ({"OMP_NUM_THREADS": "6", "LOCAL_WORLD_SIZE": "4"}, 6, "OMP_NUM_THREADS"),
     ({"ZS_OPTIM_THREADS": "3", "OMP_NUM_THREADS": "6"}, 3, "ZS_OPTIM_THREADS"),
+    ({"OMP_NUM_THREADS": "4,2"}, 4, "OMP_NUM_THREADS"),            # nested list: outer level
 ])
 def test_default_follows_the_documented_order(env, settings, expected, why):
     for k, v in settings.items():
@@ -42,6 +44,18 @@ def test_default_follows_the_documented_order(env, settings, expected, why):
     count, reason = zt.resolve(None)
     assert count == expected
     assert why in reason
+
+
+@pytest.mark.parametrize("machine, expected, why", [
+    (64, 16, "16 cores bound to this rank"),   # 16 of 64 CPUs = one rank's share: numactl
+    (20, 4, "16 cores available / 4 ranks"),  # a 16-CPU cpuset the 4 ranks share
+])
+def test_a_mask_of_one_ranks_share_is_that_ranks_own(env, machine, expected, why):
+    env.setattr(zt.os, "cpu_count", lambda: machine)
+    env.setenv("LOCAL_WORLD_SIZE", "4")
+    env.setenv("OMP_NUM_THREADS", "1")
+    count, reason = zt.resolve(None)
+    assert (count, why in reason) == (expected, True), reason
 
 
 def test_explicit_threads_win(env):
