@@ -271,8 +271,6 @@ void def_stats_and_probe(py::module_& m) {
       },
       "The level a call with this `simd` request runs at (capped by the CPU and ZS_SIMD).",
       py::arg("simd") = "");
-  m.def("default_threads", [] { return omp_get_max_threads(); },
-        "Threads a large call uses when threads=0 (OpenMP's default, OMP_NUM_THREADS).");
 }
 
 }  // namespace
