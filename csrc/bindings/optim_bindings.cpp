@@ -3,7 +3,6 @@
 // Tensors cross as (data_ptr, numel, dtype name): the native core knows nothing of torch,
 // and python/zerostream/ops/_cpu_optimizer.py turns tensors into these arguments after
 // checking device, dtype, contiguity and sizes. Every kernel call releases the GIL.
-#include <omp.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
