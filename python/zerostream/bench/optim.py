@@ -225,13 +225,24 @@ def _paired(ours: _Peer, other: Optional[_Peer]) -> Optional[float]:
     return statistics.median(t_other / t_ours for t_ours, t_other in zip(ours.times, other.times))
 
 
+def _best_probe(probes: List[_Peer], r: int) -> float:
+    """Bytes per second (per element of numel) of round r's fastest probe."""
+    return max(p.bytes_per_param / p.times[r] for p in probes)
+
+
 def _paired_roofline(ours: _Peer, probes: List[_Peer]) -> float:
     """Median over rounds of ours' GB/s / the best probe's GB/s within the round."""
-    ratios = []
-    for r, t_ours in enumerate(ours.times):
-        best = max(p.bytes_per_param / p.times[r] for p in probes)
-        ratios.append(ours.bytes_per_param / t_ours / best)
-    return statistics.median(ratios)
+    return statistics.median(ours.bytes_per_param / t / _best_probe(probes, r)
+                             for r, t in enumerate(ours.times))
+
+
+def _paired_ceiling(ours: _Peer, probes: List[_Peer], other: Optional[_Peer]) -> Optional[float]:
+    """The most any kernel moving ours' bytes at the roofline could beat `other` by: median
+    over rounds of (best probe's params/s at ours' bytes per param) / other's params/s."""
+    if other is None:
+        return None
+    return statistics.median(_best_probe(probes, r) / ours.bytes_per_param * t_other
+                             for r, t_other in enumerate(other.times))
 
 
 def _results(args, numel: int, peers: List[_Peer]) -> Dict:
@@ -267,6 +278,7 @@ def _results(args, numel: int, peers: List[_Peer]) -> Dict:
         "torch_foreach_params_per_s": foreach,
         "deepspeed_params_per_s": ds,
         "ratio_vs_torch_fused": _paired(ours, fused_peer),
+        "roofline_vs_torch_fused": _paired_ceiling(ours, probes, fused_peer),
         "torch_fused_with_casts_params_per_s": fused_equiv,
         "ratio_vs_torch_fused_with_casts": _paired(ours, equiv_peer),
         "ratio_vs_torch_foreach": _paired(ours, foreach_peer),
@@ -294,6 +306,9 @@ def _print_table(res: Dict) -> None:
           f"(with casts {fmt(res['ratio_vs_torch_fused_with_casts'])}); "
           f"vs torch foreach {fmt(res['ratio_vs_torch_foreach'])}; "
           f"vs DeepSpeed {fmt(res['ratio_vs_deepspeed'])}")
+    if res["roofline_vs_torch_fused"] is not None:
+        print(f"ceiling: a kernel at the roofline would be "
+              f"{fmt(res['roofline_vs_torch_fused'])}x torch fused in this run")
 
 
 def run(args) -> int:

@@ -54,6 +54,9 @@ def test_ratios_are_paired_within_rounds():
     probe_a.times, probe_b.times = [0.5, 4.0, 4.0], [1.0, 1.0, 8.0]
     # Best probe per round: 0.5 s, 1.0 s, 4.0 s -> ours at 0.5, 0.5, 1.0 of it.
     assert bench._paired_roofline(ours, [probe_a, probe_b]) == pytest.approx(0.5)
+    # The peer took 8, 2, 4 s: a kernel as fast as the best probe is 16x, 2x, 1x faster.
+    assert bench._paired_ceiling(ours, [probe_a, probe_b], peer) == pytest.approx(2.0)
+    assert bench._paired_ceiling(ours, [probe_a, probe_b], None) is None
 
 
 def test_model_mode_steps_the_model_list_against_torch(capsys):
