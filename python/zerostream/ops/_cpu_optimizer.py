@@ -96,15 +96,21 @@ def grad_stats(grad: torch.Tensor, scale: float = 1.0, *, threads: Optional[int]
 
 class StepItem(NamedTuple):
     """One parameter of a group step: the fp32 tensor the kernel updates, its grad, its
-    optimizer state, the 16-bit param to write (or None) and where it is, for errors."""
+    optimizer state, the 16-bit param to write (or None) and its place in param_groups."""
     p32: torch.Tensor
     grad: torch.Tensor
     state: dict
     copy: Optional[torch.Tensor]
-    where: str
+    group: int
+    index: int
 
 
-def many_buffers(items: List[StepItem], state_names: Tuple[str, ...]) -> dict:
+def param_location(optimizer: str, group: int, index: int) -> str:
+    """How errors name a parameter: "DeepSpeedCPUAdam: param_groups[0]['params'][4]"."""
+    return f"{optimizer}: param_groups[{group}]['params'][{index}]"
+
+
+def many_buffers(items: List[StepItem], state_names: Tuple[str, ...], optimizer: str) -> dict:
     """The list arguments of a _C.optim.*_step_many call, every tensor checked first (a bad
     one is a ValueError naming its param, and nothing has been stepped). Keys: params,
     grads, grad_dtypes, numels, param_copies (0: none), copy_dtypes and one list per state
@@ -116,7 +122,7 @@ def many_buffers(items: List[StepItem], state_names: Tuple[str, ...]) -> dict:
         try:
             b = step_buffers(it.p32, it.grad, {n: it.state[n] for n in state_names}, it.copy)
         except ValueError as e:
-            raise ValueError(f"{it.where}: {e}") from None
+            raise ValueError(f"{param_location(optimizer, it.group, it.index)}: {e}") from None
         out["params"].append(b["param"])
         out["grads"].append(b["grad"])
         out["grad_dtypes"].append(b["grad_dtype"])
@@ -153,7 +159,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                           stacklevel=3)
 
     def _check_param(self, gi: int, pi: int, p: torch.Tensor) -> None:
-        where = f"{self._display_name}: param_groups[{gi}]['params'][{pi}]"
+        where = param_location(self._display_name, gi, pi)
         if p.device.type != "cpu":
             raise ValueError(f"{where} is on {p.device}; CPU optimizers need CPU parameters "
                              "(enable offload_optimizer with device 'cpu')")
@@ -190,10 +196,9 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 if len(state) == 0:
                     self._init_state(p, state)
                 master = state.get("fp32_param")
-                where = f"{self._display_name}: param_groups[{gi}]['params'][{pi}]"
                 items.append(StepItem(p.data if master is None else master,
                                       p.grad.contiguous(), state,
-                                      None if master is None else p.data, where))
+                                      None if master is None else p.data, gi, pi))
             if items:
                 self._group_step(group, items, float(grad_scale))
                 for it in items:

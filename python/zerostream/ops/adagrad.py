@@ -48,7 +48,7 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
         super().__init__(model_params, defaults, fp32_optimizer_states, threads)
 
     def _group_step(self, group, items, grad_scale) -> None:
-        b = many_buffers(items, self._state_names)
+        b = many_buffers(items, self._state_names, self._display_name)
         _C.optim.adagrad_step_many(
             b["params"], b["grads"], b["grad_dtypes"], b["exp_avg_sq"], b["numels"],
             lr=float(group["lr"]), eps=float(group["eps"]),

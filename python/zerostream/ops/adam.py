@@ -77,7 +77,7 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
             raise NotImplementedError("DeepSpeedCPUAdam: amsgrad=True is not supported")
 
     def _group_step(self, group, items, grad_scale) -> None:
-        b = many_buffers(items, self._state_names)
+        b = many_buffers(items, self._state_names, self._display_name)
         beta1, beta2 = _betas(group["betas"])
         _C.optim.adam_step_many(
             b["params"], b["grads"], b["grad_dtypes"], b["exp_avg"], b["exp_avg_sq"],

@@ -45,7 +45,7 @@ class DeepSpeedCPULion(CPUOptimizerBase):
         super().__init__(model_params, defaults, fp32_optimizer_states, threads)
 
     def _group_step(self, group, items, grad_scale) -> None:
-        b = many_buffers(items, self._state_names)
+        b = many_buffers(items, self._state_names, self._display_name)
         beta1, beta2 = _betas(group["betas"])
         _C.optim.lion_step_many(
             b["params"], b["grads"], b["grad_dtypes"], b["exp_avg"], b["numels"],
