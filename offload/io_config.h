@@ -1,6 +1,8 @@
-// Configuration of the offload I/O tier as plain structs. The config parser (csrc/config)
-// maps ds_config's `aio` section, the zerostream extension key `aio.backend` and
-// `zerostream.verify_swap_checksums` onto these; the native core never sees JSON.
+// Configuration of the offload I/O tier as plain structs. ds_config's `aio` section (with the
+// zerostream extension key `aio.backend`) is mapped onto IoConfig in one place,
+// io_config_for() in python/zerostream/offload/io.py; the native core never sees JSON.
+// The member initializers are the engine's own defaults for direct users (DeepSpeed's
+// aio_handle, benchmarks); a ds_config sets every field from its resolved section.
 #pragma once
 
 #include <cstdint>

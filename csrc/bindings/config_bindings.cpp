@@ -50,20 +50,13 @@ py::dict resolution_dict(const config::Resolution& r) {
   d["notes"] = r.notes;
   d["tree"] = to_python(r.tree);
   d["resolved"] = resolved;
+  d["data_parallel_size"] = r.data_parallel_size;
   return d;
 }
 
 }  // namespace
 
 void init_config_bindings(py::module_& m) {
-  py::class_<config::DsConfig>(m, "DsConfig",
-                               "A validated, resolved ds_config (the native typed tree).")
-      .def_property_readonly("resolution",
-                             [](const config::DsConfig& c) { return resolution_dict(c.resolution); })
-      .def_property_readonly("zero_stage", [](const config::DsConfig& c) { return c.zero.stage; })
-      .def_property_readonly("data_parallel_size",
-                             [](const config::DsConfig& c) { return c.batch.data_parallel_size; });
-
   py::class_<config::RunContext>(m, "RunContext",
                                  "What the run knows: resolves \"auto\" and the batch rule.")
       .def(py::init<>())
@@ -94,10 +87,15 @@ void init_config_bindings(py::module_& m) {
   m.def(
       "load_config",
       [](const std::string& text, const std::string& source, const config::RunContext& ctx) {
-        py::gil_scoped_release release;
-        return config::load_config(text, source, ctx);
+        config::Resolution r;
+        {
+          py::gil_scoped_release release;
+          r = config::load_config(text, source, ctx);
+        }
+        return resolution_dict(r);
       },
-      "Validates and resolves config text; raises ValueError listing every error.",
+      "Validates and resolves config text into the resolution (see check_config); raises "
+      "ValueError listing every error. See Note [One config path] in csrc/config/ds_config.h.",
       py::arg("text"), py::arg("source"), py::arg("context") = config::RunContext());
 
   m.def(

@@ -5,6 +5,7 @@
 
 #include "bindings/bindings.h"
 #include "zero/shard.h"
+#include "zero/sub_groups.h"
 
 namespace py = pybind11;
 
@@ -30,6 +31,19 @@ void init_zero_bindings(py::module_& m) {
       },
       "Stage 3: (begin, numel, valid) of rank's shard of one parameter.", py::arg("numel"),
       py::arg("world"), py::arg("rank"));
+  m.def(
+      "plan_sub_groups",
+      [](const std::vector<int64_t>& partition_numels,
+         const std::vector<std::vector<int64_t>>& param_starts, int64_t sub_group_size) {
+        std::vector<std::tuple<int, int64_t, int64_t>> out;
+        for (const zero::SubGroup& s :
+             zero::plan_sub_groups(partition_numels, param_starts, sub_group_size))
+          out.emplace_back(s.group, s.begin, s.end);
+        return out;
+      },
+      "Optimizer sub-groups (group, begin, end) of a rank's partitions; sub_group_size 0 cuts "
+      "at the parameter starts (one sub-group per parameter, DeepSpeed's meaning).",
+      py::arg("partition_numels"), py::arg("param_starts"), py::arg("sub_group_size"));
 }
 
 }  // namespace zs::bindings

@@ -53,6 +53,7 @@ void resolve_batch(Resolution& r, const RunContext& c) {
     return;
   }
   const int64_t w = world / sp;
+  r.data_parallel_size = w;
   Slot tb = read(r, kTrain, c.train_batch_size);
   Slot mb = read(r, kMicro, c.micro_batch_size);
   Slot gas = read(r, kGas, c.gradient_accumulation_steps);

@@ -3,6 +3,7 @@
 // per key).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -40,6 +41,8 @@ struct Resolution {
   std::vector<std::string> errors;        // each starts with the key path
   std::vector<std::string> warnings;
   std::vector<std::string> notes;         // how "auto" and derived values were settled
+  // world size / sequence_parallel_size, set by the batch rule (1 when the world is unknown).
+  int64_t data_parallel_size = 1;
 
   bool ok() const { return errors.empty(); }
   // Value at a dotted path; null when absent.

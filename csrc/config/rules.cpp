@@ -31,6 +31,16 @@ void precision_rules(Resolution& r, int64_t stage) {
     if (integer(r, "fp16.min_loss_scale") <= 0)
       r.errors.push_back("fp16.min_loss_scale: must be > 0 with dynamic loss scaling; got " +
                          show(r.at("fp16.min_loss_scale")));
+    // The scaler lowers the scale only once the hysteresis counter reaches 1.
+    if (integer(r, "fp16.hysteresis") <= 0)
+      r.errors.push_back("fp16.hysteresis: must be > 0 with dynamic loss scaling; got " +
+                         show(r.at("fp16.hysteresis")));
+    // 2^power multiplies the fp32 loss: it must stay a finite, normal float.
+    const int64_t power = integer(r, "fp16.initial_scale_power");
+    if (power < -126 || power > 127)
+      r.errors.push_back("fp16.initial_scale_power: must be in [-126, 127] with dynamic loss "
+                         "scaling (2^power scales the fp32 loss); got " +
+                         show(r.at("fp16.initial_scale_power")));
   }
   if (on(r, "fp16.fp16_master_weights_and_grads") &&
       !(stage >= 1 && str(r, "zero_optimization.offload_optimizer.device") == "cpu"))

@@ -1,8 +1,11 @@
 """ds_config loading: dict, path or base64 text in; a frozen, typed, resolved config out.
 
-Parsing, validation, "auto" and the batch rule live in the native core (csrc/config/);
-this module reads the input, calls it once, and turns the resolved tree into frozen
-dataclasses. Every error names its key path; warnings and "auto" notes are logged once.
+Parsing, validation, defaults, "auto" and the batch rule live in the native core
+(csrc/config/, the schema in schema.cpp is the only place a key's type, default and allowed
+values are written); this module reads the input, calls it once, and turns the resolved tree
+into frozen section dataclasses (Note [One config path] in csrc/config/ds_config.h). Each
+component takes its own section object; nothing downstream reads raw dicts or re-applies
+defaults. Every error names its key path; warnings and "auto" notes are logged once.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import json
 import logging
 import os
 import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
@@ -188,9 +192,24 @@ class BF16Config:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
+    """`optimizer`: for DeepSpeed's own types (Adam, AdamW, Adagrad, Lion, SGD) `params` holds
+    every keyword of the type's schema, defaults filled; torch.optim classes pass through."""
     type: str
     params: Mapping[str, Any]
     legacy_fusion: bool
+
+    @property
+    def name(self) -> str:
+        """The type, lowercased (DeepSpeed matches optimizer names case-insensitively)."""
+        return self.type.lower()
+
+    @property
+    def adamw_mode(self) -> bool:
+        """DeepSpeed's rule: "AdamW" is decoupled weight decay; "Adam" is too unless
+        params.adam_w_mode is false (reference §1.5)."""
+        if self.name not in ("adam", "adamw"):
+            raise ValueError(f"optimizer.type: {self.type!r} is not Adam or AdamW")
+        return self.name == "adamw" or bool(self.params["adam_w_mode"])
 
 
 @dataclass(frozen=True)
@@ -344,7 +363,6 @@ class DeepSpeedConfig:
     resolved: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     warnings: Tuple[str, ...] = ()
     notes: Tuple[str, ...] = ()
-    native: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def zero_stage(self) -> int:
@@ -355,36 +373,34 @@ class DeepSpeedConfig:
         return "fp16" if self.fp16.enabled else "bf16" if self.bf16.enabled else "fp32"
 
 
+def _section_class(annotation) -> Optional[type]:
+    """The section dataclass an annotation names (`X` or `Optional[X]`), else None."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(args) == 1 and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
 def _build(cls, tree: Mapping[str, Any]):
-    """Builds dataclass `cls` from the resolved tree (its keys are the schema's keys)."""
-    hints = {f.name: f for f in dataclasses.fields(cls)}
+    """Builds section dataclass `cls` from its part of the resolved tree (whose keys are the
+    schema's keys); nested sections become their own dataclasses, other mappings read-only."""
+    hints = typing.get_type_hints(cls)
     values = {}
-    for name, f in hints.items():
+    for f in dataclasses.fields(cls):
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
             continue
-        if name not in tree:
-            raise RuntimeError(f"resolved config has no key {name!r} for {cls.__name__}")
-        values[name] = _convert(f.type, tree[name])
+        if f.name not in tree:
+            raise RuntimeError(f"resolved config has no key {f.name!r} for {cls.__name__}")
+        value = tree[f.name]
+        section = _section_class(hints[f.name])
+        if section is not None and isinstance(value, Mapping):
+            value = _build(section, value)
+        elif isinstance(value, Mapping):
+            value = types.MappingProxyType(dict(value))
+        values[f.name] = value
     return cls(**values)
-
-
-_SECTIONS = {}
-
-
-def _convert(annotation, value):
-    target = _SECTIONS.get(str(annotation).replace("Optional[", "").rstrip("]"))
-    if target is not None and isinstance(value, Mapping):
-        return _build(target, value)
-    if isinstance(value, Mapping):
-        return types.MappingProxyType(dict(value))
-    return value
-
-
-for _cls in (OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig, FP16Config, BF16Config,
-             OptimizerConfig, SchedulerConfig, AioConfig, ActivationCheckpointingConfig,
-             DataTypesConfig, ParallelWriteConfig, CheckpointConfig, MonitorConfig, WandbConfig,
-             FlopsProfilerConfig, ZeroStreamExtConfig):
-    _SECTIONS[_cls.__name__] = _cls
 
 
 def load(config: Any, *, world_size: Optional[int] = None, require_batch: bool = True,
@@ -393,19 +409,18 @@ def load(config: Any, *, world_size: Optional[int] = None, require_batch: bool =
          log: bool = True) -> DeepSpeedConfig:
     """Loads, validates and resolves a ds_config. Raises ValueError listing every error."""
     text, source = config_text(config)
-    native = _C.load_config(text, os.path.basename(source), _context(
+    res = _C.load_config(text, os.path.basename(source), _context(
         require_batch, world_size=world_size, train_batch_size=train_batch_size,
         micro_batch_size=micro_batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
         hidden_size=hidden_size, model_dtype=model_dtype, lr=lr, total_num_steps=total_num_steps))
-    res = native.resolution
     tree = dict(res["tree"])
     tree.pop("bfloat16", None)
     cfg = _build(DeepSpeedConfig, tree)
     cfg = dataclasses.replace(
-        cfg, data_parallel_size=native.data_parallel_size,
+        cfg, data_parallel_size=res["data_parallel_size"],
         raw=types.MappingProxyType(_C.read_json_text(text, source)),
         resolved=types.MappingProxyType(res["resolved"]), warnings=tuple(res["warnings"]),
-        notes=tuple(res["notes"]), native=native)
+        notes=tuple(res["notes"]))
     if log:
         for w in cfg.warnings:
             logger.warning("ds_config: %s", w)

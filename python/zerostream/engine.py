@@ -13,12 +13,11 @@ from . import comm
 from .accelerator import get_accelerator
 from .config import DeepSpeedConfig
 from .lr_schedules import build_scheduler
-from .optim_factory import client_groups, optimizer_maker, param_groups_of
+from .optim_factory import param_groups_of
 from .precision import make_loss_scaler
 from .telemetry import StepTelemetry
-from .zero.stage0 import ReplicatedOptimizer
-from .offload.optimizer_swap import SwappedAdam
-from .zero.stage12 import OffloadSpec, PartitionedOptimizer
+from .zero.factory import build_zero_optimizer, stage_class
+from .zero.protocol import RunState, StageContext, TrainingState
 
 logger = logging.getLogger("zerostream")
 
@@ -26,7 +25,11 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 class ZeroEngine(torch.nn.Module):
-    """What `zerostream.initialize` returns. Attributes and methods follow DeepSpeedEngine."""
+    """What `zerostream.initialize` returns. Attributes and methods follow DeepSpeedEngine.
+
+    The engine runs the loop and owns the phase (`training_state`); everything about where
+    parameters, gradients and optimizer state live belongs to the stage's ZeRO optimizer
+    (zero/protocol.py, Note [Stage seam])."""
 
     def __init__(self, model: torch.nn.Module, cfg: DeepSpeedConfig, optimizer=None,
                  model_parameters=None, lr_scheduler=None, dp_group=None):
@@ -40,8 +43,6 @@ class ZeroEngine(torch.nn.Module):
         self.dp_world_size = comm.get_world_size(dp_group)
         self.mp_world_size = 1
         self.local_rank = comm.get_local_rank()
-        self.device = self._place_module()
-        self._broadcast_model()
         self.global_steps = 0
         self.global_samples = 0
         self.micro_steps = 0
@@ -49,92 +50,41 @@ class ZeroEngine(torch.nn.Module):
         self._step_applied = False
         self._boundary_override: Optional[bool] = None
         self._in_no_sync = False
-        self.loss_scaler = make_loss_scaler(cfg.fp16 if cfg.fp16.enabled else None)
-        self.optimizer = self._build_optimizer(optimizer, model_parameters)
+        self.loss_scaler = make_loss_scaler(cfg.fp16)
+        self.telemetry = StepTelemetry()
+        self._run = RunState()
+        ctx = StageContext(config=cfg, group=dp_group, rank=comm.get_rank(dp_group),
+                           world=self.dp_world_size, device=self._device(),
+                           loss_scaler=self.loss_scaler, run=self._run,
+                           telemetry=self.telemetry)
+        self.device = ctx.device
+        stage_class(cfg.zero_stage).prepare_module(model, ctx)
+        self.optimizer = build_zero_optimizer(ctx, param_groups_of(model, model_parameters),
+                                              client=optimizer)
         self.basic_optimizer = self.optimizer.optimizer if self.optimizer is not None else None
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
-        self.telemetry = StepTelemetry()
-        if self.optimizer is not None:
-            self.optimizer.telemetry = self.telemetry
-            self.optimizer.check_overflow = not (cfg.bf16.enabled and
-                                                 not cfg.bf16.check_grad_overflow)
         if cfg.zero_optimization.round_robin_gradients and cfg.zero_stage in (1, 2):
             logger.warning("zero_optimization.round_robin_gradients: zerostream partitions "
                            "gradients in flat parameter order; the setting has no effect")
 
     # --- setup ----------------------------------------------------------------------------------
-    def _place_module(self) -> torch.device:
+    def _device(self) -> torch.device:
         acc = get_accelerator()
-        device = torch.device(acc.device_name(self.local_rank) if acc.device_name() == "cuda"
-                              else "cpu")
-        dtype = _DTYPES[self._config.precision]
-        # Parameters only: fp32 buffers (rotary inv_freq, norms' running stats) keep their dtype.
-        for p in self.module.parameters():
-            p.data = p.data.to(device=device, dtype=dtype if p.is_floating_point() else p.dtype)
-        for b_name, b in self.module.named_buffers():
-            b.data = b.data.to(device)
-        return device
+        return torch.device(acc.device_name(self.local_rank) if acc.device_name() == "cuda"
+                            else "cpu")
 
-    def _broadcast_model(self) -> None:
-        """Rank 0's weights win, as in DeepSpeed, so ranks start from one model."""
-        if self.dp_world_size == 1:
-            return
-        src = comm.get_global_rank(self.dp_process_group, 0)
-        with torch.no_grad():
-            for t in list(self.module.parameters()) + list(self.module.buffers()):
-                comm.broadcast(t.data, src, group=self.dp_process_group)
+    @property
+    def training_state(self) -> TrainingState:
+        """The phase running now (idle, forward, backward, step); the stage's hooks see it."""
+        return self._run.state
 
-    def _build_optimizer(self, client, model_parameters):
-        cfg = self._config
-        groups = client_groups(client, param_groups_of(self.module, model_parameters))
-        make = optimizer_maker(client, cfg, groups)
-        stage = cfg.zero_stage
-        if make is None:
-            if stage in (1, 2):
-                raise ValueError(f"zero_optimization.stage {stage} requires an optimizer: give "
-                                 f"one in the config's \"optimizer\" section or to initialize()")
-            return None
-        if stage == 3:
-            raise NotImplementedError("zero_optimization.stage 3 is not implemented yet in this "
-                                      "build of zerostream; use stage 0, 1 or 2")
-        common = dict(zero_cfg=cfg.zero_optimization, loss_scaler=self.loss_scaler,
-                      clip=cfg.gradient_clipping, group=self.dp_process_group)
-        if stage == 0:
-            # The config check warned: offload_optimizer has no effect without ZeRO.
-            return ReplicatedOptimizer(groups, make, prescale_gradients=cfg.prescale_gradients,
-                                       gradient_predivide_factor=cfg.gradient_predivide_factor,
-                                       **common)
-        return PartitionedOptimizer(groups, make, stage=stage, offload=self._offload_spec(),
-                                    **common)
-
-    def _offload_spec(self) -> OffloadSpec:
-        cfg = self._config
-        device = cfg.zero_optimization.offload_optimizer_device
-        if device == "none":
-            return OffloadSpec()
-        oo = cfg.zero_optimization.offload_optimizer
-        if device == "cpu":
-            return OffloadSpec("cpu", pin_memory=oo.pin_memory)
-        opt = cfg.optimizer
-        if opt is None or opt.type.lower() not in ("adam", "adamw") or opt.params.get("torch_adam"):
-            raise NotImplementedError(
-                "zero_optimization.offload_optimizer.device \"nvme\" keeps Adam/AdamW state on "
-                "NVMe; give \"optimizer\": {\"type\": \"AdamW\", ...} in the config (client "
-                "optimizers and other types are not supported with nvme yet)")
-        params = dict(opt.params)
-        defaults = {"lr": params.get("lr", 1e-3), "betas": tuple(params.get("betas", (0.9, 0.999))),
-                    "eps": params.get("eps", 1e-8), "weight_decay": params.get("weight_decay", 0.0),
-                    "bias_correction": params.get("bias_correction", True)}
-        adamw = opt.type.lower() == "adamw" or params.get("adam_w_mode", True)
-
-        def factory(masters, options, rank, stage):
-            return SwappedAdam(masters, options, defaults, adamw_mode=adamw,
-                               sub_group_size=cfg.zero_optimization.sub_group_size,
-                               offload_cfg=oo, aio_cfg=cfg.aio,
-                               verify_checksums=cfg.zerostream.verify_swap_checksums,
-                               threads=cfg.zerostream.cpu_optimizer_threads or None,
-                               stage=stage, rank=comm.get_rank())
-        return OffloadSpec("nvme", pin_memory=oo.pin_memory, swapper_factory=factory)
+    @contextlib.contextmanager
+    def _phase(self, state: TrainingState):
+        previous, self._run.state = self._run.state, state
+        try:
+            yield
+        finally:
+            self._run.state = previous
 
     def _build_scheduler(self, client):
         if client is not None:
@@ -152,8 +102,13 @@ class ZeroEngine(torch.nn.Module):
             cast = lambda x: x.half() if torch.is_tensor(x) and x.is_floating_point() else x
             args = tuple(cast(a) for a in args)
             kwargs = {k: cast(v) for k, v in kwargs.items()}
-        with self.telemetry.phase("forward"):
-            return self.module(*args, **kwargs)
+        with self._phase(TrainingState.FORWARD), self.telemetry.phase("forward"):
+            if self.optimizer is not None:
+                self.optimizer.before_forward()
+            out = self.module(*args, **kwargs)
+            if self.optimizer is not None:
+                self.optimizer.after_forward()
+            return out
 
     def _require_optimizer(self, what: str) -> None:
         if self.optimizer is None:
@@ -168,10 +123,11 @@ class ZeroEngine(torch.nn.Module):
         if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
             raise ValueError("backward: expected a scalar loss tensor with a grad_fn")
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
-        with self.telemetry.phase("backward"):
-            scaled = loss.float() * (self.loss_scaler.loss_scale / gas)
-            scaled.backward(retain_graph=retain_graph)
-        self.optimizer.after_backward()
+        with self._phase(TrainingState.BACKWARD):
+            with self.telemetry.phase("backward"):
+                scaled = loss.float() * (self.loss_scaler.loss_scale / gas)
+                scaled.backward(retain_graph=retain_graph)
+            self.optimizer.after_backward()
         return loss.detach() / gas
 
     def step(self, lr_kwargs: Optional[dict] = None) -> None:
@@ -185,7 +141,8 @@ class ZeroEngine(torch.nn.Module):
         if boundary:
             start = time.perf_counter()
             reduce_before = self.telemetry.seconds["reduce"]
-            applied = self.optimizer.step()
+            with self._phase(TrainingState.STEP):
+                applied = self.optimizer.step()
             # "step" is the optimizer's own time; its gradient reduction counts as "reduce".
             self.telemetry.seconds["step"] += (time.perf_counter() - start) - (
                 self.telemetry.seconds["reduce"] - reduce_before)
@@ -306,7 +263,7 @@ class ZeroEngine(torch.nn.Module):
         return [g.get("betas", g.get("momentum")) for g in self.optimizer.param_groups]
 
     def get_global_grad_norm(self):
-        return None if self.optimizer is None else self.optimizer._global_grad_norm
+        return None if self.optimizer is None else self.optimizer.global_grad_norm
 
     def get_batch_info(self):
         return (self.train_batch_size(), self.train_micro_batch_size_per_gpu(),

@@ -64,51 +64,49 @@ def check_client_optimizer(opt, cfg: DeepSpeedConfig) -> None:
             "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it.")
 
 
+def _pick(params, *keys) -> dict:
+    """The named keyword arguments; for DeepSpeed's own types the schema filled every one."""
+    return {k: (tuple(params[k]) if k == "betas" else params[k]) for k in keys}
+
+
 def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Optimizer]:
-    name = cfg.optimizer.type
-    low = name.lower()
-    params = dict(cfg.optimizer.params)
-    params.pop("max_grad_norm", None)  # dropped with a warning at load (equals gradient_clipping)
+    opt = cfg.optimizer
+    low, params = opt.name, opt.params
     if low in _UNIMPLEMENTED:
-        raise NotImplementedError(f"optimizer.type: \"{name}\" is a DeepSpeed optimizer that "
-                                  f"zerostream does not implement; pass your own optimizer to "
-                                  f"initialize() or use Adam, AdamW, Adagrad, Lion or SGD")
+        raise NotImplementedError(f"optimizer.type: \"{opt.type}\" is a DeepSpeed optimizer "
+                                  f"that zerostream does not implement; pass your own optimizer "
+                                  f"to initialize() or use Adam, AdamW, Adagrad, Lion or SGD")
     offloaded = _offloaded(cfg) and cfg.zero_stage > 0
+    threads = cfg.zerostream.cpu_optimizer_threads or None
     if low in ("adam", "adamw"):
-        if params.get("amsgrad"):
+        if params["amsgrad"]:
             raise NotImplementedError("optimizer.params.amsgrad: true is not supported")
-        adamw = low == "adamw" or params.get("adam_w_mode", True)
-        if offloaded and not params.get("torch_adam"):
+        adamw = opt.adamw_mode
+        if offloaded and not params["torch_adam"]:
             from .ops.adam import DeepSpeedCPUAdam  # the fused CPU kernel
-            kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay", "bias_correction")
-                      if k in params}
-            kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
-            kwargs["threads"] = cfg.zerostream.cpu_optimizer_threads or None
-            return lambda groups: DeepSpeedCPUAdam(groups, adamw_mode=adamw, **kwargs)
-        kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay") if k in params}
-        kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
+            kwargs = _pick(params, "lr", "betas", "eps", "weight_decay", "bias_correction")
+            return lambda groups: DeepSpeedCPUAdam(groups, adamw_mode=adamw, threads=threads,
+                                                   **kwargs)
+        kwargs = _pick(params, "lr", "betas", "eps", "weight_decay")
         cls = torch.optim.AdamW if adamw else torch.optim.Adam
         return lambda groups: cls(groups, **kwargs)
     if low == "adagrad":
         if offloaded:
             from .ops.adagrad import DeepSpeedCPUAdagrad
-            kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay") if k in params}
-            kwargs["threads"] = cfg.zerostream.cpu_optimizer_threads or None
-            return lambda groups: DeepSpeedCPUAdagrad(groups, **kwargs)
-        kwargs = {k: params[k] for k in ("lr", "eps", "weight_decay", "lr_decay",
-                                         "initial_accumulator_value") if k in params}
+            kwargs = _pick(params, "lr", "eps", "weight_decay")
+            return lambda groups: DeepSpeedCPUAdagrad(groups, threads=threads, **kwargs)
+        kwargs = _pick(params, "lr", "eps", "weight_decay", "lr_decay",
+                       "initial_accumulator_value")
         return lambda groups: torch.optim.Adagrad(groups, **kwargs)
     if low == "lion":
         from .ops.lion import DeepSpeedCPULion  # the CPU kernels (ops issue)
-        kwargs = {k: params[k] for k in ("lr", "weight_decay") if k in params}
-        kwargs["betas"] = tuple(params.get("betas", (0.9, 0.999)))
-        kwargs["threads"] = cfg.zerostream.cpu_optimizer_threads or None
-        return lambda groups: DeepSpeedCPULion(groups, **kwargs)
-    cls = getattr(torch.optim, name, None)
+        kwargs = _pick(params, "lr", "betas", "weight_decay")
+        return lambda groups: DeepSpeedCPULion(groups, threads=threads, **kwargs)
+    cls = getattr(torch.optim, opt.type, None)
     if cls is None:
-        raise ValueError(f"optimizer.type: {name!r} is not a DeepSpeed optimizer or a "
+        raise ValueError(f"optimizer.type: {opt.type!r} is not a DeepSpeed optimizer or a "
                          f"torch.optim class")
-    kwargs = {k: v for k, v in params.items() if v is not None}
+    kwargs = {k: v for k, v in params.items() if v is not None and k != "max_grad_norm"}
     return lambda groups: cls(groups, **kwargs)
 
 

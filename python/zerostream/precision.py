@@ -23,26 +23,17 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from typing import Any, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from .config import FP16Config
 
 logger = logging.getLogger("zerostream")
 
 MIN_SCALE_MESSAGE = ("Current loss scale already at minimum - cannot decrease scale anymore. "
                      "Exiting run.")
-
-# The fp16 section's defaults (reference §1.7), used for keys absent or "auto".
-FP16_DEFAULTS = {
-    "enabled": False,
-    "loss_scale": 0.0,
-    "initial_scale_power": 16,
-    "loss_scale_window": 1000,
-    "hysteresis": 2,
-    "consecutive_hysteresis": False,
-    "min_loss_scale": 1,
-}
-
 
 class LossScaleAtMinimumError(RuntimeError):
     """An overflow with the dynamic scale already at min_scale: training cannot recover."""
@@ -170,36 +161,17 @@ class DynamicLossScaler(LossScaler):
 
 # --- fp16 section -> scaler --------------------------------------------------------------------
 
-def _fp16_value(section: Any, key: str) -> Any:
-    if isinstance(section, Mapping):
-        value = section.get(key, FP16_DEFAULTS[key])
-    else:
-        value = getattr(section, key, FP16_DEFAULTS[key])
-    return FP16_DEFAULTS[key] if value == "auto" else value
-
-
-def make_loss_scaler(fp16: Any) -> LossScaler:
-    """The scaler for an `fp16` config section (a dict or the frozen FP16Config). A disabled
-    or absent section (bf16, fp32) gets the no-op LossScaler(1.0)."""
-    if fp16 is None or not _fp16_value(fp16, "enabled"):
+def make_loss_scaler(fp16: Optional["FP16Config"]) -> LossScaler:
+    """The scaler for the resolved `fp16` section (validated, defaults filled, by the config
+    schema). A disabled or absent section (bf16, fp32) gets the no-op LossScaler(1.0)."""
+    if fp16 is None or not fp16.enabled:
         return LossScaler(1.0)
-    loss_scale = _fp16_value(fp16, "loss_scale")
-    if (isinstance(loss_scale, bool) or not isinstance(loss_scale, numbers.Real)
-            or not math.isfinite(loss_scale) or loss_scale < 0):
-        raise ValueError(f"fp16.loss_scale: expected a finite number >= 0 (0 = dynamic); "
-                         f"got {loss_scale!r}")
-    if loss_scale > 0:
-        return LossScaler(float(loss_scale))
-    power = _fp16_value(fp16, "initial_scale_power")
-    if isinstance(power, bool) or not isinstance(power, int):
-        raise ValueError(f"fp16.initial_scale_power: expected an integer; got {power!r}")
+    if not fp16.dynamic_loss_scale:
+        return LossScaler(fp16.loss_scale)
     return DynamicLossScaler(
-        init_scale=_positive_finite(2.0 ** power, "fp16.initial_scale_power (2**p)"),
-        scale_window=_positive_int(_fp16_value(fp16, "loss_scale_window"),
-                                   "fp16.loss_scale_window"),
-        min_scale=_positive_finite(_fp16_value(fp16, "min_loss_scale"), "fp16.min_loss_scale"),
-        delayed_shift=_positive_int(_fp16_value(fp16, "hysteresis"), "fp16.hysteresis"),
-        consecutive_hysteresis=bool(_fp16_value(fp16, "consecutive_hysteresis")))
+        init_scale=2.0 ** fp16.initial_scale_power, scale_window=fp16.loss_scale_window,
+        min_scale=fp16.min_loss_scale, delayed_shift=fp16.hysteresis,
+        consecutive_hysteresis=fp16.consecutive_hysteresis)
 
 
 # --- overflow check and clipping ---------------------------------------------------------------

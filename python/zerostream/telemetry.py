@@ -4,6 +4,7 @@ I/O) and how many bytes moved over each tier (collectives, NVMe reads and writes
 rates they were moved at."""
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -31,6 +32,9 @@ class StepTelemetry:
         self.bytes[tier] += int(nbytes)
         self.tier_seconds[tier] += seconds
 
+    def add_seconds(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
+
     def report(self) -> str:
         """One line for the window since the last report, then starts a new window."""
         n = max(1, self.steps)
@@ -46,3 +50,22 @@ class StepTelemetry:
         self.tier_seconds.clear()
         self.steps = 0
         return line
+
+
+class NullTelemetry:
+    """StepTelemetry's interface doing nothing: components hold one of the two and never
+    branch on whether telemetry is on."""
+
+    PHASES = StepTelemetry.PHASES
+
+    def phase(self, name: str):
+        return contextlib.nullcontext()
+
+    def moved(self, tier: str, nbytes: int, seconds: float) -> None:
+        pass
+
+    def add_seconds(self, phase: str, seconds: float) -> None:
+        pass
+
+
+NULL_TELEMETRY = NullTelemetry()

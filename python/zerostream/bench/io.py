@@ -95,7 +95,7 @@ class ZeroStreamRunner:
     def __init__(self, w: Workload, backend: str, register: bool = False):
         self.w = w
         self.engine = zio.IoEngine(block_size=w.block, queue_depth=w.depth,
-                                   intra_op_parallelism=w.threads, backend=backend,
+                                   threads=w.threads, backend=backend,
                                    register_buffers=register)
         self.arena = zio.HostArena(min(CHUNK_BYTES, w.size) + (1 << 20))
         self.buf = self.arena.empty(min(CHUNK_BYTES, w.size))

@@ -14,11 +14,14 @@ I/O is over (see Note [Buffer lifetime] in ``csrc/bindings/offload_bindings.cpp`
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from zerostream import _C
+
+if TYPE_CHECKING:
+    from zerostream.config import AioConfig
 
 _N = _C.offload
 
@@ -28,45 +31,29 @@ IoTicket = _N.IoTicket
 BACKENDS = ("auto", "io_uring", "threads")
 
 
-def io_config(block_size: int = 1 << 20, queue_depth: int = 32, intra_op_parallelism: int = 1,
-              single_submit: bool = False, overlap_events: bool = True, backend: str = "auto",
-              use_direct: bool = True, register_buffers: bool = False,
-              register_files: bool = False) -> "_N.IoConfig":
-    """An IoConfig from ds_config ``aio`` names (plus the extension key ``backend``)."""
+def io_config(**overrides) -> "_N.IoConfig":
+    """An IoConfig: the native engine's own defaults (offload/io_config.h) with `overrides`
+    applied by IoConfig field name (block_size, queue_depth, threads, single_submit,
+    overlap_events, backend, use_direct, register_buffers, register_files). For the engine's
+    direct users (DeepSpeed's aio_handle, benchmarks, tests); a ds_config goes through
+    io_config_for()."""
     c = _N.IoConfig()
-    c.block_size = int(block_size)
-    c.queue_depth = int(queue_depth)
-    c.threads = int(intra_op_parallelism)
-    c.single_submit = bool(single_submit)
-    c.overlap_events = bool(overlap_events)
-    c.backend = backend  # raises ValueError naming aio.backend and the choices
-    c.use_direct = bool(use_direct)
-    c.register_buffers = bool(register_buffers)
-    c.register_files = bool(register_files)
+    for name, value in overrides.items():
+        if not hasattr(c, name):
+            raise TypeError(f"io_config: unknown IoConfig field {name!r}")
+        setattr(c, name, value)  # backend: raises ValueError naming aio.backend and the choices
     c.validate()
     return c
 
 
-# ds_config `aio` keys (DeepSpeed's defaults) and zerostream's extension key `backend`.
-DS_AIO_DEFAULTS = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
-                   "single_submit": False, "overlap_events": True, "use_gds": False,
-                   "backend": "auto"}
-
-
-def io_config_from_ds(aio: Optional[dict] = None) -> "_N.IoConfig":
-    """Maps a ds_config ``aio`` section onto an IoConfig. Accepts the old name
-    ``thread_count`` for ``intra_op_parallelism``; rejects unknown keys and ``use_gds``
-    (GPUDirect Storage is not supported) with the key path in the message."""
-    aio = dict(aio or {})
-    if "thread_count" in aio:
-        aio.setdefault("intra_op_parallelism", aio.pop("thread_count"))
-    unknown = sorted(set(aio) - set(DS_AIO_DEFAULTS))
-    if unknown:
-        raise ValueError(f"aio: unknown keys {unknown}; expected some of {sorted(DS_AIO_DEFAULTS)}")
-    merged = {**DS_AIO_DEFAULTS, **aio}
-    if merged.pop("use_gds"):
-        raise NotImplementedError("aio.use_gds: GPUDirect Storage is not supported by zerostream")
-    return io_config(**merged)
+def io_config_for(aio: "AioConfig") -> "_N.IoConfig":
+    """The one mapping from the resolved ds_config `aio` section to the engine's config."""
+    if aio.use_gds:
+        raise NotImplementedError("aio.use_gds: GPUDirect Storage is not supported by "
+                                  "zerostream; remove the key or set it to false")
+    return io_config(block_size=aio.block_size, queue_depth=aio.queue_depth,
+                     threads=aio.intra_op_parallelism, single_submit=aio.single_submit,
+                     overlap_events=aio.overlap_events, backend=aio.backend)
 
 
 def tensor_span(tensor: torch.Tensor, what: str = "tensor") -> tuple[int, int]:
@@ -84,8 +71,9 @@ def tensor_span(tensor: torch.Tensor, what: str = "tensor") -> tuple[int, int]:
 class IoEngine:
     """Asynchronous reads and writes of tensors to files; one ticket per request."""
 
-    def __init__(self, config: Optional["_N.IoConfig"] = None, **aio):
-        self._engine = _N.IoEngine(config if config is not None else io_config(**aio))
+    def __init__(self, config: Optional["_N.IoConfig"] = None, **overrides):
+        """`config`, or the engine's defaults with IoConfig field `overrides` (io_config)."""
+        self._engine = _N.IoEngine(config if config is not None else io_config(**overrides))
         self._registered: dict[int, torch.Tensor] = {}
 
     @property

@@ -1,6 +1,7 @@
 """Optimizer state on NVMe for ZeRO stages 1/2 (and later 3): fp32 master params and Adam
-moments of this rank's partitions live in the swap store, cut into sub-groups of
-`sub_group_size` elements, and stream through a few host-arena buffers during the step.
+moments of this rank's partitions live in the swap store, cut into sub-groups by
+zero/sub_groups.h (`sub_group_size` elements; 0: one per parameter, DeepSpeed's meaning),
+and stream through a few host-arena buffers during the step.
 
 Note [Sub-group pipeline]: with pipeline_read the read of sub-group i+1 is in flight while
 the fused CPU kernel updates sub-group i; with pipeline_write the write-back of i overlaps
@@ -11,15 +12,18 @@ sets * 3 * sub_group_size * 4 bytes whatever the model size.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import TYPE_CHECKING, List
 
 import torch
 
+from .. import _C
 from ..ops.adam import cpu_adam_step
-from .io import HostArena, IoEngine, SwapStore, arena_bytes, io_config
+from .io import HostArena, IoEngine, SwapStore, arena_bytes, io_config_for
+
+if TYPE_CHECKING:
+    from ..config import AioConfig, OptimizerConfig, ZeroConfig, ZeroStreamExtConfig
 
 logger = logging.getLogger("zerostream")
 
@@ -47,51 +51,47 @@ class _HyperParams(torch.optim.Optimizer):
 
 
 class SwappedAdam:
-    """Adam/AdamW whose fp32 state lives on NVMe (see Note [Sub-group pipeline])."""
+    """Adam/AdamW whose fp32 state lives on NVMe (see Note [Sub-group pipeline]). Built from
+    its config sections: `optimizer` (hyperparameters, Adam vs AdamW), `zero`
+    (sub_group_size, offload_optimizer), `aio` (the I/O engine) and `ext` (zerostream's
+    extension keys: swap checksums, CPU threads)."""
 
-    def __init__(self, masters: List[torch.Tensor], groups: List[dict], defaults: dict, *,
-                 adamw_mode: bool, sub_group_size: int, offload_cfg, aio_cfg,
-                 verify_checksums: bool, stage: int, rank: int,
-                 threads: Optional[int] = None):
-        self.adamw_mode = adamw_mode
-        self.threads = threads
-        self.pipeline_read = bool(offload_cfg.pipeline_read)
-        self.pipeline_write = bool(offload_cfg.pipeline_write)
-        self.hyper = _HyperParams(groups, defaults)
+    def __init__(self, masters: List[torch.Tensor], groups: List[dict],
+                 param_starts: List[List[int]], *, optimizer: "OptimizerConfig",
+                 zero: "ZeroConfig", aio: "AioConfig", ext: "ZeroStreamExtConfig", rank: int):
+        offload = zero.offload_optimizer
+        hp = optimizer.params
+        self.adamw_mode = optimizer.adamw_mode
+        self.threads = ext.cpu_optimizer_threads or None
+        self.pipeline_read = offload.pipeline_read
+        self.pipeline_write = offload.pipeline_write
+        self.hyper = _HyperParams(groups, {
+            "lr": hp["lr"], "betas": tuple(hp["betas"]), "eps": hp["eps"],
+            "weight_decay": hp["weight_decay"], "bias_correction": hp["bias_correction"]})
         self.steps = [0] * len(masters)
         self.numels = [m.numel() for m in masters]
-        sub = max(1, int(sub_group_size))
-        self.sub_groups = [SubGroup(g, lo, min(lo + sub, n), 0)
-                           for g, n in enumerate(self.numels) for lo in range(0, n, sub)]
-        for i, s in enumerate(self.sub_groups):
-            s.index = i
+        self.sub_groups = [SubGroup(g, lo, hi, i) for i, (g, lo, hi) in enumerate(
+            _C.plan_sub_groups(self.numels, param_starts, zero.sub_group_size))]
         width = max(s.hi - s.lo for s in self.sub_groups)
-        self.sets = max(2, int(offload_cfg.buffer_count) // 3)
-        self.arena = HostArena(self.sets * 3 * arena_bytes(width * 4),
-                               lock=bool(offload_cfg.pin_memory))
+        self.sets = max(2, offload.buffer_count // 3)
+        self.arena = HostArena(self.sets * 3 * arena_bytes(width * 4), lock=offload.pin_memory)
         self.buffers = [[self.arena.empty(width, torch.float32) for _ in _KINDS]
                         for _ in range(self.sets)]
-        engine = IoEngine(io_config(block_size=aio_cfg.block_size,
-                                    queue_depth=aio_cfg.queue_depth,
-                                    intra_op_parallelism=aio_cfg.intra_op_parallelism,
-                                    single_submit=aio_cfg.single_submit,
-                                    overlap_events=aio_cfg.overlap_events,
-                                    backend=aio_cfg.backend))
-        root = os.path.join(offload_cfg.nvme_path, f"zero_stage_{stage}", "optimizer")
+        engine = IoEngine(io_config_for(aio))
         try:
-            self.store = SwapStore(engine, root, rank=rank, name="adam",
-                                   verify_checksums=verify_checksums)
+            self.store = SwapStore(engine, offload.nvme_path, rank=rank, name="optimizer",
+                                   verify_checksums=ext.verify_swap_checksums)
         except OSError as exc:
             raise OSError(exc.errno, f"zero_optimization.offload_optimizer.nvme_path: cannot keep "
-                          f"the optimizer state under {offload_cfg.nvme_path!r}: {exc}") from exc
+                          f"the optimizer state under {offload.nvme_path!r}: {exc}") from exc
         self.bytes_read = self.bytes_written = 0
         self.wait_seconds = 0.0
-        self._say_if_dram_would_do(sum(self.numels) * 12, offload_cfg)
+        self._say_if_dram_would_do(sum(self.numels) * 12)
         self._write_initial_state(masters)
 
     # --- setup ----------------------------------------------------------------------------------
     @staticmethod
-    def _say_if_dram_would_do(state_bytes: int, offload_cfg) -> None:
+    def _say_if_dram_would_do(state_bytes: int) -> None:
         try:
             import psutil
             free = psutil.virtual_memory().available
@@ -190,6 +190,12 @@ class SwappedAdam:
         return out
 
     def stats(self) -> dict:
+        """Plain data: traffic, the store's directory and every sub-group's extents
+        (file, offset, bytes) per kind, so a caller can check the bytes on disk itself."""
         return {"bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
                 "wait_seconds": self.wait_seconds, "store": self.store.stats(),
-                "directory": self.store.directory}
+                "directory": self.store.directory,
+                "sub_groups": [{"group": s.group, "begin": s.lo, "end": s.hi,
+                                **{k: self.store.extent_of(3 * s.index + i)
+                                   for i, k in enumerate(_KINDS)}}
+                               for s in self.sub_groups]}

@@ -45,7 +45,7 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
                  single_submit: bool = False, overlap_events: bool = False,
                  intra_op_parallelism: int = 1, backend: str = "auto"):
         self._config = _io.io_config(block_size=block_size, queue_depth=queue_depth,
-                                     intra_op_parallelism=intra_op_parallelism,
+                                     threads=intra_op_parallelism,
                                      single_submit=single_submit,
                                      overlap_events=overlap_events, backend=backend)
         self._engine = _io.IoEngine(self._config)

@@ -2,7 +2,6 @@
 overflow check, clipping, and the surface HF Accelerate and LR schedulers touch."""
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Iterable, List, Optional
 
@@ -10,34 +9,51 @@ import torch
 
 from .. import comm
 from ..precision import unscale_and_clip_coef
-
-
-def _null():
-    return contextlib.nullcontext()
+from .protocol import StageContext
 
 
 class ZeroOptimizerBase:
     """Wraps the inner torch optimizer (`self.optimizer`) the way DeepSpeed's ZeRO optimizers do:
-    not a torch.optim.Optimizer itself; `param_groups` proxies the inner one."""
+    not a torch.optim.Optimizer itself; `param_groups` proxies the inner one. The shared part
+    of the ZeroOptimizer protocol (zero/protocol.py, Note [Stage seam])."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, loss_scaler, clip: float,
-                 group=None):
+    def __init__(self, optimizer, ctx: StageContext):
         self.optimizer = optimizer
-        self.loss_scaler = loss_scaler
-        self.clip = clip
-        self.dp_process_group = group
+        self.ctx = ctx
+        self.loss_scaler = ctx.loss_scaler
+        self.clip = ctx.config.gradient_clipping
+        self.dp_process_group = ctx.group
+        self.telemetry = ctx.telemetry
+        self.check_overflow = ctx.check_overflow
         self.overflow = False
         self._global_grad_norm: Optional[torch.Tensor] = None
-        self.telemetry = None  # set by the engine (telemetry.StepTelemetry)
-        # Skip the step on inf/nan gradients (fp16 always; bf16 unless
-        # bf16.check_grad_overflow is false, as in DeepSpeed; fp32 too: a non-finite update
-        # would silently destroy the weights). Set by the engine.
-        self.check_overflow = True
+
+    # --- the module ------------------------------------------------------------------------
+    @classmethod
+    def prepare_module(cls, module: torch.nn.Module, ctx: StageContext) -> None:
+        """Whole parameters on every rank (stages 0-2): moves them to the run's device and
+        dtype (buffers keep their dtype: fp32 rotary inv_freq, norms' running stats), then
+        rank 0's weights win, as in DeepSpeed, so ranks start from one model."""
+        for p in module.parameters():
+            p.data = p.data.to(device=ctx.device,
+                               dtype=ctx.dtype if p.is_floating_point() else p.dtype)
+        for b in module.buffers():
+            b.data = b.data.to(ctx.device)
+        if ctx.world > 1:
+            src = comm.get_global_rank(ctx.group, 0)
+            with torch.no_grad():
+                for t in list(module.parameters()) + list(module.buffers()):
+                    comm.broadcast(t.data, src, group=ctx.group)
+
+    def before_forward(self) -> None:
+        pass
+
+    def after_forward(self) -> None:
+        pass
 
     def _comm(self, tensor: torch.Tensor, seconds: float) -> None:
         """Counts a collective's payload for the per-step report."""
-        if self.telemetry is not None:
-            self.telemetry.moved("comm", tensor.numel() * tensor.element_size(), seconds)
+        self.telemetry.moved("comm", tensor.numel() * tensor.element_size(), seconds)
 
     # --- surface -----------------------------------------------------------------------------
     @property
@@ -55,6 +71,20 @@ class ZeroOptimizerBase:
     @property
     def cur_scale(self) -> float:
         return self.loss_scaler.loss_scale
+
+    @property
+    def global_grad_norm(self) -> Optional[torch.Tensor]:
+        """The last step's pre-clip, unscaled global norm (inf after an overflow)."""
+        return self._global_grad_norm
+
+    def _scaler_state(self) -> dict:
+        return {"loss_scaler": self.loss_scaler.state_dict(),
+                "dynamic_loss_scale": self.loss_scaler.dynamic, "overflow": self.overflow,
+                "clip_grad": self.clip}
+
+    def _load_scaler_state(self, state: dict) -> None:
+        self.loss_scaler.load_state_dict(state["loss_scaler"])
+        self.overflow = bool(state.get("overflow", False))
 
     # --- the step's shared arithmetic ------------------------------------------------------------
     def _norm_and_overflow(self, grads: Iterable[torch.Tensor], partitioned: bool) -> float:

@@ -7,7 +7,7 @@ padded to a multiple of 2*world, cut into `world` equal partitions; rank r owns 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -40,9 +40,9 @@ class FlatGroup:
             offset += p.numel()
         self.numel = offset
         self.padded_numel = _C.stage12_padded_numel(self.numel, world)
-        begin, self.partition_numel, self.partition_valid = _C.stage12_partition(
-            self.numel, world, rank)
-        self.partition_begin = begin
+        # Every rank's (begin, numel, valid) from the one native function (zero/shard.h).
+        self.ranges = [_C.stage12_partition(self.numel, world, r) for r in range(world)]
+        self.partition_begin, self.partition_numel, self.partition_valid = self.ranges[rank]
         self.buffer = torch.zeros(self.padded_numel, dtype=params[0].dtype,
                                   device=params[0].device)
         with torch.no_grad():
@@ -50,17 +50,26 @@ class FlatGroup:
                 self.buffer[s.offset:s.offset + s.numel].copy_(s.param.detach().reshape(-1))
                 s.param.data = self.buffer[s.offset:s.offset + s.numel].view_as(s.param)
 
-    def partition(self, rank: int = None) -> torch.Tensor:
+    def partition(self, rank: Optional[int] = None) -> torch.Tensor:
         """View of `rank`'s partition of the buffer (this rank's by default)."""
-        r = self.rank if rank is None else rank
-        size = self.partition_numel
-        return self.buffer[r * size:(r + 1) * size]
+        begin, numel, _ = self.ranges[self.rank if rank is None else rank]
+        return self.buffer[begin:begin + numel]
 
-    def overlap(self, slot: ParamSlot) -> Tuple[int, int]:
-        """(start, end) of the slot's elements inside this rank's partition, relative to the
-        slot; (0, 0) when the rank owns none of them."""
-        lo = max(slot.offset, self.partition_begin)
-        hi = min(slot.offset + slot.numel, self.partition_begin + self.partition_numel)
+    def overlap(self, slot: ParamSlot, rank: Optional[int] = None) -> Tuple[int, int]:
+        """(start, end) of the slot's elements inside `rank`'s partition (this rank's by
+        default), relative to the slot; (0, 0) when that rank owns none of them."""
+        begin, numel, _ = self.ranges[self.rank if rank is None else rank]
+        lo = max(slot.offset, begin)
+        hi = min(slot.offset + slot.numel, begin + numel)
         if hi <= lo:
             return 0, 0
         return lo - slot.offset, hi - slot.offset
+
+    def param_starts(self) -> List[int]:
+        """Offsets inside this rank's partition where a parameter's owned piece begins."""
+        starts = []
+        for slot in self.slots:
+            start, end = self.overlap(slot)
+            if end > start:
+                starts.append(slot.offset + start - self.partition_begin)
+        return starts

@@ -10,19 +10,19 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import comm
-from .base import ZeroOptimizerBase, _null
+from .base import ZeroOptimizerBase
+from .protocol import StageContext
 
 
 class ReplicatedOptimizer(ZeroOptimizerBase):
 
-    def __init__(self, param_groups: List[dict], make_optimizer, *, zero_cfg, loss_scaler,
-                 clip: float, prescale_gradients: bool = False,
-                 gradient_predivide_factor: float = 1.0, group=None):
-        self.world = comm.get_world_size(group)
-        self.group = group
-        self.reduce_bucket_size = max(1, int(zero_cfg.reduce_bucket_size))
-        self.prescale = prescale_gradients
-        self.predivide = gradient_predivide_factor
+    def __init__(self, ctx: StageContext, param_groups: List[dict], make_optimizer):
+        cfg = ctx.config
+        self.world = ctx.world
+        self.group = ctx.group
+        self.reduce_bucket_size = cfg.zero_optimization.reduce_bucket_size
+        self.prescale = cfg.prescale_gradients
+        self.predivide = cfg.gradient_predivide_factor
         self.params = [p for g in param_groups for p in g["params"]]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
         self.masters = None
@@ -32,7 +32,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
             it = iter(self.masters)
             inner = [{**{k: v for k, v in g.items() if k != "params"},
                       "params": [next(it) for _ in g["params"]]} for g in param_groups]
-        super().__init__(make_optimizer(inner), loss_scaler, clip, group)
+        super().__init__(make_optimizer(inner), ctx)
 
     def after_backward(self) -> None:
         pass
@@ -66,7 +66,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 bucket, size = [], 0
 
     def step(self) -> bool:
-        with self.telemetry.phase("reduce") if self.telemetry else _null():
+        with self.telemetry.phase("reduce"):
             self.reduce_gradients()
         if self.mixed:
             for p, m in zip(self.params, self.masters):
@@ -90,3 +90,27 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         if self.masters is not None:
             for m in self.masters:
                 m.grad = None
+
+    # --- checkpoint state -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        state = {"zero_stage": 0, **self._scaler_state(),
+                 "base_optimizer_state": self.optimizer.state_dict()}
+        if self.masters is not None:
+            state["fp32_masters"] = [m.detach().clone() for m in self.masters]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("zero_stage") != 0:
+            raise ValueError(f"optimizer state is from ZeRO stage {state.get('zero_stage')!r}; "
+                             f"this run is stage 0")
+        self._load_scaler_state(state)
+        self.optimizer.load_state_dict(state["base_optimizer_state"])
+        if self.masters is not None:
+            with torch.no_grad():
+                for p, m, saved in zip(self.params, self.masters, state["fp32_masters"]):
+                    m.copy_(saved)
+                    p.copy_(m)
+
+    def state_summary(self) -> dict:
+        return {"stage": 0, "params": len(self.params), "fp32_masters": self.masters is not None,
+                "optimizer": type(self.optimizer).__name__}

@@ -21,69 +21,58 @@ import torch
 
 from .. import comm
 from ..ops._cpu_optimizer import CPUOptimizerBase
-from .base import ZeroOptimizerBase, _null
+from .base import ZeroOptimizerBase
 from .flat import FlatGroup, ParamSlot
-
-
-class OffloadSpec:
-    """Where the optimizer state of a partitioned run lives, and how to build its swapper."""
-
-    def __init__(self, device: str = "none", pin_memory: bool = True, swapper_factory=None):
-        self.device = device
-        self.pin_memory = pin_memory
-        self._swapper_factory = swapper_factory
-
-    def make_swapper(self, masters, options, rank, stage):
-        return self._swapper_factory(masters, options, rank, stage)
+from .grad_reduce import Stage1Reducer, Stage2Reducer
+from .protocol import StageContext
 
 
 class PartitionedOptimizer(ZeroOptimizerBase):
+    """Stages 1 and 2 (the stage picks the gradient reducer, zero/grad_reduce.py)."""
 
-    def __init__(self, param_groups: List[dict], make_optimizer, *, stage: int, zero_cfg,
-                 loss_scaler, clip: float, group=None, offload: "OffloadSpec" = None):
-        self.stage = stage
-        self.offload = offload or OffloadSpec()
-        self.world = comm.get_world_size(group)
-        self.rank = comm.get_rank(group)
-        self.reduce_bucket_size = max(1, int(zero_cfg.reduce_bucket_size))
-        self.allgather_bucket_size = max(1, int(zero_cfg.allgather_bucket_size))
-        self.overlap_comm = bool(zero_cfg.overlap_comm)
-        self.group = group
+    def __init__(self, ctx: StageContext, param_groups: List[dict], make_optimizer,
+                 make_swapped=None):
+        """`make_optimizer(groups)` builds the inner optimizer over the fp32 partitions; with
+        offload_optimizer nvme the factory passes `make_swapped(masters, options,
+        param_starts)` instead, which moves the fp32 state into the swap store."""
+        zero = ctx.config.zero_optimization
+        self.stage = zero.stage
+        self.offload_device = zero.offload_optimizer_device
+        self.world, self.rank, self.group = ctx.world, ctx.rank, ctx.group
+        self.allgather_bucket_size = zero.allgather_bucket_size
         self.flat_groups = [FlatGroup(g["params"], self.world, self.rank) for g in param_groups]
         options = [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
-        self.masters, self.grads = self._allocate_partitions()
+        self.masters, self.grads = self._allocate_partitions(zero.offload_optimizer)
         self.swapper = None
-        if self.offload.device == "nvme":
-            self.swapper = self.offload.make_swapper(self.masters, options, self.rank, stage)
-            self.masters = []  # the fp32 state lives on NVMe now
-            inner = self.swapper.hyper
+        if make_swapped is not None:
+            # offload_optimizer nvme: the fp32 state lives in the swap store from now on.
+            self.swapper = make_swapped(self.masters, options,
+                                        [f.param_starts() for f in self.flat_groups])
+            self.masters, inner = [], self.swapper.hyper
         else:
+            inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])
             for m, gr in zip(self.masters, self.grads):
                 m.grad = gr
-            inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])
-        super().__init__(inner, loss_scaler, clip, group)
+        super().__init__(inner, ctx)
+        reducer = Stage1Reducer if self.stage == 1 else Stage2Reducer
+        self.reducer = reducer(self.flat_groups, self.grads, ctx)
         self._slot_of: Dict[torch.nn.Parameter, Tuple[int, ParamSlot]] = {}
         for gi, flat in enumerate(self.flat_groups):
             for slot in flat.slots:
                 self._slot_of[slot.param] = (gi, slot)
-        if stage == 1:
-            self.local_grads = [torch.zeros_like(f.buffer) for f in self.flat_groups]
-        self._bucket: List[Tuple[int, ParamSlot, torch.Tensor]] = []
-        self._bucket_numel = 0
-        self._pending = []  # (work handle, bucket) of async stage-2 reductions
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._on_grad)
                        for f in self.flat_groups for s in f.slots]
 
-    def _allocate_partitions(self):
+    def _allocate_partitions(self, offload):
         """fp32 master and gradient partitions: on the param's device, or in the host arena
         (page-locked, budgeted) when the optimizer is offloaded."""
         sizes = [f.partition_numel for f in self.flat_groups]
-        if self.offload.device == "none":
+        if self.offload_device == "none":
             masters = [f.partition().detach().float().clone() for f in self.flat_groups]
             return masters, [torch.zeros_like(m) for m in masters]
         from ..offload.io import HostArena, arena_bytes
         self.arena = HostArena(2 * sum(arena_bytes(4 * n) for n in sizes),
-                               lock=self.offload.pin_memory)
+                               lock=offload.pin_memory)
         masters, grads = [], []
         for f, n in zip(self.flat_groups, sizes):
             m = self.arena.empty(n, torch.float32)
@@ -96,94 +85,36 @@ class PartitionedOptimizer(ZeroOptimizerBase):
 
     # --- backward ------------------------------------------------------------------------------
     def _on_grad(self, param: torch.nn.Parameter) -> None:
-        """Autograd hook: moves the fresh gradient out of param.grad into ZeRO's buffers."""
+        """Autograd hook: hands the fresh gradient from param.grad to the reducer."""
         gi, slot = self._slot_of[param]
         grad = param.grad.detach().reshape(-1)
         param.grad = None
-        if self.stage == 1:
-            self.local_grads[gi][slot.offset:slot.offset + slot.numel].add_(grad)
-            return
-        self._bucket.append((gi, slot, grad))
-        self._bucket_numel += slot.numel
-        if self._bucket_numel >= self.reduce_bucket_size:
-            self._flush_bucket()
-
-    def _flush_bucket(self) -> None:
-        """Sums the bucket's gradients over ranks; each rank keeps what its partition owns.
-
-        Note [Stage-2 bucket reduction]: a bucket holds whole parameters in the order autograd
-        finished them, which straddle partition boundaries; one all-reduce of the bucket
-        (DeepSpeed's use_multi_rank_bucket_allreduce) then a copy of the owned ranges keeps
-        the collective count at one per bucket.
-        """
-        if not self._bucket:
-            return
-        bucket, self._bucket, self._bucket_numel = self._bucket, [], 0
-        flat = torch.cat([g for _, _, g in bucket]) if len(bucket) > 1 else bucket[0][2].clone()
-        if self.world > 1:
-            start = time.perf_counter()
-            work = comm.all_reduce(flat, group=self.group, async_op=self.overlap_comm)
-            self._comm(flat, time.perf_counter() - start)
-            if work is not None:
-                self._pending.append((work, flat, bucket))
-                return
-        self._keep_owned(flat, bucket)
-
-    def _keep_owned(self, flat: torch.Tensor, bucket) -> None:
-        pos = 0
-        for gi, slot, _ in bucket:
-            start, end = self.flat_groups[gi].overlap(slot)
-            if end > start:
-                lo = slot.offset + start - self.flat_groups[gi].partition_begin
-                piece = flat[pos + start:pos + end]
-                self.grads[gi][lo:lo + end - start].add_(piece.to(self.grads[gi].device))
-            pos += slot.numel
+        self.reducer.on_grad(gi, slot, grad)
 
     def after_backward(self) -> None:
-        """Called by the engine once loss.backward() returned: finish this micro-step's
-        reductions (stage 2)."""
-        if self.stage == 2:
-            self._flush_bucket()
-            with self.telemetry.phase("reduce") if self.telemetry else _null():
-                for work, flat, bucket in self._pending:
-                    work.wait()
-                    self._keep_owned(flat, bucket)
-            self._pending.clear()
-
-    def reduce_gradients(self) -> None:
-        """At the accumulation boundary: stage 1 reduce-scatters its local flat gradients."""
-        if self.stage != 1:
-            return
-        for gi, flat in enumerate(self.flat_groups):
-            part = self.grads[gi]
-            if self.world > 1:
-                out = torch.empty(flat.partition_numel, dtype=self.local_grads[gi].dtype)
-                start = time.perf_counter()
-                comm.reduce_scatter_tensor(out, self.local_grads[gi], group=self.group)
-                self._comm(self.local_grads[gi], time.perf_counter() - start)
-                part.add_(out.to(part.device, torch.float32))
-            else:
-                part.add_(self.local_grads[gi].float())
-            self.local_grads[gi].zero_()
+        self.reducer.after_backward()
 
     # --- step -------------------------------------------------------------------------------------
     def step(self) -> bool:
         """Averages over ranks, unscales, clips, steps this rank's partition and all-gathers the
         updated params. Returns False (and skips) on overflow."""
-        with self.telemetry.phase("reduce") if self.telemetry else _null():
-            self.reduce_gradients()
+        with self.telemetry.phase("reduce"):
+            self.reducer.at_boundary()
         if self.world > 1:
             for g in self.grads:
                 g.div_(self.world)
         factor = self._grad_factor(self._norm_and_overflow(self.grads, partitioned=True))
         if factor is not None:
             self._update(factor)
-            if self.world > 1:
-                for flat in self.flat_groups:
-                    self._all_gather(flat)
+            self._publish()
         self.zero_grad()
         return factor is not None
 
+    def _publish(self) -> None:
+        """Every rank's copy of every group from the updated partitions."""
+        if self.world > 1:
+            for flat in self.flat_groups:
+                self._all_gather(flat)
     def _all_gather(self, flat: FlatGroup) -> None:
         """Rebuilds every rank's copy of the group from the updated partitions, in pieces of at
         most allgather_bucket_size elements per rank so the staging buffer stays bounded."""
@@ -211,11 +142,10 @@ class PartitionedOptimizer(ZeroOptimizerBase):
                       self.swapper.wait_seconds)
             start = time.perf_counter()
             self.swapper.step(self.grads, partitions, factor)
-            if self.telemetry is not None:
-                took = time.perf_counter() - start
-                self.telemetry.moved("nvme_read", self.swapper.bytes_read - before[0], took)
-                self.telemetry.moved("nvme_write", self.swapper.bytes_written - before[1], took)
-                self.telemetry.seconds["swap_wait"] += self.swapper.wait_seconds - before[2]
+            took = time.perf_counter() - start
+            self.telemetry.moved("nvme_read", self.swapper.bytes_read - before[0], took)
+            self.telemetry.moved("nvme_write", self.swapper.bytes_written - before[1], took)
+            self.telemetry.add_seconds("swap_wait", self.swapper.wait_seconds - before[2])
             return
         if isinstance(self.optimizer, CPUOptimizerBase):
             self.optimizer.step(grad_scale=factor)  # folded into the kernel's one pass
@@ -241,3 +171,56 @@ class PartitionedOptimizer(ZeroOptimizerBase):
     @property
     def bit16_groups(self) -> List[List[torch.nn.Parameter]]:
         return [[s.param for s in f.slots] for f in self.flat_groups]
+
+    # --- checkpoint state and inspection ------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's optimizer state (DeepSpeed's stage 1/2 key names)."""
+        if self.swapper is not None:
+            raise NotImplementedError(
+                "state_dict of zero_optimization.offload_optimizer.device \"nvme\": the state "
+                "is streamed from the swap store by the checkpoint writer, not gathered here")
+        return {"zero_stage": self.stage, **self._scaler_state(),
+                "base_optimizer_state": self.optimizer.state_dict(),
+                "single_partition_of_fp32_groups": [m.detach().clone() for m in self.masters],
+                "partition_count": self.world,
+                "group_paddings": [f.partition_numel - f.partition_valid
+                                   for f in self.flat_groups]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.swapper is not None:
+            self.state_dict()  # raises the same NotImplementedError
+        if state.get("zero_stage") not in (1, 2):
+            raise ValueError(f"optimizer state is from ZeRO stage {state.get('zero_stage')!r}; "
+                             f"this run is stage {self.stage}")
+        if state["partition_count"] != self.world:
+            raise NotImplementedError(
+                f"optimizer state was saved by {state['partition_count']} data-parallel ranks; "
+                f"this run has {self.world} (resharding is done by the checkpoint loader)")
+        saved = state["single_partition_of_fp32_groups"]
+        if [t.numel() for t in saved] != [m.numel() for m in self.masters]:
+            raise ValueError(f"optimizer state partitions have {[t.numel() for t in saved]} "
+                             f"elements; this model's have {[m.numel() for m in self.masters]}")
+        self._load_scaler_state(state)
+        self.optimizer.load_state_dict(state["base_optimizer_state"])
+        with torch.no_grad():
+            for m, t, flat in zip(self.masters, saved, self.flat_groups):
+                m.copy_(t)
+                flat.partition().copy_(m)
+        self._publish()
+
+    def state_summary(self) -> dict:
+        """Where this rank's state lives and what its reducer did (plain data)."""
+        summary = {
+            "stage": self.stage, "world": self.world, "offload": self.offload_device,
+            "optimizer": type(self.swapper or self.optimizer).__name__,
+            "groups": [{"numel": f.numel, "partition_begin": f.partition_begin,
+                        "partition_numel": f.partition_numel, "partition_valid": f.partition_valid}
+                       for f in self.flat_groups],
+            "fp32_master_numel": sum(m.numel() for m in self.masters),
+            "fp32_master_device": str(self.masters[0].device) if self.masters else None,
+            "full_grads_left": sum(1 for f in self.flat_groups for s in f.slots
+                                   if s.param.grad is not None),
+            **self.reducer.summary()}
+        if self.swapper is not None:
+            summary["swap"] = self.swapper.stats()
+        return summary

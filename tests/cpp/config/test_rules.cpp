@@ -74,7 +74,13 @@ TEST(Rules, DynamicLossScaleNeedsPositiveWindowAndFloor) {
                "fp16.loss_scale_window: must be > 0 with dynamic loss scaling");
   EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true, "min_loss_scale": 0})")),
                "fp16.min_loss_scale: must be > 0 with dynamic loss scaling");
-  EXPECT_OK(check(cfg(R"("fp16": {"enabled": true, "loss_scale": 128, "min_loss_scale": 0})")));
+  EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true, "hysteresis": 0})")),
+               "fp16.hysteresis: must be > 0 with dynamic loss scaling");
+  EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true, "initial_scale_power": 128})")),
+               "fp16.initial_scale_power: must be in [-126, 127] with dynamic loss scaling");
+  EXPECT_OK(check(cfg(R"("fp16": {"enabled": true, "initial_scale_power": 32})")));
+  EXPECT_OK(check(cfg(R"("fp16": {"enabled": true, "loss_scale": 128, "min_loss_scale": 0,
+                                  "hysteresis": 0, "initial_scale_power": 500})")));
 }
 
 TEST(Rules, ParamDtypeMustMatchPrecision) {
@@ -156,23 +162,33 @@ TEST(Load, ThrowsWithEveryErrorOnItsOwnLine) {
   }
 }
 
-TEST(Load, TypedTreeCarriesResolvedValues) {
+TEST(Load, ResolvedTreeCarriesEveryValue) {
   RunContext ctx;
   ctx.world_size = 4;
-  const DsConfig c = load_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
+  const Resolution r = load_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
       "offload_param": {"device": "cpu", "buffer_size": 1e6}}, "bf16": {"enabled": true}})",
-                                 "ok.json", ctx);
-  EXPECT_EQ(c.batch.train_batch_size, 24);
-  EXPECT_EQ(c.batch.data_parallel_size, 4);
-  EXPECT_EQ(c.zero.stage, 3);
-  EXPECT_TRUE(c.zero.overlap_comm);
-  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
-  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/nvme");
-  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kCpu);
-  EXPECT_EQ(c.zero.offload_param.buffer_size, 1000000);
-  EXPECT_TRUE(c.bf16.enabled);
-  EXPECT_EQ(c.communication_data_type, "bf16");
+                                   "ok.json", ctx);
+  EXPECT_EQ(r.at("train_batch_size"), 24);
+  EXPECT_EQ(r.data_parallel_size, 4);
+  EXPECT_EQ(r.at("zero_optimization.stage"), 3);
+  EXPECT_EQ(r.at("zero_optimization.overlap_comm"), true);
+  EXPECT_EQ(r.at("zero_optimization.offload_optimizer.device"), "nvme");
+  EXPECT_EQ(r.at("zero_optimization.offload_optimizer.nvme_path"), "/nvme");
+  EXPECT_EQ(r.at("zero_optimization.offload_optimizer.buffer_count"), 4);  // schema default
+  EXPECT_EQ(r.at("zero_optimization.offload_param.device"), "cpu");
+  EXPECT_EQ(r.at("zero_optimization.offload_param.buffer_size"), 1000000);
+  EXPECT_EQ(r.at("bf16.enabled"), true);
+  EXPECT_EQ(r.at("communication_data_type"), "bf16");
+}
+
+TEST(Load, DataParallelSizeIsTheWorldOverSequenceParallel) {
+  RunContext ctx;
+  ctx.world_size = 8;
+  const Resolution r = load_config(
+      R"({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 2})", "sp.json", ctx);
+  EXPECT_EQ(r.data_parallel_size, 4);
+  EXPECT_EQ(r.at("train_batch_size"), 4);
 }
 
 }  // namespace

@@ -136,7 +136,10 @@ def test_typed_tree_is_frozen_and_typed():
     assert z.overlap_comm is True  # DeepSpeed: on by default for stage 3
     assert cfg.resolved["zero_optimization.overlap_comm"]["source"] == "derived"
     assert cfg.resolved["train_batch_size"] == {"value": 8, "source": "derived"}
-    assert cfg.native.zero_stage == 3
+    assert cfg.zero_stage == 3 and cfg.data_parallel_size == 2
+    # Nested sections are built from the resolved tree with every schema default filled.
+    assert cfg.zero_optimization.offload_param.buffer_count == 5
+    assert isinstance(cfg.aio, config.AioConfig) and cfg.aio.queue_depth == 8
 
 
 def test_auto_values_are_resolved_from_the_run_and_logged(caplog):

@@ -1,12 +1,12 @@
 """Loss scalers step by step against hand-written expected trajectories, the fp16-section
 factory, the overflow check per dtype, and the clip coefficient against clip_grad_norm_."""
 import copy
-import types
 
 import pytest
 import torch
 
 from zerostream import precision as P
+from zerostream.config import load
 
 MIN_MSG = ("Current loss scale already at minimum - cannot decrease scale anymore. "
            "Exiting run.")
@@ -108,39 +108,42 @@ def test_dynamic_scaler_validation(kwargs, name):
 
 # --- fp16 section factory ----------------------------------------------------------------------
 
-def test_make_loss_scaler_dynamic_from_dict():
-    scaler = P.make_loss_scaler({"enabled": True, "loss_scale": 0, "initial_scale_power": 12,
-                                 "loss_scale_window": 50, "hysteresis": 3,
-                                 "consecutive_hysteresis": True, "min_loss_scale": 2})
+def _fp16(**section):
+    """The resolved fp16 section of a config, as the engine receives it."""
+    return load({"train_batch_size": 1, "fp16": {"enabled": True, **section}},
+                world_size=1, log=False).fp16
+
+
+def test_make_loss_scaler_dynamic_from_the_fp16_section():
+    scaler = P.make_loss_scaler(_fp16(loss_scale=0, initial_scale_power=12, loss_scale_window=50,
+                                      hysteresis=3, consecutive_hysteresis=True,
+                                      min_loss_scale=2))
     assert isinstance(scaler, P.DynamicLossScaler)
     assert (scaler.loss_scale, scaler.scale_window, scaler.delayed_shift, scaler.min_scale,
             scaler.consecutive_hysteresis) == (4096.0, 50, 3, 2.0, True)
 
 
-def test_make_loss_scaler_defaults_and_auto():
-    scaler = P.make_loss_scaler({"enabled": True, "loss_scale_window": "auto"})
+def test_make_loss_scaler_takes_the_schema_defaults_for_absent_and_auto_keys():
+    scaler = P.make_loss_scaler(_fp16(loss_scale_window="auto"))
     assert (scaler.loss_scale, scaler.scale_window, scaler.delayed_shift, scaler.min_scale,
             scaler.consecutive_hysteresis) == (65536.0, 1000, 2, 1.0, False)
 
 
-def test_make_loss_scaler_from_config_object_static_and_disabled():
-    section = types.SimpleNamespace(enabled=True, loss_scale=256.0, initial_scale_power=16,
-                                    loss_scale_window=1000, hysteresis=2,
-                                    consecutive_hysteresis=False, min_loss_scale=1)
-    static = P.make_loss_scaler(section)
+def test_make_loss_scaler_static_and_disabled():
+    static = P.make_loss_scaler(_fp16(loss_scale=256.0))
     assert type(static) is P.LossScaler and static.loss_scale == 256.0
-    for off in (None, {"enabled": False, "loss_scale": 256.0}):
-        noop = P.make_loss_scaler(off)  # bf16 / fp32
+    off = load({"train_batch_size": 1, "bf16": {"enabled": True}}, world_size=1, log=False).fp16
+    for section in (None, off):  # bf16 / fp32
+        noop = P.make_loss_scaler(section)
         assert type(noop) is P.LossScaler and noop.loss_scale == 1.0
 
 
 @pytest.mark.parametrize("key,value", [
-    ("loss_scale", -1.0), ("loss_scale", float("inf")), ("loss_scale", True),
-    ("loss_scale_window", 0), ("hysteresis", 0), ("min_loss_scale", 0),
-    ("initial_scale_power", 2.5)])
-def test_make_loss_scaler_rejects_bad_values_naming_the_key(key, value):
-    with pytest.raises(ValueError, match=f"fp16.{key}"):
-        P.make_loss_scaler({"enabled": True, key: value})
+    ("loss_scale", -1.0), ("loss_scale", True), ("loss_scale_window", 0), ("hysteresis", 0),
+    ("min_loss_scale", 0), ("initial_scale_power", 2.5), ("initial_scale_power", 128)])
+def test_bad_fp16_values_fail_at_load_naming_the_key(key, value):
+    with pytest.raises(ValueError, match=f"fp16.{key}: (expected|must be)"):
+        _fp16(**{key: value})
 
 
 # --- overflow check ----------------------------------------------------------------------------

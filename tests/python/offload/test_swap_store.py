@@ -8,12 +8,13 @@ import sys
 import pytest
 import torch
 
+from zerostream.config import load
 from zerostream.offload import io as zio
 
 
 @pytest.fixture(params=["io_uring", "threads"])
 def engine(request):
-    return zio.IoEngine(block_size=1 << 16, queue_depth=8, intra_op_parallelism=2,
+    return zio.IoEngine(block_size=1 << 16, queue_depth=8, threads=2,
                         backend=request.param)
 
 
@@ -68,18 +69,29 @@ def test_environment_variable_fault_injection(tmp_path):
     assert r.stdout.startswith("ERR 5 ") and "env.bin at offset 131072" in r.stdout, r.stdout
 
 
+def _aio(**section):
+    return load({"train_batch_size": 1, "aio": section}, world_size=1, log=False).aio
+
+
 def test_ds_config_aio_section_maps_onto_the_engine_config():
-    c = zio.io_config_from_ds({"block_size": 262144, "queue_depth": 16, "thread_count": 2,
-                               "single_submit": True, "overlap_events": False,
-                               "backend": "threads"})
+    c = zio.io_config_for(_aio(block_size=262144, queue_depth=16, thread_count=2,
+                               single_submit=True, overlap_events=False, backend="threads"))
     assert (c.block_size, c.queue_depth, c.threads, c.single_submit, c.overlap_events,
             c.backend) == (262144, 16, 2, True, False, "threads")
-    d = zio.io_config_from_ds(None)
+    d = zio.io_config_for(_aio())  # DeepSpeed's defaults, from the schema
     assert (d.block_size, d.queue_depth, d.threads, d.overlap_events, d.backend) == (
         1048576, 8, 1, True, "auto")
-    with pytest.raises(ValueError, match="unknown keys .'queue_dpeth'."):
-        zio.io_config_from_ds({"queue_dpeth": 8})
+    typo = load({"train_batch_size": 1, "aio": {"queue_dpeth": 8}}, world_size=1, log=False)
+    assert any(w.startswith("aio.queue_dpeth: unknown key") for w in typo.warnings)
     with pytest.raises(ValueError, match="aio.backend"):
-        zio.io_config_from_ds({"backend": "libaio"})
+        _aio(backend="libaio")
     with pytest.raises(NotImplementedError, match="aio.use_gds"):
-        zio.io_config_from_ds({"use_gds": True})
+        zio.io_config_for(_aio(use_gds=True))
+
+
+def test_io_config_starts_from_the_engine_defaults_and_rejects_unknown_fields():
+    native = zio._N.IoConfig()
+    c = zio.io_config(queue_depth=4)
+    assert (c.block_size, c.queue_depth, c.threads) == (native.block_size, 4, native.threads)
+    with pytest.raises(TypeError, match="intra_op_parallelism"):
+        zio.io_config(intra_op_parallelism=2)

@@ -1,6 +1,7 @@
 """Engine behaviour on Gloo ranks: loss scaling and overflow skips, the LR schedule, clipping
 norm bookkeeping, accumulation boundaries, DeepSpeed's optimizer rules and clear errors."""
 import os
+import re
 import pathlib
 import signal
 import subprocess
@@ -209,7 +210,8 @@ def test_a_killed_rank_makes_the_others_fail_clearly_within_the_timeout():
     import io
     outcome, message, seconds = torch.load(io.BytesIO(payload), weights_only=False)
     assert outcome == "error"
-    assert message.startswith("[rank 0] all_reduce failed"), message
+    # Stage 2's bucket spans both ranks' partitions: it is reduce-scattered.
+    assert re.match(r"\[rank 0\] (all_reduce|reduce_scatter_tensor) failed", message), message
     assert seconds < 60
     assert results[1][0] == "missing"  # the killed rank reported nothing
 

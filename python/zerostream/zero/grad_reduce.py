@@ -1,0 +1,189 @@
+"""Gradient reduction for the partitioned stages: sums every rank's gradients and leaves each
+rank, in its fp32 gradient partitions (`targets`), the sum over ranks of the elements it owns.
+Averaging, unscaling and clipping are the optimizer's (they need the global norm first).
+
+Stage 1 (Stage1Reducer) accumulates whole local gradients in a flat buffer per group and
+reduce-scatters it once per optimizer step. Stage 2 (Stage2Reducer) reduces in buckets of
+`reduce_bucket_size` elements as autograd produces them, so no rank holds a full gradient;
+stage 3 reuses it with its own layout.
+
+Note [Stage-2 bucket reduction]
+  A bucket holds whole parameters in the order autograd finished them; with DeepSpeed's
+  layout (each rank owns one contiguous range of the flat group) a bucket's elements belong
+  to one, a few or all ranks. For each bucket the reducer lays the pieces out per owner,
+  padded to the largest owner's count c, and picks the collective that moves fewer bytes per
+  rank: a reduce-scatter of world*c elements moves c*(world-1), an all-reduce of the
+  bucket's n elements 2*n*(world-1)/world. So a bucket spread evenly over the ranks (the
+  last bucket of a model smaller than reduce_bucket_size, or large buckets) is
+  reduce-scattered, half the bytes of an all-reduce; a bucket owned by one rank is
+  all-reduced, as DeepSpeed's use_multi_rank_bucket_allreduce does.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import torch
+
+from .. import comm
+from .flat import FlatGroup, ParamSlot
+from .protocol import TrainingState
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Elements [lo, hi) of a bucket's flattened gradients, owned by one rank, landing at
+    `part_lo` of that rank's partition of group `group`."""
+    lo: int
+    hi: int
+    group: int
+    part_lo: int
+
+
+class _Reducer:
+    def __init__(self, flat_groups: List[FlatGroup], targets: List[torch.Tensor], ctx):
+        self.flat_groups = flat_groups
+        self.targets = targets
+        self.group = ctx.group
+        self.world = ctx.world
+        self.rank = ctx.rank
+        self.telemetry = ctx.telemetry
+        self.run = ctx.run
+        self.collectives: Counter = Counter()  # kind -> count, for state_summary()
+
+    def _timed(self, kind: str, payload: torch.Tensor, fn):
+        start = time.perf_counter()
+        work = fn()
+        self.telemetry.moved("comm", payload.numel() * payload.element_size(),
+                             time.perf_counter() - start)
+        self.collectives[kind] += 1
+        return work
+
+    def summary(self) -> dict:
+        return {"collectives": dict(self.collectives)}
+
+
+class Stage1Reducer(_Reducer):
+    """Accumulates local gradients; one reduce-scatter per group per optimizer step."""
+
+    def __init__(self, flat_groups, targets, ctx):
+        super().__init__(flat_groups, targets, ctx)
+        self.local = [torch.zeros_like(f.buffer) for f in flat_groups]
+
+    def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
+        self.local[gi][slot.offset:slot.offset + slot.numel].add_(grad)
+
+    def after_backward(self) -> None:
+        pass
+
+    def at_boundary(self) -> None:
+        for gi, flat in enumerate(self.flat_groups):
+            local, target = self.local[gi], self.targets[gi]
+            if self.world > 1:
+                # On the gradients' device: NCCL needs both sides there (GPU data-path issue).
+                out = torch.empty(flat.partition_numel, dtype=local.dtype, device=local.device)
+                self._timed("reduce_scatter", local, lambda: comm.reduce_scatter_tensor(
+                    out, local, group=self.group))
+                target.add_(out.to(target.device, torch.float32))
+            else:
+                target.add_(local.to(target.device, torch.float32))
+            local.zero_()
+
+
+class Stage2Reducer(_Reducer):
+    """Bucketed reduction during backward; see Note [Stage-2 bucket reduction]."""
+
+    def __init__(self, flat_groups, targets, ctx):
+        super().__init__(flat_groups, targets, ctx)
+        zero = ctx.config.zero_optimization
+        self.bucket_size = zero.reduce_bucket_size
+        self.overlap = zero.overlap_comm
+        self._bucket: List[Tuple[int, ParamSlot, torch.Tensor]] = []
+        self._bucket_numel = 0
+        self._pending = []  # (work, finish) of asynchronous reductions
+
+    def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
+        # A gradient from a bare loss.backward() would sit in a bucket nobody flushes.
+        self.run.require(TrainingState.BACKWARD, what=(
+            "ZeRO stage 2 received a gradient outside engine.backward(loss) (it reduces "
+            "gradients as autograd produces them: call engine.backward(loss), not "
+            "loss.backward())"))
+        self._bucket.append((gi, slot, grad))
+        self._bucket_numel += slot.numel
+        if self._bucket_numel >= self.bucket_size:
+            self.flush()
+
+    def after_backward(self) -> None:
+        self.flush()
+        with self.telemetry.phase("reduce"):
+            for work, finish in self._pending:
+                work.wait()
+                finish()
+        self._pending.clear()
+
+    def at_boundary(self) -> None:
+        pass
+
+    def owner_pieces(self, bucket) -> List[List[Piece]]:
+        """For every rank, the pieces of the bucket it owns (bucket order)."""
+        pieces: List[List[Piece]] = [[] for _ in range(self.world)]
+        pos = 0
+        for gi, slot, _ in bucket:
+            flat = self.flat_groups[gi]
+            for r in range(self.world):
+                start, end = flat.overlap(slot, r)
+                if end > start:
+                    part_lo = slot.offset + start - flat.ranges[r][0]
+                    pieces[r].append(Piece(pos + start, pos + end, gi, part_lo))
+            pos += slot.numel
+        return pieces
+
+    def flush(self) -> None:
+        if not self._bucket:
+            return
+        bucket, self._bucket, self._bucket_numel = self._bucket, [], 0
+        flat = torch.cat([g for _, _, g in bucket]) if len(bucket) > 1 else bucket[0][2]
+        pieces = self.owner_pieces(bucket)
+        if self.world == 1:
+            self._add(flat, pieces[self.rank], relative=False)
+            return
+        n = flat.numel()
+        widest = max(sum(p.hi - p.lo for p in ps) for ps in pieces)
+        if self.world * widest < 2 * n:
+            work, finish = self._reduce_scatter(flat, pieces, widest)
+        else:
+            flat = flat if len(bucket) > 1 else flat.clone()  # never reduce into param.grad
+            work = self._timed("all_reduce", flat, lambda: comm.all_reduce(
+                flat, group=self.group, async_op=self.overlap))
+            mine = pieces[self.rank]
+            finish = lambda: self._add(flat, mine, relative=False)  # noqa: E731
+        if work is None:
+            finish()
+        else:
+            self._pending.append((work, finish))
+
+    def _reduce_scatter(self, flat: torch.Tensor, pieces, widest: int):
+        staging = flat.new_zeros(self.world * widest)
+        for r, ps in enumerate(pieces):
+            at = r * widest
+            for p in ps:
+                staging[at:at + p.hi - p.lo].copy_(flat[p.lo:p.hi])
+                at += p.hi - p.lo
+        out = flat.new_empty(widest)
+        work = self._timed("reduce_scatter", staging, lambda: comm.reduce_scatter_tensor(
+            out, staging, group=self.group, async_op=self.overlap))
+        mine = pieces[self.rank]
+        return work, lambda: self._add(out, mine, relative=True)
+
+    def _add(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
+        """Adds this rank's pieces into its fp32 partitions; `relative`: `source` holds the
+        pieces back to back (reduce-scatter output), else at their bucket positions."""
+        at = 0
+        for p in pieces:
+            n = p.hi - p.lo
+            chunk = source[at:at + n] if relative else source[p.lo:p.hi]
+            target = self.targets[p.group][p.part_lo:p.part_lo + n]
+            target.add_(chunk.to(target.device))
+            at += n

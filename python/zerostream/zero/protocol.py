@@ -1,0 +1,113 @@
+"""The engine's stage seam: what ZeroEngine calls on its ZeRO optimizer, the training phase it
+owns, and the one context object every stage is built from.
+
+Note [Stage seam]
+  Per micro-step the engine calls, in this order:
+    before_forward() -> module forward -> after_forward()
+    -> autograd (the stage's hooks run here, phase BACKWARD) -> after_backward()
+  and at the accumulation boundary step() (which reduces what is still unreduced, unscales,
+  clips and updates) followed by zero_grad(). prepare_module() runs once, before the
+  optimizer is built, because where parameters live is the stage's decision (under
+  zero.Init they arrive already partitioned). state_dict()/load_state_dict() carry the
+  optimizer side of a checkpoint; state_summary() is what tests and tools may inspect.
+  The phase (TrainingState) is kept apart from where bytes live (the stage's own state).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, List, Optional, Protocol, runtime_checkable
+
+import torch
+
+from ..telemetry import NULL_TELEMETRY
+
+if TYPE_CHECKING:
+    from ..config import DeepSpeedConfig
+    from ..precision import LossScaler
+
+
+class TrainingState(enum.Enum):
+    """Which phase of a training step runs now (model: FSDP2's TrainingState)."""
+    IDLE = "idle"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    STEP = "step"
+
+
+class RunState:
+    """The engine's phase, shared by reference with the stage so its hooks can see it."""
+
+    def __init__(self) -> None:
+        self.state = TrainingState.IDLE
+
+    def require(self, *allowed: TrainingState, what: str) -> None:
+        if self.state not in allowed:
+            names = " or ".join(s.value for s in allowed)
+            raise RuntimeError(f"{what} during {self.state.value}; expected {names}")
+
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class StageContext:
+    """Everything a stage is built from: the resolved config (each component reads its own
+    sections from it), the data-parallel group, the device and dtype the model trains in,
+    the loss scaler, the engine's phase and telemetry."""
+    config: "DeepSpeedConfig"
+    group: Any
+    rank: int
+    world: int
+    device: torch.device
+    loss_scaler: "LossScaler"
+    run: RunState = field(default_factory=RunState)
+    telemetry: Any = NULL_TELEMETRY
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype parameters train in (fp16/bf16/fp32, from the precision sections)."""
+        return _DTYPES[self.config.precision]
+
+    @property
+    def check_overflow(self) -> bool:
+        """Skip the step on inf/nan gradients: fp16 always, bf16 unless
+        bf16.check_grad_overflow is false (DeepSpeed's rule), fp32 too (a non-finite update
+        would silently destroy the weights)."""
+        bf16 = self.config.bf16
+        return not (bf16.enabled and not bf16.check_grad_overflow)
+
+
+@runtime_checkable
+class ZeroOptimizer(Protocol):
+    """See Note [Stage seam]. Implemented by zero/stage0.py and zero/stage12.py."""
+
+    @classmethod
+    def prepare_module(cls, module: torch.nn.Module, ctx: StageContext) -> None:
+        """Places the module's parameters and buffers and makes ranks agree on them."""
+
+    def before_forward(self) -> None: ...
+
+    def after_forward(self) -> None: ...
+
+    def after_backward(self) -> None:
+        """loss.backward() returned: finish this micro-step's gradient hand-off."""
+
+    def step(self) -> bool:
+        """At the accumulation boundary: reduce, unscale, clip, update. False: skipped
+        (overflow)."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def state_summary(self) -> dict:
+        """Plain data about where the state lives and what moved (tests, tools)."""
+
+    @property
+    def param_groups(self) -> List[dict]: ...
+
+    @property
+    def global_grad_norm(self) -> Optional[float]: ...
