@@ -95,7 +95,7 @@ class ZeroOptimizerBase:
             total = torch.stack([g.float().pow(2).sum() for g in grads]).sum()
         else:
             total = torch.zeros((), dtype=torch.float32)
-        if partitioned and comm.get_world_size(self.dp_process_group) > 1:
+        if partitioned and self.ctx.world > 1:
             comm.all_reduce(total, group=self.dp_process_group)
         return float(total)
 

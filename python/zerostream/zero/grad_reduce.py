@@ -42,6 +42,13 @@ class Piece:
     part_lo: int
 
 
+def choose_collective(pieces: List[List[Piece]], numel: int, world: int) -> str:
+    """"reduce_scatter" or "all_reduce" for a bucket of `numel` elements whose owners' pieces
+    are `pieces`: the one moving fewer bytes per rank (Note [Stage-2 bucket reduction])."""
+    widest = max(sum(p.hi - p.lo for p in ps) for ps in pieces)
+    return "reduce_scatter" if world * widest < 2 * numel else "all_reduce"
+
+
 class _Reducer:
     def __init__(self, flat_groups: List[FlatGroup], targets: List[torch.Tensor], ctx):
         self.flat_groups = flat_groups
@@ -149,9 +156,8 @@ class Stage2Reducer(_Reducer):
         if self.world == 1:
             self._add(flat, pieces[self.rank], relative=False)
             return
-        n = flat.numel()
         widest = max(sum(p.hi - p.lo for p in ps) for ps in pieces)
-        if self.world * widest < 2 * n:
+        if choose_collective(pieces, flat.numel(), self.world) == "reduce_scatter":
             work, finish = self._reduce_scatter(flat, pieces, widest)
         else:
             flat = flat if len(bucket) > 1 else flat.clone()  # never reduce into param.grad

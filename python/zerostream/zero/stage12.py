@@ -208,6 +208,15 @@ class PartitionedOptimizer(ZeroOptimizerBase):
                 flat.partition().copy_(m)
         self._publish()
 
+    def _state_numel(self) -> dict:
+        """Elements per optimizer state kind held in this process (exp_avg, ...)."""
+        kinds: Dict[str, int] = {}
+        for st in self.optimizer.state.values():
+            for k, t in st.items():
+                if torch.is_tensor(t) and t.dim() > 0:
+                    kinds[k] = kinds.get(k, 0) + t.numel()
+        return kinds
+
     def state_summary(self) -> dict:
         """Where this rank's state lives and what its reducer did (plain data)."""
         summary = {
@@ -217,6 +226,7 @@ class PartitionedOptimizer(ZeroOptimizerBase):
                         "partition_numel": f.partition_numel, "partition_valid": f.partition_valid}
                        for f in self.flat_groups],
             "fp32_master_numel": sum(m.numel() for m in self.masters),
+            "optimizer_state_numel": self._state_numel(),
             "fp32_master_device": str(self.masters[0].device) if self.masters else None,
             "full_grads_left": sum(1 for f in self.flat_groups for s in f.slots
                                    if s.param.grad is not None),

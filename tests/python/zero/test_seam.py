@@ -1,0 +1,221 @@
+"""The stage seam without processes: each test builds a stage from a StageContext with a
+pretend world size (no process group) and checks one behaviour (STYLE.md item 13, tier 1)."""
+import copy
+
+import pytest
+import torch
+
+from zerostream import _C
+from zerostream.config import load
+from zerostream.precision import make_loss_scaler
+from zerostream.telemetry import StepTelemetry
+from zerostream.zero.factory import build_zero_optimizer, stage_class
+from zerostream.zero.flat import FlatGroup
+from zerostream.zero.grad_reduce import Stage2Reducer, choose_collective
+from zerostream.zero.protocol import RunState, StageContext, TrainingState, ZeroOptimizer
+from zerostream.zero.stage0 import ReplicatedOptimizer
+from zerostream.zero.stage12 import PartitionedOptimizer
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).float().pow(2).mean()
+
+
+def _config(stage, **zero):
+    return load({"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+                 "zero_optimization": {"stage": stage, **zero}}, world_size=1, log=False)
+
+
+def _ctx(cfg, world=1, rank=0, telemetry=None):
+    kwargs = {"telemetry": telemetry} if telemetry is not None else {}
+    return StageContext(config=cfg, group=None, rank=rank, world=world,
+                        device=torch.device("cpu"), loss_scaler=make_loss_scaler(cfg.fp16),
+                        run=RunState(), **kwargs)
+
+
+def _stage(cfg, seed=0, client=None):
+    """A model placed by its stage and the stage's optimizer, as the engine builds them."""
+    torch.manual_seed(seed)
+    model = MLP()
+    ctx = _ctx(cfg)
+    stage_class(cfg.zero_stage).prepare_module(model, ctx)
+    opt = build_zero_optimizer(ctx, [{"params": list(model.parameters())}], client=client)
+    return model, opt, ctx
+
+
+def _train(model, opt, ctx, steps, seed=1):
+    """The engine's call order (Note [Stage seam]) with its phases; returns the losses."""
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(4, 8, generator=gen)
+        ctx.run.state = TrainingState.FORWARD
+        opt.before_forward()
+        loss = model(x)
+        opt.after_forward()
+        ctx.run.state = TrainingState.BACKWARD
+        loss.backward()
+        opt.after_backward()
+        ctx.run.state = TrainingState.STEP
+        assert opt.step()
+        ctx.run.state = TrainingState.IDLE
+        losses.append(float(loss.detach()))
+    return losses
+
+
+# --- the factory -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stage,cls", [(0, ReplicatedOptimizer), (1, PartitionedOptimizer),
+                                       (2, PartitionedOptimizer)])
+def test_the_factory_builds_the_stage_class_which_implements_the_protocol(stage, cls):
+    _, opt, _ = _stage(_config(stage))
+    assert type(opt) is cls and isinstance(opt, ZeroOptimizer)
+
+
+def test_stage_3_is_refused_by_name_not_downgraded():
+    with pytest.raises(NotImplementedError, match="zero_optimization.stage 3"):
+        stage_class(3)
+
+
+def test_a_partitioned_stage_without_an_optimizer_names_the_missing_section():
+    cfg = load({"train_batch_size": 2, "zero_optimization": {"stage": 2}}, world_size=1, log=False)
+    with pytest.raises(ValueError, match="stage 2 requires an optimizer"):
+        _stage(cfg)
+    cfg0 = load({"train_batch_size": 2}, world_size=1, log=False)
+    assert _stage(cfg0)[1] is None  # stage 0 inference: no optimizer at all
+
+
+def test_nvme_offload_with_a_client_optimizer_is_refused(tmp_path):
+    cfg = _config(2, offload_optimizer={"device": "nvme", "nvme_path": str(tmp_path)})
+    with pytest.raises(NotImplementedError, match="offload_optimizer.device \"nvme\""):
+        _stage(cfg, client=lambda groups: torch.optim.AdamW(groups))
+
+
+def test_prepare_module_moves_params_to_the_run_dtype_and_keeps_buffers():
+    cfg = load({"train_batch_size": 2, "bf16": {"enabled": True}}, world_size=1, log=False)
+    model = torch.nn.BatchNorm1d(4)
+    stage_class(0).prepare_module(model, _ctx(cfg))
+    assert model.weight.dtype == torch.bfloat16
+    assert model.running_mean.dtype == torch.float32
+
+
+# --- the phase -------------------------------------------------------------------------------------
+
+def test_stage_2_refuses_a_gradient_outside_engine_backward():
+    model, opt, ctx = _stage(_config(2))
+    loss = model(torch.randn(4, 8))
+    with pytest.raises(RuntimeError, match=r"engine.backward\(loss\).*during idle; expected "
+                                           r"backward"):
+        loss.backward()
+
+
+# --- flat groups and gradient reduction -------------------------------------------------------------
+
+def _flat(numels, world, rank):
+    return FlatGroup([torch.nn.Parameter(torch.zeros(n)) for n in numels], world, rank)
+
+
+def test_flat_group_ranges_come_from_the_native_partition_function():
+    flat = _flat([5, 7, 3], world=4, rank=2)
+    assert flat.ranges == [_C.stage12_partition(15, 4, r) for r in range(4)]
+    begin, numel, _ = flat.ranges[3]
+    assert flat.partition(3).data_ptr() == flat.buffer[begin:].data_ptr()
+    assert flat.partition(3).numel() == numel
+
+
+def test_bucket_pieces_tile_the_bucket_once_and_land_in_their_owners_partitions():
+    world = 4
+    cfg = _config(2)
+    flats = [_flat([5, 7, 3, 9], world, 0)]
+    targets = [torch.zeros(flats[0].partition_numel)]
+    reducer = Stage2Reducer(flats, targets, _ctx(cfg, world=world))
+    slots = flats[0].slots
+    bucket = [(0, s, torch.arange(s.offset, s.offset + s.numel, dtype=torch.float32))
+              for s in reversed(slots)]  # autograd order
+    flat_grads = torch.cat([g for _, _, g in bucket])
+    covered = torch.zeros(flat_grads.numel(), dtype=torch.int64)
+    for r, pieces in enumerate(reducer.owner_pieces(bucket)):
+        begin = flats[0].ranges[r][0]
+        for p in pieces:
+            covered[p.lo:p.hi] += 1
+            # The values are their own flat index: a piece lands where the rank owns them.
+            assert torch.equal(flat_grads[p.lo:p.hi],
+                               torch.arange(begin + p.part_lo, begin + p.part_lo + p.hi - p.lo,
+                                            dtype=torch.float32))
+    assert torch.all(covered == 1)
+
+
+def test_the_collective_moving_fewer_bytes_is_chosen():
+    world = 4
+    flats = [_flat([40, 40, 40, 40], world, 0)]  # partitions of 40: one param per rank
+    reducer = Stage2Reducer(flats, [torch.zeros(40)], _ctx(_config(2), world=world))
+    slots = flats[0].slots
+    everything = [(0, s, torch.zeros(s.numel)) for s in slots]
+    one_owner = [(0, slots[0], torch.zeros(40))]
+    assert choose_collective(reducer.owner_pieces(everything), 160, world) == "reduce_scatter"
+    assert choose_collective(reducer.owner_pieces(one_owner), 40, world) == "all_reduce"
+
+
+# --- sub-groups ------------------------------------------------------------------------------------
+
+def test_sub_group_size_zero_gives_one_sub_group_per_parameter_piece():
+    flat = _flat([5, 7, 3, 9], world=2, rank=1)  # rank 1 owns [12, 24): 3 of p2, 9 of p3
+    starts = flat.param_starts()
+    assert starts == [0, 3]
+    plan = _C.plan_sub_groups([flat.partition_numel], [starts], 0)
+    assert plan == [(0, 0, 3), (0, 3, flat.partition_numel)]
+    assert _C.plan_sub_groups([flat.partition_numel], [starts], 5) == [(0, 0, 5), (0, 5, 10),
+                                                                       (0, 10, 12)]
+
+
+# --- checkpoint state -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_state_dict_resumes_bit_identically(stage):
+    cfg = _config(stage)
+    model, opt, ctx = _stage(cfg)
+    _train(model, opt, ctx, 2)
+    weights = copy.deepcopy(model.state_dict())
+    state = copy.deepcopy(opt.state_dict())
+    expected = _train(model, opt, ctx, 3, seed=7)
+
+    resumed, opt2, ctx2 = _stage(cfg, seed=123)  # other initial weights: all must come back
+    resumed.load_state_dict(weights)
+    opt2.load_state_dict(state)
+    assert _train(resumed, opt2, ctx2, 3, seed=7) == expected
+    for a, b in zip(model.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_state_from_another_world_size_is_refused_until_resharding():
+    model, opt, _ = _stage(_config(1))
+    state = opt.state_dict()
+    state["partition_count"] = 4
+    with pytest.raises(NotImplementedError, match="saved by 4 data-parallel ranks"):
+        opt.load_state_dict(state)
+
+
+# --- inspection and telemetry ---------------------------------------------------------------------
+
+def test_state_summary_says_where_the_state_lives_with_telemetry_on_or_off():
+    for telemetry in (None, StepTelemetry()):
+        cfg = _config(2, offload_optimizer={"device": "cpu"})
+        torch.manual_seed(0)
+        model = MLP()
+        ctx = _ctx(cfg, telemetry=telemetry)
+        stage_class(2).prepare_module(model, ctx)
+        opt = build_zero_optimizer(ctx, [{"params": list(model.parameters())}])
+        _train(model, opt, ctx, 1)
+        summary = opt.state_summary()
+        numel = sum(p.numel() for p in model.parameters())
+        assert summary["offload"] == "cpu" and summary["optimizer"] == "DeepSpeedCPUAdam"
+        assert summary["fp32_master_numel"] >= numel and summary["full_grads_left"] == 0
+        assert summary["optimizer_state_numel"]["exp_avg"] == summary["fp32_master_numel"]
+        if telemetry is not None:
+            assert telemetry.seconds["reduce"] > 0
