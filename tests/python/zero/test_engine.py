@@ -12,18 +12,9 @@ import pytest
 import torch
 
 from multirank import free_port, run_ranks
+from mlp import MLP
 
 HERE = pathlib.Path(__file__).parent
-
-
-class MLP(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(8, 16)
-        self.b = torch.nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x))).float().pow(2).mean()
 
 
 def _engine(config, **kwargs):

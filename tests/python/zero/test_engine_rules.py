@@ -4,20 +4,11 @@ engine is built directly from a loaded config."""
 import pytest
 import torch
 
+from mlp import MLP
 import zerostream
 from zerostream.config import load
 from zerostream.engine import ZeroEngine
 from zerostream.optim_factory import ZeRORuntimeException
-
-
-class MLP(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(8, 16)
-        self.b = torch.nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x))).float().pow(2).mean()
 
 
 def _cfg(stage, optimizer=True, **extra):

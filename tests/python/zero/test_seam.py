@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from mlp import MLP
 from zerostream import _C
 from zerostream.config import load
 from zerostream.precision import make_loss_scaler
@@ -15,16 +16,6 @@ from zerostream.zero.grad_reduce import Stage2Reducer, choose_collective
 from zerostream.zero.protocol import RunState, StageContext, TrainingState, ZeroOptimizer
 from zerostream.zero.stage0 import ReplicatedOptimizer
 from zerostream.zero.stage12 import PartitionedOptimizer
-
-
-class MLP(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(8, 16)
-        self.b = torch.nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x))).float().pow(2).mean()
 
 
 def _config(stage, **zero):
