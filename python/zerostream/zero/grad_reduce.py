@@ -20,6 +20,7 @@ Note [Stage-2 bucket reduction]
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -60,9 +61,10 @@ class _Reducer:
         self.run = ctx.run
         self.collectives: Counter = Counter()  # kind -> count, for state_summary()
 
-    def _timed(self, kind: str, payload: torch.Tensor, fn):
+    def _timed(self, kind: str, payload: torch.Tensor, collective, *args, **kwargs):
+        """Runs `collective(*args, **kwargs)`, counting its payload and time."""
         start = time.perf_counter()
-        work = fn()
+        work = collective(*args, group=self.group, **kwargs)
         self.telemetry.moved("comm", payload.numel() * payload.element_size(),
                              time.perf_counter() - start)
         self.collectives[kind] += 1
@@ -91,8 +93,7 @@ class Stage1Reducer(_Reducer):
             if self.world > 1:
                 # On the gradients' device: NCCL needs both sides there (GPU data-path issue).
                 out = torch.empty(flat.partition_numel, dtype=local.dtype, device=local.device)
-                self._timed("reduce_scatter", local, lambda: comm.reduce_scatter_tensor(
-                    out, local, group=self.group))
+                self._timed("reduce_scatter", local, comm.reduce_scatter_tensor, out, local)
                 target.add_(out.to(target.device, torch.float32))
             else:
                 target.add_(local.to(target.device, torch.float32))
@@ -161,10 +162,9 @@ class Stage2Reducer(_Reducer):
             work, finish = self._reduce_scatter(flat, pieces, widest)
         else:
             flat = flat if len(bucket) > 1 else flat.clone()  # never reduce into param.grad
-            work = self._timed("all_reduce", flat, lambda: comm.all_reduce(
-                flat, group=self.group, async_op=self.overlap))
-            mine = pieces[self.rank]
-            finish = lambda: self._add(flat, mine, relative=False)  # noqa: E731
+            work = self._timed("all_reduce", flat, comm.all_reduce, flat,
+                               async_op=self.overlap)
+            finish = functools.partial(self._add, flat, pieces[self.rank], relative=False)
         if work is None:
             finish()
         else:
@@ -178,10 +178,9 @@ class Stage2Reducer(_Reducer):
                 staging[at:at + p.hi - p.lo].copy_(flat[p.lo:p.hi])
                 at += p.hi - p.lo
         out = flat.new_empty(widest)
-        work = self._timed("reduce_scatter", staging, lambda: comm.reduce_scatter_tensor(
-            out, staging, group=self.group, async_op=self.overlap))
-        mine = pieces[self.rank]
-        return work, lambda: self._add(out, mine, relative=True)
+        work = self._timed("reduce_scatter", staging, comm.reduce_scatter_tensor, out, staging,
+                           async_op=self.overlap)
+        return work, functools.partial(self._add, out, pieces[self.rank], relative=True)
 
     def _add(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
         """Adds this rank's pieces into its fp32 partitions; `relative`: `source` holds the
