@@ -29,7 +29,7 @@ std::string direct_round_trip(const std::string& path, const std::string& dir) {
     return "posix_memalign failed";
   }
   std::unique_ptr<unsigned char, decltype(&std::free)> buf(static_cast<unsigned char*>(raw),
-                                                            &std::free);
+                                                           &std::free);
   std::string result;
   std::memset(buf.get(), 0x5a, kBytes);
   ssize_t n = ::pwrite(fd, buf.get(), kBytes, 0);

@@ -5,6 +5,7 @@ nlohmann::json in _C can be bound to torch's build of it (or the reverse) when b
 loaded, and two libstdc++ builds' inline code mixing has crashed the process. The build
 hides everything else (hidden visibility, --exclude-libs, a version script); this pins it.
 """
+
 import shutil
 import subprocess
 
@@ -35,8 +36,13 @@ def test_only_pyinit_is_exported():
     assert "PyInit__C" in names, f"{path} does not export PyInit__C"
     extra = [n for n in names if n != "PyInit__C" and n not in LINKER_SYMBOLS]
     if extra:
-        shown = [f"{kind} {name}" for kind, name in _exported_symbols(path, demangle=True)
-                 if name != "PyInit__C" and name not in LINKER_SYMBOLS]
+        shown = [
+            f"{kind} {name}"
+            for kind, name in _exported_symbols(path, demangle=True)
+            if name != "PyInit__C" and name not in LINKER_SYMBOLS
+        ]
         listing = "\n  ".join(shown[:60]) + ("\n  ..." if len(shown) > 60 else "")
-        pytest.fail(f"{path} exports {len(extra)} symbols besides PyInit__C "
-                    f"(nm -D --defined-only):\n  {listing}")
+        pytest.fail(
+            f"{path} exports {len(extra)} symbols besides PyInit__C "
+            f"(nm -D --defined-only):\n  {listing}"
+        )

@@ -128,11 +128,11 @@ inline std::string backend_param_name(const ::testing::TestParamInfo<IoBackend>&
 
 // Skips the running test, with the probe's reason, when `backend` is io_uring and io_uring
 // is unavailable here: such a test can neither pass nor say anything about the engine.
-#define ZS_SKIP_WITHOUT_IO_URING(backend)                                                  \
-  do {                                                                                     \
-    if ((backend) == ::zs::offload::IoBackend::kIoUring &&                                 \
-        !::zs::offload::testing::io_uring_unavailable_reason().empty()) {                  \
-      GTEST_SKIP() << "io_uring is unavailable here: "                                     \
-                   << ::zs::offload::testing::io_uring_unavailable_reason();               \
-    }                                                                                      \
+#define ZS_SKIP_WITHOUT_IO_URING(backend)                                    \
+  do {                                                                       \
+    if ((backend) == ::zs::offload::IoBackend::kIoUring &&                   \
+        !::zs::offload::testing::io_uring_unavailable_reason().empty()) {    \
+      GTEST_SKIP() << "io_uring is unavailable here: "                       \
+                   << ::zs::offload::testing::io_uring_unavailable_reason(); \
+    }                                                                        \
   } while (0)
