@@ -5,6 +5,12 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 scripts/setup.sh
 
+# Formatting and lint first, for quick feedback; a failure still lets the tests run and
+# fails the whole run at the end.
+echo "== Lint (scripts/lint.sh: clang-format, ruff)"
+lint_failed=0
+scripts/lint.sh || lint_failed=1
+
 echo "== C++ tests (ctest)"
 ctest --test-dir build/native --output-on-failure -j "$(nproc)" --timeout 600
 
@@ -48,3 +54,8 @@ fi
 
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q -ra "$@"
+
+if [ "$lint_failed" -ne 0 ]; then
+  echo "All tests passed, but lint failed (see '== Lint' above)" >&2
+  exit 1
+fi
