@@ -97,7 +97,8 @@ std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t
                                                 BouncePool* bounce = nullptr);
 
 // Builds the engine `config.backend` asks for. kAuto falls back to threads (one warning)
-// when io_uring cannot be set up; an explicit kIoUring that fails throws IoError.
+// when probe_io_uring() (io_probe.h) fails or this config's rings cannot be set up; an
+// explicit kIoUring that fails throws IoError.
 std::unique_ptr<IoEngine> make_io_engine(const IoConfig& config);
 
 // Backends (constructors throw IoError when their resources cannot be created).

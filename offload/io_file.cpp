@@ -26,6 +26,11 @@ const char* mode_name(OpenMode mode) {
 
 }  // namespace
 
+int open_direct(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), (flags & ~O_CREAT) | O_DIRECT);
+  return fd >= 0 ? fd : -errno;
+}
+
 std::shared_ptr<IoFile> IoFile::open(const std::string& path, OpenMode mode,
                                      bool want_direct) {
   const int flags = open_flags(mode);
@@ -33,9 +38,10 @@ std::shared_ptr<IoFile> IoFile::open(const std::string& path, OpenMode mode,
   if (buffered < 0) throw_io_error(mode_name(mode), path, 0, 0, errno);
   int direct = -1;
   if (want_direct) {
-    direct = ::open(path.c_str(), (flags & ~O_CREAT) | O_DIRECT);
+    direct = open_direct(path, flags);
     if (direct < 0) {
-      const int err = errno;
+      const int err = -direct;
+      direct = -1;
       if (err != EINVAL) {
         ::close(buffered);
         throw_io_error(mode_name(mode), path, 0, 0, err);

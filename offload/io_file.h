@@ -20,6 +20,12 @@ namespace zs::offload {
 // therefore stay correct (DeepSpeed instead lost the unaligned tail silently, #1070).
 inline constexpr int64_t kDirectAlign = 4096;
 
+// Opens the existing file `path` with `flags` | O_DIRECT (O_CREAT dropped); returns the
+// descriptor or -errno. -EINVAL is the filesystem refusing O_DIRECT (ramfs, tmpfs before
+// Linux 6.6, some FUSE and ZFS versions): IoFile::open then falls back to buffered I/O,
+// and probe_o_direct (io_probe.h) reports it.
+int open_direct(const std::string& path, int flags);
+
 enum class OpenMode { kRead, kWrite, kReadWrite };
 
 class IoFile {

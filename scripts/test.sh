@@ -5,6 +5,12 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 scripts/setup.sh
 
+# Formatting and lint first, for quick feedback; a failure still lets the tests run and
+# fails the whole run at the end.
+echo "== Lint (scripts/lint.sh: clang-format, ruff)"
+lint_failed=0
+scripts/lint.sh || lint_failed=1
+
 echo "== C++ tests (ctest)"
 ctest --test-dir build/native --output-on-failure -j "$(nproc)" --timeout 600
 
@@ -24,6 +30,21 @@ fi
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -j "$(nproc)" \
   --timeout 600
 
+# ThreadSanitizer over the offload engine: its worker threads, tickets and fixed-resource
+# tables are where data races would be. Only that suite is built and run: libgomp is not
+# instrumented, so the OpenMP optimizer code would give false reports.
+echo "== C++ offload tests, ThreadSanitizer variant (build/tsan)"
+if ! { cmake -S . -B build/tsan -G Ninja -DZS_WITH_CUDA=OFF -DZS_TSAN=ON \
+         -DZS_BUILD_PYTHON=OFF -DZS_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+       cmake --build build/tsan -j "$(nproc)" --target zs_test_offload; } > build/tsan-build.log 2>&1
+then
+  tail -n 60 build/tsan-build.log
+  echo "TSan build failed (full log: build/tsan-build.log)" >&2
+  exit 1
+fi
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build/tsan \
+  --output-on-failure -j "$(nproc)" --timeout 600 -R '^offload\.'
+
 # On an aarch64 host the tests above already ran natively; ZS_SKIP_AARCH64=1 skips the
 # cross run (it needs apt access for the cross toolchain).
 if [ "$(uname -m)" != aarch64 ] && [ "${ZS_SKIP_AARCH64:-0}" != 1 ]; then
@@ -33,3 +54,8 @@ fi
 
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q -ra "$@"
+
+if [ "$lint_failed" -ne 0 ]; then
+  echo "All tests passed, but lint failed (see '== Lint' above)" >&2
+  exit 1
+fi

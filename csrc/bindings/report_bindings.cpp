@@ -5,8 +5,8 @@
 
 #include "bindings/bindings.h"
 #include "common/cpu_features.h"
-#include "common/io_probe.h"
 #include "cuda/cuda_status.h"
+#include "offload/io_probe.h"
 
 namespace py = pybind11;
 
@@ -50,14 +50,14 @@ void init_report_bindings(py::module_& m) {
       "probe_io_uring",
       [] {
         py::gil_scoped_release release;
-        return probe_io_uring();
+        return offload::probe_io_uring();
       },
       "Sets up an io_uring ring and round-trips a NOP; returns \"\" or why it failed.");
   m.def(
       "probe_o_direct",
       [](const std::string& dir) {
         py::gil_scoped_release release;
-        return probe_o_direct(dir);
+        return offload::probe_o_direct(dir);
       },
       "Writes and reads 4 KiB with O_DIRECT under dir; returns \"\" or why it failed.",
       py::arg("dir"));

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "offload/io_config.h"
+#include "offload/io_probe.h"
 
 namespace zs::offload::testing {
 
@@ -112,8 +113,26 @@ inline IoConfig test_config(IoBackend backend, int64_t block = 64 << 10, int dep
   return c;
 }
 
+// Why this process cannot use io_uring (seccomp, kernel.io_uring_disabled, an old kernel),
+// "" when it can: the probe behind "auto" and `zerostream report`, asked once.
+inline const std::string& io_uring_unavailable_reason() {
+  static const std::string why = probe_io_uring();
+  return why;
+}
+
 inline std::string backend_param_name(const ::testing::TestParamInfo<IoBackend>& info) {
   return info.param == IoBackend::kIoUring ? "IoUring" : "Threads";
 }
 
 }  // namespace zs::offload::testing
+
+// Skips the running test, with the probe's reason, when `backend` is io_uring and io_uring
+// is unavailable here: such a test can neither pass nor say anything about the engine.
+#define ZS_SKIP_WITHOUT_IO_URING(backend)                                    \
+  do {                                                                       \
+    if ((backend) == ::zs::offload::IoBackend::kIoUring &&                   \
+        !::zs::offload::testing::io_uring_unavailable_reason().empty()) {    \
+      GTEST_SKIP() << "io_uring is unavailable here: "                       \
+                   << ::zs::offload::testing::io_uring_unavailable_reason(); \
+    }                                                                        \
+  } while (0)

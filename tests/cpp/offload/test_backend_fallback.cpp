@@ -10,9 +10,11 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <string>
 
 #include "offload/io_engine.h"
 #include "offload/io_error.h"
+#include "offload/io_probe.h"
 #include "offload/log.h"
 #include "offload_test_util.h"
 
@@ -33,6 +35,10 @@ bool block_io_uring_setup() {
 
 bool fallback_works() {
   testing::ScratchDir dir;  // destroyed before the child exits (exit does not unwind)
+  // The probe ("auto", `zerostream report`, test skips) names the refused call.
+  const std::string why = probe_io_uring();
+  const bool probe_refused = why.find("io_uring_queue_init") != std::string::npos &&
+                             why.find(std::strerror(EPERM)) != std::string::npos;
   // Explicit io_uring: an IoError that says what failed.
   bool explicit_failed = false;
   try {
@@ -46,8 +52,8 @@ bool fallback_works() {
   e->write(dir.file("f"), src.data(), static_cast<int64_t>(src.size()), 0).wait();
   std::vector<unsigned char> dst(src.size());
   e->read(dir.file("f"), dst.data(), static_cast<int64_t>(dst.size()), 0).wait();
-  return explicit_failed && std::strcmp(e->backend_name(), "threads") == 0 && dst == src &&
-         warnings_emitted().size() == 1;
+  return probe_refused && explicit_failed && std::strcmp(e->backend_name(), "threads") == 0 &&
+         dst == src && warnings_emitted().size() == 1;
 }
 
 [[noreturn]] void engines_without_io_uring() {

@@ -18,6 +18,7 @@ using testing::ScratchDir;
 
 class offload_Fault : public ::testing::TestWithParam<IoBackend> {
  protected:
+  void SetUp() override { ZS_SKIP_WITHOUT_IO_URING(GetParam()); }
   void TearDown() override { clear_io_fault(); }
   // One worker and depth one keep the attempt order deterministic.
   std::unique_ptr<IoEngine> engine() {

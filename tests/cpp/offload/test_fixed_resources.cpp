@@ -20,6 +20,7 @@ IoConfig fixed_config(IoBackend backend) {
 }
 
 TEST(offload_FixedResources, RegisteredBuffersAndFilesRoundTrip) {
+  ZS_SKIP_WITHOUT_IO_URING(IoBackend::kIoUring);
   ScratchDir dir;
   auto e = make_io_engine(fixed_config(IoBackend::kIoUring));
   const size_t n = (3 << 20) + 4096 + 77;  // direct body, buffered tail, both fixed-buffer
@@ -48,6 +49,7 @@ TEST(offload_FixedResources, RegisteredBuffersAndFilesRoundTrip) {
 }
 
 TEST(offload_FixedResources, SwapStoreWithRegisteredFiles) {
+  ZS_SKIP_WITHOUT_IO_URING(IoBackend::kIoUring);
   ScratchDir dir;
   auto e = make_io_engine(fixed_config(IoBackend::kIoUring));
   SwapStoreConfig c;
@@ -65,9 +67,14 @@ TEST(offload_FixedResources, SwapStoreWithRegisteredFiles) {
   again.write(2, data.data(), static_cast<int64_t>(data.size())).wait();
 }
 
-TEST(offload_FixedResources, ThreadBackendAndDisabledConfigDecline) {
+TEST(offload_FixedResources, ThreadBackendDeclines) {
   AlignedBytes buf(4096);
   EXPECT_FALSE(make_io_engine(fixed_config(IoBackend::kThreads))->register_buffer(buf.data(), 4096));
+}
+
+TEST(offload_FixedResources, IoUringDeclinesWhenTheConfigLeavesThemOff) {
+  ZS_SKIP_WITHOUT_IO_URING(IoBackend::kIoUring);
+  AlignedBytes buf(4096);
   auto plain = make_io_engine(testing::test_config(IoBackend::kIoUring));
   EXPECT_FALSE(plain->register_buffer(buf.data(), 4096));
 }

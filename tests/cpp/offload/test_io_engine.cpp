@@ -21,6 +21,7 @@ using testing::ScratchDir;
 
 class offload_IoEngine : public ::testing::TestWithParam<IoBackend> {
  protected:
+  void SetUp() override { ZS_SKIP_WITHOUT_IO_URING(GetParam()); }
   std::unique_ptr<IoEngine> engine(int64_t block = 64 << 10, int depth = 8, int threads = 2) {
     return make_io_engine(testing::test_config(GetParam(), block, depth, threads));
   }
@@ -257,6 +258,7 @@ namespace {
 // Several independent engines (handles), both backends, each driven by its own thread,
 // interleaving writes and reads on disjoint ranges of one shared file.
 TEST(offload_IoEngineHandles, ManyHandlesInterleaveOnOneFile) {
+  ZS_SKIP_WITHOUT_IO_URING(IoBackend::kIoUring);  // the point is both backends at once
   testing::ScratchDir dir;
   const std::string path = dir.file("shared");
   constexpr int kHandles = 6;
@@ -324,22 +326,29 @@ TEST(offload_IoSplit, MisalignedBufferBodyBouncesOnlyWithAPool) {
   for (const auto& p : without_pool[0]) EXPECT_FALSE(p.direct);
 }
 
-TEST(offload_IoEngineBounce, MisalignedBuffersRoundTripAndReuseBounceBuffers) {
+class offload_IoEngineBounce : public ::testing::TestWithParam<IoBackend> {
+ protected:
+  void SetUp() override { ZS_SKIP_WITHOUT_IO_URING(GetParam()); }
+};
+
+TEST_P(offload_IoEngineBounce, MisalignedBuffersRoundTripAndReuseBounceBuffers) {
   testing::ScratchDir dir;
-  for (IoBackend b : {IoBackend::kIoUring, IoBackend::kThreads}) {
-    auto e = make_io_engine(testing::test_config(b, 64 << 10, 4, 2));
-    for (int round = 0; round < 4; ++round) {
-      const size_t n = (3 << 20) + 123;
-      AlignedBytes src(n, 64), dst(n, 16);
-      testing::fill_random(src.data(), n, 40 + round);
-      const std::string path = dir.file("m" + std::to_string(round));
-      e->write(path, src.data(), static_cast<int64_t>(n), 8192).wait();
-      EXPECT_EQ(0, std::memcmp(testing::posix_read(path, 8192, n).data(), src.data(), n));
-      e->read(path, dst.data(), static_cast<int64_t>(n), 8192).wait();
-      EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), n));
-    }
+  auto e = make_io_engine(testing::test_config(GetParam(), 64 << 10, 4, 2));
+  for (int round = 0; round < 4; ++round) {
+    const size_t n = (3 << 20) + 123;
+    AlignedBytes src(n, 64), dst(n, 16);
+    testing::fill_random(src.data(), n, 40 + round);
+    const std::string path = dir.file("m" + std::to_string(round));
+    e->write(path, src.data(), static_cast<int64_t>(n), 8192).wait();
+    EXPECT_EQ(0, std::memcmp(testing::posix_read(path, 8192, n).data(), src.data(), n));
+    e->read(path, dst.data(), static_cast<int64_t>(n), 8192).wait();
+    EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), n));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, offload_IoEngineBounce,
+                         ::testing::Values(IoBackend::kIoUring, IoBackend::kThreads),
+                         testing::backend_param_name);
 
 }  // namespace
 }  // namespace zs::offload

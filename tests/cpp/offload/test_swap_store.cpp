@@ -19,6 +19,10 @@ using testing::ScratchDir;
 
 class offload_SwapStore : public ::testing::TestWithParam<IoBackend> {
  protected:
+  void SetUp() override {
+    ZS_SKIP_WITHOUT_IO_URING(GetParam());
+    engine_ = make_io_engine(testing::test_config(GetParam(), 64 << 10, 8, 2));
+  }
   SwapStoreConfig config(bool checksums = false) {
     SwapStoreConfig c;
     c.nvme_path = dir_.path();
@@ -31,8 +35,7 @@ class offload_SwapStore : public ::testing::TestWithParam<IoBackend> {
     return c;
   }
   ScratchDir dir_;
-  std::unique_ptr<IoEngine> engine_ =
-      make_io_engine(testing::test_config(GetParam(), 64 << 10, 8, 2));
+  std::unique_ptr<IoEngine> engine_;
 };
 
 TEST_P(offload_SwapStore, RoundTripsManyTensorsAndReusesFreedExtents) {

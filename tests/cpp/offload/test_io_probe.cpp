@@ -1,14 +1,16 @@
+// The probes behind "auto", `zerostream report` and the io_uring tests' skips: they answer
+// without throwing, and a refusal names what failed and where.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 
-#include "common/io_probe.h"
+#include "offload/io_probe.h"
 
-namespace zs {
+namespace zs::offload {
 namespace {
 
-TEST(IoProbe, ODirectWorksOnTheBuildTreeOrSaysWhy) {
+TEST(offload_IoProbe, ODirectWorksOnTheBuildTreeOrSaysWhy) {
   char dir[] = "/tmp/zs-probe-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string result = probe_o_direct(dir);
@@ -19,13 +21,13 @@ TEST(IoProbe, ODirectWorksOnTheBuildTreeOrSaysWhy) {
   rmdir(dir);
 }
 
-TEST(IoProbe, MissingDirectoryIsReportedWithItsPath) {
+TEST(offload_IoProbe, MissingDirectoryIsReportedWithItsPath) {
   const std::string result = probe_o_direct("/no/such/zs-dir");
   EXPECT_NE(result.find("cannot create a file in /no/such/zs-dir"), std::string::npos) << result;
   EXPECT_NE(result.find("No such file or directory"), std::string::npos) << result;
 }
 
-TEST(IoProbe, IoUringAnswersWithoutThrowing) {
+TEST(offload_IoProbe, IoUringAnswersWithoutThrowing) {
   const std::string result = probe_io_uring();
   if (!result.empty()) {
     EXPECT_NE(result.find("io_uring"), std::string::npos) << result;
@@ -33,4 +35,4 @@ TEST(IoProbe, IoUringAnswersWithoutThrowing) {
 }
 
 }  // namespace
-}  // namespace zs
+}  // namespace zs::offload
