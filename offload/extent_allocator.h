@@ -34,8 +34,8 @@ class ExtentAllocator {
   int64_t align() const { return align_; }
   int files() const { return static_cast<int>(files_.size()); }
   int64_t file_end(int file) const { return files_.at(static_cast<size_t>(file)).end; }
-  int64_t free_bytes() const;   // free ranges inside the files
-  int64_t used_bytes() const;   // sum of live extents
+  int64_t free_bytes() const;  // free ranges inside the files
+  int64_t used_bytes() const;  // sum of live extents
   int64_t free_ranges() const;
 
  private:

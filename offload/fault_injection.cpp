@@ -20,10 +20,12 @@ struct FaultState {
 };
 
 int errno_from_name(const std::string& name) {
-  static const struct { const char* name; int value; } kNames[] = {
-      {"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EINVAL", EINVAL}, {"EAGAIN", EAGAIN},
-      {"EINTR", EINTR}, {"EBADF", EBADF}, {"EFAULT", EFAULT}, {"ENOMEM", ENOMEM},
-      {"EROFS", EROFS}, {"EDQUOT", EDQUOT}, {"EFBIG", EFBIG}, {"ENXIO", ENXIO}};
+  static const struct {
+    const char* name;
+    int value;
+  } kNames[] = {{"EIO", EIO},     {"ENOSPC", ENOSPC}, {"EINVAL", EINVAL}, {"EAGAIN", EAGAIN},
+                {"EINTR", EINTR}, {"EBADF", EBADF},   {"EFAULT", EFAULT}, {"ENOMEM", ENOMEM},
+                {"EROFS", EROFS}, {"EDQUOT", EDQUOT}, {"EFBIG", EFBIG},   {"ENXIO", ENXIO}};
   for (const auto& n : kNames) {
     if (name == n.name) return n.value;
   }
@@ -49,8 +51,8 @@ FaultState& state() {
 
 FaultSpec parse_fault_spec(const std::string& text) {
   const std::string usage =
-      "ZS_IO_FAULT: expected <nth>:<errno name|number|short>[:every], e.g. 3:EIO; got \"" +
-      text + "\"";
+      "ZS_IO_FAULT: expected <nth>:<errno name|number|short>[:every], e.g. 3:EIO; got \"" + text +
+      "\"";
   FaultSpec spec;
   const size_t c1 = text.find(':');
   ZS_CHECK_VALUE(c1 != std::string::npos, usage);

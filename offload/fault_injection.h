@@ -14,10 +14,10 @@
 namespace zs::offload {
 
 struct FaultSpec {
-  int64_t nth = 0;          // 0: off
-  int err = 0;              // positive errno to fail with (when !short_transfer)
+  int64_t nth = 0;  // 0: off
+  int err = 0;      // positive errno to fail with (when !short_transfer)
   bool short_transfer = false;
-  bool every = false;       // repeat every nth attempt
+  bool every = false;  // repeat every nth attempt
 };
 
 // Throws zs::ValueError naming the variable and the accepted forms.
@@ -30,8 +30,8 @@ int64_t io_faults_injected();
 
 // What one attempt should do, decided by the engine right before it submits the attempt.
 struct FaultAction {
-  int err = 0;          // > 0: report this errno instead of the real result
-  int64_t length = 0;   // bytes to actually submit (shorter than asked for "short")
+  int err = 0;         // > 0: report this errno instead of the real result
+  int64_t length = 0;  // bytes to actually submit (shorter than asked for "short")
 };
 
 // Counts the attempt and decides its fate. A "short" attempt really moves fewer bytes

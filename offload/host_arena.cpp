@@ -66,10 +66,9 @@ HostBuffer::~HostBuffer() {
   arena_->release(footprint_, locked_);
 }
 
-HostArena::HostArena(const HostArenaOptions& options)
-    : state_(std::make_shared<ArenaState>()) {
-  ZS_CHECK_VALUE(options.budget_bytes > 0,
-                 "host arena: budget must be positive; got ", options.budget_bytes);
+HostArena::HostArena(const HostArenaOptions& options) : state_(std::make_shared<ArenaState>()) {
+  ZS_CHECK_VALUE(options.budget_bytes > 0, "host arena: budget must be positive; got ",
+                 options.budget_bytes);
   state_->options = options;
   state_->stats.budget = options.budget_bytes;
 }
@@ -88,9 +87,11 @@ HostBufferPtr HostArena::allocate_impl(int64_t bytes, double timeout_s, bool wai
   ArenaState& s = *state_;
   {
     std::unique_lock<std::mutex> lock(s.mu);
-    ZS_CHECK_VALUE(footprint <= s.stats.budget, "host arena: a request for ", bytes,
-                   " bytes (", footprint, " page-rounded) exceeds the whole pinned-memory "
-                   "budget of ", s.stats.budget, " bytes");
+    ZS_CHECK_VALUE(footprint <= s.stats.budget, "host arena: a request for ", bytes, " bytes (",
+                   footprint,
+                   " page-rounded) exceeds the whole pinned-memory "
+                   "budget of ",
+                   s.stats.budget, " bytes");
     auto fits = [&] { return s.stats.in_use + footprint <= s.stats.budget; };
     if (!fits()) {
       if (!wait) return nullptr;
@@ -112,7 +113,8 @@ HostBufferPtr HostArena::allocate_impl(int64_t bytes, double timeout_s, bool wai
     const int err = errno;
     s.release(footprint, true);
     throw IoError(std::string("host arena: mmap of ") + std::to_string(footprint) +
-                      " bytes failed: " + std::strerror(err), err);
+                      " bytes failed: " + std::strerror(err),
+                  err);
   }
   auto buf = std::shared_ptr<HostBuffer>(new HostBuffer());
   buf->arena_ = state_;

@@ -19,7 +19,7 @@ struct HostArenaOptions {
 
 struct HostArenaStats {
   int64_t budget = 0;
-  int64_t in_use = 0;       // bytes of live buffers (page-rounded)
+  int64_t in_use = 0;  // bytes of live buffers (page-rounded)
   int64_t peak = 0;
   int64_t waits = 0;        // allocations that had to wait for a release
   int64_t allocations = 0;  // live buffers
@@ -38,7 +38,7 @@ class HostBuffer {
   HostBuffer& operator=(const HostBuffer&) = delete;
 
   void* data() const { return data_; }
-  int64_t size() const { return size_; }          // as requested
+  int64_t size() const { return size_; }            // as requested
   int64_t footprint() const { return footprint_; }  // page-rounded, what the budget counts
   bool locked() const { return locked_; }
   bool cuda_registered() const { return cuda_registered_; }

@@ -20,15 +20,15 @@ const char* io_backend_name(IoBackend backend);
 
 // ds_config `aio` (DeepSpeed names in the comments) plus zerostream's own knobs.
 struct IoConfig {
-  int64_t block_size = 1 << 20;   // aio.block_size: bytes per submitted piece
-  int queue_depth = 32;           // aio.queue_depth: pieces in flight per worker
-  int threads = 1;                // aio.intra_op_parallelism: workers (one ring each)
-  bool single_submit = false;     // aio.single_submit: one io_uring_submit per piece
-  bool overlap_events = true;     // aio.overlap_events: refill as completions arrive
+  int64_t block_size = 1 << 20;          // aio.block_size: bytes per submitted piece
+  int queue_depth = 32;                  // aio.queue_depth: pieces in flight per worker
+  int threads = 1;                       // aio.intra_op_parallelism: workers (one ring each)
+  bool single_submit = false;            // aio.single_submit: one io_uring_submit per piece
+  bool overlap_events = true;            // aio.overlap_events: refill as completions arrive
   IoBackend backend = IoBackend::kAuto;  // aio.backend (zerostream extension)
-  bool use_direct = true;         // O_DIRECT where the filesystem accepts it
-  bool register_buffers = false;  // io_uring fixed buffers for registered regions
-  bool register_files = false;    // io_uring fixed files for engine-opened files
+  bool use_direct = true;                // O_DIRECT where the filesystem accepts it
+  bool register_buffers = false;         // io_uring fixed buffers for registered regions
+  bool register_files = false;           // io_uring fixed files for engine-opened files
 
   // Throws zs::ValueError naming the key, the value and the allowed range.
   void validate() const;

@@ -21,8 +21,8 @@ bool aligned(int64_t v) { return v % kDirectAlign == 0; }
 std::string end_of_file_message(const IoPiece& p) {
   const int64_t pos = p.offset + p.done;
   std::ostringstream os;
-  os << "read " << p.req->file->path() << " at offset " << pos << ", length "
-     << (p.length - p.done) << ": read past end of file";
+  os << "read " << p.req->file->path() << " at offset " << pos << ", length " << (p.length - p.done)
+     << ": read past end of file";
   try {
     os << " (the file is " << p.req->file->size() << " bytes)";
   } catch (const std::exception&) {
@@ -31,8 +31,8 @@ std::string end_of_file_message(const IoPiece& p) {
   return os.str();
 }
 
-void append_pieces(std::vector<IoPiece>& out, const IoRequestPtr& req, int64_t begin,
-                   int64_t end, int64_t block_size, bool direct, BouncePool* bounce = nullptr) {
+void append_pieces(std::vector<IoPiece>& out, const IoRequestPtr& req, int64_t begin, int64_t end,
+                   int64_t block_size, bool direct, BouncePool* bounce = nullptr) {
   for (int64_t at = begin; at < end; at += block_size) {
     IoPiece p;
     p.req = req;
@@ -64,16 +64,15 @@ AttemptOutcome complete_attempt(IoPiece& p, int64_t result) {
   const int64_t left = p.length - p.done;
   if (result < 0) {
     const int err = static_cast<int>(-result);
-    p.req->fail(describe_io_failure(op_name(p.req->op), p.req->file->path(), pos, left, err),
-                err);
+    p.req->fail(describe_io_failure(op_name(p.req->op), p.req->file->path(), pos, left, err), err);
     return AttemptOutcome::kFinished;
   }
   if (result == 0) {
     if (p.req->op == IoOp::kRead) {
       p.req->fail(end_of_file_message(p), 0);
     } else {
-      p.req->fail(describe_io_failure("write (0 bytes written)", p.req->file->path(), pos,
-                                      left, EIO), EIO);
+      p.req->fail(
+          describe_io_failure("write (0 bytes written)", p.req->file->path(), pos, left, EIO), EIO);
     }
     return AttemptOutcome::kFinished;
   }
@@ -101,21 +100,19 @@ void finish_piece(IoPiece& p) {
 }
 
 std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t block_size,
-                                                int workers, int first_worker,
-                                                BouncePool* bounce) {
+                                                int workers, int first_worker, BouncePool* bounce) {
   std::vector<IoPiece> pieces;
   const int64_t len = req->length;
   const auto addr = reinterpret_cast<uintptr_t>(req->buf);
   // Direct from the caller's memory needs buffer and offset to share their misalignment;
   // otherwise the body bounces (Note [Bounce buffers]) or, without a pool, is buffered.
-  const bool same_misalign =
-      static_cast<int64_t>(addr % kDirectAlign) == req->offset % kDirectAlign;
+  const bool same_misalign = static_cast<int64_t>(addr % kDirectAlign) ==
+                             req->offset % kDirectAlign;
   BouncePool* body_bounce = same_misalign ? nullptr : bounce;
   if (!req->file->direct() || (!same_misalign && bounce == nullptr)) {
     append_pieces(pieces, req, 0, len, block_size, false);
   } else {
-    const int64_t head = std::min(len, (kDirectAlign - req->offset % kDirectAlign) %
-                                           kDirectAlign);
+    const int64_t head = std::min(len, (kDirectAlign - req->offset % kDirectAlign) % kDirectAlign);
     const int64_t body_end = head + (len - head) / kDirectAlign * kDirectAlign;
     append_pieces(pieces, req, 0, head, block_size, false);
     append_pieces(pieces, req, head, body_end, block_size, true, body_bounce);
@@ -137,20 +134,19 @@ std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t
   return per_worker;
 }
 
-IoEngine::IoEngine(const IoConfig& config)
-    : config_(config), bounce_(config.block_size) {
+IoEngine::IoEngine(const IoConfig& config) : config_(config), bounce_(config.block_size) {
   config_.validate();
 }
 
 IoTicket IoEngine::submit(IoOp op, IoFilePtr file, void* buf, int64_t length, int64_t offset,
                           std::function<void(IoRequest&)> on_success) {
   ZS_CHECK_VALUE(file != nullptr, "I/O submit: no file");
-  ZS_CHECK_VALUE(length >= 0 && offset >= 0, op_name(op), " ", file->path(),
-                 ": negative length ", length, " or offset ", offset);
+  ZS_CHECK_VALUE(length >= 0 && offset >= 0, op_name(op), " ", file->path(), ": negative length ",
+                 length, " or offset ", offset);
   ZS_CHECK_VALUE(buf != nullptr || length == 0, op_name(op), " ", file->path(),
                  ": null buffer for ", length, " bytes");
-  auto req = std::make_shared<IoRequest>(op, std::move(file), static_cast<char*>(buf),
-                                         length, offset);
+  auto req = std::make_shared<IoRequest>(op, std::move(file), static_cast<char*>(buf), length,
+                                         offset);
   req->on_success = std::move(on_success);
   const int first = static_cast<int>(next_worker_.fetch_add(1) % static_cast<uint64_t>(workers()));
   auto per_worker = split_request(req, config_.block_size, workers(), first, &bounce_);
@@ -177,11 +173,9 @@ IoTicket IoEngine::read(const std::string& path, void* buf, int64_t length, int6
   return submit(IoOp::kRead, open(path, OpenMode::kRead), buf, length, offset);
 }
 
-IoTicket IoEngine::write(const std::string& path, const void* buf, int64_t length,
-                         int64_t offset) {
+IoTicket IoEngine::write(const std::string& path, const void* buf, int64_t length, int64_t offset) {
   // The engine never writes through the pointer of a write request.
-  return submit(IoOp::kWrite, open(path, OpenMode::kWrite), const_cast<void*>(buf), length,
-                offset);
+  return submit(IoOp::kWrite, open(path, OpenMode::kWrite), const_cast<void*>(buf), length, offset);
 }
 
 void IoEngine::track(const IoRequestPtr& req) {

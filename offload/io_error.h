@@ -30,8 +30,8 @@ std::string describe_io_failure(const char* op, const std::string& path, int64_t
 }  // namespace zs::offload
 
 // Decoder for liburing-style return values: throws IoError when `ret` < 0.
-#define ZS_CHECK_URING(ret, op, path, offset, length)                         \
-  do {                                                                       \
-    const int zs_ret_ = (ret);                                               \
+#define ZS_CHECK_URING(ret, op, path, offset, length)                                  \
+  do {                                                                                 \
+    const int zs_ret_ = (ret);                                                         \
     if (zs_ret_ < 0) ::zs::offload::throw_io_error(op, path, offset, length, zs_ret_); \
   } while (0)

@@ -1,9 +1,9 @@
 #include "offload/io_file.h"
 
-#include <cerrno>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
 
 #include "offload/io_error.h"
 #include "offload/log.h"
@@ -31,8 +31,7 @@ int open_direct(const std::string& path, int flags) {
   return fd >= 0 ? fd : -errno;
 }
 
-std::shared_ptr<IoFile> IoFile::open(const std::string& path, OpenMode mode,
-                                     bool want_direct) {
+std::shared_ptr<IoFile> IoFile::open(const std::string& path, OpenMode mode, bool want_direct) {
   const int flags = open_flags(mode);
   const int buffered = ::open(path.c_str(), flags, 0644);
   if (buffered < 0) throw_io_error(mode_name(mode), path, 0, 0, errno);

@@ -33,8 +33,7 @@ class IoFile {
   // Opens `path`. Write modes create it (0644) and never truncate. With `want_direct`,
   // a filesystem that refuses O_DIRECT (tmpfs: EINVAL) gets one warning and buffered
   // I/O. Throws IoError naming the path and errno.
-  static std::shared_ptr<IoFile> open(const std::string& path, OpenMode mode,
-                                      bool want_direct);
+  static std::shared_ptr<IoFile> open(const std::string& path, OpenMode mode, bool want_direct);
   ~IoFile();
   IoFile(const IoFile&) = delete;
   IoFile& operator=(const IoFile&) = delete;

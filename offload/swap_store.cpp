@@ -71,11 +71,10 @@ SwapStore::SwapStore(const SwapStoreConfig& config, IoEngine& engine)
       alloc_(config.files, config.align > 0 ? config.align : engine.config().block_size) {
   ZS_CHECK_VALUE(!config.nvme_path.empty(), "swap store: nvme_path is empty");
   ZS_CHECK_VALUE(config.rank >= 0, "swap store: rank must be >= 0; got ", config.rank);
-  ZS_CHECK_VALUE(alloc_.align() % kDirectAlign == 0, "swap store: alignment ",
-                 alloc_.align(), " is not a multiple of ", kDirectAlign);
+  ZS_CHECK_VALUE(alloc_.align() % kDirectAlign == 0, "swap store: alignment ", alloc_.align(),
+                 " is not a multiple of ", kDirectAlign);
   ZS_CHECK_VALUE(config.grow_bytes >= 0, "swap store: grow_bytes must be >= 0");
-  dir_ = config.nvme_path + "/zerostream/rank" + std::to_string(config.rank) + "/" +
-         config.name;
+  dir_ = config.nvme_path + "/zerostream/rank" + std::to_string(config.rank) + "/" + config.name;
   make_dirs(dir_);
   for (int f = 0; f < config.files; ++f) {
     IoFilePtr file = engine.open(file_path(f), OpenMode::kReadWrite);
@@ -126,9 +125,9 @@ void SwapStore::grow_file(int file, int64_t new_end, uint64_t id, int64_t bytes)
   if (rc == 0) return;
   std::ostringstream os;
   os << "swap store out of space: tensor " << id << " needs " << bytes << " bytes ("
-     << (new_end - cur) << " more bytes of " << f->path() << ", growing it from " << cur
-     << " to " << new_end << " bytes); the filesystem at " << dir_ << " has "
-     << free_space(dir_) << " bytes free: " << std::strerror(err) << " (errno " << err
+     << (new_end - cur) << " more bytes of " << f->path() << ", growing it from " << cur << " to "
+     << new_end << " bytes); the filesystem at " << dir_ << " has " << free_space(dir_)
+     << " bytes free: " << std::strerror(err) << " (errno " << err
      << "). Tensors already stored are intact. Free space or point nvme_path at a larger "
      << "device.";
   throw IoError(os.str(), err);
@@ -183,8 +182,8 @@ IoTicket SwapStore::write(uint64_t id, const void* buf, int64_t bytes) {
 
 IoTicket SwapStore::read(uint64_t id, void* buf, int64_t bytes) {
   std::shared_ptr<Entry> e = find(id, "read");
-  ZS_CHECK_VALUE(bytes == e->bytes, "swap store ", dir_, ": read of tensor ", id, " with ",
-                 bytes, " bytes, but it was stored with ", e->bytes);
+  ZS_CHECK_VALUE(bytes == e->bytes, "swap store ", dir_, ": read of tensor ", id, " with ", bytes,
+                 " bytes, but it was stored with ", e->bytes);
   IoRequestPtr last_write;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -195,7 +194,8 @@ IoTicket SwapStore::read(uint64_t id, void* buf, int64_t bytes) {
     drain({last_write});
     if (last_write->failed()) {
       throw IoError("swap store " + dir_ + ": tensor " + std::to_string(id) +
-                        " cannot be read: its last write failed", EIO);
+                        " cannot be read: its last write failed",
+                    EIO);
     }
   }
   std::function<void(IoRequest&)> verify;
@@ -213,8 +213,8 @@ IoTicket SwapStore::read(uint64_t id, void* buf, int64_t bytes) {
       r.fail(os.str(), EIO);
     };
   }
-  IoTicket t = engine_.submit(IoOp::kRead, files_[static_cast<size_t>(e->extent.file)], buf,
-                              bytes, e->extent.offset, std::move(verify));
+  IoTicket t = engine_.submit(IoOp::kRead, files_[static_cast<size_t>(e->extent.file)], buf, bytes,
+                              e->extent.offset, std::move(verify));
   std::lock_guard<std::mutex> lock(mu_);
   e->track(t.request());
   return t;

@@ -27,20 +27,20 @@
 namespace zs::offload {
 
 struct SwapStoreConfig {
-  std::string nvme_path;      // offload_*.nvme_path
+  std::string nvme_path;  // offload_*.nvme_path
   int rank = 0;
   std::string name = "swap";
   int files = 4;
-  int64_t align = 0;          // extent alignment; 0: the engine's block size
+  int64_t align = 0;                       // extent alignment; 0: the engine's block size
   int64_t grow_bytes = int64_t{64} << 20;  // preallocation step per file
-  bool verify_checksums = false;  // zerostream.verify_swap_checksums (extension key)
+  bool verify_checksums = false;           // zerostream.verify_swap_checksums (extension key)
 };
 
 struct SwapStoreStats {
   int64_t tensors = 0;
-  int64_t used_bytes = 0;      // reserved by live extents
-  int64_t file_bytes = 0;      // sum of the files' preallocated sizes
-  int64_t free_bytes = 0;      // free ranges inside the files
+  int64_t used_bytes = 0;  // reserved by live extents
+  int64_t file_bytes = 0;  // sum of the files' preallocated sizes
+  int64_t free_bytes = 0;  // free ranges inside the files
   int64_t free_ranges = 0;
 };
 

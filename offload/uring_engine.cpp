@@ -72,8 +72,8 @@ class UringWorker {
   io_uring ring_{};
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<IoPiece*> queue_;    // waiting for a free slot in the ring
-  std::deque<IoPiece*> retry_;    // short or -EAGAIN: go before new work
+  std::deque<IoPiece*> queue_;  // waiting for a free slot in the ring
+  std::deque<IoPiece*> retry_;  // short or -EAGAIN: go before new work
   bool stop_ = false;
   unsigned inflight_ = 0;
   std::thread thread_;
@@ -85,9 +85,8 @@ void UringWorker::run() {
       std::unique_lock<std::mutex> lock(mu_);
       // Sleep only when nothing is in flight; otherwise completions wake us (and new
       // work is picked up right after the next one).
-      cv_.wait(lock, [this] {
-        return stop_ || !queue_.empty() || !retry_.empty() || inflight_ > 0;
-      });
+      cv_.wait(lock,
+               [this] { return stop_ || !queue_.empty() || !retry_.empty() || inflight_ > 0; });
       // Drain on shutdown: callers may still wait on tickets of queued pieces.
       if (stop_ && queue_.empty() && retry_.empty() && inflight_ == 0) return;
     }
@@ -154,8 +153,8 @@ void UringWorker::reap(unsigned wait_nr) {
   // failed submit left in the SQ go out with the next call, so nothing is stranded.
   const int ret = io_uring_submit_and_wait(&ring_, wait_nr);
   if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-    warn_once("io_uring_enter", describe_io_failure("io_uring_submit_and_wait", "(ring)", 0,
-                                                    0, -ret));
+    warn_once("io_uring_enter",
+              describe_io_failure("io_uring_submit_and_wait", "(ring)", 0, 0, -ret));
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no hot spin
   }
   io_uring_cqe* cqe = nullptr;
@@ -188,12 +187,14 @@ class UringEngine final : public IoEngine {
       files_ok_ = files_ok_ && workers_.back()->files_ok();
     }
     if (config.register_buffers && !buffers_ok_) {
-      warn_once("fixed-buffers", "io_uring: registered buffers unavailable on this kernel; "
-                                 "using plain reads and writes");
+      warn_once("fixed-buffers",
+                "io_uring: registered buffers unavailable on this kernel; "
+                "using plain reads and writes");
     }
     if (config.register_files && !files_ok_) {
-      warn_once("fixed-files", "io_uring: registered files unavailable on this kernel; "
-                               "using plain descriptors");
+      warn_once("fixed-files",
+                "io_uring: registered files unavailable on this kernel; "
+                "using plain descriptors");
     }
   }
   ~UringEngine() override {
@@ -230,10 +231,9 @@ bool UringEngine::update_buffers(int slot, void* ptr, int64_t bytes) {
     const int ret = io_uring_register_buffers_update_tag(w->ring(), static_cast<unsigned>(slot),
                                                          &iov, &tag, 1);
     if (ret < 0) {
-      warn_once("fixed-buffer-update", "io_uring: registering a buffer of " +
-                                           std::to_string(bytes) + " bytes failed: " +
-                                           describe_io_failure("register", "(buffer)", 0,
-                                                               bytes, -ret));
+      warn_once("fixed-buffer-update",
+                "io_uring: registering a buffer of " + std::to_string(bytes) + " bytes failed: " +
+                    describe_io_failure("register", "(buffer)", 0, bytes, -ret));
       if (ptr != nullptr) update_buffers(slot, nullptr, 0);
       return false;
     }

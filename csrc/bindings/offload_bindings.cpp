@@ -45,11 +45,23 @@ struct PyTicket {
 };
 
 // --- DLPack (v0 ABI, the stable C structs torch.from_dlpack accepts) -------------------
-struct DLDevice { int32_t device_type; int32_t device_id; };
-struct DLDataType { uint8_t code; uint8_t bits; uint16_t lanes; };
+struct DLDevice {
+  int32_t device_type;
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
 struct DLTensor {
-  void* data; DLDevice device; int32_t ndim; DLDataType dtype;
-  int64_t* shape; int64_t* strides; uint64_t byte_offset;
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
 };
 struct DLManagedTensor {
   DLTensor dl_tensor;
@@ -153,16 +165,17 @@ void bind_config(py::module_& m) {
 
 void bind_engine(py::module_& m) {
   py::class_<PyTicket>(m, "IoTicket", "One request: wait() for it alone, done() to poll")
-      .def("wait", [](PyTicket& t) {
-        py::gil_scoped_release nogil;
-        t.ticket.wait();
-      })
+      .def("wait",
+           [](PyTicket& t) {
+             py::gil_scoped_release nogil;
+             t.ticket.wait();
+           })
       .def("done", [](const PyTicket& t) { return t.ticket.done(); })
       .def_property_readonly("nbytes", [](const PyTicket& t) { return t.ticket.bytes(); });
 
   auto submit = [](IoOp op) {
-    return [op](IoEngine& e, const std::string& path, uintptr_t ptr, int64_t nbytes,
-                int64_t offset, py::object keepalive) {
+    return [op](IoEngine& e, const std::string& path, uintptr_t ptr, int64_t nbytes, int64_t offset,
+                py::object keepalive) {
       IoTicket t;
       {
         py::gil_scoped_release nogil;  // open() can block on a slow filesystem
@@ -183,12 +196,15 @@ void bind_engine(py::module_& m) {
       .def("write", submit(IoOp::kWrite), py::arg("path"), py::arg("ptr"), py::arg("nbytes"),
            py::arg("offset") = 0, py::arg("keepalive") = py::none())
       .def("wait_all", &IoEngine::wait_all, py::call_guard<py::gil_scoped_release>())
-      .def("register_buffer", [](IoEngine& e, uintptr_t ptr, int64_t nbytes) {
-             return e.register_buffer(as_ptr(ptr), nbytes);
-           }, py::arg("ptr"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>())
-      .def("unregister_buffer", [](IoEngine& e, uintptr_t ptr) {
-             e.unregister_buffer(as_ptr(ptr));
-           }, py::arg("ptr"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "register_buffer",
+          [](IoEngine& e, uintptr_t ptr, int64_t nbytes) {
+            return e.register_buffer(as_ptr(ptr), nbytes);
+          },
+          py::arg("ptr"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "unregister_buffer", [](IoEngine& e, uintptr_t ptr) { e.unregister_buffer(as_ptr(ptr)); },
+          py::arg("ptr"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("backend", &IoEngine::backend_name)
       .def_property_readonly("workers", &IoEngine::workers)
       .def_property_readonly("config", &IoEngine::config);
@@ -196,9 +212,8 @@ void bind_engine(py::module_& m) {
 
 void bind_arena(py::module_& m) {
   py::class_<HostBuffer, HostBufferPtr>(m, "HostBuffer", "A page-locked arena buffer")
-      .def_property_readonly("ptr", [](const HostBuffer& b) {
-        return reinterpret_cast<uintptr_t>(b.data());
-      })
+      .def_property_readonly(
+          "ptr", [](const HostBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); })
       .def_property_readonly("nbytes", &HostBuffer::size)
       .def_property_readonly("footprint", &HostBuffer::footprint)
       .def_property_readonly("locked", &HostBuffer::locked)
@@ -224,25 +239,21 @@ void bind_store(py::module_& m) {
       IoTicket t;
       {
         py::gil_scoped_release nogil;  // write may fallocate; read may wait for a write
-        t = op == IoOp::kRead ? s.read(id, as_ptr(ptr), nbytes)
-                              : s.write(id, as_ptr(ptr), nbytes);
+        t = op == IoOp::kRead ? s.read(id, as_ptr(ptr), nbytes) : s.write(id, as_ptr(ptr), nbytes);
       }
       return std::make_unique<PyTicket>(std::move(t), std::move(keep));
     };
   };
   py::class_<SwapStore>(m, "SwapStore", "A rank's extent-allocated swap files")
-      .def(py::init([](IoEngine& e, const std::string& nvme_path, int rank,
-                       const std::string& name, int files, int64_t align, int64_t grow_bytes,
-                       bool verify_checksums) {
-             SwapStoreConfig c{nvme_path, rank, name, files, align, grow_bytes,
-                               verify_checksums};
+      .def(py::init([](IoEngine& e, const std::string& nvme_path, int rank, const std::string& name,
+                       int files, int64_t align, int64_t grow_bytes, bool verify_checksums) {
+             SwapStoreConfig c{nvme_path, rank, name, files, align, grow_bytes, verify_checksums};
              py::gil_scoped_release nogil;
              return std::make_unique<SwapStore>(c, e);
            }),
-           py::arg("engine"), py::arg("nvme_path"), py::arg("rank") = 0,
-           py::arg("name") = "swap", py::arg("files") = 4, py::arg("align") = 0,
-           py::arg("grow_bytes") = int64_t{64} << 20, py::arg("verify_checksums") = false,
-           py::keep_alive<1, 2>())
+           py::arg("engine"), py::arg("nvme_path"), py::arg("rank") = 0, py::arg("name") = "swap",
+           py::arg("files") = 4, py::arg("align") = 0, py::arg("grow_bytes") = int64_t{64} << 20,
+           py::arg("verify_checksums") = false, py::keep_alive<1, 2>())
       .def("write", io(IoOp::kWrite), py::arg("id"), py::arg("ptr"), py::arg("nbytes"),
            py::arg("keepalive") = py::none())
       .def("read", io(IoOp::kRead), py::arg("id"), py::arg("ptr"), py::arg("nbytes"),
@@ -250,18 +261,22 @@ void bind_store(py::module_& m) {
       .def("free", &SwapStore::free, py::arg("id"), py::call_guard<py::gil_scoped_release>())
       .def("contains", &SwapStore::contains, py::arg("id"))
       .def("size_of", &SwapStore::size_of, py::arg("id"))
-      .def("extent_of", [](const SwapStore& s, uint64_t id) {
-             const Extent e = s.extent_of(id);
-             return py::make_tuple(s.file_path(e.file), e.offset, e.bytes);
-           }, py::arg("id"))
+      .def(
+          "extent_of",
+          [](const SwapStore& s, uint64_t id) {
+            const Extent e = s.extent_of(id);
+            return py::make_tuple(s.file_path(e.file), e.offset, e.bytes);
+          },
+          py::arg("id"))
       .def("stats", [](const SwapStore& s) { return store_stats(s.stats()); })
       .def_property_readonly("directory", &SwapStore::directory)
       .def("file_path", &SwapStore::file_path, py::arg("index"));
 }
 
 void bind_testing(py::module_& m) {
-  m.def("_set_io_fault", [](const std::string& spec) { set_io_fault(parse_fault_spec(spec)); },
-        py::arg("spec"), "Test only: same syntax as ZS_IO_FAULT, e.g. '3:EIO', '2:short'");
+  m.def(
+      "_set_io_fault", [](const std::string& spec) { set_io_fault(parse_fault_spec(spec)); },
+      py::arg("spec"), "Test only: same syntax as ZS_IO_FAULT, e.g. '3:EIO', '2:short'");
   m.def("_clear_io_fault", &clear_io_fault);
   m.def("_io_faults_injected", &io_faults_injected);
   m.def("warnings_emitted", &warnings_emitted);

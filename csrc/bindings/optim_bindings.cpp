@@ -97,14 +97,14 @@ std::vector<optim::StepBuffers> buffers_many(const Ptrs& params, const Ptrs& gra
 }
 
 // Keyword arguments shared by every *_step_many function, after the hyperparameters.
-#define ZS_OPTIM_MANY_ARGS                                                \
-  py::arg("param_copies") = Ptrs{}, py::arg("copy_dtypes") = Names{},    \
-      py::arg("threads") = 0, py::arg("simd") = "", py::arg("nontemporal") = "auto"
+#define ZS_OPTIM_MANY_ARGS                                                                    \
+  py::arg("param_copies") = Ptrs{}, py::arg("copy_dtypes") = Names{}, py::arg("threads") = 0, \
+  py::arg("simd") = "", py::arg("nontemporal") = "auto"
 
 // Keyword arguments shared by every step function, after the hyperparameters.
-#define ZS_OPTIM_COMMON_ARGS                                                          \
+#define ZS_OPTIM_COMMON_ARGS                                                         \
   py::arg("param_copy") = 0, py::arg("copy_dtype") = "bf16", py::arg("threads") = 0, \
-      py::arg("simd") = "", py::arg("nontemporal") = "auto"
+  py::arg("simd") = "", py::arg("nontemporal") = "auto"
 
 void def_adam(py::module_& m) {
   m.def(
@@ -114,20 +114,19 @@ void def_adam(py::module_& m) {
          double weight_decay, bool bias_correction, bool adamw_mode, int64_t step,
          double grad_scale, uintptr_t copy, const std::string& copy_dtype, int threads,
          const std::string& simd, const std::string& nt) {
-        optim::AdamParams p{lr, beta1, beta2, eps, weight_decay, bias_correction, adamw_mode,
-                            step, grad_scale};
+        optim::AdamParams p{lr,         beta1, beta2,     eps, weight_decay, bias_correction,
+                            adamw_mode, step,  grad_scale};
         const auto b = buffers(param, grad, grad_dtype, exp_avg, exp_avg_sq, copy, copy_dtype,
                                numel);
         const auto run = run_options(threads, simd, nt);
         py::gil_scoped_release release;
         optim::adam_step(p, b, run);
       },
-      "One fused Adam/AdamW step over raw fp32 buffers (see csrc/optim/adam.h).",
-      py::arg("param"), py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"),
-      py::arg("exp_avg_sq"), py::arg("numel"), py::kw_only(), py::arg("lr"), py::arg("beta1"),
-      py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction"),
-      py::arg("adamw_mode"), py::arg("step"), py::arg("grad_scale") = 1.0,
-      ZS_OPTIM_COMMON_ARGS);
+      "One fused Adam/AdamW step over raw fp32 buffers (see csrc/optim/adam.h).", py::arg("param"),
+      py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
+      py::arg("numel"), py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
+      py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction"), py::arg("adamw_mode"),
+      py::arg("step"), py::arg("grad_scale") = 1.0, ZS_OPTIM_COMMON_ARGS);
   m.def(
       "adam_step_many",
       [](const Ptrs& params, const Ptrs& grads, const Names& grad_dtypes, const Ptrs& exp_avgs,
@@ -138,14 +137,14 @@ void def_adam(py::module_& m) {
          const std::string& nt) {
         ZS_CHECK_VALUE(steps.size() == params.size(), "steps: expected ", params.size(),
                        " entries (one per param); got ", steps.size());
-        ZS_CHECK_VALUE(exp_avg_sqs.size() == params.size(), "exp_avg_sqs: expected ",
-                       params.size(), " entries (one per param); got ", exp_avg_sqs.size());
+        ZS_CHECK_VALUE(exp_avg_sqs.size() == params.size(), "exp_avg_sqs: expected ", params.size(),
+                       " entries (one per param); got ", exp_avg_sqs.size());
         const auto b = buffers_many(params, grads, grad_dtypes, exp_avgs, exp_avg_sqs, copies,
                                     copy_dtypes, numels);
         std::vector<optim::AdamParams> p(params.size());
         for (size_t i = 0; i < p.size(); ++i) {
-          p[i] = {lr, beta1, beta2, eps, weight_decay, bias_correction, adamw_mode, steps[i],
-                  grad_scale};
+          p[i] = {lr,         beta1,    beta2,     eps, weight_decay, bias_correction,
+                  adamw_mode, steps[i], grad_scale};
         }
         const auto run = run_options(threads, simd, nt);
         py::gil_scoped_release release;
@@ -154,10 +153,10 @@ void def_adam(py::module_& m) {
       "Fused Adam/AdamW steps of a list of tensors sharing hyperparameters (one step count "
       "each), in one parallel region (see csrc/optim/adam.h).",
       py::arg("params"), py::arg("grads"), py::arg("grad_dtypes"), py::arg("exp_avgs"),
-      py::arg("exp_avg_sqs"), py::arg("numels"), py::arg("steps"), py::kw_only(),
-      py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-      py::arg("weight_decay"), py::arg("bias_correction"), py::arg("adamw_mode"),
-      py::arg("grad_scale") = 1.0, ZS_OPTIM_MANY_ARGS);
+      py::arg("exp_avg_sqs"), py::arg("numels"), py::arg("steps"), py::kw_only(), py::arg("lr"),
+      py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
+      py::arg("bias_correction"), py::arg("adamw_mode"), py::arg("grad_scale") = 1.0,
+      ZS_OPTIM_MANY_ARGS);
 }
 
 void def_adagrad_lion(py::module_& m) {
@@ -173,18 +172,18 @@ void def_adagrad_lion(py::module_& m) {
         py::gil_scoped_release release;
         optim::adagrad_step(p, b, run);
       },
-      "One fused Adagrad step over raw fp32 buffers (see csrc/optim/adagrad.h).",
-      py::arg("param"), py::arg("grad"), py::arg("grad_dtype"), py::arg("sum_sq"),
-      py::arg("numel"), py::kw_only(), py::arg("lr"), py::arg("eps"), py::arg("weight_decay"),
-      py::arg("grad_scale") = 1.0, ZS_OPTIM_COMMON_ARGS);
+      "One fused Adagrad step over raw fp32 buffers (see csrc/optim/adagrad.h).", py::arg("param"),
+      py::arg("grad"), py::arg("grad_dtype"), py::arg("sum_sq"), py::arg("numel"), py::kw_only(),
+      py::arg("lr"), py::arg("eps"), py::arg("weight_decay"), py::arg("grad_scale") = 1.0,
+      ZS_OPTIM_COMMON_ARGS);
   m.def(
       "adagrad_step_many",
       [](const Ptrs& params, const Ptrs& grads, const Names& grad_dtypes, const Ptrs& sum_sqs,
          const std::vector<int64_t>& numels, double lr, double eps, double weight_decay,
          double grad_scale, const Ptrs& copies, const Names& copy_dtypes, int threads,
          const std::string& simd, const std::string& nt) {
-        const auto b = buffers_many(params, grads, grad_dtypes, sum_sqs, {}, copies,
-                                    copy_dtypes, numels);
+        const auto b = buffers_many(params, grads, grad_dtypes, sum_sqs, {}, copies, copy_dtypes,
+                                    numels);
         const std::vector<optim::AdagradParams> p(params.size(),
                                                   {lr, eps, weight_decay, grad_scale});
         const auto run = run_options(threads, simd, nt);
@@ -193,8 +192,8 @@ void def_adagrad_lion(py::module_& m) {
       },
       "Fused Adagrad steps of a list of tensors in one parallel region (csrc/optim/adagrad.h).",
       py::arg("params"), py::arg("grads"), py::arg("grad_dtypes"), py::arg("sum_sqs"),
-      py::arg("numels"), py::kw_only(), py::arg("lr"), py::arg("eps"),
-      py::arg("weight_decay"), py::arg("grad_scale") = 1.0, ZS_OPTIM_MANY_ARGS);
+      py::arg("numels"), py::kw_only(), py::arg("lr"), py::arg("eps"), py::arg("weight_decay"),
+      py::arg("grad_scale") = 1.0, ZS_OPTIM_MANY_ARGS);
   m.def(
       "lion_step",
       [](uintptr_t param, uintptr_t grad, const std::string& grad_dtype, uintptr_t exp_avg,
@@ -208,8 +207,8 @@ void def_adagrad_lion(py::module_& m) {
         optim::lion_step(p, b, run);
       },
       "One fused Lion step over raw fp32 buffers (see csrc/optim/lion.h).", py::arg("param"),
-      py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"), py::arg("numel"),
-      py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("weight_decay"),
+      py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"), py::arg("numel"), py::kw_only(),
+      py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("weight_decay"),
       py::arg("grad_scale") = 1.0, ZS_OPTIM_COMMON_ARGS);
   m.def(
       "lion_step_many",
@@ -217,8 +216,8 @@ void def_adagrad_lion(py::module_& m) {
          const std::vector<int64_t>& numels, double lr, double beta1, double beta2,
          double weight_decay, double grad_scale, const Ptrs& copies, const Names& copy_dtypes,
          int threads, const std::string& simd, const std::string& nt) {
-        const auto b = buffers_many(params, grads, grad_dtypes, exp_avgs, {}, copies,
-                                    copy_dtypes, numels);
+        const auto b = buffers_many(params, grads, grad_dtypes, exp_avgs, {}, copies, copy_dtypes,
+                                    numels);
         const std::vector<optim::LionParams> p(params.size(),
                                                {lr, beta1, beta2, weight_decay, grad_scale});
         const auto run = run_options(threads, simd, nt);
@@ -246,22 +245,21 @@ void def_stats_and_probe(py::module_& m) {
         return std::make_pair(s.sum_squares, s.finite);
       },
       "(sum of squares of grad*scale in double, all finite) in one pass (csrc/optim/grad_stats.h).",
-      py::arg("grad"), py::arg("dtype"), py::arg("numel"), py::kw_only(),
-      py::arg("scale") = 1.0, py::arg("threads") = 0, py::arg("simd") = "");
+      py::arg("grad"), py::arg("dtype"), py::arg("numel"), py::kw_only(), py::arg("scale") = 1.0,
+      py::arg("threads") = 0, py::arg("simd") = "");
   m.def(
       "roofline_pass",
       [](uintptr_t p, uintptr_t mm, uintptr_t v, uintptr_t grad, int grad_bytes, uintptr_t copy,
          int64_t numel, int threads, const std::string& simd, const std::string& nt) {
-        const optim::RooflineBuffers b{ptr<float>(p), ptr<float>(mm), ptr<float>(v),
-                                       ptr<const void>(grad), grad_bytes, ptr<void>(copy)};
+        const optim::RooflineBuffers b{ptr<float>(p),         ptr<float>(mm), ptr<float>(v),
+                                       ptr<const void>(grad), grad_bytes,     ptr<void>(copy)};
         const auto run = run_options(threads, simd, nt);
         py::gil_scoped_release release;
         optim::roofline_pass(b, numel, run);
       },
-      "One pass of the memory-roofline probe (csrc/optim/roofline.h).", py::arg("p"),
-      py::arg("m"), py::arg("v"), py::arg("grad"), py::arg("grad_bytes"), py::arg("copy"),
-      py::arg("numel"), py::kw_only(), py::arg("threads") = 0, py::arg("simd") = "",
-      py::arg("nontemporal") = "on");
+      "One pass of the memory-roofline probe (csrc/optim/roofline.h).", py::arg("p"), py::arg("m"),
+      py::arg("v"), py::arg("grad"), py::arg("grad_bytes"), py::arg("copy"), py::arg("numel"),
+      py::kw_only(), py::arg("threads") = 0, py::arg("simd") = "", py::arg("nontemporal") = "on");
   m.def(
       "simd_level",
       [](const std::string& simd) {

@@ -41,17 +41,16 @@ std::string concat(const Args&... args) {
 }  // namespace zs
 
 // Broken internal invariant: std::runtime_error with the location.
-#define ZS_CHECK(cond, ...)                                                            \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      throw std::runtime_error(::zs::detail::concat(__FILE__, ":", __LINE__, ": ",     \
-                                                    "check failed (" #cond "): ",      \
-                                                    ##__VA_ARGS__));                   \
-    }                                                                                  \
+#define ZS_CHECK(cond, ...)                                                                        \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      throw std::runtime_error(::zs::detail::concat(__FILE__, ":", __LINE__, ": ",                 \
+                                                    "check failed (" #cond "): ", ##__VA_ARGS__)); \
+    }                                                                                              \
   } while (0)
 
 // Bad user input: zs::ValueError with the message only (it names the key or path).
-#define ZS_CHECK_VALUE(cond, ...)                                                      \
-  do {                                                                                 \
-    if (!(cond)) throw ::zs::ValueError(::zs::detail::concat(__VA_ARGS__));            \
+#define ZS_CHECK_VALUE(cond, ...)                                           \
+  do {                                                                      \
+    if (!(cond)) throw ::zs::ValueError(::zs::detail::concat(__VA_ARGS__)); \
   } while (0)

@@ -25,8 +25,8 @@ CpuFeatures probe() {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     xcr0 = (static_cast<unsigned long long>(hi) << 32) | lo;
   }
-  const bool ymm_os = (xcr0 & 0x6) == 0x6;     // SSE and AVX state saved by the OS
-  const bool zmm_os = (xcr0 & 0xe6) == 0xe6;   // plus opmask and upper ZMM state
+  const bool ymm_os = (xcr0 & 0x6) == 0x6;    // SSE and AVX state saved by the OS
+  const bool zmm_os = (xcr0 & 0xe6) == 0xe6;  // plus opmask and upper ZMM state
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
     f.avx2 = ymm_os && (b & (1u << 5));
     f.avx512f = zmm_os && (b & (1u << 16));

@@ -81,7 +81,8 @@ void resolve_auto(Resolution& r, const RunContext& c) {
                         " (DeepSpeed's default; nothing in this run determines it)");
     } else {
       r.set(path, nullptr, Origin::kAuto);
-      r.warnings.push_back(path + ": \"auto\" cannot be resolved without the run and has no "
+      r.warnings.push_back(path +
+                           ": \"auto\" cannot be resolved without the run and has no "
                            "default; initialize() must receive it (it fails if still unknown)");
     }
   }

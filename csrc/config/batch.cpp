@@ -26,8 +26,9 @@ Slot read(Resolution& r, const char* key, const std::optional<int64_t>& from_run
   if (o == Origin::kAuto) {
     s.was_auto = true;
     s.value = from_run;
-    if (from_run) r.notes.push_back(std::string(key) + ": \"auto\" -> " +
-                                    std::to_string(*from_run) + " (from the run)");
+    if (from_run)
+      r.notes.push_back(std::string(key) + ": \"auto\" -> " + std::to_string(*from_run) +
+                        " (from the run)");
   }
   return s;
 }
@@ -85,7 +86,8 @@ void resolve_batch(Resolution& r, const RunContext& c) {
     if (c.require_batch) {
       r.errors.push_back(msg);
     } else {
-      r.warnings.push_back(msg + " by the run that uses this file (initialize() fails "
+      r.warnings.push_back(msg +
+                           " by the run that uses this file (initialize() fails "
                            "without them)");
     }
     return;
@@ -101,12 +103,11 @@ void resolve_batch(Resolution& r, const RunContext& c) {
     }
   }
   if (*tb.value != *mb.value * *gas.value * w) {
-    r.errors.push_back(
-        std::string(kTrain) + ": " + std::to_string(*tb.value) +
-        " != train_micro_batch_size_per_gpu " + std::to_string(*mb.value) +
-        " * gradient_accumulation_steps " + std::to_string(*gas.value) +
-        " * data-parallel world size " + std::to_string(w) +
-        " (check batch related parameters)");
+    r.errors.push_back(std::string(kTrain) + ": " + std::to_string(*tb.value) +
+                       " != train_micro_batch_size_per_gpu " + std::to_string(*mb.value) +
+                       " * gradient_accumulation_steps " + std::to_string(*gas.value) +
+                       " * data-parallel world size " + std::to_string(w) +
+                       " (check batch related parameters)");
   }
 }
 

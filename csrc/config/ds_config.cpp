@@ -4,8 +4,7 @@
 
 namespace zs::config {
 
-Resolution check_config(std::string_view text, const std::string& source,
-                        const RunContext& ctx) {
+Resolution check_config(std::string_view text, const std::string& source, const RunContext& ctx) {
   Json input;
   try {
     input = read_json_text(text, source);
@@ -17,8 +16,7 @@ Resolution check_config(std::string_view text, const std::string& source,
   return resolve(input, ctx);
 }
 
-Resolution load_config(std::string_view text, const std::string& source,
-                       const RunContext& ctx) {
+Resolution load_config(std::string_view text, const std::string& source, const RunContext& ctx) {
   Resolution r = check_config(text, source, ctx);
   if (!r.ok()) {
     std::string msg = "invalid DeepSpeed config " + source + ":";

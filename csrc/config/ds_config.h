@@ -20,7 +20,6 @@ namespace zs::config {
 Resolution load_config(std::string_view text, const std::string& source, const RunContext& ctx);
 
 // Same, without throwing: the resolution carries the errors (for `zerostream config check`).
-Resolution check_config(std::string_view text, const std::string& source,
-                        const RunContext& ctx);
+Resolution check_config(std::string_view text, const std::string& source, const RunContext& ctx);
 
 }  // namespace zs::config

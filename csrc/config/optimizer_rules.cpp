@@ -30,8 +30,10 @@ void check_optimizer(Resolution& r) {
   if (opt.is_null()) return;
   const Json& type = opt["type"];
   if (!type.is_string()) {
-    r.errors.push_back("optimizer.type: required when an optimizer section is given (e.g. "
-                       "\"AdamW\"); got " + show(type));
+    r.errors.push_back(
+        "optimizer.type: required when an optimizer section is given (e.g. "
+        "\"AdamW\"); got " +
+        show(type));
     return;
   }
   const std::string name = type.get<std::string>();
@@ -43,9 +45,9 @@ void check_optimizer(Resolution& r) {
     std::vector<std::string> all = ds;
     all.insert(all.end(), torch_names.begin(), torch_names.end());
     const std::string guess = closest_match(name, all);
-    r.errors.push_back("optimizer.type: expected a DeepSpeed optimizer (" +
-                       join(ds) + ", any case) or a torch.optim class name; got " +
-                       show(type) + (guess.empty() ? "" : "; did you mean \"" + guess + "\"?"));
+    r.errors.push_back("optimizer.type: expected a DeepSpeed optimizer (" + join(ds) +
+                       ", any case) or a torch.optim class name; got " + show(type) +
+                       (guess.empty() ? "" : "; did you mean \"" + guess + "\"?"));
     return;
   }
   const Json& params = opt["params"];
@@ -55,7 +57,8 @@ void check_optimizer(Resolution& r) {
     return;
   }
   if (deepspeed_type && !zerostream_implements_optimizer(low)) {
-    r.warnings.push_back("optimizer.type: \"" + name + "\" is a DeepSpeed optimizer that "
+    r.warnings.push_back("optimizer.type: \"" + name +
+                         "\" is a DeepSpeed optimizer that "
                          "zerostream does not implement; initialize() raises "
                          "NotImplementedError unless the script passes its own optimizer");
   }
@@ -70,8 +73,9 @@ void check_optimizer(Resolution& r) {
       r.set("optimizer.params.max_grad_norm", params["max_grad_norm"], Origin::kFile);
   }
   if (r.at("optimizer.params.amsgrad") == true) {
-    r.warnings.push_back("optimizer.params.amsgrad: true is not supported by the CPU Adam "
-                         "kernels (DeepSpeed's neither); initialize() raises NotImplementedError");
+    r.warnings.push_back(
+        "optimizer.params.amsgrad: true is not supported by the CPU Adam "
+        "kernels (DeepSpeed's neither); initialize() raises NotImplementedError");
   }
 }
 
@@ -80,8 +84,10 @@ void check_scheduler(Resolution& r) {
   if (sched.is_null()) return;
   const Json& type = sched["type"];
   if (!type.is_string()) {
-    r.errors.push_back("scheduler.type: required when a scheduler section is given (e.g. "
-                       "\"WarmupLR\"); got " + show(type));
+    r.errors.push_back(
+        "scheduler.type: required when a scheduler section is given (e.g. "
+        "\"WarmupLR\"); got " +
+        show(type));
     return;
   }
   const std::string name = type.get<std::string>();
@@ -92,8 +98,8 @@ void check_scheduler(Resolution& r) {
     all.insert(all.end(), torch_names.begin(), torch_names.end());
     const std::string guess = closest_match(name, all);
     r.errors.push_back("scheduler.type: expected one of " + join(ds) +
-                       " or a torch.optim.lr_scheduler class name (exact case); got " +
-                       show(type) + (guess.empty() ? "" : "; did you mean \"" + guess + "\"?"));
+                       " or a torch.optim.lr_scheduler class name (exact case); got " + show(type) +
+                       (guess.empty() ? "" : "; did you mean \"" + guess + "\"?"));
     return;
   }
   const Json& params = sched["params"];

@@ -40,7 +40,7 @@ struct Resolution {
   std::map<std::string, Origin> origins;  // dotted key path -> where its value came from
   std::vector<std::string> errors;        // each starts with the key path
   std::vector<std::string> warnings;
-  std::vector<std::string> notes;         // how "auto" and derived values were settled
+  std::vector<std::string> notes;  // how "auto" and derived values were settled
   // world size / sequence_parallel_size, set by the batch rule (1 when the world is unknown).
   int64_t data_parallel_size = 1;
 
@@ -56,10 +56,10 @@ struct Resolution {
 Resolution resolve(const Json& input, const RunContext& ctx);
 
 // Parts of resolve(), one file each.
-void walk_schema(const Json& input, Resolution& r);                 // validate.cpp
+void walk_schema(const Json& input, Resolution& r);  // validate.cpp
 // Validates `in` against `spec` and stores it under `prefix`, replacing what was there.
 void walk_section(const Section& spec, const Json& in, const std::string& prefix,
-                  Resolution& r);                                    // validate.cpp
+                  Resolution& r);                                   // validate.cpp
 void resolve_auto_and_derived(Resolution& r, const RunContext& c);  // auto.cpp
 void resolve_batch(Resolution& r, const RunContext& c);             // batch.cpp
 void check_cross_field_rules(Resolution& r);                        // rules.cpp

@@ -22,8 +22,9 @@ std::string str(const Resolution& r, const std::string& path) {
 
 void precision_rules(Resolution& r, int64_t stage) {
   if (on(r, "fp16.enabled") && on(r, "bf16.enabled"))
-    r.errors.push_back("fp16.enabled, bf16.enabled: bfloat16 and fp16 modes cannot be "
-                       "simultaneously enabled");
+    r.errors.push_back(
+        "fp16.enabled, bf16.enabled: bfloat16 and fp16 modes cannot be "
+        "simultaneously enabled");
   if (on(r, "fp16.enabled") && r.at("fp16.loss_scale") == 0.0) {
     if (integer(r, "fp16.loss_scale_window") <= 0)
       r.errors.push_back("fp16.loss_scale_window: must be > 0 with dynamic loss scaling; got " +
@@ -38,30 +39,36 @@ void precision_rules(Resolution& r, int64_t stage) {
     // 2^power multiplies the fp32 loss: it must stay a finite, normal float.
     const int64_t power = integer(r, "fp16.initial_scale_power");
     if (power < -126 || power > 127)
-      r.errors.push_back("fp16.initial_scale_power: must be in [-126, 127] with dynamic loss "
-                         "scaling (2^power scales the fp32 loss); got " +
-                         show(r.at("fp16.initial_scale_power")));
+      r.errors.push_back(
+          "fp16.initial_scale_power: must be in [-126, 127] with dynamic loss "
+          "scaling (2^power scales the fp32 loss); got " +
+          show(r.at("fp16.initial_scale_power")));
   }
   if (on(r, "fp16.fp16_master_weights_and_grads") &&
       !(stage >= 1 && str(r, "zero_optimization.offload_optimizer.device") == "cpu"))
-    r.errors.push_back("fp16.fp16_master_weights_and_grads: needs ZeRO stage 1-3 with "
-                       "zero_optimization.offload_optimizer.device \"cpu\"");
+    r.errors.push_back(
+        "fp16.fp16_master_weights_and_grads: needs ZeRO stage 1-3 with "
+        "zero_optimization.offload_optimizer.device \"cpu\"");
   if (on(r, "bf16.bf16_master_weights_and_grads") && stage == 0)
     r.errors.push_back("bf16.bf16_master_weights_and_grads: needs ZeRO stage 1-3; got stage 0");
   if (on(r, "bf16.bf16_optimizer_states") && !on(r, "bf16.bf16_master_weights_and_grads"))
     r.errors.push_back("bf16.bf16_optimizer_states: needs bf16.bf16_master_weights_and_grads");
   const std::string pd = str(r, "data_types.param_dtype");
   if (!pd.empty()) {
-    const std::string want = on(r, "fp16.enabled") ? "fp16" : on(r, "bf16.enabled") ? "bf16" : "fp32";
+    const std::string want = on(r, "fp16.enabled")   ? "fp16"
+                             : on(r, "bf16.enabled") ? "bf16"
+                                                     : "fp32";
     const bool match = (want == "fp16" && (pd == "fp16" || pd == "float16" || pd == "half" ||
                                            pd == "torch.float16")) ||
-                       (want == "bf16" && (pd == "bf16" || pd == "bfloat16" ||
-                                           pd == "torch.bfloat16")) ||
+                       (want == "bf16" &&
+                        (pd == "bf16" || pd == "bfloat16" || pd == "torch.bfloat16")) ||
                        (want == "fp32" && (pd == "fp32" || pd == "float32" || pd == "float" ||
                                            pd == "torch.float32"));
     if (!match)
-      r.errors.push_back("data_types.param_dtype: \"" + pd + "\" does not match the enabled "
-                         "precision (" + want + ")");
+      r.errors.push_back("data_types.param_dtype: \"" + pd +
+                         "\" does not match the enabled "
+                         "precision (" +
+                         want + ")");
   }
 }
 
@@ -76,28 +83,31 @@ void offload_rules(Resolution& r, int64_t stage) {
   }
   const std::string param_device = str(r, "zero_optimization.offload_param.device");
   if (!param_device.empty() && param_device != "none" && stage != 3)
-    r.warnings.push_back("zero_optimization.offload_param: only ZeRO stage 3 partitions "
-                         "parameters, so offload_param (device \"" + param_device +
-                         "\") has no effect at stage " + std::to_string(stage) +
-                         " (DeepSpeed ignores it too)");
+    r.warnings.push_back(
+        "zero_optimization.offload_param: only ZeRO stage 3 partitions "
+        "parameters, so offload_param (device \"" +
+        param_device + "\") has no effect at stage " + std::to_string(stage) +
+        " (DeepSpeed ignores it too)");
   const std::string opt_device = str(r, "zero_optimization.offload_optimizer.device");
   if (!opt_device.empty() && opt_device != "none" && stage == 0)
-    r.warnings.push_back("zero_optimization.offload_optimizer: ZeRO stage 0 keeps the optimizer "
-                         "with the model, so offload_optimizer (device \"" + opt_device +
-                         "\") has no effect; use stage 1, 2 or 3 to offload it");
+    r.warnings.push_back(
+        "zero_optimization.offload_optimizer: ZeRO stage 0 keeps the optimizer "
+        "with the model, so offload_optimizer (device \"" +
+        opt_device + "\") has no effect; use stage 1, 2 or 3 to offload it");
   const Json& ratio = r.at("zero_optimization.offload_optimizer.ratio");
   if (ratio.is_number() && ratio.get<double>() < 1.0 && stage != 3)
     r.errors.push_back("zero_optimization.offload_optimizer.ratio: partial offloading (" +
                        show(ratio) + " < 1) is only supported for ZeRO stage 3; got stage " +
                        std::to_string(stage));
-  if (str(r, "zero_optimization.offload_optimizer.device") == "nvme" &&
-      (stage == 1 || stage == 2))
+  if (str(r, "zero_optimization.offload_optimizer.device") == "nvme" && (stage == 1 || stage == 2))
     r.notes.push_back("zero_optimization.offload_optimizer.device: \"nvme\" at stage " +
-                      std::to_string(stage) + " keeps optimizer states on NVMe (DeepSpeed "
+                      std::to_string(stage) +
+                      " keeps optimizer states on NVMe (DeepSpeed "
                       "would silently use CPU memory instead)");
   if (on(r, "aio.use_gds"))
-    r.warnings.push_back("aio.use_gds: GPUDirect Storage is not supported by zerostream; "
-                         "NVMe I/O goes through host memory with io_uring");
+    r.warnings.push_back(
+        "aio.use_gds: GPUDirect Storage is not supported by zerostream; "
+        "NVMe I/O goes through host memory with io_uring");
 }
 
 void zero_rules(Resolution& r, int64_t stage) {
@@ -105,7 +115,8 @@ void zero_rules(Resolution& r, int64_t stage) {
   const bool reduce_scatter = on(r, z + "reduce_scatter");
   if (stage >= 2 && reduce_scatter && on(r, "prescale_gradients"))
     r.errors.push_back("prescale_gradients: must be false with zero_optimization.stage " +
-                       std::to_string(stage) + " and reduce_scatter true (DeepSpeed asserts "
+                       std::to_string(stage) +
+                       " and reduce_scatter true (DeepSpeed asserts "
                        "this too); set one of them false");
   if (stage >= 2 && reduce_scatter && r.at("gradient_predivide_factor") != 1.0)
     r.errors.push_back("gradient_predivide_factor: must be 1.0 with zero_optimization.stage " +
@@ -114,15 +125,22 @@ void zero_rules(Resolution& r, int64_t stage) {
   if (stage == 3 && str(r, "gradient_allreduce_op") == "sum")
     r.errors.push_back("gradient_allreduce_op: \"sum\" is not supported with ZeRO stage 3");
   if (on(r, z + "legacy_stage1"))
-    r.errors.push_back("zero_optimization.legacy_stage1: the deprecated ZeRO stage 1 is not "
-                       "supported (DeepSpeed dropped it in 0.5.9)");
+    r.errors.push_back(
+        "zero_optimization.legacy_stage1: the deprecated ZeRO stage 1 is not "
+        "supported (DeepSpeed dropped it in 0.5.9)");
   if ((stage == 1 || stage == 2) && integer(r, z + "allgather_bucket_size") % 2 != 0)
-    r.errors.push_back("zero_optimization.allgather_bucket_size: must be a multiple of 2 at "
-                       "stage 1/2; got " + show(r.at(z + "allgather_bucket_size")));
+    r.errors.push_back(
+        "zero_optimization.allgather_bucket_size: must be a multiple of 2 at "
+        "stage 1/2; got " +
+        show(r.at(z + "allgather_bucket_size")));
   if (stage == 3 && on(r, z + "elastic_checkpoint"))
-    r.warnings.push_back("zero_optimization.elastic_checkpoint: not supported at stage 3; "
-                         "save_checkpoint() raises NotImplementedError while it is true");
-  struct Feature { std::string key; bool used; };
+    r.warnings.push_back(
+        "zero_optimization.elastic_checkpoint: not supported at stage 3; "
+        "save_checkpoint() raises NotImplementedError while it is true");
+  struct Feature {
+    std::string key;
+    bool used;
+  };
   const Feature unsupported[] = {
       {z + "zero_quantized_weights", on(r, z + "zero_quantized_weights")},
       {z + "zero_quantized_nontrainable_weights", on(r, z + "zero_quantized_nontrainable_weights")},
@@ -134,7 +152,8 @@ void zero_rules(Resolution& r, int64_t stage) {
   };
   for (const Feature& f : unsupported)
     if (f.used)
-      r.warnings.push_back(f.key + ": this DeepSpeed feature is not implemented by zerostream; "
+      r.warnings.push_back(f.key +
+                           ": this DeepSpeed feature is not implemented by zerostream; "
                            "initialize() raises NotImplementedError while it is set");
 }
 
@@ -146,8 +165,10 @@ void max_grad_norm_rule(Resolution& r) {
   if (mgn.is_null()) return;
   const Json& clip = r.at("gradient_clipping");
   if (mgn.is_number() && clip.is_number() && mgn.get<double>() == clip.get<double>()) {
-    r.warnings.push_back("optimizer.params.max_grad_norm: not an optimizer parameter; ignored "
-                         "because it equals gradient_clipping (" + show(clip) + ")");
+    r.warnings.push_back(
+        "optimizer.params.max_grad_norm: not an optimizer parameter; ignored "
+        "because it equals gradient_clipping (" +
+        show(clip) + ")");
   } else {
     r.errors.push_back("optimizer.params.max_grad_norm: not an optimizer parameter, and " +
                        show(mgn) + " differs from gradient_clipping " + show(clip) +
@@ -170,13 +191,15 @@ void feature_rules(Resolution& r, int64_t stage) {
     if (k.kind != Kind::kAny || k.deprecation != Deprecation::kNone) continue;
     const Json& v = r.at(k.name);
     if (v.is_null() || (v.is_object() && v.value("enabled", true) == false)) continue;
-    r.warnings.push_back(k.name + ": accepted for compatibility, but zerostream does not "
+    r.warnings.push_back(k.name +
+                         ": accepted for compatibility, but zerostream does not "
                          "implement this DeepSpeed feature; it has no effect");
   }
   for (const Key& k : root_schema().keys) {
     if (k.kind != Kind::kSection || k.section->implemented) continue;
     if (r.at(k.name + ".enabled") == true)
-      r.warnings.push_back(k.name + ".enabled: zerostream does not implement this DeepSpeed "
+      r.warnings.push_back(k.name +
+                           ".enabled: zerostream does not implement this DeepSpeed "
                            "feature; it has no effect");
   }
 }

@@ -35,18 +35,20 @@ Key Sec(const char* n, const Section* s) {
   return k;
 }
 
-const std::vector<Json> kDtypes = {"fp32", "fp16", "bf16", "float32", "float16", "bfloat16",
-                                   "float", "half", "torch.float32", "torch.float16",
-                                   "torch.bfloat16"};
+const std::vector<Json> kDtypes = {"fp32",          "fp16",          "bf16",          "float32",
+                                   "float16",       "bfloat16",      "float",         "half",
+                                   "torch.float32", "torch.float16", "torch.bfloat16"};
 const Json kMaxSize = static_cast<int64_t>(LLONG_MAX);
 
 struct Schema {
   Section root, zero, offload_optimizer, offload_param, fp16, bf16, optimizer, scheduler, aio,
-      activation_checkpointing, data_types, checkpoint, parallel_write, tensorboard,
-      csv_monitor, wandb, comet, flops_profiler, comms_logger, torch_autocast, zerostream;
+      activation_checkpointing, data_types, checkpoint, parallel_write, tensorboard, csv_monitor,
+      wandb, comet, flops_profiler, comms_logger, torch_autocast, zerostream;
   Section opt_adam, opt_adagrad, opt_lion, opt_sgd;
   Section sch_warmup, sch_warmup_decay, sch_warmup_cosine, sch_one_cycle, sch_range_test;
 
+  // The key tables are laid out by hand, one key per line, as the schema reads best.
+  // clang-format off
   Schema() {
     offload_optimizer = {"zero_optimization.offload_optimizer", true, true, {
         E("device", "none", {"none", "cpu", "nvme"}),
@@ -281,6 +283,7 @@ struct Schema {
         A("timers"), A("weight_quantization"),
     }};
   }
+  // clang-format on
 };
 
 const Schema& schema() {
@@ -351,8 +354,8 @@ const Section* scheduler_params_schema(const std::string& t) {
 
 const std::vector<std::string>& deepspeed_optimizer_names() {
   static const std::vector<std::string> names = {
-      "Adagrad", "Adam", "AdamW", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb",
-      "MuAdam", "MuAdamW", "MuSGD", "Lion", "Muon"};
+      "Adagrad",    "Adam",   "AdamW",   "Lamb",  "OneBitAdam", "ZeroOneAdam",
+      "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD", "Lion",       "Muon"};
   return names;
 }
 
@@ -362,8 +365,8 @@ bool zerostream_implements_optimizer(const std::string& t) {
 
 const std::vector<std::string>& torch_optimizer_names() {
   static const std::vector<std::string> names = {
-      "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "SparseAdam", "Adamax", "ASGD",
-      "LBFGS", "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "Muon"};
+      "Adadelta", "Adafactor", "Adagrad", "Adam",    "AdamW", "SparseAdam", "Adamax", "ASGD",
+      "LBFGS",    "NAdam",     "RAdam",   "RMSprop", "Rprop", "SGD",        "Muon"};
   return names;
 }
 
@@ -374,11 +377,21 @@ const std::vector<std::string>& deepspeed_scheduler_names() {
 }
 
 const std::vector<std::string>& torch_scheduler_names() {
-  static const std::vector<std::string> names = {
-      "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
-      "ExponentialLR", "SequentialLR", "CosineAnnealingLR", "ChainedScheduler",
-      "ReduceLROnPlateau", "CyclicLR", "CosineAnnealingWarmRestarts", "OneCycleLR",
-      "PolynomialLR"};
+  static const std::vector<std::string> names = {"LambdaLR",
+                                                 "MultiplicativeLR",
+                                                 "StepLR",
+                                                 "MultiStepLR",
+                                                 "ConstantLR",
+                                                 "LinearLR",
+                                                 "ExponentialLR",
+                                                 "SequentialLR",
+                                                 "CosineAnnealingLR",
+                                                 "ChainedScheduler",
+                                                 "ReduceLROnPlateau",
+                                                 "CyclicLR",
+                                                 "CosineAnnealingWarmRestarts",
+                                                 "OneCycleLR",
+                                                 "PolynomialLR"};
   return names;
 }
 

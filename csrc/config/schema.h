@@ -32,7 +32,7 @@ enum class Deprecation {
 struct Section;
 
 struct Key {
-  std::string name;                  // canonical JSON key
+  std::string name;  // canonical JSON key
   Kind kind = Kind::kAny;
   Json default_value;                // null: no value unless given
   std::vector<std::string> aliases;  // other accepted spellings (pydantic field names)
@@ -45,26 +45,53 @@ struct Key {
   const Section* section = nullptr;  // kSection
   bool expand_default = true;        // kSection absent: fill its defaults (true) or null
   Deprecation deprecation = Deprecation::kNone;
-  std::string target;                // kRename target key name
-  std::string note;                  // shown with the deprecation warning
+  std::string target;  // kRename target key name
+  std::string note;    // shown with the deprecation warning
 
-  Key& alias(std::string a) { aliases.push_back(std::move(a)); return *this; }
-  Key& allow_null() { nullable = true; return *this; }
-  Key& must_be_given() { required = true; return *this; }
-  Key& at_least(double v) { min = v; return *this; }
-  Key& at_most(double v) { max = v; return *this; }
-  Key& greater_than_zero() { positive = true; return *this; }
-  Key& one_of(std::vector<Json> c) { choices = std::move(c); return *this; }
-  Key& deprecated(Deprecation d, std::string tgt = "", std::string why = "") {
-    deprecation = d; target = std::move(tgt); note = std::move(why); return *this;
+  Key& alias(std::string a) {
+    aliases.push_back(std::move(a));
+    return *this;
   }
-  Key& lazy() { expand_default = false; return *this; }
+  Key& allow_null() {
+    nullable = true;
+    return *this;
+  }
+  Key& must_be_given() {
+    required = true;
+    return *this;
+  }
+  Key& at_least(double v) {
+    min = v;
+    return *this;
+  }
+  Key& at_most(double v) {
+    max = v;
+    return *this;
+  }
+  Key& greater_than_zero() {
+    positive = true;
+    return *this;
+  }
+  Key& one_of(std::vector<Json> c) {
+    choices = std::move(c);
+    return *this;
+  }
+  Key& deprecated(Deprecation d, std::string tgt = "", std::string why = "") {
+    deprecation = d;
+    target = std::move(tgt);
+    note = std::move(why);
+    return *this;
+  }
+  Key& lazy() {
+    expand_default = false;
+    return *this;
+  }
 };
 
 struct Section {
-  std::string path;          // dotted path of this section ("" for the top level)
-  bool strict = false;       // DeepSpeed validates it with pydantic: unknown keys are errors
-  bool implemented = true;   // false: accepted for compatibility; zerostream ignores it
+  std::string path;         // dotted path of this section ("" for the top level)
+  bool strict = false;      // DeepSpeed validates it with pydantic: unknown keys are errors
+  bool implemented = true;  // false: accepted for compatibility; zerostream ignores it
   std::vector<Key> keys;
 
   // Finds a key by its name or an alias; nullptr when unknown.
@@ -80,8 +107,8 @@ const Section* optimizer_params_schema(const std::string& type_lower);
 // Same for the DeepSpeed LR schedules; nullptr for torch.optim.lr_scheduler classes.
 const Section* scheduler_params_schema(const std::string& type);
 
-// Optimizer type names DeepSpeed handles itself (any case; listed in display case), those zerostream implements,
-// torch.optim classes, DeepSpeed schedules and torch schedules.
+// Optimizer type names DeepSpeed handles itself (any case; listed in display case), those
+// zerostream implements, torch.optim classes, DeepSpeed schedules and torch schedules.
 const std::vector<std::string>& deepspeed_optimizer_names();
 bool zerostream_implements_optimizer(const std::string& type_lower);
 const std::vector<std::string>& torch_optimizer_names();

@@ -41,8 +41,7 @@ std::string choices_text(const std::vector<Json>& choices) {
 
 // Coerces `v` to the key's type the way DeepSpeed's pydantic models do (lax mode), or
 // returns an error message starting with the path.
-std::optional<Json> coerce(const Key& k, const Json& v, const std::string& path,
-                           std::string& err) {
+std::optional<Json> coerce(const Key& k, const Json& v, const std::string& path, std::string& err) {
   if (v.is_null()) {
     if (k.nullable || k.kind == Kind::kAny) return v;
     err = path + ": expected a value; got null";
@@ -50,8 +49,7 @@ std::optional<Json> coerce(const Key& k, const Json& v, const std::string& path,
   }
   switch (k.kind) {
     case Kind::kAny:
-    case Kind::kSection:
-      return v;
+    case Kind::kSection: return v;
     case Kind::kBool: {
       if (v.is_boolean()) return v;
       if (v.is_number_integer() && (v == 0 || v == 1)) return Json(v == 1);
@@ -70,8 +68,8 @@ std::optional<Json> coerce(const Key& k, const Json& v, const std::string& path,
       if (v.is_number()) {
         d = v.get<double>();
       } else {
-        err = path + ": expected " + (k.kind == Kind::kInt ? "an integer" : "a number") +
-              "; got " + show(v);
+        err = path + ": expected " + (k.kind == Kind::kInt ? "an integer" : "a number") + "; got " +
+              show(v);
         return std::nullopt;
       }
       Json out = v;
@@ -89,8 +87,8 @@ std::optional<Json> coerce(const Key& k, const Json& v, const std::string& path,
       } else {
         out = d;
       }
-      if (!k.choices.empty() && std::find(k.choices.begin(), k.choices.end(), out) ==
-                                    k.choices.end()) {
+      if (!k.choices.empty() &&
+          std::find(k.choices.begin(), k.choices.end(), out) == k.choices.end()) {
         err = path + ": expected one of " + choices_text(k.choices) + "; got " + show(v);
         return std::nullopt;
       }
@@ -114,9 +112,8 @@ std::optional<Json> coerce(const Key& k, const Json& v, const std::string& path,
           const std::string cs = c.get<std::string>();
           if (cs == s) return c;
           if (k.case_insensitive && cs.size() == s.size() &&
-              std::equal(cs.begin(), cs.end(), s.begin(), [](char a, char b) {
-                return std::tolower(a) == std::tolower(b);
-              }))
+              std::equal(cs.begin(), cs.end(), s.begin(),
+                         [](char a, char b) { return std::tolower(a) == std::tolower(b); }))
             return c;
         }
       }
@@ -148,7 +145,8 @@ class Walker {
                           ": expected an object; got " + show(in));
       return;
     }
-    std::map<std::string, std::pair<const Key*, std::string>> dest;  // canonical -> (key, given name)
+    std::map<std::string, std::pair<const Key*, std::string>>
+        dest;  // canonical -> (key, given name)
     for (auto it = in.begin(); it != in.end(); ++it) {
       const std::string& name = it.key();
       const std::string path = dotted(prefix, name);
@@ -165,8 +163,8 @@ class Walker {
       auto [pos, fresh] = dest.emplace(target->name, std::make_pair(k, name));
       if (!fresh) {
         r_.errors.push_back(path + ": given together with \"" + pos->second.second +
-                            "\", which sets the same thing (" +
-                            dotted(prefix, target->name) + "); keep one");
+                            "\", which sets the same thing (" + dotted(prefix, target->name) +
+                            "); keep one");
         continue;
       }
     }
@@ -209,8 +207,8 @@ class Walker {
       for (const Key& section : root_schema().keys) {
         if (section.kind == Kind::kSection && section.section != &spec &&
             section.section->find(name) != nullptr) {
-          hint = "; \"" + name + "\" is a key of \"" + section.name + "\", not of \"" +
-                 spec.path + "\"";
+          hint = "; \"" + name + "\" is a key of \"" + section.name + "\", not of \"" + spec.path +
+                 "\"";
           break;
         }
       }
@@ -219,8 +217,7 @@ class Walker {
       std::string msg = path + ": unknown key" + hint;
       if (hint.empty()) {
         msg += " (allowed: ";
-        for (size_t i = 0; i < spec.keys.size(); ++i)
-          msg += (i ? ", " : "") + spec.keys[i].name;
+        for (size_t i = 0; i < spec.keys.size(); ++i) msg += (i ? ", " : "") + spec.keys[i].name;
         msg += ")";
       }
       r_.errors.push_back(msg);
@@ -258,8 +255,8 @@ class Walker {
     }
   }
 
-  void deprecated(const Key& old_key, const Key& target, const Json& v,
-                  const std::string& old_path, const std::string& path) {
+  void deprecated(const Key& old_key, const Key& target, const Json& v, const std::string& old_path,
+                  const std::string& path) {
     r_.warnings.push_back(old_path + ": deprecated; " + old_key.note);
     if (old_key.deprecation == Deprecation::kRename) {
       present(target, v, path);
@@ -314,8 +311,7 @@ bool Resolution::given(const std::string& path) const {
   return false;
 }
 
-void walk_section(const Section& spec, const Json& in, const std::string& prefix,
-                  Resolution& r) {
+void walk_section(const Section& spec, const Json& in, const std::string& prefix, Resolution& r) {
   Walker(r).section_at(spec, in, prefix);
 }
 

@@ -7,13 +7,13 @@
 namespace zs::cuda {
 
 struct CudaStatus {
-  bool built = false;           // compiled with ZS_WITH_CUDA
-  int runtime_version = 0;      // cudaRuntimeGetVersion, e.g. 13000
-  int driver_version = 0;       // 0 when no driver is installed
+  bool built = false;       // compiled with ZS_WITH_CUDA
+  int runtime_version = 0;  // cudaRuntimeGetVersion, e.g. 13000
+  int driver_version = 0;   // 0 when no driver is installed
   int device_count = 0;
-  bool kernel_ok = false;       // a probe kernel ran and wrote the expected value
-  int nccl_version = 0;         // NCCL_VERSION_CODE of the headers built against, 0 if none
-  std::string error;            // why device_count is 0 or the probe failed
+  bool kernel_ok = false;  // a probe kernel ran and wrote the expected value
+  int nccl_version = 0;    // NCCL_VERSION_CODE of the headers built against, 0 if none
+  std::string error;       // why device_count is 0 or the probe failed
 };
 
 // Probes the runtime; never throws (a machine without a driver is a normal case).

@@ -26,8 +26,8 @@ void adagrad_step(const AdagradParams& params, const StepBuffers& b, const RunOp
   run_step(k.adagrad, c, b, run);
 }
 
-void adagrad_step_many(const std::vector<AdagradParams>& params,
-                      const std::vector<StepBuffers>& b, const RunOptions& run) {
+void adagrad_step_many(const std::vector<AdagradParams>& params, const std::vector<StepBuffers>& b,
+                       const RunOptions& run) {
   const KernelTable& k = kernels_for(resolve_simd_level(run.simd));
   step_many(params, b, run, 1, "adagrad", adagrad_coeffs, k.adagrad);
 }

@@ -24,7 +24,7 @@ void adagrad_step(const AdagradParams& params, const StepBuffers& b, const RunOp
 
 // Item i steps b[i] with params[i], every item in one parallel region (Note [Many tensors,
 // one region] in optim/parallel.h): the list form for a model's parameter list.
-void adagrad_step_many(const std::vector<AdagradParams>& params,
-                      const std::vector<StepBuffers>& b, const RunOptions& run = {});
+void adagrad_step_many(const std::vector<AdagradParams>& params, const std::vector<StepBuffers>& b,
+                       const RunOptions& run = {});
 
 }  // namespace zs::optim

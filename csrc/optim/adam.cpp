@@ -44,8 +44,8 @@ void adam_step(const AdamParams& params, const StepBuffers& b, const RunOptions&
   run_step(k.adam, c, b, run);
 }
 
-void adam_step_many(const std::vector<AdamParams>& params,
-                   const std::vector<StepBuffers>& b, const RunOptions& run) {
+void adam_step_many(const std::vector<AdamParams>& params, const std::vector<StepBuffers>& b,
+                    const RunOptions& run) {
   const KernelTable& k = kernels_for(resolve_simd_level(run.simd));
   step_many(params, b, run, 2, "adam", adam_coeffs, k.adam);
 }

@@ -31,7 +31,7 @@ void adam_step(const AdamParams& params, const StepBuffers& b, const RunOptions&
 
 // Item i steps b[i] with params[i], every item in one parallel region (Note [Many tensors,
 // one region] in optim/parallel.h): the list form for a model's parameter list.
-void adam_step_many(const std::vector<AdamParams>& params,
-                   const std::vector<StepBuffers>& b, const RunOptions& run = {});
+void adam_step_many(const std::vector<AdamParams>& params, const std::vector<StepBuffers>& b,
+                    const RunOptions& run = {});
 
 }  // namespace zs::optim

@@ -20,8 +20,8 @@ GradStats grad_stats(const void* grad, DType dtype, int64_t numel, double scale,
   const float s = static_cast<float>(scale);
   const int64_t blocks = (numel + kStatsBlock - 1) / kStatsBlock;
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
-  const int threads = static_cast<int>(std::min<int64_t>(resolve_threads(run.threads, numel),
-                                                         std::max<int64_t>(blocks, 1)));
+  const int threads = static_cast<int>(
+      std::min<int64_t>(resolve_threads(run.threads, numel), std::max<int64_t>(blocks, 1)));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 4) if (threads > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t begin = blk * kStatsBlock;

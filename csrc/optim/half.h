@@ -10,8 +10,8 @@
 // time. NaN becomes the canonical quiet NaN (0x7fc0 for bf16, 0x7e00 for fp16).
 #pragma once
 
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 namespace zs::optim {
@@ -51,8 +51,8 @@ inline float f16_to_f32(uint16_t h) {
   const uint32_t magic_mask = 126u << 23;
   const float denormalized = f32_from_bits((two_w >> 17) | magic_mask) - 0.5f;
   const uint32_t denormalized_cutoff = 1u << 27;
-  const uint32_t result =
-      sign | (two_w < denormalized_cutoff ? f32_bits(denormalized) : f32_bits(normalized));
+  const uint32_t result = sign | (two_w < denormalized_cutoff ? f32_bits(denormalized)
+                                                              : f32_bits(normalized));
   return f32_from_bits(result);
 }
 

@@ -30,8 +30,8 @@ void lion_step(const LionParams& params, const StepBuffers& b, const RunOptions&
   run_step(k.lion, c, b, run);
 }
 
-void lion_step_many(const std::vector<LionParams>& params,
-                   const std::vector<StepBuffers>& b, const RunOptions& run) {
+void lion_step_many(const std::vector<LionParams>& params, const std::vector<StepBuffers>& b,
+                    const RunOptions& run) {
   const KernelTable& k = kernels_for(resolve_simd_level(run.simd));
   step_many(params, b, run, 1, "lion", lion_coeffs, k.lion);
 }

@@ -24,7 +24,7 @@ void lion_step(const LionParams& params, const StepBuffers& b, const RunOptions&
 
 // Item i steps b[i] with params[i], every item in one parallel region (Note [Many tensors,
 // one region] in optim/parallel.h): the list form for a model's parameter list.
-void lion_step_many(const std::vector<LionParams>& params,
-                   const std::vector<StepBuffers>& b, const RunOptions& run = {});
+void lion_step_many(const std::vector<LionParams>& params, const std::vector<StepBuffers>& b,
+                    const RunOptions& run = {});
 
 }  // namespace zs::optim

@@ -27,8 +27,8 @@ template <class Params, class CoeffsFn, class Kernel>
 void step_many(const std::vector<Params>& params, const std::vector<StepBuffers>& b,
                const RunOptions& run, int states, const char* who, CoeffsFn coeffs_of,
                Kernel kernel) {
-  ZS_CHECK_VALUE(params.size() == b.size(), who, ": ", params.size(),
-                 " hyperparameter sets for ", b.size(), " buffers");
+  ZS_CHECK_VALUE(params.size() == b.size(), who, ": ", params.size(), " hyperparameter sets for ",
+                 b.size(), " buffers");
   using Coeffs = decltype(coeffs_of(params[0]));
   std::vector<Coeffs> c;
   c.reserve(b.size());
@@ -44,10 +44,9 @@ void step_many(const std::vector<Params>& params, const std::vector<StepBuffers>
   }
   const int threads = resolve_threads(run.threads, total);
   const NonTemporal nt = resolve_nontemporal(run.nontemporal);
-  for_each_item_chunk(anchors.data(), numels.data(), static_cast<int64_t>(b.size()), threads,
-                      [&](int64_t i, int64_t begin, int64_t end) {
-                        kernel(c[i], b[i], begin, end, nt);
-                      });
+  for_each_item_chunk(
+      anchors.data(), numels.data(), static_cast<int64_t>(b.size()), threads,
+      [&](int64_t i, int64_t begin, int64_t end) { kernel(c[i], b[i], begin, end, nt); });
 }
 
 }  // namespace zs::optim

@@ -13,12 +13,12 @@ namespace zs::optim {
 // One contiguous range of `numel` elements of a flat parameter group. Any slice of a larger
 // buffer works: pointers need only their element alignment (see Note [Chunks and alignment]).
 struct StepBuffers {
-  float* param = nullptr;            // fp32 master params, updated in place
-  const void* grad = nullptr;        // gradients, grad_dtype
+  float* param = nullptr;      // fp32 master params, updated in place
+  const void* grad = nullptr;  // gradients, grad_dtype
   DType grad_dtype = DType::kFloat32;
-  float* state0 = nullptr;           // Adam exp_avg, Adagrad sum of squares, Lion exp_avg
-  float* state1 = nullptr;           // Adam exp_avg_sq; unused (nullptr) otherwise
-  void* param_copy = nullptr;        // optional 16-bit copy of the updated params
+  float* state0 = nullptr;              // Adam exp_avg, Adagrad sum of squares, Lion exp_avg
+  float* state1 = nullptr;              // Adam exp_avg_sq; unused (nullptr) otherwise
+  void* param_copy = nullptr;           // optional 16-bit copy of the updated params
   DType copy_dtype = DType::kBFloat16;  // bf16 or fp16; ignored when param_copy is null
   int64_t numel = 0;
 };
@@ -38,8 +38,8 @@ struct StepBuffers {
 enum class NonTemporal : int { kAuto = 0, kOn = 1, kOff = 2, kCopy = 3 };
 
 struct RunOptions {
-  int threads = 0;                   // 0: omp_get_max_threads() (OMP_NUM_THREADS)
-  int simd = -1;                     // -1: best_simd_level(); else a SimdLevel, capped by it
+  int threads = 0;  // 0: omp_get_max_threads() (OMP_NUM_THREADS)
+  int simd = -1;    // -1: best_simd_level(); else a SimdLevel, capped by it
   NonTemporal nontemporal = NonTemporal::kAuto;
 };
 

@@ -2,6 +2,7 @@
 
 `import zerostream as deepspeed` and keep the script: initialize, engine.backward, engine.step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,8 @@ import logging
 import os
 from typing import Optional
 
-from ._version import __version__
 from . import comm, ops, zero
+from ._version import __version__
 from .accelerator import get_accelerator
 from .comm import init_distributed
 
@@ -26,24 +27,44 @@ if not _logger.handlers:
     _logger.addHandler(_handler)
     _logger.propagate = False
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "comm", "ops", "zero",
-           "get_accelerator", "__version__"]
+__all__ = [
+    "initialize",
+    "init_distributed",
+    "add_config_arguments",
+    "comm",
+    "ops",
+    "zero",
+    "get_accelerator",
+    "__version__",
+]
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds DeepSpeed's argument group: --deepspeed, --deepspeed_config (and the old
     --deepscale / --deepscale_config)."""
     group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
-    group.add_argument("--deepspeed", default=False, action="store_true",
-                       help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed "
-                            "backend)")
-    group.add_argument("--deepspeed_config", default=None, type=str,
-                       help="DeepSpeed json configuration file.")
-    group.add_argument("--deepscale", default=False, action="store_true",
-                       help="Deprecated enable DeepSpeed (helper flag for user code, no impact "
-                            "on DeepSpeed backend)")
-    group.add_argument("--deepscale_config", default=None, type=str,
-                       help="Deprecated DeepSpeed json configuration file.")
+    group.add_argument(
+        "--deepspeed",
+        default=False,
+        action="store_true",
+        help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend)",
+    )
+    group.add_argument(
+        "--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file."
+    )
+    group.add_argument(
+        "--deepscale",
+        default=False,
+        action="store_true",
+        help="Deprecated enable DeepSpeed (helper flag for user code, no impact "
+        "on DeepSpeed backend)",
+    )
+    group.add_argument(
+        "--deepscale_config",
+        default=None,
+        type=str,
+        help="Deprecated DeepSpeed json configuration file.",
+    )
     return parser
 
 
@@ -52,11 +73,14 @@ def _config_source(args, config, config_params):
         config = config_params
     from_args = None
     if args is not None:
-        from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config",
-                                                                       None)
+        from_args = getattr(args, "deepspeed_config", None) or getattr(
+            args, "deepscale_config", None
+        )
     if from_args is not None and config is not None:
-        raise ValueError("Not sure how to proceed, we were given deepspeed configs in the "
-                         "deepspeed arguments and deepspeed.initialize() function call")
+        raise ValueError(
+            "Not sure how to proceed, we were given deepspeed configs in the "
+            "deepspeed arguments and deepspeed.initialize() function call"
+        )
     config = config if config is not None else from_args
     if config is None:
         raise ValueError("DeepSpeed requires --deepspeed_config to specify configuration file")
@@ -65,22 +89,34 @@ def _config_source(args, config, config_params):
 
 def _model_dtype(model) -> Optional[str]:
     import torch
+
     names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
     for p in model.parameters():
         return names.get(p.dtype)
     return None
 
 
-def initialize(args=None, model=None, optimizer=None, model_parameters=None,
-               training_data=None, lr_scheduler=None, distributed_port: int = 29500, mpu=None,
-               dist_init_required: Optional[bool] = None, collate_fn=None, config=None,
-               mesh_param=None, config_params=None):
+def initialize(
+    args=None,
+    model=None,
+    optimizer=None,
+    model_parameters=None,
+    training_data=None,
+    lr_scheduler=None,
+    distributed_port: int = 29500,
+    mpu=None,
+    dist_init_required: Optional[bool] = None,
+    collate_fn=None,
+    config=None,
+    mesh_param=None,
+    config_params=None,
+):
     """Returns (engine, optimizer, training_dataloader, lr_scheduler) like deepspeed.initialize."""
     if model is None:
         raise ValueError("deepspeed.initialize requires a model")
     from . import config as config_mod
-    from .engine import ZeroEngine
     from .data import make_dataloader
+    from .engine import ZeroEngine
 
     source = _config_source(args, config, config_params)
     init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required)
@@ -92,11 +128,22 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
     lr = None
     if optimizer is not None and hasattr(optimizer, "param_groups"):
         lr = optimizer.param_groups[0].get("lr")
-    cfg = config_mod.load(source, world_size=world, hidden_size=hidden,
-                          model_dtype=_model_dtype(model), lr=lr,
-                          log=comm.get_rank() == 0)
-    engine = ZeroEngine(model, cfg, optimizer=optimizer, model_parameters=model_parameters,
-                        lr_scheduler=lr_scheduler, dp_group=dp_group)
+    cfg = config_mod.load(
+        source,
+        world_size=world,
+        hidden_size=hidden,
+        model_dtype=_model_dtype(model),
+        lr=lr,
+        log=comm.get_rank() == 0,
+    )
+    engine = ZeroEngine(
+        model,
+        cfg,
+        optimizer=optimizer,
+        model_parameters=model_parameters,
+        lr_scheduler=lr_scheduler,
+        dp_group=dp_group,
+    )
     loader = None
     if training_data is not None:
         loader = make_dataloader(training_data, cfg, collate_fn=collate_fn, group=dp_group)

@@ -3,6 +3,7 @@
 Two kinds: CUDA when torch sees a GPU, else CPU (the first-class path here). `ZS_ACCELERATOR`
 or DeepSpeed's `DS_ACCELERATOR` (`cpu` or `cuda`) forces one.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,6 +37,7 @@ class _Accelerator:
 
 class CpuAccelerator(_Accelerator):
     """On CPU, "device" memory is host memory; ranks are processes talking Gloo."""
+
     _name = "cpu"
     _backend = "gloo"
 
@@ -76,10 +78,12 @@ class CpuAccelerator(_Accelerator):
 
     def memory_allocated(self, device_index: Optional[int] = None) -> int:
         import psutil
+
         return psutil.Process().memory_info().rss
 
     def total_memory(self, device_index: Optional[int] = None) -> int:
         import psutil
+
         return psutil.virtual_memory().total
 
 
@@ -141,11 +145,14 @@ def get_accelerator() -> _Accelerator:
     if _ACCELERATOR is None:
         forced = os.environ.get("ZS_ACCELERATOR") or os.environ.get("DS_ACCELERATOR")
         if forced not in (None, "", "cpu", "cuda"):
-            raise ValueError(f"ZS_ACCELERATOR/DS_ACCELERATOR: expected one of \"cpu\", \"cuda\"; "
-                             f"got {forced!r}")
+            raise ValueError(
+                f'ZS_ACCELERATOR/DS_ACCELERATOR: expected one of "cpu", "cuda"; got {forced!r}'
+            )
         if forced == "cuda" and not torch.cuda.is_available():
             raise ValueError("DS_ACCELERATOR=cuda, but torch sees no CUDA device")
-        use_cuda = forced == "cuda" or (forced is None or forced == "") and torch.cuda.is_available()
+        use_cuda = (
+            forced == "cuda" or (forced is None or forced == "") and torch.cuda.is_available()
+        )
         _ACCELERATOR = CudaAccelerator() if use_cuda else CpuAccelerator()
     return _ACCELERATOR
 
@@ -153,6 +160,7 @@ def get_accelerator() -> _Accelerator:
 def set_accelerator(accelerator: _Accelerator) -> None:
     global _ACCELERATOR
     if not isinstance(accelerator, _Accelerator):
-        raise TypeError(f"set_accelerator: expected a zerostream accelerator, got "
-                        f"{type(accelerator).__name__}")
+        raise TypeError(
+            f"set_accelerator: expected a zerostream accelerator, got {type(accelerator).__name__}"
+        )
     _ACCELERATOR = accelerator

@@ -1,4 +1,5 @@
 """The `zerostream` command: report, config check, bench."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,10 +15,14 @@ _BENCHES = ("io", "optim")
 def _config_check(args) -> int:
     from . import config
 
-    result = config.check(args.file, world_size=args.world_size,
-                          micro_batch_size=args.micro_batch_size,
-                          gradient_accumulation_steps=args.gradient_accumulation_steps,
-                          hidden_size=args.hidden_size, model_dtype=args.model_dtype)
+    result = config.check(
+        args.file,
+        world_size=args.world_size,
+        micro_batch_size=args.micro_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        hidden_size=args.hidden_size,
+        model_dtype=args.model_dtype,
+    )
     if args.json:
         out = {k: result[k] for k in ("ok", "errors", "warnings", "notes", "resolved")}
         print(json.dumps(out, indent=2))
@@ -31,8 +36,11 @@ def _config_check(args) -> int:
         return 1
     print(f"{args.file}: ok")
     # Unset optional keys (null defaults) are left out of the text view; --json has them.
-    resolved = {k: v for k, v in result["resolved"].items()
-                if not (v["value"] is None and v["source"] == "default")}
+    resolved = {
+        k: v
+        for k, v in result["resolved"].items()
+        if not (v["value"] is None and v["source"] == "default")
+    }
     width = max(len(k) for k in resolved) if resolved else 0
     for path, entry in resolved.items():
         print(f"  {path:<{width}}  {json.dumps(entry['value']):<24} [{entry['source']}]")
@@ -66,18 +74,41 @@ def build_parser() -> argparse.ArgumentParser:
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     check = cfg_sub.add_parser("check", help="validate a ds_config and print it resolved")
     check.add_argument("file")
-    check.add_argument("--world-size", type=int, default=None,
-                       help="processes in the run (default: data-parallel size 1)")
-    check.add_argument("--micro-batch-size", type=int, default=None,
-                       help="resolves train_micro_batch_size_per_gpu \"auto\"")
-    check.add_argument("--gradient-accumulation-steps", type=int, default=None,
-                       help="resolves gradient_accumulation_steps \"auto\"")
-    check.add_argument("--hidden-size", type=int, default=None,
-                       help="resolves bucket sizes and thresholds set to \"auto\"")
-    check.add_argument("--model-dtype", choices=("fp32", "fp16", "bf16"), default=None,
-                       help="resolves fp16/bf16 enabled \"auto\"")
-    check.add_argument("--json", action="store_true",
-                       help='print {"ok", "errors", "warnings", "notes", "resolved"}')
+    check.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="processes in the run (default: data-parallel size 1)",
+    )
+    check.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        help='resolves train_micro_batch_size_per_gpu "auto"',
+    )
+    check.add_argument(
+        "--gradient-accumulation-steps",
+        type=int,
+        default=None,
+        help='resolves gradient_accumulation_steps "auto"',
+    )
+    check.add_argument(
+        "--hidden-size",
+        type=int,
+        default=None,
+        help='resolves bucket sizes and thresholds set to "auto"',
+    )
+    check.add_argument(
+        "--model-dtype",
+        choices=("fp32", "fp16", "bf16"),
+        default=None,
+        help='resolves fp16/bf16 enabled "auto"',
+    )
+    check.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"ok", "errors", "warnings", "notes", "resolved"}',
+    )
     check.set_defaults(func=_config_check)
 
     bench = sub.add_parser("bench", help="benchmarks with ratios against a peer")

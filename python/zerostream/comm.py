@@ -4,6 +4,7 @@ One place for: process-group setup from launcher environments (torchrun, the zer
 deepspeed launchers, SLURM, Open MPI), Gloo fallbacks for the tensor collectives it lacks, and
 errors that start with the rank (a peer that died shows up here first).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -22,17 +23,19 @@ logger = logging.getLogger("zerostream")
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=float(os.environ.get("DEEPSPEED_TIMEOUT", "10")))
 
 
-# --- setup ---------------------------------------------------------------------------------------
+# --- setup --------------------------------------------------------------------------------------
+
 
 def _env_from_launchers(distributed_port: int) -> None:
     """Fills RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from SLURM or Open MPI when torchrun did not."""
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
         return
-    for rank_key, size_key, local_key in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                           "OMPI_COMM_WORLD_LOCAL_RANK"),
-                                          ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-                                          ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")):
+    for rank_key, size_key, local_key in (
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ):
         if rank_key in env and size_key in env:
             env["RANK"], env["WORLD_SIZE"] = env[rank_key], env[size_key]
             env.setdefault("LOCAL_RANK", env.get(local_key, "0"))
@@ -41,7 +44,8 @@ def _env_from_launchers(distributed_port: int) -> None:
                 if env["WORLD_SIZE"] != "1" and not nodes:
                     raise RuntimeError(
                         f"{rank_key}/{size_key} are set but MASTER_ADDR is not: set MASTER_ADDR "
-                        f"to the address of rank 0 (and MASTER_PORT, default {distributed_port})")
+                        f"to the address of rank 0 (and MASTER_PORT, default {distributed_port})"
+                    )
                 env["MASTER_ADDR"] = (nodes or "127.0.0.1").split(",")[0]
             env.setdefault("MASTER_PORT", str(distributed_port))
             logger.info("zerostream: ranks from %s/%s", rank_key, size_key)
@@ -53,17 +57,26 @@ def _env_from_launchers(distributed_port: int) -> None:
     logger.info("zerostream: no launcher environment found; running as a single process")
 
 
-def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: bool = True,
-                     distributed_port: int = 29500, verbose: bool = True,
-                     timeout: datetime.timedelta = DEFAULT_TIMEOUT, init_method: Optional[str] = None,
-                     dist_init_required: Optional[bool] = None, config=None, rank: int = -1,
-                     world_size: int = -1) -> None:
+def init_distributed(
+    dist_backend: Optional[str] = None,
+    auto_mpi_discovery: bool = True,
+    distributed_port: int = 29500,
+    verbose: bool = True,
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    init_method: Optional[str] = None,
+    dist_init_required: Optional[bool] = None,
+    config=None,
+    rank: int = -1,
+    world_size: int = -1,
+) -> None:
     """Creates the default process group unless one exists (then it is used as is)."""
     if dist.is_initialized():
         return
     if dist_init_required is False:
-        raise RuntimeError("dist_init_required=False, but torch.distributed is not initialized: "
-                           "call torch.distributed.init_process_group first")
+        raise RuntimeError(
+            "dist_init_required=False, but torch.distributed is not initialized: "
+            "call torch.distributed.init_process_group first"
+        )
     if rank < 0 or world_size < 0:
         _env_from_launchers(distributed_port)
     backend = dist_backend or get_accelerator().communication_backend_name()
@@ -76,11 +89,16 @@ def init_distributed(dist_backend: Optional[str] = None, auto_mpi_discovery: boo
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(**kwargs)
     if verbose:
-        logger.info("zerostream: process group ready: backend=%s rank=%d world_size=%d",
-                    backend, dist.get_rank(), dist.get_world_size())
+        logger.info(
+            "zerostream: process group ready: backend=%s rank=%d world_size=%d",
+            backend,
+            dist.get_rank(),
+            dist.get_world_size(),
+        )
 
 
-# --- queries ---------------------------------------------------------------------------------------
+# --- queries ------------------------------------------------------------------------------------
+
 
 def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -119,16 +137,19 @@ def get_backend(group=None) -> str:
     return dist.get_backend(group)
 
 
-# --- collectives with rank-prefixed errors -------------------------------------------------------------
+# --- collectives with rank-prefixed errors ------------------------------------------------------
+
 
 def _named(op):
     """Re-raises a collective's failure with the rank and the operation in front."""
+
     @functools.wraps(op)
     def call(*args, **kwargs):
         try:
             return op(*args, **kwargs)
         except (RuntimeError, ValueError) as exc:
             raise RuntimeError(f"[rank {get_rank()}] {op.__name__} failed: {exc}") from exc
+
     return call
 
 
@@ -183,10 +204,12 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
 
 
 @_named
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
-                      group=None, async_op=False):
-    return dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                  group=group, async_op=async_op)
+def all_to_all_single(
+    output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
+):
+    return dist.all_to_all_single(
+        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+    )
 
 
 @_named
@@ -213,6 +236,7 @@ def irecv(tensor, src=None, group=None, tag=0):
 # reduce-scatter, the price torch's own Gloo emulation pays too), and all-gather into a
 # flat tensor becomes a list all-gather into views of it.
 
+
 def _backend_is_gloo(group) -> bool:
     return dist.get_backend(group) == "gloo"
 
@@ -220,8 +244,9 @@ def _backend_is_gloo(group) -> bool:
 @_named
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
     if not _backend_is_gloo(group):
-        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
-                                           async_op=async_op)
+        return dist.all_gather_into_tensor(
+            output_tensor, input_tensor, group=group, async_op=async_op
+        )
     world = get_world_size(group)
     chunks = list(output_tensor.view(world, -1).unbind(0))
     source = input_tensor

@@ -7,6 +7,7 @@ into frozen section dataclasses (Note [One config path] in csrc/config/ds_config
 component takes its own section object; nothing downstream reads raw dicts or re-applies
 defaults. Every error names its key path; warnings and "auto" notes are logged once.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,6 +27,7 @@ logger = logging.getLogger("zerostream")
 
 
 # --- reading the input ------------------------------------------------------------------------
+
 
 def config_text(config: Any) -> Tuple[str, str]:
     """Returns (JSON text, source name) for a dict, a file path or URL-safe base64 text."""
@@ -48,10 +50,12 @@ def config_text(config: Any) -> Tuple[str, str]:
                 return text, "<base64>"
         raise ValueError(
             f"Expected a string path to an existing deepspeed config, or a dictionary or a "
-            f"valid base64 string; got {path!r} (no such file)")
+            f"valid base64 string; got {path!r} (no such file)"
+        )
     raise ValueError(
         "Expected a string path to an existing deepspeed config, or a dictionary or a valid "
-        f"base64 string; got {type(config).__name__}")
+        f"base64 string; got {type(config).__name__}"
+    )
 
 
 def _context(require_batch, **known) -> "_C.RunContext":
@@ -63,9 +67,19 @@ def _context(require_batch, **known) -> "_C.RunContext":
     return ctx
 
 
-def check(config: Any, *, world_size: Optional[int] = None, require_batch: bool = False,
-          train_batch_size=None, micro_batch_size=None, gradient_accumulation_steps=None,
-          hidden_size=None, model_dtype=None, lr=None, total_num_steps=None) -> dict:
+def check(
+    config: Any,
+    *,
+    world_size: Optional[int] = None,
+    require_batch: bool = False,
+    train_batch_size=None,
+    micro_batch_size=None,
+    gradient_accumulation_steps=None,
+    hidden_size=None,
+    model_dtype=None,
+    lr=None,
+    total_num_steps=None,
+) -> dict:
     """Validates without raising: {"ok", "errors", "warnings", "notes", "tree", "resolved"}.
 
     `resolved` maps every key path to {"value", "source"} with source one of
@@ -74,15 +88,33 @@ def check(config: Any, *, world_size: Optional[int] = None, require_batch: bool 
     try:
         text, source = config_text(config)
     except ValueError as exc:
-        return {"ok": False, "errors": [str(exc)], "warnings": [], "notes": [], "tree": {},
-                "resolved": {}}
-    return _C.check_config(text, os.path.basename(source), _context(
-        require_batch, world_size=world_size, train_batch_size=train_batch_size,
-        micro_batch_size=micro_batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
-        hidden_size=hidden_size, model_dtype=model_dtype, lr=lr, total_num_steps=total_num_steps))
+        return {
+            "ok": False,
+            "errors": [str(exc)],
+            "warnings": [],
+            "notes": [],
+            "tree": {},
+            "resolved": {},
+        }
+    return _C.check_config(
+        text,
+        os.path.basename(source),
+        _context(
+            require_batch,
+            world_size=world_size,
+            train_batch_size=train_batch_size,
+            micro_batch_size=micro_batch_size,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            hidden_size=hidden_size,
+            model_dtype=model_dtype,
+            lr=lr,
+            total_num_steps=total_num_steps,
+        ),
+    )
 
 
 # --- the typed tree -----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class OffloadOptimizerConfig:
@@ -194,6 +226,7 @@ class BF16Config:
 class OptimizerConfig:
     """`optimizer`: for DeepSpeed's own types (Adam, AdamW, Adagrad, Lion, SGD) `params` holds
     every keyword of the type's schema, defaults filled; torch.optim classes pass through."""
+
     type: str
     params: Mapping[str, Any]
     legacy_fusion: bool
@@ -296,6 +329,7 @@ class ZeroStreamExtConfig:
 @dataclass(frozen=True)
 class DeepSpeedConfig:
     """The resolved config. Section objects mirror ds_config's sections and key names."""
+
     train_batch_size: Optional[int]
     train_micro_batch_size_per_gpu: Optional[int]
     gradient_accumulation_steps: Optional[int]
@@ -403,24 +437,48 @@ def _build(cls, tree: Mapping[str, Any]):
     return cls(**values)
 
 
-def load(config: Any, *, world_size: Optional[int] = None, require_batch: bool = True,
-         train_batch_size=None, micro_batch_size=None, gradient_accumulation_steps=None,
-         hidden_size=None, model_dtype=None, lr=None, total_num_steps=None,
-         log: bool = True) -> DeepSpeedConfig:
+def load(
+    config: Any,
+    *,
+    world_size: Optional[int] = None,
+    require_batch: bool = True,
+    train_batch_size=None,
+    micro_batch_size=None,
+    gradient_accumulation_steps=None,
+    hidden_size=None,
+    model_dtype=None,
+    lr=None,
+    total_num_steps=None,
+    log: bool = True,
+) -> DeepSpeedConfig:
     """Loads, validates and resolves a ds_config. Raises ValueError listing every error."""
     text, source = config_text(config)
-    res = _C.load_config(text, os.path.basename(source), _context(
-        require_batch, world_size=world_size, train_batch_size=train_batch_size,
-        micro_batch_size=micro_batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
-        hidden_size=hidden_size, model_dtype=model_dtype, lr=lr, total_num_steps=total_num_steps))
+    res = _C.load_config(
+        text,
+        os.path.basename(source),
+        _context(
+            require_batch,
+            world_size=world_size,
+            train_batch_size=train_batch_size,
+            micro_batch_size=micro_batch_size,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            hidden_size=hidden_size,
+            model_dtype=model_dtype,
+            lr=lr,
+            total_num_steps=total_num_steps,
+        ),
+    )
     tree = dict(res["tree"])
     tree.pop("bfloat16", None)
     cfg = _build(DeepSpeedConfig, tree)
     cfg = dataclasses.replace(
-        cfg, data_parallel_size=res["data_parallel_size"],
+        cfg,
+        data_parallel_size=res["data_parallel_size"],
         raw=types.MappingProxyType(_C.read_json_text(text, source)),
-        resolved=types.MappingProxyType(res["resolved"]), warnings=tuple(res["warnings"]),
-        notes=tuple(res["notes"]))
+        resolved=types.MappingProxyType(res["resolved"]),
+        warnings=tuple(res["warnings"]),
+        notes=tuple(res["notes"]),
+    )
     if log:
         for w in cfg.warnings:
             logger.warning("ds_config: %s", w)

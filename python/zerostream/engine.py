@@ -1,5 +1,6 @@
 """ZeroEngine: DeepSpeed's training loop (forward, backward, step, accumulation, clipping,
 precision, schedulers) over the ZeRO optimizer wrappers in zero/."""
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,15 @@ class ZeroEngine(torch.nn.Module):
     parameters, gradients and optimizer state live belongs to the stage's ZeRO optimizer
     (zero/protocol.py, Note [Stage seam])."""
 
-    def __init__(self, model: torch.nn.Module, cfg: DeepSpeedConfig, optimizer=None,
-                 model_parameters=None, lr_scheduler=None, dp_group=None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: DeepSpeedConfig,
+        optimizer=None,
+        model_parameters=None,
+        lr_scheduler=None,
+        dp_group=None,
+    ):
         super().__init__()
         self.module = model
         self._config = cfg
@@ -53,25 +61,35 @@ class ZeroEngine(torch.nn.Module):
         self.loss_scaler = make_loss_scaler(cfg.fp16)
         self.telemetry = StepTelemetry()
         self._run = RunState()
-        ctx = StageContext(config=cfg, group=dp_group, rank=comm.get_rank(dp_group),
-                           world=self.dp_world_size, device=self._device(),
-                           loss_scaler=self.loss_scaler, run=self._run,
-                           telemetry=self.telemetry)
+        ctx = StageContext(
+            config=cfg,
+            group=dp_group,
+            rank=comm.get_rank(dp_group),
+            world=self.dp_world_size,
+            device=self._device(),
+            loss_scaler=self.loss_scaler,
+            run=self._run,
+            telemetry=self.telemetry,
+        )
         self.device = ctx.device
         stage_class(cfg.zero_stage).prepare_module(model, ctx)
-        self.optimizer = build_zero_optimizer(ctx, param_groups_of(model, model_parameters),
-                                              client=optimizer)
+        self.optimizer = build_zero_optimizer(
+            ctx, param_groups_of(model, model_parameters), client=optimizer
+        )
         self.basic_optimizer = self.optimizer.optimizer if self.optimizer is not None else None
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         if cfg.zero_optimization.round_robin_gradients and cfg.zero_stage in (1, 2):
-            logger.warning("zero_optimization.round_robin_gradients: zerostream partitions "
-                           "gradients in flat parameter order; the setting has no effect")
+            logger.warning(
+                "zero_optimization.round_robin_gradients: zerostream partitions "
+                "gradients in flat parameter order; the setting has no effect"
+            )
 
     # --- setup ----------------------------------------------------------------------------------
     def _device(self) -> torch.device:
         acc = get_accelerator()
-        return torch.device(acc.device_name(self.local_rank) if acc.device_name() == "cuda"
-                            else "cpu")
+        return torch.device(
+            acc.device_name(self.local_rank) if acc.device_name() == "cuda" else "cpu"
+        )
 
     @property
     def training_state(self) -> TrainingState:
@@ -99,7 +117,10 @@ class ZeroEngine(torch.nn.Module):
     # --- training loop --------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         if self._config.fp16.enabled and self._config.fp16.auto_cast:
-            cast = lambda x: x.half() if torch.is_tensor(x) and x.is_floating_point() else x
+
+            def cast(x):
+                return x.half() if torch.is_tensor(x) and x.is_floating_point() else x
+
             args = tuple(cast(a) for a in args)
             kwargs = {k: cast(v) for k, v in kwargs.items()}
         with self._phase(TrainingState.FORWARD), self.telemetry.phase("forward"):
@@ -112,11 +133,13 @@ class ZeroEngine(torch.nn.Module):
 
     def _require_optimizer(self, what: str) -> None:
         if self.optimizer is None:
-            raise RuntimeError(f"{what}: must provide optimizer during init in order to use "
-                               f"backward/step")
+            raise RuntimeError(
+                f"{what}: must provide optimizer during init in order to use backward/step"
+            )
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False,
-                 scale_wrt_gas: bool = True) -> torch.Tensor:
+    def backward(
+        self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
+    ) -> torch.Tensor:
         """Scales the loss (accumulation and fp16 loss scale), runs autograd and starts the
         gradient reductions. Returns loss / gradient_accumulation_steps, as DeepSpeed does."""
         self._require_optimizer("backward")
@@ -145,7 +168,8 @@ class ZeroEngine(torch.nn.Module):
                 applied = self.optimizer.step()
             # "step" is the optimizer's own time; its gradient reduction counts as "reduce".
             self.telemetry.seconds["step"] += (time.perf_counter() - start) - (
-                self.telemetry.seconds["reduce"] - reduce_before)
+                self.telemetry.seconds["reduce"] - reduce_before
+            )
             self.telemetry.steps += 1
             self.loss_scaler.update_scale(not applied)
             if applied:
@@ -164,8 +188,13 @@ class ZeroEngine(torch.nn.Module):
         every = self._config.steps_per_print
         if not every or self.global_steps % every != 0 or self.global_rank != 0:
             return
-        logger.info("step=%d, skipped=%d, lr=%s, mom=%s", self.global_steps, self.skipped_steps,
-                    self.get_lr(), self.get_mom())
+        logger.info(
+            "step=%d, skipped=%d, lr=%s, mom=%s",
+            self.global_steps,
+            self.skipped_steps,
+            self.get_lr(),
+            self.get_mom(),
+        )
         logger.info("telemetry: %s", self.telemetry.report())
 
     # --- accumulation ---------------------------------------------------------------------------
@@ -181,9 +210,11 @@ class ZeroEngine(torch.nn.Module):
     def no_sync(self):
         """Skips gradient reduction inside the context (stages 0 and 1 only)."""
         if self.zero_optimization_stage() >= 2:
-            raise ValueError(f"no_sync is not compatible with ZeRO stage "
-                             f"{self.zero_optimization_stage()}: gradients are partitioned as "
-                             f"they are produced")
+            raise ValueError(
+                f"no_sync is not compatible with ZeRO stage "
+                f"{self.zero_optimization_stage()}: gradients are partitioned as "
+                f"they are produced"
+            )
         if self._in_no_sync:
             raise RuntimeError("no_sync: the context is not re-entrant")
         self._in_no_sync = True
@@ -266,8 +297,11 @@ class ZeroEngine(torch.nn.Module):
         return None if self.optimizer is None else self.optimizer.global_grad_norm
 
     def get_batch_info(self):
-        return (self.train_batch_size(), self.train_micro_batch_size_per_gpu(),
-                self.gradient_accumulation_steps())
+        return (
+            self.train_batch_size(),
+            self.train_micro_batch_size_per_gpu(),
+            self.gradient_accumulation_steps(),
+        )
 
     def __getattr__(self, name):
         try:

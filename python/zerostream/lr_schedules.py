@@ -17,6 +17,7 @@ Note [Schedule quirks kept for parity]
     beta1 is cycle_min_mom (DeepSpeed's constructor writes it), not the cycle's value.
   * `warmup_num_steps` is clamped to at least 2, so that ln(N) in log warmup is not 0.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -46,6 +47,7 @@ _ONE_CYCLE_BETA2 = 0.99
 
 # --- argument checks ---------------------------------------------------------------------------
 
+
 def get_torch_optimizer(optimizer: Any) -> Optimizer:
     """The torch optimizer whose param_groups a schedule edits: the argument itself, or the
     `.optimizer` of a wrapper (ZeRO/fp16 optimizers are not Optimizer subclasses)."""
@@ -54,8 +56,10 @@ def get_torch_optimizer(optimizer: Any) -> Optimizer:
     inner = getattr(optimizer, "optimizer", None)
     if isinstance(inner, Optimizer):
         return inner
-    raise TypeError(f"{type(optimizer).__name__} is not a subclass of torch.optim.Optimizer "
-                    f"and has no .optimizer that is one")
+    raise TypeError(
+        f"{type(optimizer).__name__} is not a subclass of torch.optim.Optimizer "
+        f"and has no .optimizer that is one"
+    )
 
 
 def _number(value: Any, name: str) -> float:
@@ -90,8 +94,9 @@ def _per_group(value: Any, num_groups: int, name: str) -> List[float]:
     """A scalar broadcast to every param group, or a list/tuple with one value per group."""
     if isinstance(value, (list, tuple)):
         if len(value) != num_groups:
-            raise ValueError(f"{name}: expected {num_groups} values (one per param group); "
-                             f"got {len(value)}")
+            raise ValueError(
+                f"{name}: expected {num_groups} values (one per param group); got {len(value)}"
+            )
         return [_number(v, f"{name}[{i}]") for i, v in enumerate(value)]
     return [_number(value, name)] * num_groups
 
@@ -128,14 +133,16 @@ def _write_lrs(param_groups: Sequence[dict], lrs: Sequence[float]) -> List[Any]:
 
 # --- the shared stepping protocol --------------------------------------------------------------
 
+
 class _Schedule:
     """Iteration bookkeeping shared by all schedules; subclasses define `get_lr()`."""
 
     def __init__(self, optimizer: Any, last_batch_iteration: int):
         self.optimizer = get_torch_optimizer(optimizer)
         if isinstance(last_batch_iteration, bool) or not isinstance(last_batch_iteration, int):
-            raise ValueError(f"last_batch_iteration: expected an integer; "
-                             f"got {last_batch_iteration!r}")
+            raise ValueError(
+                f"last_batch_iteration: expected an integer; got {last_batch_iteration!r}"
+            )
         self.last_batch_iteration = last_batch_iteration
         self._last_lr: Optional[List[Any]] = None
 
@@ -156,8 +163,9 @@ class _Schedule:
             raise RuntimeError(f"{type(self).__name__}.get_last_lr(): call step() first")
         return self._last_lr
 
-    def step(self, last_batch_iteration: Optional[int] = None,
-             batch_iteration: Optional[int] = None) -> None:
+    def step(
+        self, last_batch_iteration: Optional[int] = None, batch_iteration: Optional[int] = None
+    ) -> None:
         # DeepSpeed names the argument `batch_iteration` in OneCycle/LRRangeTest and
         # `last_batch_iteration` in the warmup schedules; lr_kwargs may use either.
         if last_batch_iteration is not None and batch_iteration is not None:
@@ -171,8 +179,10 @@ class _Schedule:
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         if "last_batch_iteration" not in sd:
-            raise ValueError(f"{type(self).__name__}.load_state_dict: missing "
-                             f"'last_batch_iteration'; got keys {sorted(sd)}")
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: missing "
+                f"'last_batch_iteration'; got keys {sorted(sd)}"
+            )
         self.last_batch_iteration = int(sd["last_batch_iteration"])
         # The optimizer's own state_dict restores param_groups' lr; only the report is
         # refreshed here so get_last_lr() does not return the pre-resume value.
@@ -181,12 +191,19 @@ class _Schedule:
 
 # --- warmup family -----------------------------------------------------------------------------
 
+
 class WarmupLR(_Schedule):
     """lr = min + (max - min) * gamma; gamma goes 0 -> 1 over warmup_num_steps, then stays 1."""
 
-    def __init__(self, optimizer: Any, warmup_min_lr: Any = 0.0, warmup_max_lr: Any = None,
-                 warmup_num_steps: int = 1000, warmup_type: str = WARMUP_LOG_RATE,
-                 last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Any,
+        warmup_min_lr: Any = 0.0,
+        warmup_max_lr: Any = None,
+        warmup_num_steps: int = 1000,
+        warmup_type: str = WARMUP_LOG_RATE,
+        last_batch_iteration: int = -1,
+    ):
         num_steps = _positive_int(warmup_num_steps, "warmup_num_steps")
         super().__init__(optimizer, last_batch_iteration)
         groups = self.optimizer.param_groups
@@ -202,8 +219,9 @@ class WarmupLR(_Schedule):
 
     def _gamma(self) -> float:
         if self.last_batch_iteration < self.warmup_num_steps:
-            return _warmup_fraction(self.last_batch_iteration, self.warmup_num_steps,
-                                    self.warmup_type)
+            return _warmup_fraction(
+                self.last_batch_iteration, self.warmup_num_steps, self.warmup_type
+            )
         return 1.0
 
     def get_lr(self) -> List[float]:
@@ -216,17 +234,32 @@ class WarmupLR(_Schedule):
 class WarmupDecayLR(WarmupLR):
     """WarmupLR, then a linear decay to 0 at total_num_steps."""
 
-    def __init__(self, optimizer: Any, total_num_steps: Optional[int] = None,
-                 warmup_min_lr: Any = 0.0, warmup_max_lr: Any = 0.001,
-                 warmup_num_steps: int = 1000, warmup_type: str = WARMUP_LOG_RATE,
-                 last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Any,
+        total_num_steps: Optional[int] = None,
+        warmup_min_lr: Any = 0.0,
+        warmup_max_lr: Any = 0.001,
+        warmup_num_steps: int = 1000,
+        warmup_type: str = WARMUP_LOG_RATE,
+        last_batch_iteration: int = -1,
+    ):
         # Set before super().__init__, which already evaluates get_lr() at iteration -1.
         self.total_num_steps = _step_count(total_num_steps, "total_num_steps")
-        super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps,
-                         warmup_type, last_batch_iteration)
+        super().__init__(
+            optimizer,
+            warmup_min_lr,
+            warmup_max_lr,
+            warmup_num_steps,
+            warmup_type,
+            last_batch_iteration,
+        )
         if self.total_num_steps < self.warmup_num_steps:
-            logger.warning("total_num_steps %d is less than warmup_num_steps %d",
-                           self.total_num_steps, self.warmup_num_steps)
+            logger.warning(
+                "total_num_steps %d is less than warmup_num_steps %d",
+                self.total_num_steps,
+                self.warmup_num_steps,
+            )
 
     def _gamma(self) -> float:
         if self.last_batch_iteration < self.warmup_num_steps:
@@ -239,10 +272,16 @@ class WarmupCosineLR(_Schedule):
     """Scales each group's initial lr by a ratio: warmup from warmup_min_ratio to 1, then a
     cosine from 1 down to cos_min_ratio at total_num_steps (held there afterwards)."""
 
-    def __init__(self, optimizer: Any, total_num_steps: Optional[int] = None,
-                 warmup_min_ratio: float = 0.0, warmup_num_steps: int = 1000,
-                 cos_min_ratio: float = 0.0001, warmup_type: str = WARMUP_LOG_RATE,
-                 last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Any,
+        total_num_steps: Optional[int] = None,
+        warmup_min_ratio: float = 0.0,
+        warmup_num_steps: int = 1000,
+        cos_min_ratio: float = 0.0001,
+        warmup_type: str = WARMUP_LOG_RATE,
+        last_batch_iteration: int = -1,
+    ):
         num_steps = _positive_int(warmup_num_steps, "warmup_num_steps")
         super().__init__(optimizer, last_batch_iteration)
         self.total_num_steps = _step_count(total_num_steps, "total_num_steps")
@@ -251,8 +290,11 @@ class WarmupCosineLR(_Schedule):
         self.warmup_num_steps = max(2, num_steps)
         self.warmup_type = _warmup_type(warmup_type)
         if self.total_num_steps < self.warmup_num_steps:
-            logger.warning("total_num_steps %d is less than warmup_num_steps %d",
-                           self.total_num_steps, self.warmup_num_steps)
+            logger.warning(
+                "total_num_steps %d is less than warmup_num_steps %d",
+                self.total_num_steps,
+                self.warmup_num_steps,
+            )
         self.org_lrs = [_group_lr(group) for group in self.optimizer.param_groups]
         self._start()
 
@@ -264,8 +306,10 @@ class WarmupCosineLR(_Schedule):
             frac = _warmup_fraction(it, self.warmup_num_steps, self.warmup_type)
             return self.warmup_min_ratio + frac * (1.0 - self.warmup_min_ratio)
         # Clamped so steps past total_num_steps stay at the floor instead of rising again.
-        progress = min(1.0, (it - self.warmup_num_steps + 1)
-                       / max(1, self.total_num_steps - self.warmup_num_steps))
+        progress = min(
+            1.0,
+            (it - self.warmup_num_steps + 1) / max(1, self.total_num_steps - self.warmup_num_steps),
+        )
         cosine = (1.0 + math.cos(math.pi * progress)) / 2.0
         return max(0.0, self.cos_min_ratio + (1.0 - self.cos_min_ratio) * cosine)
 
@@ -276,15 +320,23 @@ class WarmupCosineLR(_Schedule):
 
 # --- cyclic schedules --------------------------------------------------------------------------
 
+
 class LRRangeTest(_Schedule):
     """lr = min_lr * (1 + rate * (it + 1) / step_size), the fraction floored in staircase mode."""
 
-    def __init__(self, optimizer: Any, lr_range_test_min_lr: Any = 1e-3,
-                 lr_range_test_step_size: int = 2000, lr_range_test_step_rate: float = 1.0,
-                 lr_range_test_staircase: bool = False, last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Any,
+        lr_range_test_min_lr: Any = 1e-3,
+        lr_range_test_step_size: int = 2000,
+        lr_range_test_step_rate: float = 1.0,
+        lr_range_test_staircase: bool = False,
+        last_batch_iteration: int = -1,
+    ):
         super().__init__(optimizer, last_batch_iteration)
-        self.min_lr = _per_group(lr_range_test_min_lr, len(self.optimizer.param_groups),
-                                 "lr_range_test_min_lr")
+        self.min_lr = _per_group(
+            lr_range_test_min_lr, len(self.optimizer.param_groups), "lr_range_test_min_lr"
+        )
         self.step_size = _positive_int(lr_range_test_step_size, "lr_range_test_step_size")
         self.step_rate = _number(lr_range_test_step_rate, "lr_range_test_step_rate")
         self.staircase = bool(lr_range_test_staircase)
@@ -304,15 +356,31 @@ class OneCycle(_Schedule):
     first + second step sizes; then lr decays as min / (1 + rate * k) and beta1 grows as
     max_mom * (1 + mom_rate * k), with k = steps past the cycle / decay_step_size."""
 
-    def __init__(self, optimizer: Any, cycle_min_lr: Any = None, cycle_max_lr: Any = None,
-                 decay_lr_rate: float = 0.0, cycle_first_step_size: int = 2000,
-                 cycle_second_step_size: Optional[int] = None, cycle_first_stair_count: int = 0,
-                 cycle_second_stair_count: Optional[int] = None, decay_step_size: int = 0,
-                 cycle_momentum: bool = True, cycle_min_mom: Any = 0.8, cycle_max_mom: Any = 0.9,
-                 decay_mom_rate: float = 0.0, last_batch_iteration: int = -1):
+    def __init__(
+        self,
+        optimizer: Any,
+        cycle_min_lr: Any = None,
+        cycle_max_lr: Any = None,
+        decay_lr_rate: float = 0.0,
+        cycle_first_step_size: int = 2000,
+        cycle_second_step_size: Optional[int] = None,
+        cycle_first_stair_count: int = 0,
+        cycle_second_stair_count: Optional[int] = None,
+        decay_step_size: int = 0,
+        cycle_momentum: bool = True,
+        cycle_min_mom: Any = 0.8,
+        cycle_max_mom: Any = 0.9,
+        decay_mom_rate: float = 0.0,
+        last_batch_iteration: int = -1,
+    ):
         super().__init__(optimizer, last_batch_iteration)
-        self._init_cycle(cycle_first_step_size, cycle_second_step_size,
-                         cycle_first_stair_count, cycle_second_stair_count, decay_step_size)
+        self._init_cycle(
+            cycle_first_step_size,
+            cycle_second_step_size,
+            cycle_first_stair_count,
+            cycle_second_stair_count,
+            decay_step_size,
+        )
         num_groups = len(self.optimizer.param_groups)
         for name, value in (("cycle_min_lr", cycle_min_lr), ("cycle_max_lr", cycle_max_lr)):
             if value is None:
@@ -325,8 +393,10 @@ class OneCycle(_Schedule):
         self.decay_mom_rate = _number(decay_mom_rate, "decay_mom_rate")
         self.cycle_momentum = bool(cycle_momentum)
         if self.cycle_momentum and "betas" not in self.optimizer.defaults:
-            logger.warning("OneCycle: cycle_momentum is disabled because %s has no 'betas'",
-                           type(self.optimizer).__name__)
+            logger.warning(
+                "OneCycle: cycle_momentum is disabled because %s has no 'betas'",
+                type(self.optimizer).__name__,
+            )
             self.cycle_momentum = False
         # Decay happens only when both an interval and a rate are set.
         no_interval = self.decay_step_size == 0
@@ -334,16 +404,23 @@ class OneCycle(_Schedule):
         self.skip_mom_decay = no_interval or self.decay_mom_rate == 0.0
         self._start()
 
-    def _init_cycle(self, first: Any, second: Any, first_stairs: Any, second_stairs: Any,
-                    decay_step_size: Any) -> None:
+    def _init_cycle(
+        self, first: Any, second: Any, first_stairs: Any, second_stairs: Any, decay_step_size: Any
+    ) -> None:
         self.first_step_size = float(_positive_int(first, "cycle_first_step_size"))
-        self.second_step_size = (self.first_step_size if second is None else
-                                 float(_positive_int(second, "cycle_second_step_size")))
+        self.second_step_size = (
+            self.first_step_size
+            if second is None
+            else float(_positive_int(second, "cycle_second_step_size"))
+        )
         self.total_size = self.first_step_size + self.second_step_size
         self.step_ratio = self.first_step_size / self.total_size
         self.first_stair_count = _non_negative_int(first_stairs, "cycle_first_stair_count")
-        self.second_stair_count = (self.first_stair_count if second_stairs is None else
-                                   _non_negative_int(second_stairs, "cycle_second_stair_count"))
+        self.second_stair_count = (
+            self.first_stair_count
+            if second_stairs is None
+            else _non_negative_int(second_stairs, "cycle_second_stair_count")
+        )
         self.decay_step_size = _non_negative_int(decay_step_size, "decay_step_size")
 
     def _scale_factor(self) -> float:
@@ -408,30 +485,40 @@ class OneCycle(_Schedule):
 
 # --- the ds_config `scheduler` section ---------------------------------------------------------
 
-_SCHEDULES = {cls.__name__: cls for cls in (LRRangeTest, OneCycle, WarmupLR, WarmupDecayLR,
-                                            WarmupCosineLR)}
+_SCHEDULES = {
+    cls.__name__: cls for cls in (LRRangeTest, OneCycle, WarmupLR, WarmupDecayLR, WarmupCosineLR)
+}
 
 
 def _torch_scheduler_names() -> List[str]:
     module = torch.optim.lr_scheduler
     base = module.LRScheduler
-    return sorted(name for name, obj in vars(module).items()
-                  if inspect.isclass(obj) and issubclass(obj, base) and obj is not base
-                  and not name.startswith("_"))
+    return sorted(
+        name
+        for name, obj in vars(module).items()
+        if inspect.isclass(obj)
+        and issubclass(obj, base)
+        and obj is not base
+        and not name.startswith("_")
+    )
 
 
 def _check_params(name: str, cls: type, params: Mapping[str, Any]) -> None:
     """Unknown or missing keys become a ValueError naming them, not a TypeError from **params."""
     sig = inspect.signature(cls.__init__)
-    accepted = [p for p in list(sig.parameters.values())[2:]  # skip self, optimizer
-                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    accepted = [
+        p
+        for p in list(sig.parameters.values())[2:]  # skip self, optimizer
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
         return
     names = [p.name for p in accepted]
     unknown = sorted(set(params) - set(names))
     if unknown:
-        raise ValueError(f"scheduler.params: unknown key(s) {unknown} for {name}; "
-                         f"expected some of {names}")
+        raise ValueError(
+            f"scheduler.params: unknown key(s) {unknown} for {name}; expected some of {names}"
+        )
     missing = [p.name for p in accepted if p.default is p.empty and p.name not in params]
     if missing:
         raise ValueError(f"scheduler.params: {name} requires {missing}")
@@ -454,5 +541,7 @@ def build_scheduler(name: str, optimizer: Any, params: Optional[Mapping[str, Any
         cls = getattr(torch.optim.lr_scheduler, name)
         _check_params(name, cls, params)
         return cls(get_torch_optimizer(optimizer), **params)
-    raise ValueError(f"scheduler.type: expected one of {VALID_LR_SCHEDULES} or a "
-                     f"torch.optim.lr_scheduler class {torch_names}; got {name!r}")
+    raise ValueError(
+        f"scheduler.type: expected one of {VALID_LR_SCHEDULES} or a "
+        f"torch.optim.lr_scheduler class {torch_names}; got {name!r}"
+    )

@@ -2,6 +2,7 @@
 DeepSpeed's rules (reference §1.5): "Adam" means AdamW unless adam_w_mode is false, untested
 optimizers need zero_allow_untested_optimizer, and a client optimizer with offload needs
 zero_force_ds_cpu_optimizer false."""
+
 from __future__ import annotations
 
 from typing import Callable, List, Optional
@@ -18,8 +19,16 @@ class ZeRORuntimeException(Exception):
 # Optimizers ZeRO is tested with (DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS, torch side).
 _SUPPORTED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
 _CPU_OPTIMIZER_NAMES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
-_UNIMPLEMENTED = ("lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam", "muadamw",
-                  "musgd", "muon")
+_UNIMPLEMENTED = (
+    "lamb",
+    "onebitadam",
+    "zerooneadam",
+    "onebitlamb",
+    "muadam",
+    "muadamw",
+    "musgd",
+    "muon",
+)
 
 
 def param_groups_of(model: torch.nn.Module, model_parameters) -> List[dict]:
@@ -35,8 +44,10 @@ def param_groups_of(model: torch.nn.Module, model_parameters) -> List[dict]:
     for gi, g in enumerate(groups):
         for p in g["params"]:
             if id(p) in seen:
-                raise ValueError(f"Parameter with name: {names.get(id(p), '?')} occurs multiple "
-                                 f"times in optimizer.param_groups (groups {seen[id(p)]} and {gi})")
+                raise ValueError(
+                    f"Parameter with name: {names.get(id(p), '?')} occurs multiple "
+                    f"times in optimizer.param_groups (groups {seen[id(p)]} and {gi})"
+                )
             seen[id(p)] = gi
     return [g for g in groups if g["params"]]
 
@@ -55,13 +66,18 @@ def check_client_optimizer(opt, cfg: DeepSpeedConfig) -> None:
             "use deepspeed.ops.adam.DeepSpeedCPUAdam or set an optimizer in your ds-config "
             "(https://www.deepspeed.ai/docs/config-json/#optimizer-parameters). If you really "
             "want to use a custom optimizer w. ZeRO-Offload and understand the performance "
-            "impacts you can also set <\"zero_force_ds_cpu_optimizer\": false> in your "
-            "configuration file.")
-    if cfg.zero_stage > 0 and not (isinstance(opt, _SUPPORTED) or is_cpu_opt) \
-            and not cfg.zero_allow_untested_optimizer:
+            'impacts you can also set <"zero_force_ds_cpu_optimizer": false> in your '
+            "configuration file."
+        )
+    if (
+        cfg.zero_stage > 0
+        and not (isinstance(opt, _SUPPORTED) or is_cpu_opt)
+        and not cfg.zero_allow_untested_optimizer
+    ):
         raise ValueError(
             f"You are using an untested ZeRO Optimizer ({cls.__name__}). Please add "
-            "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it.")
+            '<"zero_allow_untested_optimizer": true> in the configuration file to use it.'
+        )
 
 
 def _pick(params, *keys) -> dict:
@@ -73,9 +89,11 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
     opt = cfg.optimizer
     low, params = opt.name, opt.params
     if low in _UNIMPLEMENTED:
-        raise NotImplementedError(f"optimizer.type: \"{opt.type}\" is a DeepSpeed optimizer "
-                                  f"that zerostream does not implement; pass your own optimizer "
-                                  f"to initialize() or use Adam, AdamW, Adagrad, Lion or SGD")
+        raise NotImplementedError(
+            f'optimizer.type: "{opt.type}" is a DeepSpeed optimizer '
+            f"that zerostream does not implement; pass your own optimizer "
+            f"to initialize() or use Adam, AdamW, Adagrad, Lion or SGD"
+        )
     offloaded = _offloaded(cfg) and cfg.zero_stage > 0
     threads = cfg.zerostream.cpu_optimizer_threads or None
     if low in ("adam", "adamw"):
@@ -84,34 +102,39 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
         adamw = opt.adamw_mode
         if offloaded and not params["torch_adam"]:
             from .ops.adam import DeepSpeedCPUAdam  # the fused CPU kernel
+
             kwargs = _pick(params, "lr", "betas", "eps", "weight_decay", "bias_correction")
-            return lambda groups: DeepSpeedCPUAdam(groups, adamw_mode=adamw, threads=threads,
-                                                   **kwargs)
+            return lambda groups: DeepSpeedCPUAdam(
+                groups, adamw_mode=adamw, threads=threads, **kwargs
+            )
         kwargs = _pick(params, "lr", "betas", "eps", "weight_decay")
         cls = torch.optim.AdamW if adamw else torch.optim.Adam
         return lambda groups: cls(groups, **kwargs)
     if low == "adagrad":
         if offloaded:
             from .ops.adagrad import DeepSpeedCPUAdagrad
+
             kwargs = _pick(params, "lr", "eps", "weight_decay")
             return lambda groups: DeepSpeedCPUAdagrad(groups, threads=threads, **kwargs)
-        kwargs = _pick(params, "lr", "eps", "weight_decay", "lr_decay",
-                       "initial_accumulator_value")
+        kwargs = _pick(params, "lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
         return lambda groups: torch.optim.Adagrad(groups, **kwargs)
     if low == "lion":
         from .ops.lion import DeepSpeedCPULion  # the CPU kernels (ops issue)
+
         kwargs = _pick(params, "lr", "betas", "weight_decay")
         return lambda groups: DeepSpeedCPULion(groups, threads=threads, **kwargs)
     cls = getattr(torch.optim, opt.type, None)
     if cls is None:
-        raise ValueError(f"optimizer.type: {opt.type!r} is not a DeepSpeed optimizer or a "
-                         f"torch.optim class")
+        raise ValueError(
+            f"optimizer.type: {opt.type!r} is not a DeepSpeed optimizer or a torch.optim class"
+        )
     kwargs = {k: v for k, v in params.items() if v is not None and k != "max_grad_norm"}
     return lambda groups: cls(groups, **kwargs)
 
 
-def optimizer_maker(client: Optional[object], cfg: DeepSpeedConfig,
-                    groups: List[dict]) -> Optional[Callable[[List[dict]], torch.optim.Optimizer]]:
+def optimizer_maker(
+    client: Optional[object], cfg: DeepSpeedConfig, groups: List[dict]
+) -> Optional[Callable[[List[dict]], torch.optim.Optimizer]]:
     """A function building the inner optimizer over (master) param groups, or None when the
     run has no optimizer. Client optimizers are rebuilt with their own class and settings over
     the groups ZeRO gives them, as DeepSpeed rebinds them to its flat partitions."""
@@ -127,15 +150,20 @@ def optimizer_maker(client: Optional[object], cfg: DeepSpeedConfig,
                 if [id(p) for g in inner for p in g["params"]] == own:
                     return client
                 return cls(inner, **defaults)
+
             return rebind
         if callable(client):
+
             def build(inner, _make=client):
                 opt = _make(inner)
                 check_client_optimizer(opt, cfg)
                 return opt
+
             return build
-        raise ValueError(f"optimizer: expected a torch.optim.Optimizer or a callable "
-                         f"params -> optimizer; got {type(client).__name__}")
+        raise ValueError(
+            f"optimizer: expected a torch.optim.Optimizer or a callable "
+            f"params -> optimizer; got {type(client).__name__}"
+        )
     if cfg.optimizer is None:
         return None
     return _from_config(cfg)

@@ -18,6 +18,7 @@ Note [Loss-scaler state machine]
   The first doubling is therefore on the (scale_window + 1)-th consecutive clean update,
   counted from a fresh scaler or from the last overflow alike.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,16 +33,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("zerostream")
 
-MIN_SCALE_MESSAGE = ("Current loss scale already at minimum - cannot decrease scale anymore. "
-                     "Exiting run.")
+MIN_SCALE_MESSAGE = (
+    "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
+)
+
 
 class LossScaleAtMinimumError(RuntimeError):
     """An overflow with the dynamic scale already at min_scale: training cannot recover."""
 
 
 def _positive_finite(value: Any, name: str) -> float:
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not math.isfinite(value) or value <= 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{name}: expected a finite number > 0; got {value!r}")
     return float(value)
 
@@ -58,6 +65,7 @@ def _is_log_rank() -> bool:
 
 
 # --- scalers -----------------------------------------------------------------------------------
+
 
 class LossScaler:
     """A fixed loss scale. Also the no-op scaler (scale 1) kept for bf16 and fp32, which
@@ -94,9 +102,15 @@ class DynamicLossScaler(LossScaler):
     dynamic = True
     scale_factor = 2.0
 
-    def __init__(self, init_scale: float = 2.0 ** 16, scale_window: int = 1000,
-                 min_scale: float = 1.0, delayed_shift: int = 2,
-                 consecutive_hysteresis: bool = False, raise_error_at_min_scale: bool = True):
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        scale_window: int = 1000,
+        min_scale: float = 1.0,
+        delayed_shift: int = 2,
+        consecutive_hysteresis: bool = False,
+        raise_error_at_min_scale: bool = True,
+    ):
         super().__init__(_positive_finite(init_scale, "init_scale"))
         self.scale_window = _positive_int(scale_window, "scale_window")
         self.min_scale = _positive_finite(min_scale, "min_scale")
@@ -120,14 +134,21 @@ class DynamicLossScaler(LossScaler):
                 raise LossScaleAtMinimumError(MIN_SCALE_MESSAGE)
             next_scale = max(self.cur_scale / self.scale_factor, self.min_scale)
             if _is_log_rank():
-                logger.info("OVERFLOW! Skipping step. Attempted loss scale: %g, reducing to %g",
-                            self.cur_scale, next_scale)
+                logger.info(
+                    "OVERFLOW! Skipping step. Attempted loss scale: %g, reducing to %g",
+                    self.cur_scale,
+                    next_scale,
+                )
             self.cur_scale = next_scale
         else:
             if _is_log_rank():
-                logger.info("OVERFLOW! Skipping step. Attempted loss scale: %g, but hysteresis "
-                            "is %d. Reducing hysteresis to %d", self.cur_scale,
-                            self.cur_hysteresis, self.cur_hysteresis - 1)
+                logger.info(
+                    "OVERFLOW! Skipping step. Attempted loss scale: %g, but hysteresis "
+                    "is %d. Reducing hysteresis to %d",
+                    self.cur_scale,
+                    self.cur_hysteresis,
+                    self.cur_hysteresis - 1,
+                )
             self.cur_hysteresis -= 1
         self.last_overflow_iter = self.cur_iter
 
@@ -140,17 +161,26 @@ class DynamicLossScaler(LossScaler):
             self.cur_scale *= self.scale_factor
 
     def state_dict(self) -> dict:
-        return {"dynamic": True, "cur_scale": self.cur_scale, "cur_iter": self.cur_iter,
-                "last_overflow_iter": self.last_overflow_iter,
-                "cur_hysteresis": self.cur_hysteresis, "scale_window": self.scale_window,
-                "min_scale": self.min_scale, "delayed_shift": self.delayed_shift,
-                "consecutive_hysteresis": self.consecutive_hysteresis}
+        return {
+            "dynamic": True,
+            "cur_scale": self.cur_scale,
+            "cur_iter": self.cur_iter,
+            "last_overflow_iter": self.last_overflow_iter,
+            "cur_hysteresis": self.cur_hysteresis,
+            "scale_window": self.scale_window,
+            "min_scale": self.min_scale,
+            "delayed_shift": self.delayed_shift,
+            "consecutive_hysteresis": self.consecutive_hysteresis,
+        }
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         # Only the trajectory is restored; window, floor and hysteresis come from the
         # current config so that a user can change them on resume.
-        missing = [k for k in ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
-                   if k not in sd]
+        missing = [
+            k
+            for k in ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+            if k not in sd
+        ]
         if missing:
             raise ValueError(f"DynamicLossScaler.load_state_dict: missing {missing}")
         self.cur_scale = _positive_finite(sd["cur_scale"], "cur_scale")
@@ -161,6 +191,7 @@ class DynamicLossScaler(LossScaler):
 
 # --- fp16 section -> scaler --------------------------------------------------------------------
 
+
 def make_loss_scaler(fp16: Optional["FP16Config"]) -> LossScaler:
     """The scaler for the resolved `fp16` section (validated, defaults filled, by the config
     schema). A disabled or absent section (bf16, fp32) gets the no-op LossScaler(1.0)."""
@@ -169,12 +200,16 @@ def make_loss_scaler(fp16: Optional["FP16Config"]) -> LossScaler:
     if not fp16.dynamic_loss_scale:
         return LossScaler(fp16.loss_scale)
     return DynamicLossScaler(
-        init_scale=2.0 ** fp16.initial_scale_power, scale_window=fp16.loss_scale_window,
-        min_scale=fp16.min_loss_scale, delayed_shift=fp16.hysteresis,
-        consecutive_hysteresis=fp16.consecutive_hysteresis)
+        init_scale=2.0**fp16.initial_scale_power,
+        scale_window=fp16.loss_scale_window,
+        min_scale=fp16.min_loss_scale,
+        delayed_shift=fp16.hysteresis,
+        consecutive_hysteresis=fp16.consecutive_hysteresis,
+    )
 
 
 # --- overflow check and clipping ---------------------------------------------------------------
+
 
 def has_inf_or_nan(tensors: Iterable[Optional[torch.Tensor]]) -> bool:
     """True when any element of any tensor is inf or NaN, with one host sync in all.
@@ -183,8 +218,11 @@ def has_inf_or_nan(tensors: Iterable[Optional[torch.Tensor]]) -> bool:
     finite values (fp16 sums, squared bf16 values), and fused max reductions may drop NaN.
     None entries (absent grads) and non-floating tensors are skipped.
     """
-    flags = [torch.isfinite(t).all() for t in tensors
-             if t is not None and (t.is_floating_point() or t.is_complex()) and t.numel() > 0]
+    flags = [
+        torch.isfinite(t).all()
+        for t in tensors
+        if t is not None and (t.is_floating_point() or t.is_complex()) and t.numel() > 0
+    ]
     if not flags:
         return False
     # Gather on an accelerator when there is one: host->device copies of the flags queue
@@ -202,8 +240,12 @@ def unscale_and_clip_coef(total_norm: Any, loss_scale: float, clip: float) -> fl
     sync). The result equals torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6) rule.
     """
     scale = _positive_finite(loss_scale, "loss_scale")
-    if (isinstance(clip, bool) or not isinstance(clip, numbers.Real)
-            or not math.isfinite(clip) or clip < 0):
+    if (
+        isinstance(clip, bool)
+        or not isinstance(clip, numbers.Real)
+        or not math.isfinite(clip)
+        or clip < 0
+    ):
         raise ValueError(f"gradient_clipping: expected a finite number >= 0; got {clip!r}")
     if clip == 0:
         return 1.0
@@ -211,8 +253,9 @@ def unscale_and_clip_coef(total_norm: Any, loss_scale: float, clip: float) -> fl
     return max(1.0, (norm / scale + 1e-6) / clip)
 
 
-def unscale_and_clip_(grads: Iterable[torch.Tensor], total_norm: Any, loss_scale: float,
-                      clip: float) -> float:
+def unscale_and_clip_(
+    grads: Iterable[torch.Tensor], total_norm: Any, loss_scale: float, clip: float
+) -> float:
     """Divides `grads` in place by coef * loss_scale (see unscale_and_clip_coef); returns coef."""
     coef = unscale_and_clip_coef(total_norm, loss_scale, clip)
     grads = [g for g in grads if g is not None]

@@ -1,4 +1,5 @@
 """`zerostream report`: what this build and machine can do (like DeepSpeed's ds_report)."""
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,12 @@ def _torch_facts() -> dict:
         return {"torch": f"not importable ({exc})"}
     backends = []
     if dist.is_available():
-        for name, probe in (("gloo", dist.is_gloo_available), ("nccl", dist.is_nccl_available),
-                            ("mpi", dist.is_mpi_available),
-                            ("ucc", getattr(dist, "is_ucc_available", lambda: False))):
+        for name, probe in (
+            ("gloo", dist.is_gloo_available),
+            ("nccl", dist.is_nccl_available),
+            ("mpi", dist.is_mpi_available),
+            ("ucc", getattr(dist, "is_ucc_available", lambda: False)),
+        ):
             if probe():
                 backends.append(name)
     facts = {
@@ -57,8 +61,20 @@ def collect(path: Optional[str] = None) -> dict:
         "python": f"{platform.python_version()} ({sys.executable})",
         "compiler": build["compiler"],
         "simd_level": cpu["simd_level"],
-        "cpu_flags": [k for k in ("avx512f", "avx512bw", "avx512vl", "avx512bf16", "avx2", "fma",
-                                  "f16c", "neon") if cpu[k]],
+        "cpu_flags": [
+            k
+            for k in (
+                "avx512f",
+                "avx512bw",
+                "avx512vl",
+                "avx512bf16",
+                "avx2",
+                "fma",
+                "f16c",
+                "neon",
+            )
+            if cpu[k]
+        ],
         "openmp_threads": cpu["omp_max_threads"],
         "io_uring": "works" if not uring else f"unavailable: {uring} (thread-pool I/O is used)",
         "locked_memory_limit": _locked_memory_limit(),
@@ -76,8 +92,11 @@ def collect(path: Optional[str] = None) -> dict:
             facts["o_direct"] = f"{path}: no such directory"
         else:
             err = _C.probe_o_direct(path)
-            facts["o_direct"] = f"{path}: works" if not err else \
-                f"{path}: refused ({err}); buffered I/O will be used there"
+            facts["o_direct"] = (
+                f"{path}: works"
+                if not err
+                else f"{path}: refused ({err}); buffered I/O will be used there"
+            )
     facts.update(_torch_facts())
     return facts
 

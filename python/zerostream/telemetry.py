@@ -2,6 +2,7 @@
 backward, gradient reduction, optimizer step, and the part of the step spent waiting for swap
 I/O) and how many bytes moved over each tier (collectives, NVMe reads and writes), with the
 rates they were moved at."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,7 @@ class StepTelemetry:
 
     def __init__(self):
         self.seconds: Dict[str, float] = defaultdict(float)
-        self.bytes: Dict[str, int] = defaultdict(int)      # tier -> bytes moved
+        self.bytes: Dict[str, int] = defaultdict(int)  # tier -> bytes moved
         self.tier_seconds: Dict[str, float] = defaultdict(float)
         self.steps = 0
 

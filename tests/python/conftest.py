@@ -1,4 +1,5 @@
 """Shared pytest fixtures: where the shared compatibility corpus lives."""
+
 import pathlib
 
 import pytest
@@ -11,6 +12,8 @@ SHARED = REPO.parent / "shared"
 def compat_dir() -> pathlib.Path:
     path = SHARED / "compat" / "configs"
     if not (path / "MANIFEST.tsv").is_file():
-        pytest.skip(f"compatibility corpus not found at {path} (it ships beside the project "
-                    f"checkout, not with zerostream)")
+        pytest.skip(
+            f"compatibility corpus not found at {path} (it ships beside the project "
+            f"checkout, not with zerostream)"
+        )
     return path

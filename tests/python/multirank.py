@@ -1,5 +1,6 @@
 """Runs a function on N ranks: processes on this machine talking Gloo on loopback, with a hard
 timeout so a hang fails the test instead of blocking CI (see shared/TESTING.md)."""
+
 from __future__ import annotations
 
 import io
@@ -19,11 +20,20 @@ def free_port() -> int:
 
 
 def _entry(fn, rank, world, port, queue, args, env):
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                       "LOCAL_SIZE": str(world), **env})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_SIZE": str(world),
+            **env,
+        }
+    )
     try:
         import torch
+
         torch.set_num_threads(1)  # N ranks share 2 cores
         result = fn(rank, world, *args)
         # Bytes, not tensors: tensors in a Queue travel as shared-memory handles that die
@@ -36,14 +46,21 @@ def _entry(fn, rank, world, port, queue, args, env):
     finally:
         try:
             import torch.distributed as dist
+
             if dist.is_initialized():
                 dist.destroy_process_group()
         except Exception:
             pass
 
 
-def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120.0,
-              env: dict = None, expect_failure: bool = False) -> List[Any]:
+def run_ranks(
+    fn: Callable,
+    world: int,
+    *args: Any,
+    timeout: float = 120.0,
+    env: dict = None,
+    expect_failure: bool = False,
+) -> List[Any]:
     """fn(rank, world, *args) on `world` processes; returns results ordered by rank.
 
     With expect_failure, returns [(status, payload)] per rank instead of raising, for tests
@@ -52,8 +69,10 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120.0,
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, queue, args, env or {}),
-                         daemon=True) for r in range(world)]
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world, port, queue, args, env or {}), daemon=True)
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     results = {}
@@ -73,15 +92,22 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120.0,
         if p.is_alive():
             p.kill()
     if expect_failure:
-        return [results.get(r, ("missing", f"exit code {procs[r].exitcode}"))
-                for r in range(world)]  # "ok" payloads stay serialized bytes here
+        return [
+            results.get(r, ("missing", f"exit code {procs[r].exitcode}")) for r in range(world)
+        ]  # "ok" payloads stay serialized bytes here
     missing = [r for r in range(world) if r not in results]
     if missing:
-        raise AssertionError(f"ranks {missing} did not finish within {timeout:.0f}s "
-                             f"(exit codes {[procs[r].exitcode for r in missing]})")
-    errors = [f"--- rank {r} ---\n{payload}" for r, (status, payload) in sorted(results.items())
-              if status != "ok"]
+        raise AssertionError(
+            f"ranks {missing} did not finish within {timeout:.0f}s "
+            f"(exit codes {[procs[r].exitcode for r in missing]})"
+        )
+    errors = [
+        f"--- rank {r} ---\n{payload}"
+        for r, (status, payload) in sorted(results.items())
+        if status != "ok"
+    ]
     if errors:
         raise AssertionError("\n".join(errors))
     import torch
+
     return [torch.load(io.BytesIO(results[r][1]), weights_only=False) for r in range(world)]

@@ -1,4 +1,5 @@
 """The `zerostream` command: --version, report, config check."""
+
 import json
 import os
 import pathlib
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from zerostream import __version__, _C, cli, config
+from zerostream import _C, __version__, cli, config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.json"))
@@ -15,9 +16,15 @@ CONFIGS = sorted((REPO / "configs").glob("*.json"))
 
 def test_configs_dir_has_a_recipe_per_stage_and_offload():
     names = {p.name for p in CONFIGS}
-    assert {"zero0_fp32.json", "zero1_bf16.json", "zero2_offload_cpu.json",
-            "zero2_offload_nvme.json", "zero3_bf16.json", "zero3_offload_cpu.json",
-            "zero3_offload_nvme.json"} <= names
+    assert {
+        "zero0_fp32.json",
+        "zero1_bf16.json",
+        "zero2_offload_cpu.json",
+        "zero2_offload_nvme.json",
+        "zero3_bf16.json",
+        "zero3_offload_cpu.json",
+        "zero3_offload_nvme.json",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
@@ -31,15 +38,29 @@ def test_every_bundled_config_loads_cleanly(path):
 
 
 def test_console_script_and_module_report_the_version():
-    out = subprocess.run([sys.executable, "-m", "zerostream.cli", "--version"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "zerostream.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == f"zerostream {__version__}"
     assert _C.__version__ == __version__
 
 
 def test_config_check_prints_every_key_with_its_source(capsys):
-    assert cli.main(["config", "check", str(REPO / "configs" / "zero3_offload_nvme.json"),
-                     "--world-size", "4"]) == 0
+    assert (
+        cli.main(
+            [
+                "config",
+                "check",
+                str(REPO / "configs" / "zero3_offload_nvme.json"),
+                "--world-size",
+                "4",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "zero_optimization.offload_param.device" in out and '"nvme"' in out
     assert "zero_optimization.overlap_comm" in out and "[derived]" in out
@@ -49,11 +70,16 @@ def test_config_check_prints_every_key_with_its_source(capsys):
 
 def test_config_check_fails_with_the_message_on_a_bad_file(tmp_path, capsys):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"train_batch_size": 8, "zero_optimization": {"stage": 3, '
-                   '"offload_param": {"device": "gpu"}}}')
+    bad.write_text(
+        '{"train_batch_size": 8, "zero_optimization": {"stage": 3, '
+        '"offload_param": {"device": "gpu"}}}'
+    )
     assert cli.main(["config", "check", str(bad)]) == 1
     err = capsys.readouterr().err
-    assert 'zero_optimization.offload_param.device: expected one of "none", "cpu", "nvme"; got "gpu"' in err
+    assert (
+        'zero_optimization.offload_param.device: expected one of "none", "cpu", "nvme"; got "gpu"'
+        in err
+    )
     assert cli.main(["config", "check", str(bad), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False and len(out["errors"]) == 1
@@ -61,10 +87,32 @@ def test_config_check_fails_with_the_message_on_a_bad_file(tmp_path, capsys):
 
 def test_config_check_resolves_auto_from_flags(tmp_path, capsys):
     f = tmp_path / "auto.json"
-    f.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
-                             "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}}))
-    assert cli.main(["config", "check", str(f), "--json", "--world-size", "2",
-                     "--micro-batch-size", "3", "--hidden-size", "100"]) == 0
+    f.write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": "auto",
+                "train_batch_size": "auto",
+                "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"},
+            }
+        )
+    )
+    assert (
+        cli.main(
+            [
+                "config",
+                "check",
+                str(f),
+                "--json",
+                "--world-size",
+                "2",
+                "--micro-batch-size",
+                "3",
+                "--hidden-size",
+                "100",
+            ]
+        )
+        == 0
+    )
     resolved = json.loads(capsys.readouterr().out)["resolved"]
     assert resolved["train_batch_size"] == {"value": 6, "source": "auto"}
     assert resolved["zero_optimization.reduce_bucket_size"] == {"value": 10000, "source": "auto"}
@@ -73,9 +121,20 @@ def test_config_check_resolves_auto_from_flags(tmp_path, capsys):
 def test_report_states_what_the_machine_can_do(tmp_path, capsys):
     assert cli.main(["report", "--json", "--path", str(tmp_path)]) == 0
     facts = json.loads(capsys.readouterr().out)
-    for key in ("zerostream", "torch", "python", "compiler", "simd_level", "openmp_threads",
-                "io_uring", "o_direct", "locked_memory_limit", "cuda_build", "gpus_visible",
-                "torch_distributed_backends"):
+    for key in (
+        "zerostream",
+        "torch",
+        "python",
+        "compiler",
+        "simd_level",
+        "openmp_threads",
+        "io_uring",
+        "o_direct",
+        "locked_memory_limit",
+        "cuda_build",
+        "gpus_visible",
+        "torch_distributed_backends",
+    ):
         assert key in facts, key
     # The report says what the probes found, not a fixed text.
     assert (facts["io_uring"] == "works") == (_C.probe_io_uring() == "")
@@ -92,6 +151,11 @@ def test_report_o_direct_probe_names_a_missing_directory(capsys):
 
 def test_simd_level_can_be_capped_for_tests():
     env = dict(os.environ, ZS_SIMD="scalar")
-    out = subprocess.run([sys.executable, "-c", "import zerostream._C as C; print(C.cpu_info()['simd_level'])"],
-                         capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", "import zerostream._C as C; print(C.cpu_info()['simd_level'])"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
     assert out.strip() == "scalar"

@@ -1,4 +1,5 @@
 """comm (launcher environments, Gloo fallbacks, rank-prefixed errors), accelerator, zero API."""
+
 import os
 import subprocess
 import sys
@@ -11,34 +12,77 @@ from multirank import run_ranks
 
 def _env_probe(env: dict) -> dict:
     """Runs _env_from_launchers in a clean child so os.environ edits stay there."""
-    code = ("import json, os; from zerostream.comm import _env_from_launchers as f; f(29500); "
-            "print(json.dumps({k: os.environ.get(k) for k in "
-            "('RANK','WORLD_SIZE','LOCAL_RANK','MASTER_ADDR','MASTER_PORT')}))")
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "OMPI_", "PMI_"))}
-    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True,
-                         text=True, check=True).stdout
+    code = (
+        "import json, os; from zerostream.comm import _env_from_launchers as f; f(29500); "
+        "print(json.dumps({k: os.environ.get(k) for k in "
+        "('RANK','WORLD_SIZE','LOCAL_RANK','MASTER_ADDR','MASTER_PORT')}))"
+    )
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "OMPI_", "PMI_")
+        )
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     import json
+
     return json.loads(out)
 
 
 def test_launcher_environments_are_understood():
-    assert _env_probe({}) == {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    ompi = _env_probe({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
-                       "OMPI_COMM_WORLD_LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1"})
-    assert ompi == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-                    "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
-    slurm = _env_probe({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1",
-                        "SLURM_LAUNCH_NODE_IPADDR": "192.0.2.7"})
+    assert _env_probe({}) == {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+    ompi = _env_probe(
+        {
+            "OMPI_COMM_WORLD_RANK": "3",
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "MASTER_ADDR": "10.0.0.1",
+        }
+    )
+    assert ompi == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+    slurm = _env_probe(
+        {
+            "SLURM_PROCID": "1",
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": "1",
+            "SLURM_LAUNCH_NODE_IPADDR": "192.0.2.7",
+        }
+    )
     assert slurm["RANK"] == "1" and slurm["MASTER_ADDR"] == "192.0.2.7"
-    torchrun = _env_probe({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"})
+    torchrun = _env_probe(
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "1234",
+        }
+    )
     assert torchrun["MASTER_PORT"] == "1234"
 
 
 def collectives_worker(rank, world):
     from zerostream import comm
+
     comm.init_distributed()
     x = torch.arange(world * 3, dtype=torch.float32) * (rank + 1)
     out = torch.empty(3)
@@ -46,8 +90,8 @@ def collectives_worker(rank, world):
     gathered = torch.empty(world * 2)
     comm.all_gather_into_tensor(gathered, torch.full((2,), float(rank)))
     flat = torch.zeros(world * 2)  # in place: the input is this rank's chunk of the output
-    flat[rank * 2:(rank + 1) * 2] = rank + 10
-    comm.all_gather_into_tensor(flat, flat[rank * 2:(rank + 1) * 2])
+    flat[rank * 2 : (rank + 1) * 2] = rank + 10
+    comm.all_gather_into_tensor(flat, flat[rank * 2 : (rank + 1) * 2])
     return out, gathered, flat, comm.get_backend(), comm.get_rank(), comm.get_world_size()
 
 
@@ -59,13 +103,14 @@ def test_gloo_fallbacks_compute_what_the_collectives_define():
     full = torch.arange(world * 3, dtype=torch.float32) * total
     for rank, (out, gathered, flat, backend, r, w) in enumerate(results):
         assert backend == "gloo" and r == rank and w == world
-        torch.testing.assert_close(out, full[rank * 3:(rank + 1) * 3])
-        torch.testing.assert_close(gathered, torch.tensor([0., 0., 1., 1., 2., 2.]))
-        torch.testing.assert_close(flat, torch.tensor([10., 10., 11., 11., 12., 12.]))
+        torch.testing.assert_close(out, full[rank * 3 : (rank + 1) * 3])
+        torch.testing.assert_close(gathered, torch.tensor([0.0, 0.0, 1.0, 1.0, 2.0, 2.0]))
+        torch.testing.assert_close(flat, torch.tensor([10.0, 10.0, 11.0, 11.0, 12.0, 12.0]))
 
 
 def test_accelerator_on_this_machine():
     from zerostream.accelerator import get_accelerator
+
     acc = get_accelerator()
     if torch.cuda.is_available():
         assert acc.device_name() == "cuda" and acc.communication_backend_name() == "nccl"
@@ -80,14 +125,19 @@ def test_accelerator_on_this_machine():
 
 def test_bad_accelerator_override_names_the_choices():
     code = "import zerostream; zerostream.get_accelerator()"
-    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DS_ACCELERATOR": "tpu"},
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "DS_ACCELERATOR": "tpu"},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0
     assert 'expected one of "cpu", "cuda"; got \'tpu\'' in proc.stderr
 
 
 def test_zero_api_without_stage3():
     import zerostream
+
     with zerostream.zero.Init(enabled=False):
         model = torch.nn.Linear(2, 2)
     with zerostream.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):

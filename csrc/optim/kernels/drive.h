@@ -77,8 +77,8 @@ bool streams_aligned(const StepBuffers& b, int64_t i, int states) {
 
 // Mode kOn: params and states stream, from the first 64-byte aligned param on.
 template <class V, class Rule, DType G, Copy C>
-void run_stream_states(const typename Rule::template K<V>& k, const StepBuffers& b,
-                       int64_t begin, int64_t end) {
+void run_stream_states(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
+                       int64_t end) {
   constexpr int W = V::kWidth;
   int64_t i = begin;
   if (is_aligned(b.param + i, 4)) {
@@ -97,8 +97,8 @@ void run_stream_states(const typename Rule::template K<V>& k, const StepBuffers&
 // Mode kCopy: only the 16-bit copy streams, two vectors (one 64-byte line) at a time, from
 // its first 64-byte boundary on (Note [No streaming for the 16-bit copy]).
 template <class V, class Rule, DType G, Copy C>
-void run_stream_copy(const typename Rule::template K<V>& k, const StepBuffers& b,
-                     int64_t begin, int64_t end) {
+void run_stream_copy(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
+                     int64_t end) {
   constexpr int W = V::kWidth;
   auto* copy = static_cast<uint16_t*>(b.param_copy);
   int64_t i = begin;
@@ -120,8 +120,8 @@ void run_stream_copy(const typename Rule::template K<V>& k, const StepBuffers& b
 }
 
 template <class V, class Rule, DType G, Copy C>
-void run_gc(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
-            int64_t end, NonTemporal nt) {
+void run_gc(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin, int64_t end,
+            NonTemporal nt) {
   if (nt == NonTemporal::kOn && V::kWidth > 1) {
     run_stream_states<V, Rule, G, C>(k, b, begin, end);
   } else if (nt == NonTemporal::kCopy && V::kStreamsCopyLines && C != Copy::kNone) {
@@ -132,8 +132,8 @@ void run_gc(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t
 }
 
 template <class V, class Rule, DType G>
-void run_g(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin,
-           int64_t end, NonTemporal want_nt) {
+void run_g(const typename Rule::template K<V>& k, const StepBuffers& b, int64_t begin, int64_t end,
+           NonTemporal want_nt) {
   if (b.param_copy == nullptr) return run_gc<V, Rule, G, Copy::kNone>(k, b, begin, end, want_nt);
   if (b.copy_dtype == DType::kFloat16) {
     return run_gc<V, Rule, G, Copy::kF16>(k, b, begin, end, want_nt);

@@ -30,9 +30,9 @@ namespace zs::optim {
 // Hyperparameters folded into the per-element constants, computed once per call in double
 // and rounded to fp32 (the precision torch.optim applies them in).
 struct AdamCoeffs {
-  float grad_scale;    // multiply grads by this first (unscale, clip)
-  float l2;            // Adam (L2) mode: g += l2 * p
-  float decay;         // AdamW mode: p *= decay = 1 - lr * weight_decay
+  float grad_scale;  // multiply grads by this first (unscale, clip)
+  float l2;          // Adam (L2) mode: g += l2 * p
+  float decay;       // AdamW mode: p *= decay = 1 - lr * weight_decay
   float one_minus_beta1;
   float beta2;
   float one_minus_beta2;
@@ -53,7 +53,7 @@ struct AdagradCoeffs {
 
 struct LionCoeffs {
   float grad_scale;
-  float decay;          // 1 - lr * weight_decay
+  float decay;  // 1 - lr * weight_decay
   float beta1;
   float one_minus_beta1;
   float beta2;
@@ -64,12 +64,10 @@ struct LionCoeffs {
 
 // Each kernel updates elements [begin, end) of `b`. The store mode (kOn, kOff or kCopy,
 // never kAuto) asks for streaming stores where the buffers' alignment allows them.
-using AdamKernel = void (*)(const AdamCoeffs&, const StepBuffers&, int64_t, int64_t,
-                            NonTemporal);
+using AdamKernel = void (*)(const AdamCoeffs&, const StepBuffers&, int64_t, int64_t, NonTemporal);
 using AdagradKernel = void (*)(const AdagradCoeffs&, const StepBuffers&, int64_t, int64_t,
                                NonTemporal);
-using LionKernel = void (*)(const LionCoeffs&, const StepBuffers&, int64_t, int64_t,
-                            NonTemporal);
+using LionKernel = void (*)(const LionCoeffs&, const StepBuffers&, int64_t, int64_t, NonTemporal);
 
 // Sum of squares of grad[begin, end) * scale, accumulated in double in a fixed order for a
 // given level.
@@ -82,8 +80,8 @@ struct RooflineBuffers {
   float* m;
   float* v;
   const void* grad;
-  int grad_bytes;        // 2 or 4
-  void* copy;            // 16-bit copy, or nullptr
+  int grad_bytes;  // 2 or 4
+  void* copy;      // 16-bit copy, or nullptr
 };
 using RooflineKernel = void (*)(const RooflineBuffers&, int64_t, int64_t, NonTemporal);
 

@@ -11,27 +11,31 @@ namespace {
 
 using V = VecAvx2;
 
-void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-          NonTemporal nt) {
+void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, NonTemporal nt) {
   run_rule<V, AdamRule>(c, b, begin, end, nt);
 }
 void adagrad(const AdagradCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-          NonTemporal nt) {
+             NonTemporal nt) {
   run_rule<V, AdagradRule>(c, b, begin, end, nt);
 }
-void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-          NonTemporal nt) {
+void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, NonTemporal nt) {
   run_rule<V, LionRule>(c, b, begin, end, nt);
 }
 
 template <bool kNt>
 void store_ps(float* p, __m256 x) {
-  if constexpr (kNt) _mm256_stream_ps(p, x); else _mm256_store_ps(p, x);
+  if constexpr (kNt)
+    _mm256_stream_ps(p, x);
+  else
+    _mm256_store_ps(p, x);
 }
 template <bool kNt>
 void store_si(uint16_t* p, __m256i x) {
   auto* q = reinterpret_cast<__m256i*>(p);
-  if constexpr (kNt) _mm256_stream_si256(q, x); else _mm256_store_si256(q, x);
+  if constexpr (kNt)
+    _mm256_stream_si256(q, x);
+  else
+    _mm256_store_si256(q, x);
 }
 
 // See roofline.h and the AVX-512 version: 16 elements per iteration, full 32-byte vectors.

@@ -11,32 +11,36 @@ namespace {
 
 using V = VecAvx512;
 
-void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-          NonTemporal nt) {
+void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, NonTemporal nt) {
   run_rule<V, AdamRule>(c, b, begin, end, nt);
 }
 void adagrad(const AdagradCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-          NonTemporal nt) {
+             NonTemporal nt) {
   run_rule<V, AdagradRule>(c, b, begin, end, nt);
 }
-void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-          NonTemporal nt) {
+void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, NonTemporal nt) {
   run_rule<V, LionRule>(c, b, begin, end, nt);
 }
 
 template <bool kNt>
 void store_ps(float* p, __m512 x) {
-  if constexpr (kNt) _mm512_stream_ps(p, x); else _mm512_store_ps(p, x);
+  if constexpr (kNt)
+    _mm512_stream_ps(p, x);
+  else
+    _mm512_store_ps(p, x);
 }
 template <bool kNt>
 void store_si(uint16_t* p, __m512i x) {
   auto* q = reinterpret_cast<__m512i*>(p);
-  if constexpr (kNt) _mm512_stream_si512(q, x); else _mm512_store_si512(q, x);
+  if constexpr (kNt)
+    _mm512_stream_si512(q, x);
+  else
+    _mm512_store_si512(q, x);
 }
 
 // See roofline.h. 32 elements per iteration so that every load and store, the 16-bit ones
-// included, is a full 64-byte vector; stores stream as `nt` says. Buffers are 64-byte aligned at `begin`
-// (checked by the front end).
+// included, is a full 64-byte vector; stores stream as `nt` says. Buffers are 64-byte aligned at
+// `begin` (checked by the front end).
 template <bool kNt, bool kNtCopy>
 void roofline_impl(const RooflineBuffers& r, int64_t begin, int64_t end) {
   const char* g = static_cast<const char*>(r.grad);
@@ -75,8 +79,7 @@ void roofline(const RooflineBuffers& r, int64_t begin, int64_t end, NonTemporal 
 }  // namespace
 
 const KernelTable& avx512_kernels() {
-  static const KernelTable table{SimdLevel::kAvx512, adam, adagrad, lion, sum_squares<V>,
-                                 roofline};
+  static const KernelTable table{SimdLevel::kAvx512, adam, adagrad, lion, sum_squares<V>, roofline};
   return table;
 }
 

@@ -7,16 +7,14 @@
 namespace zs::optim {
 namespace {
 
-void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-          NonTemporal nt) {
+void adam(const AdamCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, NonTemporal nt) {
   run_rule<VecScalar, AdamRule>(c, b, begin, end, nt);
 }
 void adagrad(const AdagradCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-          NonTemporal nt) {
+             NonTemporal nt) {
   run_rule<VecScalar, AdagradRule>(c, b, begin, end, nt);
 }
-void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end,
-          NonTemporal nt) {
+void lion(const LionCoeffs& c, const StepBuffers& b, int64_t begin, int64_t end, NonTemporal nt) {
   run_rule<VecScalar, LionRule>(c, b, begin, end, nt);
 }
 
@@ -40,8 +38,8 @@ void roofline(const RooflineBuffers& r, int64_t begin, int64_t end, NonTemporal)
 }  // namespace
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable table{SimdLevel::kScalar, adam, adagrad, lion, sum_squares<VecScalar>,
-                                 roofline};
+  static const KernelTable table{SimdLevel::kScalar,     adam,    adagrad, lion,
+                                 sum_squares<VecScalar>, roofline};
   return table;
 }
 

@@ -60,10 +60,17 @@ struct AdamRule {
   };
   template <class V>
   static K<V> broadcast(const Coeffs& c) {
-    return {V::set1(c.grad_scale), V::set1(c.l2), V::set1(c.decay),
-            V::set1(c.one_minus_beta1), V::set1(c.beta2), V::set1(c.one_minus_beta2),
-            V::set1(c.inv_bias_correction2_sqrt), V::set1(c.eps), V::set1(c.neg_step_size),
-            c.use_l2, c.use_decay};
+    return {V::set1(c.grad_scale),
+            V::set1(c.l2),
+            V::set1(c.decay),
+            V::set1(c.one_minus_beta1),
+            V::set1(c.beta2),
+            V::set1(c.one_minus_beta2),
+            V::set1(c.inv_bias_correction2_sqrt),
+            V::set1(c.eps),
+            V::set1(c.neg_step_size),
+            c.use_l2,
+            c.use_decay};
   }
   template <class V, DType G, Copy C, bool kNt>
   static inline typename V::F apply(const K<V>& k, const StepBuffers& b, int64_t i) {
@@ -132,9 +139,9 @@ struct LionRule {
   };
   template <class V>
   static K<V> broadcast(const Coeffs& c) {
-    return {V::set1(c.grad_scale), V::set1(c.decay), V::set1(c.beta1),
+    return {V::set1(c.grad_scale),      V::set1(c.decay), V::set1(c.beta1),
             V::set1(c.one_minus_beta1), V::set1(c.beta2), V::set1(c.one_minus_beta2),
-            V::set1(c.neg_lr), c.use_decay};
+            V::set1(c.neg_lr),          c.use_decay};
   }
   template <class V, DType G, Copy C, bool kNt>
   static inline typename V::F apply(const K<V>& k, const StepBuffers& b, int64_t i) {

@@ -23,15 +23,24 @@ struct VecAvx2 {
   static F load_f16(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  template <bool kNt> static void store(float* p, F x) {
-    if constexpr (kNt) _mm256_stream_ps(p, x); else _mm256_storeu_ps(p, x);
+  template <bool kNt>
+  static void store(float* p, F x) {
+    if constexpr (kNt)
+      _mm256_stream_ps(p, x);
+    else
+      _mm256_storeu_ps(p, x);
   }
-  template <bool kNt> static void store16(uint16_t* p, __m128i h) {
+  template <bool kNt>
+  static void store16(uint16_t* p, __m128i h) {
     auto* q = reinterpret_cast<__m128i*>(p);
-    if constexpr (kNt) _mm_stream_si128(q, h); else _mm_storeu_si128(q, h);
+    if constexpr (kNt)
+      _mm_stream_si128(q, h);
+    else
+      _mm_storeu_si128(q, h);
   }
   // See Note [16-bit rounding]: integer round-to-nearest-even, canonical NaN.
-  template <bool kNt> static void store_bf16(uint16_t* p, F x) {
+  template <bool kNt>
+  static void store_bf16(uint16_t* p, F x) {
     const __m256i u = _mm256_castps_si256(x);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
@@ -41,7 +50,8 @@ struct VecAvx2 {
     // Values are <= 0xffff, so the unsigned-saturating pack is exact.
     store16<kNt>(p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
-  template <bool kNt> static void store_f16(uint16_t* p, F x) {
+  template <bool kNt>
+  static void store_f16(uint16_t* p, F x) {
     store16<kNt>(p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   // Whole 64-byte lines of the 16-bit copy are two AVX-512 vectors; narrower levels never

@@ -17,18 +17,27 @@ struct VecAvx512 {
   static F set1(float x) { return _mm512_set1_ps(x); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static F load_bf16(const uint16_t* p) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i w = _mm512_cvtepu16_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
   static F load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  template <bool kNt> static void store(float* p, F x) {
-    if constexpr (kNt) _mm512_stream_ps(p, x); else _mm512_storeu_ps(p, x);
+  template <bool kNt>
+  static void store(float* p, F x) {
+    if constexpr (kNt)
+      _mm512_stream_ps(p, x);
+    else
+      _mm512_storeu_ps(p, x);
   }
-  template <bool kNt> static void store16(uint16_t* p, __m256i h) {
+  template <bool kNt>
+  static void store16(uint16_t* p, __m256i h) {
     auto* q = reinterpret_cast<__m256i*>(p);
-    if constexpr (kNt) _mm256_stream_si256(q, h); else _mm256_storeu_si256(q, h);
+    if constexpr (kNt)
+      _mm256_stream_si256(q, h);
+    else
+      _mm256_storeu_si256(q, h);
   }
   // See Note [16-bit rounding]: integer round-to-nearest-even, canonical NaN.
   static __m256i to_bf16(F x) {
@@ -43,12 +52,19 @@ struct VecAvx512 {
   static __m256i to_f16(F x) {
     return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
-  template <bool kNt> static void store_bf16(uint16_t* p, F x) { store16<kNt>(p, to_bf16(x)); }
-  template <bool kNt> static void store_f16(uint16_t* p, F x) { store16<kNt>(p, to_f16(x)); }
+  template <bool kNt>
+  static void store_bf16(uint16_t* p, F x) {
+    store16<kNt>(p, to_bf16(x));
+  }
+  template <bool kNt>
+  static void store_f16(uint16_t* p, F x) {
+    store16<kNt>(p, to_f16(x));
+  }
   // Two vectors of params as one whole 64-byte line of 16-bit values, streamed
   // (Note [No streaming for the 16-bit copy]). p must be 64-byte aligned.
   static constexpr bool kStreamsCopyLines = true;
-  template <bool kF16> static void stream_copy_line(uint16_t* p, F a, F b) {
+  template <bool kF16>
+  static void stream_copy_line(uint16_t* p, F a, F b) {
     const __m256i lo = kF16 ? to_f16(a) : to_bf16(a), hi = kF16 ? to_f16(b) : to_bf16(b);
     _mm512_stream_si512(reinterpret_cast<__m512i*>(p),
                         _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));

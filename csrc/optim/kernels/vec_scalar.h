@@ -19,9 +19,18 @@ struct VecScalar {
   static F load(const float* p) { return *p; }
   static F load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
   static F load_f16(const uint16_t* p) { return f16_to_f32(*p); }
-  template <bool kNt> static void store(float* p, F x) { *p = x; }
-  template <bool kNt> static void store_bf16(uint16_t* p, F x) { *p = f32_to_bf16(x); }
-  template <bool kNt> static void store_f16(uint16_t* p, F x) { *p = f32_to_f16(x); }
+  template <bool kNt>
+  static void store(float* p, F x) {
+    *p = x;
+  }
+  template <bool kNt>
+  static void store_bf16(uint16_t* p, F x) {
+    *p = f32_to_bf16(x);
+  }
+  template <bool kNt>
+  static void store_f16(uint16_t* p, F x) {
+    *p = f32_to_f16(x);
+  }
   // Whole 64-byte lines of the 16-bit copy are two AVX-512 vectors; narrower levels never
   // stream the copy (Note [No streaming for the 16-bit copy]).
   static constexpr bool kStreamsCopyLines = false;

@@ -1,4 +1,5 @@
 """`zerostream bench NAME`: each module here defines add_arguments(parser) and run(args) -> int."""
+
 from __future__ import annotations
 
 import contextlib

@@ -9,6 +9,7 @@ runs alternate between engines so drift hits all of them alike (STYLE.md item 15
     python -m zerostream.bench.io --path /nvme/tmp --size 4G --block-size 1M --queue-depth 32
     python -m zerostream.bench.io --path /nvme/tmp --size 1G --sweep
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,9 @@ def parse_size(text: str) -> int:
     try:
         value = int(float(num) * _UNITS[unit])
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 4G, 1M or 4096; got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a size like 4G, 1M or 4096; got {text!r}"
+        ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive; got {text!r}")
     return value
@@ -56,12 +59,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--both", action="store_const", dest="mode", const="both")
     p.set_defaults(mode="both")
     p.add_argument("--loops", type=int, default=3)
-    p.add_argument("--sweep", action="store_true",
-                   help="try block sizes x depths x threads; print the best as an aio block")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="try block sizes x depths x threads; print the best as an aio block",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--backend", default="auto", choices=zio.BACKENDS)
-    p.add_argument("--register-buffers", action="store_true",
-                   help="register zerostream's buffer as an io_uring fixed buffer")
+    p.add_argument(
+        "--register-buffers",
+        action="store_true",
+        help="register zerostream's buffer as an io_uring fixed buffer",
+    )
     p.add_argument("--no-fio", action="store_true", help="skip the fio peer")
     p.add_argument("--keep", action="store_true", help="keep the benchmark file")
 
@@ -71,7 +80,13 @@ class Workload:
     """The file, its size and the shape of the I/O, shared by every engine."""
 
     def __init__(self, path: str, size: int, block: int, depth: int, threads: int):
-        self.path, self.size, self.block, self.depth, self.threads = path, size, block, depth, threads
+        self.path, self.size, self.block, self.depth, self.threads = (
+            path,
+            size,
+            block,
+            depth,
+            threads,
+        )
 
     def chunks(self):
         for off in range(0, self.size, CHUNK_BYTES):
@@ -94,9 +109,13 @@ def lay_out(path: str, size: int) -> None:
 class ZeroStreamRunner:
     def __init__(self, w: Workload, backend: str, register: bool = False):
         self.w = w
-        self.engine = zio.IoEngine(block_size=w.block, queue_depth=w.depth,
-                                   threads=w.threads, backend=backend,
-                                   register_buffers=register)
+        self.engine = zio.IoEngine(
+            block_size=w.block,
+            queue_depth=w.depth,
+            threads=w.threads,
+            backend=backend,
+            register_buffers=register,
+        )
         self.arena = zio.HostArena(min(CHUNK_BYTES, w.size) + (1 << 20))
         self.buf = self.arena.empty(min(CHUNK_BYTES, w.size))
         self.buf.fill_(0x5A)  # content is irrelevant to O_DIRECT; random_ costs CPU
@@ -115,12 +134,16 @@ class DeepSpeedRunner:
     """DeepSpeed's own aio handle, when DeepSpeed and its async_io op are available."""
 
     def __init__(self, w: Workload):
-        from deepspeed.ops.op_builder import AsyncIOBuilder  # noqa: raises when absent
+        from deepspeed.ops.op_builder import AsyncIOBuilder  # raises ImportError when absent
+
         if not AsyncIOBuilder().is_compatible():
             raise RuntimeError("DeepSpeed's async_io op is not compatible here (libaio?)")
         self.w = w
-        self.h = AsyncIOBuilder().load(verbose=False).aio_handle(w.block, w.depth, False, True,
-                                                                 w.threads)
+        self.h = (
+            AsyncIOBuilder()
+            .load(verbose=False)
+            .aio_handle(w.block, w.depth, False, True, w.threads)
+        )
         n = min(CHUNK_BYTES, w.size)
         self.buf = self.h.new_cpu_locked_tensor(n, torch.empty(0, dtype=torch.uint8))
 
@@ -135,10 +158,21 @@ class DeepSpeedRunner:
 
 def fio_command(w: Workload, op: str) -> list[str]:
     per_job = w.size // w.threads // w.block * w.block
-    return ["fio", "--name=zs_bench_io", f"--filename={w.path}", f"--rw={op}",
-            f"--bs={w.block}", f"--iodepth={w.depth}", f"--numjobs={w.threads}",
-            f"--size={per_job}", f"--offset_increment={per_job}", "--ioengine=io_uring",
-            "--direct=1", "--group_reporting", "--output-format=json"]
+    return [
+        "fio",
+        "--name=zs_bench_io",
+        f"--filename={w.path}",
+        f"--rw={op}",
+        f"--bs={w.block}",
+        f"--iodepth={w.depth}",
+        f"--numjobs={w.threads}",
+        f"--size={per_job}",
+        f"--offset_increment={per_job}",
+        "--ioengine=io_uring",
+        "--direct=1",
+        "--group_reporting",
+        "--output-format=json",
+    ]
 
 
 class FioRunner:
@@ -151,7 +185,7 @@ class FioRunner:
         r = subprocess.run(fio_command(self.w, op), capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
             raise RuntimeError(f"fio failed: {r.stderr.strip() or r.stdout[-500:]}")
-        job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+        job = json.loads(r.stdout[r.stdout.index("{") :])["jobs"][0]
         return job[op]["bw_bytes"] / 1e9
 
 
@@ -164,11 +198,21 @@ def _try(make: Callable[[], object], name: str, notes: list[str]) -> Optional[ob
         return None
 
 
-def measure(w: Workload, ops: list[str], loops: int, backend: str, peers: bool,
-            notes: list[str], register: bool = False) -> dict:
+def measure(
+    w: Workload,
+    ops: list[str],
+    loops: int,
+    backend: str,
+    peers: bool,
+    notes: list[str],
+    register: bool = False,
+) -> dict:
     runners = {"zerostream": ZeroStreamRunner(w, backend, register)}
     if peers:
-        for name, make in (("fio", lambda: FioRunner(w)), ("deepspeed", lambda: DeepSpeedRunner(w))):
+        for name, make in (
+            ("fio", lambda: FioRunner(w)),
+            ("deepspeed", lambda: DeepSpeedRunner(w)),
+        ):
             r = _try(make, name, notes)
             if r is not None:
                 runners[name] = r
@@ -193,8 +237,9 @@ def measure(w: Workload, ops: list[str], loops: int, backend: str, peers: bool,
     for (name, op), vals in samples.items():
         prefix = "" if name == "zerostream" else f"{name}_"
         result[f"{prefix}{op}_gbps"] = round(statistics.median(vals), 4) if vals else None
-    result["samples_gbps"] = {f"{name}_{op}": [round(v, 4) for v in vals]
-                              for (name, op), vals in samples.items()}
+    result["samples_gbps"] = {
+        f"{name}_{op}": [round(v, 4) for v in vals] for (name, op), vals in samples.items()
+    }
     return result
 
 
@@ -215,10 +260,12 @@ def _fmt(v) -> str:
 def print_table(res: dict, ops: list[str]) -> None:
     print(f"{'':7}{'zerostream':>12}{'fio':>9}{'zs/fio':>9}{'deepspeed':>11}{'zs/ds':>8}  (GB/s)")
     for op in ops:
-        print(f"{op:7}{_fmt(res.get(f'{op}_gbps')):>12}{_fmt(res.get(f'fio_{op}_gbps')):>9}"
-              f"{_fmt(res.get(f'{op}_ratio_vs_fio')):>9}"
-              f"{_fmt(res.get(f'deepspeed_{op}_gbps')):>11}"
-              f"{_fmt(res.get(f'{op}_ratio_vs_deepspeed')):>8}")
+        print(
+            f"{op:7}{_fmt(res.get(f'{op}_gbps')):>12}{_fmt(res.get(f'fio_{op}_gbps')):>9}"
+            f"{_fmt(res.get(f'{op}_ratio_vs_fio')):>9}"
+            f"{_fmt(res.get(f'deepspeed_{op}_gbps')):>11}"
+            f"{_fmt(res.get(f'{op}_ratio_vs_deepspeed')):>8}"
+        )
 
 
 def sweep(args, path: str, ops: list[str], notes: list[str]) -> dict:
@@ -230,15 +277,28 @@ def sweep(args, path: str, ops: list[str], notes: list[str]) -> dict:
         w = Workload(path, args.size, block, depth, threads)
         r = measure(w, ops, max(1, args.loops), args.backend, False, notes)
         total = sum(r.get(f"{op}_gbps") or 0 for op in ops)
-        rows.append({"block_size": block, "queue_depth": depth, "intra_op_parallelism": threads,
-                     **{f"{op}_gbps": r[f"{op}_gbps"] for op in ops}, "sum": round(total, 4)})
+        rows.append(
+            {
+                "block_size": block,
+                "queue_depth": depth,
+                "intra_op_parallelism": threads,
+                **{f"{op}_gbps": r[f"{op}_gbps"] for op in ops},
+                "sum": round(total, 4),
+            }
+        )
         if not args.json:
-            print(f"  block {block >> 10:>5}K depth {depth:>4} threads {threads}: "
-                  + "  ".join(f"{op} {r[f'{op}_gbps']:.3f}" for op in ops))
+            print(
+                f"  block {block >> 10:>5}K depth {depth:>4} threads {threads}: "
+                + "  ".join(f"{op} {r[f'{op}_gbps']:.3f}" for op in ops)
+            )
     best = max(rows, key=lambda r: r["sum"])
-    aio = {"block_size": best["block_size"], "queue_depth": best["queue_depth"],
-           "intra_op_parallelism": best["intra_op_parallelism"], "single_submit": False,
-           "overlap_events": True}
+    aio = {
+        "block_size": best["block_size"],
+        "queue_depth": best["queue_depth"],
+        "intra_op_parallelism": best["intra_op_parallelism"],
+        "single_submit": False,
+        "overlap_events": True,
+    }
     return {"sweep": rows, "best": best, "aio": aio}
 
 
@@ -250,14 +310,24 @@ def run(args) -> int:
     os.makedirs(args.path, exist_ok=True)
     free = shutil.disk_usage(args.path).free
     if args.size > free:
-        print(f"bench io: --size {args.size} bytes does not fit in {args.path} "
-              f"({free} bytes free)", file=sys.stderr)
+        print(
+            f"bench io: --size {args.size} bytes does not fit in {args.path} ({free} bytes free)",
+            file=sys.stderr,
+        )
         return 2
     path = os.path.join(args.path, "zs_bench_io.dat")
     notes: list[str] = []
-    config = {"path": path, "size": args.size, "block_size": args.block_size,
-              "queue_depth": args.queue_depth, "threads": args.threads, "loops": args.loops,
-              "mode": args.mode, "backend": args.backend, "o_direct": True}
+    config = {
+        "path": path,
+        "size": args.size,
+        "block_size": args.block_size,
+        "queue_depth": args.queue_depth,
+        "threads": args.threads,
+        "loops": args.loops,
+        "mode": args.mode,
+        "backend": args.backend,
+        "o_direct": True,
+    }
     if not args.json:
         print("bench io: " + json.dumps(config))
     try:
@@ -267,8 +337,17 @@ def run(args) -> int:
                 out = sweep(args, path, ops, notes)
             else:
                 w = Workload(path, args.size, args.block_size, args.queue_depth, args.threads)
-                out = with_ratios(measure(w, ops, args.loops, args.backend, not args.no_fio,
-                                          notes, args.register_buffers))
+                out = with_ratios(
+                    measure(
+                        w,
+                        ops,
+                        args.loops,
+                        args.backend,
+                        not args.no_fio,
+                        notes,
+                        args.register_buffers,
+                    )
+                )
     except (OSError, ValueError, RuntimeError) as e:
         print(f"bench io: {e}", file=sys.stderr)
         return 1

@@ -16,6 +16,7 @@ Bytes-per-param model (stated in the output): the minimum traffic of one step, r
 params + states, write params + states + the optional 16-bit copy. Read-for-ownership of
 written lines is not counted, so GB/s is "effective" (useful bytes per second).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,30 +48,49 @@ def _numel(text: str) -> int:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--numel: expected a number like 2e8; got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--numel: expected a number like 2e8; got {text!r}"
+        ) from None
     if value < 1 or value != int(value):
         raise argparse.ArgumentTypeError(f"--numel: expected a positive integer; got {text!r}")
     return int(value)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--numel", type=_numel, default=int(2e8),
-                        help="parameters stepped per call (default 2e8)")
-    parser.add_argument("--optimizer", choices=sorted(_STATES), default="adamw",
-                        help="torch peers: Adam(W)/Adagrad fused and foreach; Lion has none")
+    parser.add_argument(
+        "--numel", type=_numel, default=int(2e8), help="parameters stepped per call (default 2e8)"
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=sorted(_STATES),
+        default="adamw",
+        help="torch peers: Adam(W)/Adagrad fused and foreach; Lion has none",
+    )
     parser.add_argument("--grad-dtype", choices=sorted(_DTYPES), default="bf16")
-    parser.add_argument("--param-copy", choices=["none", "bf16", "fp16"], default="bf16",
-                        help="16-bit param copy written in the same pass (default bf16)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="threads for every peer (0: OpenMP/torch default)")
-    parser.add_argument("--nontemporal", choices=["auto", "on", "off", "copy"], default="auto",
-                        help="streaming stores in the zerostream kernel: on (params and "
-                             "states), copy (16-bit copy only, whole lines), off; auto = copy")
+    parser.add_argument(
+        "--param-copy",
+        choices=["none", "bf16", "fp16"],
+        default="bf16",
+        help="16-bit param copy written in the same pass (default bf16)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="threads for every peer (0: OpenMP/torch default)"
+    )
+    parser.add_argument(
+        "--nontemporal",
+        choices=["auto", "on", "off", "copy"],
+        default="auto",
+        help="streaming stores in the zerostream kernel: on (params and "
+        "states), copy (16-bit copy only, whole lines), off; auto = copy",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="rounds (median is reported)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch peers")
-    parser.add_argument("--model", choices=sorted(MODELS),
-                        help="instead of one flat buffer: step() of the optimizer classes "
-                             "over this model's parameter list (fp32), vs torch and DeepSpeed")
+    parser.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        help="instead of one flat buffer: step() of the optimizer classes "
+        "over this model's parameter list (fp32), vs torch and DeepSpeed",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--json-out", metavar="PATH", help="also write the JSON object to PATH")
 
@@ -96,8 +116,11 @@ class _Buffers:
         self.m = torch.zeros(numel)
         self.v = torch.zeros(numel)
         self.g = torch.full((numel,), 1e-3, dtype=_DTYPES[args.grad_dtype])
-        self.copy = (None if args.param_copy == "none"
-                     else torch.zeros(numel, dtype=_DTYPES[args.param_copy]))
+        self.copy = (
+            None
+            if args.param_copy == "none"
+            else torch.zeros(numel, dtype=_DTYPES[args.param_copy])
+        )
         self.param = torch.nn.Parameter(self.p)  # shares p's storage
         self.param.grad = self.g if self.g.dtype == torch.float32 else torch.full((numel,), 1e-3)
 
@@ -113,8 +136,10 @@ def _alias_states(opt: torch.optim.Optimizer, param, states: Dict[str, torch.Ten
     for name, t in states.items():
         old = opt.state[param][name]
         if old.shape != t.shape:
-            raise RuntimeError(f"bench optim: {type(opt).__name__} state {name!r} has shape "
-                               f"{tuple(old.shape)}, expected {tuple(t.shape)}")
+            raise RuntimeError(
+                f"bench optim: {type(opt).__name__} state {name!r} has shape "
+                f"{tuple(old.shape)}, expected {tuple(t.shape)}"
+            )
         opt.state[param][name] = t
     gc.collect()
 
@@ -126,25 +151,50 @@ def _ours(args, numel: int, buf: _Buffers) -> List[_Peer]:
 
     def step(i: int) -> None:
         if args.optimizer in ("adam", "adamw"):
-            cpu_adam_step(p, g, m, v, lr=1e-3, weight_decay=0.01, step=i + 1,
-                          adamw_mode=args.optimizer == "adamw", param_copy=copy, **run)
+            cpu_adam_step(
+                p,
+                g,
+                m,
+                v,
+                lr=1e-3,
+                weight_decay=0.01,
+                step=i + 1,
+                adamw_mode=args.optimizer == "adamw",
+                param_copy=copy,
+                **run,
+            )
         elif args.optimizer == "adagrad":
             cpu_adagrad_step(p, g, m, lr=1e-3, weight_decay=0.01, param_copy=copy, **run)
         else:
             cpu_lion_step(p, g, m, lr=1e-4, weight_decay=0.01, param_copy=copy, **run)
 
     def probe(nontemporal: str) -> Callable[[int], None]:
-        ptrs = (p.data_ptr(), m.data_ptr(), v.data_ptr(), g.data_ptr(), g.element_size(),
-                0 if copy is None else copy.data_ptr(), numel)
-        return lambda i: _C.optim.roofline_pass(*ptrs, threads=optimizer_threads(args.threads or None),
-                                                nontemporal=nontemporal)
+        ptrs = (
+            p.data_ptr(),
+            m.data_ptr(),
+            v.data_ptr(),
+            g.data_ptr(),
+            g.element_size(),
+            0 if copy is None else copy.data_ptr(),
+            numel,
+        )
+        return lambda i: _C.optim.roofline_pass(
+            *ptrs, threads=optimizer_threads(args.threads or None), nontemporal=nontemporal
+        )
 
     gb, cb = g.element_size(), 0 if copy is None else 2
-    ours = _Peer("zerostream", step, _bytes_per_param(args.optimizer, gb, cb),
-                 f"{args.optimizer}, grads {args.grad_dtype}, copy {args.param_copy}")
+    ours = _Peer(
+        "zerostream",
+        step,
+        _bytes_per_param(args.optimizer, gb, cb),
+        f"{args.optimizer}, grads {args.grad_dtype}, copy {args.param_copy}",
+    )
     probe_bytes = _bytes_per_param("adam", gb, cb)
-    probes = [_Peer(f"roofline ({name})", probe(mode), probe_bytes, "probe")
-              for name, mode in _PROBES.items() if copy is not None or mode != "copy"]
+    probes = [
+        _Peer(f"roofline ({name})", probe(mode), probe_bytes, "probe")
+        for name, mode in _PROBES.items()
+        if copy is not None or mode != "copy"
+    ]
     return [ours] + probes
 
 
@@ -164,8 +214,14 @@ def _torch_peers(args, numel: int, buf: _Buffers) -> List[_Peer]:
             opt = cls([param], lr=1e-3, weight_decay=0.01, **{mode: True})
             _alias_states(opt, param, {"exp_avg": buf.m, "exp_avg_sq": buf.v})
         name = f"torch {type(opt).__name__}({mode}=True)"
-        peers.append(_Peer(name, lambda i, o=opt: o.step(), _bytes_per_param(args.optimizer, 4, 0),
-                           "fp32 grads, no copy"))
+        peers.append(
+            _Peer(
+                name,
+                lambda i, o=opt: o.step(),
+                _bytes_per_param(args.optimizer, 4, 0),
+                "fp32 grads, no copy",
+            )
+        )
         if mode == "fused":
             equivalent = _torch_equivalent(args, param, opt, buf)
             if equivalent is not None:
@@ -188,9 +244,12 @@ def _torch_equivalent(args, param, opt, buf: _Buffers) -> Optional[_Peer]:
             copy.copy_(param.detach())
 
     cb = 0 if copy is None else 2
-    return _Peer(f"torch {type(opt).__name__}(fused=True) + casts", step,
-                 _bytes_per_param(args.optimizer, g16.element_size(), cb),
-                 f"grads {args.grad_dtype} -> fp32, step, copy {args.param_copy}")
+    return _Peer(
+        f"torch {type(opt).__name__}(fused=True) + casts",
+        step,
+        _bytes_per_param(args.optimizer, g16.element_size(), cb),
+        f"grads {args.grad_dtype} -> fp32, step, copy {args.param_copy}",
+    )
 
 
 def _deepspeed_peer(args, numel: int, buf: _Buffers) -> Optional[_Peer]:
@@ -201,11 +260,16 @@ def _deepspeed_peer(args, numel: int, buf: _Buffers) -> Optional[_Peer]:
     except Exception:  # not installed, or its op fails to build: reported as absent
         return None
     param = buf.param
-    opt = DeepSpeedCPUAdam([param], lr=1e-3, weight_decay=0.01,
-                           adamw_mode=args.optimizer == "adamw")
+    opt = DeepSpeedCPUAdam(
+        [param], lr=1e-3, weight_decay=0.01, adamw_mode=args.optimizer == "adamw"
+    )
     _alias_states(opt, param, {"exp_avg": buf.m, "exp_avg_sq": buf.v})
-    return _Peer("deepspeed DeepSpeedCPUAdam", lambda i: opt.step(),
-                 _bytes_per_param(args.optimizer, 4, 0), "fp32 grads, no copy")
+    return _Peer(
+        "deepspeed DeepSpeedCPUAdam",
+        lambda i: opt.step(),
+        _bytes_per_param(args.optimizer, 4, 0),
+        "fp32 grads, no copy",
+    )
 
 
 def _measure(peers: List[_Peer], repeats: int) -> None:
@@ -232,8 +296,9 @@ def _best_probe(probes: List[_Peer], r: int) -> float:
 
 def _paired_roofline(ours: _Peer, probes: List[_Peer]) -> float:
     """Median over rounds of ours' GB/s / the best probe's GB/s within the round."""
-    return statistics.median(ours.bytes_per_param / t / _best_probe(probes, r)
-                             for r, t in enumerate(ours.times))
+    return statistics.median(
+        ours.bytes_per_param / t / _best_probe(probes, r) for r, t in enumerate(ours.times)
+    )
 
 
 def _paired_ceiling(ours: _Peer, probes: List[_Peer], other: Optional[_Peer]) -> Optional[float]:
@@ -241,8 +306,10 @@ def _paired_ceiling(ours: _Peer, probes: List[_Peer], other: Optional[_Peer]) ->
     over rounds of (best probe's params/s at ours' bytes per param) / other's params/s."""
     if other is None:
         return None
-    return statistics.median(_best_probe(probes, r) / ours.bytes_per_param * t_other
-                             for r, t_other in enumerate(other.times))
+    return statistics.median(
+        _best_probe(probes, r) / ours.bytes_per_param * t_other
+        for r, t_other in enumerate(other.times)
+    )
 
 
 def _results(args, numel: int, peers: List[_Peer]) -> Dict:
@@ -261,10 +328,16 @@ def _results(args, numel: int, peers: List[_Peer]) -> Dict:
     rate = lambda p: None if p is None else rates[p.name]  # noqa: E731
     fused, fused_equiv, foreach, ds = map(rate, (fused_peer, equiv_peer, foreach_peer, ds_peer))
     return {
-        "config": {"numel": numel, "optimizer": args.optimizer, "grad_dtype": args.grad_dtype,
-                   "param_copy": args.param_copy, "threads": optimizer_threads(args.threads or None),
-                   "simd": _C.optim.simd_level(), "nontemporal": args.nontemporal,
-                   "repeats": args.repeats},
+        "config": {
+            "numel": numel,
+            "optimizer": args.optimizer,
+            "grad_dtype": args.grad_dtype,
+            "param_copy": args.param_copy,
+            "threads": optimizer_threads(args.threads or None),
+            "simd": _C.optim.simd_level(),
+            "nontemporal": args.nontemporal,
+            "repeats": args.repeats,
+        },
         "bytes_per_param": ours.bytes_per_param,
         "params_per_s": rates["zerostream"],
         "gbps": gbps["zerostream"],
@@ -284,31 +357,53 @@ def _results(args, numel: int, peers: List[_Peer]) -> Dict:
         "ratio_vs_torch_foreach": _paired(ours, foreach_peer),
         "ratio_vs_deepspeed": _paired(ours, ds_peer),
         "ratio_note": "paired: median over rounds of the ratio within each round",
-        "peers": [{"name": p.name, "params_per_s": rates[p.name], "gbps": gbps[p.name],
-                   "bytes_per_param": p.bytes_per_param, "note": p.note} for p in peers],
+        "peers": [
+            {
+                "name": p.name,
+                "params_per_s": rates[p.name],
+                "gbps": gbps[p.name],
+                "bytes_per_param": p.bytes_per_param,
+                "note": p.note,
+            }
+            for p in peers
+        ],
     }
 
 
 def _print_table(res: Dict) -> None:
     c = res["config"]
-    print(f"zerostream bench optim: {c['optimizer']}, numel {c['numel']:.3g}, grads "
-          f"{c['grad_dtype']}, param copy {c['param_copy']}, threads {c['threads']}, "
-          f"simd {c['simd']}, stores {c['nontemporal']}, median of {c['repeats']}")
-    print(f"bytes/param model: read grad + p + states, write p + states + 16-bit copy; "
-          f"read-for-ownership not counted (zerostream: {res['bytes_per_param']} B)")
+    print(
+        f"zerostream bench optim: {c['optimizer']}, numel {c['numel']:.3g}, grads "
+        f"{c['grad_dtype']}, param copy {c['param_copy']}, threads {c['threads']}, "
+        f"simd {c['simd']}, stores {c['nontemporal']}, median of {c['repeats']}"
+    )
+    print(
+        f"bytes/param model: read grad + p + states, write p + states + 16-bit copy; "
+        f"read-for-ownership not counted (zerostream: {res['bytes_per_param']} B)"
+    )
     print(f"{'peer':34s} {'Gparam/s':>9s} {'GB/s':>7s} {'B/param':>8s}  note")
     for p in res["peers"]:
-        print(f"{p['name']:34s} {p['params_per_s'] / 1e9:9.3f} {p['gbps']:7.1f} "
-              f"{p['bytes_per_param']:8d}  {p['note']}")
-    fmt = lambda x: "n/a" if x is None else f"{x:.2f}"
-    print(f"ratios (median of per-round ratios): vs roofline {fmt(res['ratio_vs_roofline'])} "
-          f"(roofline = best probe, {res['roofline_gbps']:.1f} GB/s); vs torch fused {fmt(res['ratio_vs_torch_fused'])} "
-          f"(with casts {fmt(res['ratio_vs_torch_fused_with_casts'])}); "
-          f"vs torch foreach {fmt(res['ratio_vs_torch_foreach'])}; "
-          f"vs DeepSpeed {fmt(res['ratio_vs_deepspeed'])}")
+        print(
+            f"{p['name']:34s} {p['params_per_s'] / 1e9:9.3f} {p['gbps']:7.1f} "
+            f"{p['bytes_per_param']:8d}  {p['note']}"
+        )
+
+    def fmt(x):
+        return "n/a" if x is None else f"{x:.2f}"
+
+    print(
+        f"ratios (median of per-round ratios): vs roofline {fmt(res['ratio_vs_roofline'])} "
+        f"(roofline = best probe, {res['roofline_gbps']:.1f} GB/s); "
+        f"vs torch fused {fmt(res['ratio_vs_torch_fused'])} "
+        f"(with casts {fmt(res['ratio_vs_torch_fused_with_casts'])}); "
+        f"vs torch foreach {fmt(res['ratio_vs_torch_foreach'])}; "
+        f"vs DeepSpeed {fmt(res['ratio_vs_deepspeed'])}"
+    )
     if res["roofline_vs_torch_fused"] is not None:
-        print(f"ceiling: a kernel at the roofline would be "
-              f"{fmt(res['roofline_vs_torch_fused'])}x torch fused in this run")
+        print(
+            f"ceiling: a kernel at the roofline would be "
+            f"{fmt(res['roofline_vs_torch_fused'])}x torch fused in this run"
+        )
 
 
 def run(args) -> int:
@@ -353,7 +448,8 @@ def _emit(args, res: Dict, print_table: Callable[[Dict], None]) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="zerostream bench optim",
-        description="Fused CPU optimizer step vs the memory roofline and torch, in one run.")
+        description="Fused CPU optimizer step vs the memory roofline and torch, in one run.",
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

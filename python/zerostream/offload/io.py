@@ -12,6 +12,7 @@ I/O is over (see Note [Buffer lifetime] in ``csrc/bindings/offload_bindings.cpp`
     store = SwapStore(engine, "/nvme", rank=0, name="optimizer")
     ticket = store.write(7, buf)                        # wait() for this request only
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
@@ -49,11 +50,18 @@ def io_config(**overrides) -> "_N.IoConfig":
 def io_config_for(aio: "AioConfig") -> "_N.IoConfig":
     """The one mapping from the resolved ds_config `aio` section to the engine's config."""
     if aio.use_gds:
-        raise NotImplementedError("aio.use_gds: GPUDirect Storage is not supported by "
-                                  "zerostream; remove the key or set it to false")
-    return io_config(block_size=aio.block_size, queue_depth=aio.queue_depth,
-                     threads=aio.intra_op_parallelism, single_submit=aio.single_submit,
-                     overlap_events=aio.overlap_events, backend=aio.backend)
+        raise NotImplementedError(
+            "aio.use_gds: GPUDirect Storage is not supported by "
+            "zerostream; remove the key or set it to false"
+        )
+    return io_config(
+        block_size=aio.block_size,
+        queue_depth=aio.queue_depth,
+        threads=aio.intra_op_parallelism,
+        single_submit=aio.single_submit,
+        overlap_events=aio.overlap_events,
+        backend=aio.backend,
+    )
 
 
 def tensor_span(tensor: torch.Tensor, what: str = "tensor") -> tuple[int, int]:
@@ -63,8 +71,10 @@ def tensor_span(tensor: torch.Tensor, what: str = "tensor") -> tuple[int, int]:
     if tensor.device.type != "cpu":
         raise ValueError(f"{what}: expected a CPU tensor; got device {tensor.device}")
     if not tensor.is_contiguous():
-        raise ValueError(f"{what}: expected a contiguous tensor (shape {tuple(tensor.shape)}, "
-                         f"stride {tensor.stride()})")
+        raise ValueError(
+            f"{what}: expected a contiguous tensor (shape {tuple(tensor.shape)}, "
+            f"stride {tensor.stride()})"
+        )
     return tensor.data_ptr(), tensor.numel() * tensor.element_size()
 
 
@@ -128,8 +138,9 @@ class HostArena:
     def __init__(self, budget_bytes: int, lock: bool = True, cuda_register: bool = True):
         self._arena = _N.HostArena(int(budget_bytes), lock, cuda_register)
 
-    def empty(self, numel: int, dtype: torch.dtype = torch.uint8,
-              timeout_s: float = 60.0) -> torch.Tensor:
+    def empty(
+        self, numel: int, dtype: torch.dtype = torch.uint8, timeout_s: float = 60.0
+    ) -> torch.Tensor:
         """A 1-D tensor of ``numel`` elements; its memory returns when torch frees it."""
         if numel < 0:
             raise ValueError(f"HostArena.empty: numel must be >= 0; got {numel}")
@@ -144,12 +155,28 @@ class HostArena:
 class SwapStore:
     """A rank's swap files with an extent per tensor id (layout: ``offload/swap_store.h``)."""
 
-    def __init__(self, engine: IoEngine, nvme_path: str, rank: int = 0, name: str = "swap",
-                 files: int = 4, align: int = 0, grow_bytes: int = 64 << 20,
-                 verify_checksums: bool = False):
+    def __init__(
+        self,
+        engine: IoEngine,
+        nvme_path: str,
+        rank: int = 0,
+        name: str = "swap",
+        files: int = 4,
+        align: int = 0,
+        grow_bytes: int = 64 << 20,
+        verify_checksums: bool = False,
+    ):
         native = engine.native if isinstance(engine, IoEngine) else engine
-        self._store = _N.SwapStore(native, str(nvme_path), int(rank), name, int(files),
-                                   int(align), int(grow_bytes), bool(verify_checksums))
+        self._store = _N.SwapStore(
+            native,
+            str(nvme_path),
+            int(rank),
+            name,
+            int(files),
+            int(align),
+            int(grow_bytes),
+            bool(verify_checksums),
+        )
 
     def write(self, tensor_id: int, tensor: torch.Tensor) -> IoTicket:
         ptr, nbytes = tensor_span(tensor, f"swap write of tensor {tensor_id}")

@@ -9,6 +9,7 @@ i+1's compute. Buffers rotate over `sets` = max(2, buffer_count // 3) triples (p
 buffer is reused only after its write-back finished, so memory stays at
 sets * 3 * sub_group_size * 4 bytes whatever the model size.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,7 +34,7 @@ _KINDS = ("param", "exp_avg", "exp_avg_sq")
 @dataclass
 class SubGroup:
     group: int  # param group index
-    lo: int     # element range inside this rank's partition of the group
+    lo: int  # element range inside this rank's partition of the group
     hi: int
     index: int  # position in the step order; swap ids are 3 * index + kind
 
@@ -56,53 +57,85 @@ class SwappedAdam:
     (sub_group_size, offload_optimizer), `aio` (the I/O engine) and `ext` (zerostream's
     extension keys: swap checksums, CPU threads)."""
 
-    def __init__(self, masters: List[torch.Tensor], groups: List[dict],
-                 param_starts: List[List[int]], *, optimizer: "OptimizerConfig",
-                 zero: "ZeroConfig", aio: "AioConfig", ext: "ZeroStreamExtConfig", rank: int):
+    def __init__(
+        self,
+        masters: List[torch.Tensor],
+        groups: List[dict],
+        param_starts: List[List[int]],
+        *,
+        optimizer: "OptimizerConfig",
+        zero: "ZeroConfig",
+        aio: "AioConfig",
+        ext: "ZeroStreamExtConfig",
+        rank: int,
+    ):
         offload = zero.offload_optimizer
         hp = optimizer.params
         self.adamw_mode = optimizer.adamw_mode
         self.threads = ext.cpu_optimizer_threads or None
         self.pipeline_read = offload.pipeline_read
         self.pipeline_write = offload.pipeline_write
-        self.hyper = _HyperParams(groups, {
-            "lr": hp["lr"], "betas": tuple(hp["betas"]), "eps": hp["eps"],
-            "weight_decay": hp["weight_decay"], "bias_correction": hp["bias_correction"]})
+        self.hyper = _HyperParams(
+            groups,
+            {
+                "lr": hp["lr"],
+                "betas": tuple(hp["betas"]),
+                "eps": hp["eps"],
+                "weight_decay": hp["weight_decay"],
+                "bias_correction": hp["bias_correction"],
+            },
+        )
         self.steps = [0] * len(masters)
         self.numels = [m.numel() for m in masters]
-        self.sub_groups = [SubGroup(g, lo, hi, i) for i, (g, lo, hi) in enumerate(
-            _C.plan_sub_groups(self.numels, param_starts, zero.sub_group_size))]
+        self.sub_groups = [
+            SubGroup(g, lo, hi, i)
+            for i, (g, lo, hi) in enumerate(
+                _C.plan_sub_groups(self.numels, param_starts, zero.sub_group_size)
+            )
+        ]
         width = max(s.hi - s.lo for s in self.sub_groups)
         self.sets = max(2, offload.buffer_count // 3)
         self.arena = HostArena(self.sets * 3 * arena_bytes(width * 4), lock=offload.pin_memory)
-        self.buffers = [[self.arena.empty(width, torch.float32) for _ in _KINDS]
-                        for _ in range(self.sets)]
+        self.buffers = [
+            [self.arena.empty(width, torch.float32) for _ in _KINDS] for _ in range(self.sets)
+        ]
         engine = IoEngine(io_config_for(aio))
         try:
-            self.store = SwapStore(engine, offload.nvme_path, rank=rank, name="optimizer",
-                                   verify_checksums=ext.verify_swap_checksums)
+            self.store = SwapStore(
+                engine,
+                offload.nvme_path,
+                rank=rank,
+                name="optimizer",
+                verify_checksums=ext.verify_swap_checksums,
+            )
         except OSError as exc:
-            raise OSError(exc.errno, f"zero_optimization.offload_optimizer.nvme_path: cannot keep "
-                          f"the optimizer state under {offload.nvme_path!r}: {exc}") from exc
+            raise OSError(
+                exc.errno,
+                f"zero_optimization.offload_optimizer.nvme_path: cannot keep "
+                f"the optimizer state under {offload.nvme_path!r}: {exc}",
+            ) from exc
         self.bytes_read = self.bytes_written = 0
         self.wait_seconds = 0.0
         self._say_if_dram_would_do(sum(self.numels) * 12)
         self._write_initial_state(masters)
 
-    # --- setup ----------------------------------------------------------------------------------
+    # --- setup -----------------------------------------------------------------------------------
     @staticmethod
     def _say_if_dram_would_do(state_bytes: int) -> None:
         try:
             import psutil
+
             free = psutil.virtual_memory().available
         except ImportError:
             return
         if state_bytes * 2 < free:
             logger.warning(
-                "zero_optimization.offload_optimizer.device \"nvme\": this rank's optimizer "
+                'zero_optimization.offload_optimizer.device "nvme": this rank\'s optimizer '
                 "state (%.2f GiB) would fit in free host memory (%.1f GiB); "
-                "\"device\": \"cpu\" keeps it there and is faster. Honouring \"nvme\".",
-                state_bytes / 2**30, free / 2**30)
+                '"device": "cpu" keeps it there and is faster. Honouring "nvme".',
+                state_bytes / 2**30,
+                free / 2**30,
+            )
 
     def _write_initial_state(self, masters: List[torch.Tensor]) -> None:
         p, m, v = self.buffers[0]
@@ -110,19 +143,21 @@ class SwappedAdam:
         v.zero_()
         for s in self.sub_groups:
             n = s.hi - s.lo
-            p[:n].copy_(masters[s.group][s.lo:s.hi])
-            tickets = [self.store.write(3 * s.index + k, buf[:n]) for k, buf in
-                       enumerate((p, m, v))]
+            p[:n].copy_(masters[s.group][s.lo : s.hi])
+            tickets = [
+                self.store.write(3 * s.index + k, buf[:n]) for k, buf in enumerate((p, m, v))
+            ]
             for t in tickets:
                 t.wait()
             self.bytes_written += 12 * n
 
-    # --- the step ---------------------------------------------------------------------------------
+    # --- the step --------------------------------------------------------------------------------
     def _read(self, s: SubGroup, slot: int):
         n = s.hi - s.lo
         self.bytes_read += 12 * n
-        return [self.store.read(3 * s.index + k, buf[:n])
-                for k, buf in enumerate(self.buffers[slot])]
+        return [
+            self.store.read(3 * s.index + k, buf[:n]) for k, buf in enumerate(self.buffers[slot])
+        ]
 
     def _wait(self, tickets) -> None:
         start = time.perf_counter()
@@ -130,8 +165,9 @@ class SwappedAdam:
             t.wait()
         self.wait_seconds += time.perf_counter() - start
 
-    def step(self, grads: List[torch.Tensor], partitions: List[torch.Tensor],
-             grad_scale: float) -> None:
+    def step(
+        self, grads: List[torch.Tensor], partitions: List[torch.Tensor], grad_scale: float
+    ) -> None:
         """One Adam step of every sub-group: grads[g] is group g's fp32 gradient partition,
         partitions[g] the model-dtype partition that receives the updated params."""
         for g in range(len(self.steps)):
@@ -148,8 +184,10 @@ class SwappedAdam:
                 pending_reads[nxt] = self._read(self.sub_groups[nxt], nslot)
             self._update(s, slot, grads, partitions, grad_scale)
             n = s.hi - s.lo
-            writes = [self.store.write(3 * s.index + k, buf[:n])
-                      for k, buf in enumerate(self.buffers[slot])]
+            writes = [
+                self.store.write(3 * s.index + k, buf[:n])
+                for k, buf in enumerate(self.buffers[slot])
+            ]
             self.bytes_written += 12 * n
             if self.pipeline_write:
                 pending_writes[slot] = writes
@@ -163,39 +201,61 @@ class SwappedAdam:
             self._wait(writes)
 
     def _update(self, s: SubGroup, slot: int, grads, partitions, grad_scale: float) -> None:
-        p, m, v = (buf[:s.hi - s.lo] for buf in self.buffers[slot])
+        p, m, v = (buf[: s.hi - s.lo] for buf in self.buffers[slot])
         group = self.hyper.param_groups[s.group]
-        target = partitions[s.group][s.lo:s.hi]
-        fused_copy = target if target.dtype in (torch.bfloat16, torch.float16) \
-            and target.device.type == "cpu" else None
-        cpu_adam_step(p, grads[s.group][s.lo:s.hi], m, v, lr=group["lr"],
-                      betas=group["betas"], eps=group["eps"],
-                      weight_decay=group["weight_decay"], step=self.steps[s.group],
-                      bias_correction=group.get("bias_correction", True),
-                      adamw_mode=self.adamw_mode, grad_scale=grad_scale, param_copy=fused_copy,
-                      threads=self.threads)
+        target = partitions[s.group][s.lo : s.hi]
+        fused_copy = (
+            target
+            if target.dtype in (torch.bfloat16, torch.float16) and target.device.type == "cpu"
+            else None
+        )
+        cpu_adam_step(
+            p,
+            grads[s.group][s.lo : s.hi],
+            m,
+            v,
+            lr=group["lr"],
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            step=self.steps[s.group],
+            bias_correction=group.get("bias_correction", True),
+            adamw_mode=self.adamw_mode,
+            grad_scale=grad_scale,
+            param_copy=fused_copy,
+            threads=self.threads,
+        )
         if fused_copy is None:
             target.copy_(p)
 
-    # --- inspection ---------------------------------------------------------------------------------
+    # --- inspection ------------------------------------------------------------------------------
     def read_state(self, group: int, kind: str = "param") -> torch.Tensor:
         """Group `group`'s whole partition of `kind` read back from NVMe (tests, checkpoints)."""
         k = _KINDS.index(kind)
         out = torch.empty(self.numels[group], dtype=torch.float32)
         for s in self.sub_groups:
             if s.group == group:
-                buf = self.buffers[0][0][:s.hi - s.lo]
+                buf = self.buffers[0][0][: s.hi - s.lo]
                 self.store.read(3 * s.index + k, buf).wait()
-                out[s.lo:s.hi].copy_(buf)
+                out[s.lo : s.hi].copy_(buf)
         return out
 
     def stats(self) -> dict:
         """Plain data: traffic, the store's directory and every sub-group's extents
         (file, offset, bytes) per kind, so a caller can check the bytes on disk itself."""
-        return {"bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
-                "wait_seconds": self.wait_seconds, "store": self.store.stats(),
-                "directory": self.store.directory,
-                "sub_groups": [{"group": s.group, "begin": s.lo, "end": s.hi,
-                                **{k: self.store.extent_of(3 * s.index + i)
-                                   for i, k in enumerate(_KINDS)}}
-                               for s in self.sub_groups]}
+        return {
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "wait_seconds": self.wait_seconds,
+            "store": self.store.stats(),
+            "directory": self.store.directory,
+            "sub_groups": [
+                {
+                    "group": s.group,
+                    "begin": s.lo,
+                    "end": s.hi,
+                    **{k: self.store.extent_of(3 * s.index + i) for i, k in enumerate(_KINDS)},
+                }
+                for s in self.sub_groups
+            ],
+        }

@@ -2,6 +2,7 @@
 
 `zerostream.ops.adam.DeepSpeedCPUAdam` is what `deepspeed.ops.adam.DeepSpeedCPUAdam` is.
 """
+
 from . import adagrad, adam, aio, lion
 
 __all__ = ["adam", "adagrad", "lion", "aio"]

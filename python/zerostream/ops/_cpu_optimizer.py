@@ -10,6 +10,7 @@ and hands each group's parameters to its subclass's fused kernel in one native c
 (``*_step_many``: one parallel region for the whole list, Note [Many tensors, one region]
 in csrc/optim/parallel.h).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -59,19 +60,30 @@ def run_kwargs(threads: Optional[int], simd: Optional[str], nontemporal: str) ->
     if simd is not None and simd not in _SIMD_NAMES:
         raise ValueError(f"simd: expected None or one of {_SIMD_NAMES}; got {simd!r}")
     if nontemporal not in ("auto", "on", "off", "copy"):
-        raise ValueError("nontemporal: expected 'auto', 'on', 'off' or 'copy'; "
-                         f"got {nontemporal!r}")
-    return {"threads": optimizer_threads(threads or None), "simd": simd or "",
-            "nontemporal": nontemporal}
+        raise ValueError(
+            f"nontemporal: expected 'auto', 'on', 'off' or 'copy'; got {nontemporal!r}"
+        )
+    return {
+        "threads": optimizer_threads(threads or None),
+        "simd": simd or "",
+        "nontemporal": nontemporal,
+    }
 
 
-def step_buffers(param: torch.Tensor, grad: torch.Tensor, states: Dict[str, torch.Tensor],
-                 param_copy: Optional[torch.Tensor]) -> dict:
+def step_buffers(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    states: Dict[str, torch.Tensor],
+    param_copy: Optional[torch.Tensor],
+) -> dict:
     """The positional buffers of a _C.optim step call, checked."""
     numel = param.numel() if isinstance(param, torch.Tensor) else -1
-    out = {"param": check_buffer("param", param, numel, (torch.float32,)),
-           "grad": check_buffer("grad", grad, numel, GRAD_DTYPES),
-           "grad_dtype": dtype_name(grad.dtype, "grad"), "numel": numel}
+    out = {
+        "param": check_buffer("param", param, numel, (torch.float32,)),
+        "grad": check_buffer("grad", grad, numel, GRAD_DTYPES),
+        "grad_dtype": dtype_name(grad.dtype, "grad"),
+        "numel": numel,
+    }
     for name, t in states.items():
         out[name] = check_buffer(name, t, numel, (torch.float32,))
     if param_copy is not None:
@@ -80,23 +92,36 @@ def step_buffers(param: torch.Tensor, grad: torch.Tensor, states: Dict[str, torc
     return out
 
 
-def grad_stats(grad: torch.Tensor, scale: float = 1.0, *, threads: Optional[int] = None,
-               simd: Optional[str] = None) -> Tuple[float, bool]:
+def grad_stats(
+    grad: torch.Tensor,
+    scale: float = 1.0,
+    *,
+    threads: Optional[int] = None,
+    simd: Optional[str] = None,
+) -> Tuple[float, bool]:
     """(sum of squares of grad * scale, all finite) in one pass over a CPU gradient buffer.
 
     fp32, bf16 or fp16; summed in double in a thread-count independent order, so every rank
     gets the same bits (csrc/optim/grad_stats.h).
     """
-    ptr = check_buffer("grad", grad, grad.numel() if isinstance(grad, torch.Tensor) else -1,
-                       GRAD_DTYPES)
+    ptr = check_buffer(
+        "grad", grad, grad.numel() if isinstance(grad, torch.Tensor) else -1, GRAD_DTYPES
+    )
     kw = run_kwargs(threads, simd, "auto")
-    return _C.optim.grad_stats(ptr, dtype_name(grad.dtype, "grad"), grad.numel(),
-                               scale=float(scale), threads=kw["threads"], simd=kw["simd"])
+    return _C.optim.grad_stats(
+        ptr,
+        dtype_name(grad.dtype, "grad"),
+        grad.numel(),
+        scale=float(scale),
+        threads=kw["threads"],
+        simd=kw["simd"],
+    )
 
 
 class StepItem(NamedTuple):
     """One parameter of a group step: the fp32 tensor the kernel updates, its grad, its
     optimizer state, the 16-bit param to write (or None) and its place in param_groups."""
+
     p32: torch.Tensor
     grad: torch.Tensor
     state: dict
@@ -115,8 +140,14 @@ def many_buffers(items: List[StepItem], state_names: Tuple[str, ...], optimizer:
     one is a ValueError naming its param, and nothing has been stepped). Keys: params,
     grads, grad_dtypes, numels, param_copies (0: none), copy_dtypes and one list per state
     name."""
-    out: dict = {"params": [], "grads": [], "grad_dtypes": [], "numels": [],
-                 "param_copies": [], "copy_dtypes": []}
+    out: dict = {
+        "params": [],
+        "grads": [],
+        "grad_dtypes": [],
+        "numels": [],
+        "param_copies": [],
+        "copy_dtypes": [],
+    }
     out.update({name: [] for name in state_names})
     for it in items:
         try:
@@ -147,22 +178,27 @@ class CPUOptimizerBase(torch.optim.Optimizer):
     _state_names: Tuple[str, ...] = ()
     _display_name = "CPUOptimizer"
 
-    def __init__(self, params: Iterable, defaults: dict, fp32_optimizer_states: bool,
-                 threads: Optional[int]):
+    def __init__(
+        self, params: Iterable, defaults: dict, fp32_optimizer_states: bool, threads: Optional[int]
+    ):
         run_kwargs(threads, None, "auto")
         self.threads = threads
         self.fp32_optimizer_states = bool(fp32_optimizer_states)
         super().__init__(params, defaults)
         if not self.fp32_optimizer_states:
-            warnings.warn(f"{self._display_name}: fp32_optimizer_states=False is accepted for "
-                          "DeepSpeed compatibility; zerostream keeps optimizer states in fp32.",
-                          stacklevel=3)
+            warnings.warn(
+                f"{self._display_name}: fp32_optimizer_states=False is accepted for "
+                "DeepSpeed compatibility; zerostream keeps optimizer states in fp32.",
+                stacklevel=3,
+            )
 
     def _check_param(self, gi: int, pi: int, p: torch.Tensor) -> None:
         where = param_location(self._display_name, gi, pi)
         if p.device.type != "cpu":
-            raise ValueError(f"{where} is on {p.device}; CPU optimizers need CPU parameters "
-                             "(enable offload_optimizer with device 'cpu')")
+            raise ValueError(
+                f"{where} is on {p.device}; CPU optimizers need CPU parameters "
+                "(enable offload_optimizer with device 'cpu')"
+            )
         if p.dtype not in GRAD_DTYPES:
             raise ValueError(f"{where}: expected float32, bfloat16 or float16; got {p.dtype}")
         if not p.is_contiguous():
@@ -196,9 +232,16 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 if len(state) == 0:
                     self._init_state(p, state)
                 master = state.get("fp32_param")
-                items.append(StepItem(p.data if master is None else master,
-                                      p.grad.contiguous(), state,
-                                      None if master is None else p.data, gi, pi))
+                items.append(
+                    StepItem(
+                        p.data if master is None else master,
+                        p.grad.contiguous(),
+                        state,
+                        None if master is None else p.data,
+                        gi,
+                        pi,
+                    )
+                )
             if items:
                 self._group_step(group, items, float(grad_scale))
                 for it in items:

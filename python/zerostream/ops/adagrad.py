@@ -1,5 +1,6 @@
 """DeepSpeedCPUAdagrad-compatible fused CPU Adagrad (``from zerostream.ops.adagrad import
 DeepSpeedCPUAdagrad``) and its functional kernel call (csrc/optim/adagrad.h)."""
+
 from __future__ import annotations
 
 from typing import Iterable, Optional
@@ -7,22 +8,36 @@ from typing import Iterable, Optional
 import torch
 
 from zerostream import _C
-from zerostream.ops._cpu_optimizer import (CPUOptimizerBase, many_buffers, run_kwargs,
-                                           step_buffers)
+from zerostream.ops._cpu_optimizer import CPUOptimizerBase, many_buffers, run_kwargs, step_buffers
 from zerostream.ops.threads import optimizer_threads
 
 __all__ = ["DeepSpeedCPUAdagrad", "CPUAdagrad", "cpu_adagrad_step"]
 
 
-def cpu_adagrad_step(param: torch.Tensor, grad: torch.Tensor, exp_avg_sq: torch.Tensor, *,
-                     lr: float, eps: float = 1e-10, weight_decay: float = 0.0,
-                     grad_scale: float = 1.0, param_copy: Optional[torch.Tensor] = None,
-                     threads: Optional[int] = None, simd: Optional[str] = None,
-                     nontemporal: str = "auto") -> None:
+def cpu_adagrad_step(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    lr: float,
+    eps: float = 1e-10,
+    weight_decay: float = 0.0,
+    grad_scale: float = 1.0,
+    param_copy: Optional[torch.Tensor] = None,
+    threads: Optional[int] = None,
+    simd: Optional[str] = None,
+    nontemporal: str = "auto",
+) -> None:
     """One fused Adagrad step in place: exp_avg_sq is the running sum of squared grads."""
     bufs = step_buffers(param, grad, {"sum_sq": exp_avg_sq}, param_copy)
-    _C.optim.adagrad_step(**bufs, lr=float(lr), eps=float(eps), weight_decay=float(weight_decay),
-                          grad_scale=float(grad_scale), **run_kwargs(threads, simd, nontemporal))
+    _C.optim.adagrad_step(
+        **bufs,
+        lr=float(lr),
+        eps=float(eps),
+        weight_decay=float(weight_decay),
+        grad_scale=float(grad_scale),
+        **run_kwargs(threads, simd, nontemporal),
+    )
 
 
 class DeepSpeedCPUAdagrad(CPUOptimizerBase):
@@ -32,12 +47,22 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
     _state_names = ("exp_avg_sq",)
     _display_name = "DeepSpeedCPUAdagrad"
 
-    def __init__(self, model_params: Iterable, lr: float = 1e-2, eps: float = 1e-10,
-                 weight_decay: float = 0, amsgrad: bool = False,
-                 fp32_optimizer_states: bool = True, *, threads: Optional[int] = None):
+    def __init__(
+        self,
+        model_params: Iterable,
+        lr: float = 1e-2,
+        eps: float = 1e-10,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
+        fp32_optimizer_states: bool = True,
+        *,
+        threads: Optional[int] = None,
+    ):
         if amsgrad:
-            raise NotImplementedError("DeepSpeedCPUAdagrad: amsgrad=True is not supported "
-                                      "(as in DeepSpeed); use amsgrad=False")
+            raise NotImplementedError(
+                "DeepSpeedCPUAdagrad: amsgrad=True is not supported "
+                "(as in DeepSpeed); use amsgrad=False"
+            )
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -50,11 +75,19 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
     def _group_step(self, group, items, grad_scale) -> None:
         b = many_buffers(items, self._state_names, self._display_name)
         _C.optim.adagrad_step_many(
-            b["params"], b["grads"], b["grad_dtypes"], b["exp_avg_sq"], b["numels"],
-            lr=float(group["lr"]), eps=float(group["eps"]),
-            weight_decay=float(group["weight_decay"]), grad_scale=grad_scale,
-            param_copies=b["param_copies"], copy_dtypes=b["copy_dtypes"],
-            threads=optimizer_threads(self.threads))
+            b["params"],
+            b["grads"],
+            b["grad_dtypes"],
+            b["exp_avg_sq"],
+            b["numels"],
+            lr=float(group["lr"]),
+            eps=float(group["eps"]),
+            weight_decay=float(group["weight_decay"]),
+            grad_scale=grad_scale,
+            param_copies=b["param_copies"],
+            copy_dtypes=b["copy_dtypes"],
+            threads=optimizer_threads(self.threads),
+        )
 
 
 CPUAdagrad = DeepSpeedCPUAdagrad

@@ -4,6 +4,7 @@ DeepSpeedCPUAdam``), and the functional kernel call the ZeRO-Offload step uses p
 The update runs in native code (csrc/optim/adam.h): one pass over memory reading the grad
 (fp32, bf16 or fp16), p, m, v and writing p, m, v and an optional bf16/fp16 param copy.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional, Tuple
@@ -11,19 +12,31 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from zerostream import _C
-from zerostream.ops._cpu_optimizer import (CPUOptimizerBase, many_buffers, run_kwargs,
-                                           step_buffers)
+from zerostream.ops._cpu_optimizer import CPUOptimizerBase, many_buffers, run_kwargs, step_buffers
 from zerostream.ops.threads import optimizer_threads
 
 __all__ = ["DeepSpeedCPUAdam", "CPUAdam", "cpu_adam_step"]
 
 
-def cpu_adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                  exp_avg_sq: torch.Tensor, *, lr: float, betas: Tuple[float, float] = (0.9, 0.999),
-                  eps: float = 1e-8, weight_decay: float = 0.0, step: int,
-                  bias_correction: bool = True, adamw_mode: bool = True, grad_scale: float = 1.0,
-                  param_copy: Optional[torch.Tensor] = None, threads: Optional[int] = None,
-                  simd: Optional[str] = None, nontemporal: str = "auto") -> None:
+def cpu_adam_step(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    lr: float,
+    betas: Tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    step: int,
+    bias_correction: bool = True,
+    adamw_mode: bool = True,
+    grad_scale: float = 1.0,
+    param_copy: Optional[torch.Tensor] = None,
+    threads: Optional[int] = None,
+    simd: Optional[str] = None,
+    nontemporal: str = "auto",
+) -> None:
     """One fused Adam (adamw_mode=False: L2) / AdamW step, in place, over CPU tensors.
 
     param, exp_avg, exp_avg_sq: fp32, contiguous, same numel (any slice of a flat buffer).
@@ -32,10 +45,19 @@ def cpu_adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
     """
     bufs = step_buffers(param, grad, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, param_copy)
     beta1, beta2 = _betas(betas)
-    _C.optim.adam_step(**bufs, lr=float(lr), beta1=beta1, beta2=beta2, eps=float(eps),
-                       weight_decay=float(weight_decay), bias_correction=bool(bias_correction),
-                       adamw_mode=bool(adamw_mode), step=int(step), grad_scale=float(grad_scale),
-                       **run_kwargs(threads, simd, nontemporal))
+    _C.optim.adam_step(
+        **bufs,
+        lr=float(lr),
+        beta1=beta1,
+        beta2=beta2,
+        eps=float(eps),
+        weight_decay=float(weight_decay),
+        bias_correction=bool(bias_correction),
+        adamw_mode=bool(adamw_mode),
+        step=int(step),
+        grad_scale=float(grad_scale),
+        **run_kwargs(threads, simd, nontemporal),
+    )
 
 
 def _betas(betas) -> Tuple[float, float]:
@@ -59,16 +81,34 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
     _state_names = ("exp_avg", "exp_avg_sq")
     _display_name = "DeepSpeedCPUAdam"
 
-    def __init__(self, model_params: Iterable, lr: float = 1e-3, bias_correction: bool = True,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0, amsgrad: bool = False, adamw_mode: bool = True,
-                 fp32_optimizer_states: bool = True, *, threads: Optional[int] = None):
+    def __init__(
+        self,
+        model_params: Iterable,
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
+        adamw_mode: bool = True,
+        fp32_optimizer_states: bool = True,
+        *,
+        threads: Optional[int] = None,
+    ):
         if amsgrad:
-            raise NotImplementedError("DeepSpeedCPUAdam: amsgrad=True is not supported "
-                                      "(as in DeepSpeed); use amsgrad=False")
+            raise NotImplementedError(
+                "DeepSpeedCPUAdam: amsgrad=True is not supported "
+                "(as in DeepSpeed); use amsgrad=False"
+            )
         _check_hparams(lr, eps, weight_decay)
-        defaults = dict(lr=lr, betas=_betas(betas), eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction, amsgrad=amsgrad)
+        defaults = dict(
+            lr=lr,
+            betas=_betas(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            bias_correction=bias_correction,
+            amsgrad=amsgrad,
+        )
         self.adamw_mode = bool(adamw_mode)
         super().__init__(model_params, defaults, fp32_optimizer_states, threads)
 
@@ -80,13 +120,25 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
         b = many_buffers(items, self._state_names, self._display_name)
         beta1, beta2 = _betas(group["betas"])
         _C.optim.adam_step_many(
-            b["params"], b["grads"], b["grad_dtypes"], b["exp_avg"], b["exp_avg_sq"],
-            b["numels"], [int(it.state["step"]) + 1 for it in items], lr=float(group["lr"]),
-            beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+            b["params"],
+            b["grads"],
+            b["grad_dtypes"],
+            b["exp_avg"],
+            b["exp_avg_sq"],
+            b["numels"],
+            [int(it.state["step"]) + 1 for it in items],
+            lr=float(group["lr"]),
+            beta1=beta1,
+            beta2=beta2,
+            eps=float(group["eps"]),
             weight_decay=float(group["weight_decay"]),
-            bias_correction=bool(group["bias_correction"]), adamw_mode=self.adamw_mode,
-            grad_scale=grad_scale, param_copies=b["param_copies"],
-            copy_dtypes=b["copy_dtypes"], threads=optimizer_threads(self.threads))
+            bias_correction=bool(group["bias_correction"]),
+            adamw_mode=self.adamw_mode,
+            grad_scale=grad_scale,
+            param_copies=b["param_copies"],
+            copy_dtypes=b["copy_dtypes"],
+            threads=optimizer_threads(self.threads),
+        )
 
 
 def _check_hparams(lr, eps, weight_decay) -> None:

@@ -14,6 +14,7 @@ remove failure modes:
 * the backend is io_uring, or a pread/pwrite thread pool where io_uring is unavailable
   (ds_config ``aio.backend``: ``auto|io_uring|threads``, a zerostream extension key).
 """
+
 from __future__ import annotations
 
 import os
@@ -41,13 +42,23 @@ def _default_pinned_budget() -> int:
 class aio_handle:  # noqa: N801 - DeepSpeed's name
     """DeepSpeed's ``aio_handle``: batched async file I/O with one ``wait()`` per batch."""
 
-    def __init__(self, block_size: int = 1048576, queue_depth: int = 128,
-                 single_submit: bool = False, overlap_events: bool = False,
-                 intra_op_parallelism: int = 1, backend: str = "auto"):
-        self._config = _io.io_config(block_size=block_size, queue_depth=queue_depth,
-                                     threads=intra_op_parallelism,
-                                     single_submit=single_submit,
-                                     overlap_events=overlap_events, backend=backend)
+    def __init__(
+        self,
+        block_size: int = 1048576,
+        queue_depth: int = 128,
+        single_submit: bool = False,
+        overlap_events: bool = False,
+        intra_op_parallelism: int = 1,
+        backend: str = "auto",
+    ):
+        self._config = _io.io_config(
+            block_size=block_size,
+            queue_depth=queue_depth,
+            threads=intra_op_parallelism,
+            single_submit=single_submit,
+            overlap_events=overlap_events,
+            backend=backend,
+        )
         self._engine = _io.IoEngine(self._config)
         self._pending: list[tuple[_io.IoTicket, Optional[tuple]]] = []
         self._arena: Optional[_io.HostArena] = None
@@ -78,8 +89,15 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         return self._engine.backend
 
     # --- I/O -------------------------------------------------------------------------
-    def pread(self, buffer: torch.Tensor, filename: str, validate: bool = False,
-              async_op: bool = False, file_offset: int = 0, **kwargs) -> int:
+    def pread(
+        self,
+        buffer: torch.Tensor,
+        filename: str,
+        validate: bool = False,
+        async_op: bool = False,
+        file_offset: int = 0,
+        **kwargs,
+    ) -> int:
         """Reads ``buffer.nbytes`` from ``filename`` at ``file_offset``. Returns 0 when
         async, else the count ``wait()`` returns. DeepSpeed's keyword ``async`` works."""
         async_op = bool(kwargs.pop("async", async_op))
@@ -87,17 +105,22 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         filename = os.fspath(filename)
         self._check_readable(buffer, filename, file_offset)
         ticket = self._engine.read(buffer, filename, file_offset)
-        return self._queued(ticket, (buffer, filename, file_offset) if validate else None,
-                            async_op)
+        return self._queued(ticket, (buffer, filename, file_offset) if validate else None, async_op)
 
-    def pwrite(self, buffer: torch.Tensor, filename: str, validate: bool = False,
-               async_op: bool = False, file_offset: int = 0, **kwargs) -> int:
+    def pwrite(
+        self,
+        buffer: torch.Tensor,
+        filename: str,
+        validate: bool = False,
+        async_op: bool = False,
+        file_offset: int = 0,
+        **kwargs,
+    ) -> int:
         async_op = bool(kwargs.pop("async", async_op))
         _reject_extra(kwargs, "pwrite")
         filename = os.fspath(filename)
         ticket = self._engine.write(buffer, filename, file_offset)
-        return self._queued(ticket, (buffer, filename, file_offset) if validate else None,
-                            async_op)
+        return self._queued(ticket, (buffer, filename, file_offset) if validate else None, async_op)
 
     def sync_pread(self, buffer: torch.Tensor, filename: str, file_offset: int = 0) -> int:
         return self.pread(buffer, filename, False, False, file_offset)
@@ -111,14 +134,16 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
     def async_pwrite(self, buffer: torch.Tensor, filename: str, file_offset: int = 0) -> int:
         return self.pwrite(buffer, filename, False, True, file_offset)
 
-    def read(self, buffer: torch.Tensor, filename: str, validate: bool = False,
-             file_offset: int = 0) -> int:
+    def read(
+        self, buffer: torch.Tensor, filename: str, validate: bool = False, file_offset: int = 0
+    ) -> int:
         """Synchronous read of the whole buffer (DeepSpeed's ``read``); returns 0."""
         self.pread(buffer, filename, validate, False, file_offset)
         return 0
 
-    def write(self, buffer: torch.Tensor, filename: str, validate: bool = False,
-              file_offset: int = 0) -> int:
+    def write(
+        self, buffer: torch.Tensor, filename: str, validate: bool = False, file_offset: int = 0
+    ) -> int:
         self.pwrite(buffer, filename, validate, False, file_offset)
         return 0
 
@@ -173,8 +198,10 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         except OSError:
             return  # the engine raises IoError with the path and errno
         if file_offset + nbytes > size:
-            raise ValueError(f"aio read of {filename}: {nbytes} bytes at offset {file_offset} "
-                             f"go past the end of the file ({size} bytes)")
+            raise ValueError(
+                f"aio read of {filename}: {nbytes} bytes at offset {file_offset} "
+                f"go past the end of the file ({size} bytes)"
+            )
 
     def __del__(self):
         try:
@@ -195,19 +222,35 @@ def _validate(buffer: torch.Tensor, filename: str, file_offset: int) -> None:
         f.seek(file_offset)
         on_disk = f.read(nbytes)
     if bytes(buffer.view(torch.uint8).numpy().tobytes()) != on_disk:
-        raise RuntimeError(f"aio validate: {filename} at offset {file_offset} differs from the "
-                           f"buffer ({nbytes} bytes)")
+        raise RuntimeError(
+            f"aio validate: {filename} at offset {file_offset} differs from the "
+            f"buffer ({nbytes} bytes)"
+        )
 
 
-def aio_read(buffer: torch.Tensor, filename: str, block_size: int, queue_depth: int,
-             single_submit: bool, overlap_events: bool, validate: bool) -> int:
+def aio_read(
+    buffer: torch.Tensor,
+    filename: str,
+    block_size: int,
+    queue_depth: int,
+    single_submit: bool,
+    overlap_events: bool,
+    validate: bool,
+) -> int:
     """DeepSpeed's module-level ``aio_read``."""
     h = aio_handle(block_size, queue_depth, single_submit, overlap_events, 1)
     return h.read(buffer, filename, validate)
 
 
-def aio_write(buffer: torch.Tensor, filename: str, block_size: int, queue_depth: int,
-              single_submit: bool, overlap_events: bool, validate: bool) -> int:
+def aio_write(
+    buffer: torch.Tensor,
+    filename: str,
+    block_size: int,
+    queue_depth: int,
+    single_submit: bool,
+    overlap_events: bool,
+    validate: bool,
+) -> int:
     h = aio_handle(block_size, queue_depth, single_submit, overlap_events, 1)
     return h.write(buffer, filename, validate)
 

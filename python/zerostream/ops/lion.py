@@ -1,5 +1,6 @@
 """DeepSpeedCPULion-compatible fused CPU Lion (``from zerostream.ops.lion import
 DeepSpeedCPULion``) and its functional kernel call (csrc/optim/lion.h)."""
+
 from __future__ import annotations
 
 from typing import Iterable, Optional, Tuple
@@ -7,25 +8,39 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from zerostream import _C
-from zerostream.ops._cpu_optimizer import (CPUOptimizerBase, many_buffers, run_kwargs,
-                                           step_buffers)
-from zerostream.ops.threads import optimizer_threads
+from zerostream.ops._cpu_optimizer import CPUOptimizerBase, many_buffers, run_kwargs, step_buffers
 from zerostream.ops.adam import _betas
+from zerostream.ops.threads import optimizer_threads
 
 __all__ = ["DeepSpeedCPULion", "CPULion", "cpu_lion_step"]
 
 
-def cpu_lion_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, *, lr: float,
-                  betas: Tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0,
-                  grad_scale: float = 1.0, param_copy: Optional[torch.Tensor] = None,
-                  threads: Optional[int] = None, simd: Optional[str] = None,
-                  nontemporal: str = "auto") -> None:
+def cpu_lion_step(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    *,
+    lr: float,
+    betas: Tuple[float, float] = (0.9, 0.99),
+    weight_decay: float = 0.0,
+    grad_scale: float = 1.0,
+    param_copy: Optional[torch.Tensor] = None,
+    threads: Optional[int] = None,
+    simd: Optional[str] = None,
+    nontemporal: str = "auto",
+) -> None:
     """One fused Lion step in place (decoupled weight decay)."""
     bufs = step_buffers(param, grad, {"exp_avg": exp_avg}, param_copy)
     beta1, beta2 = _betas(betas)
-    _C.optim.lion_step(**bufs, lr=float(lr), beta1=beta1, beta2=beta2,
-                       weight_decay=float(weight_decay), grad_scale=float(grad_scale),
-                       **run_kwargs(threads, simd, nontemporal))
+    _C.optim.lion_step(
+        **bufs,
+        lr=float(lr),
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=float(weight_decay),
+        grad_scale=float(grad_scale),
+        **run_kwargs(threads, simd, nontemporal),
+    )
 
 
 class DeepSpeedCPULion(CPUOptimizerBase):
@@ -34,9 +49,16 @@ class DeepSpeedCPULion(CPUOptimizerBase):
     _state_names = ("exp_avg",)
     _display_name = "DeepSpeedCPULion"
 
-    def __init__(self, model_params: Iterable, lr: float = 1e-3,
-                 betas: Tuple[float, float] = (0.9, 0.999), weight_decay: float = 0,
-                 fp32_optimizer_states: bool = True, *, threads: Optional[int] = None):
+    def __init__(
+        self,
+        model_params: Iterable,
+        lr: float = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0,
+        fp32_optimizer_states: bool = True,
+        *,
+        threads: Optional[int] = None,
+    ):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= weight_decay:
@@ -48,11 +70,20 @@ class DeepSpeedCPULion(CPUOptimizerBase):
         b = many_buffers(items, self._state_names, self._display_name)
         beta1, beta2 = _betas(group["betas"])
         _C.optim.lion_step_many(
-            b["params"], b["grads"], b["grad_dtypes"], b["exp_avg"], b["numels"],
-            lr=float(group["lr"]), beta1=beta1, beta2=beta2,
-            weight_decay=float(group["weight_decay"]), grad_scale=grad_scale,
-            param_copies=b["param_copies"], copy_dtypes=b["copy_dtypes"],
-            threads=optimizer_threads(self.threads))
+            b["params"],
+            b["grads"],
+            b["grad_dtypes"],
+            b["exp_avg"],
+            b["numels"],
+            lr=float(group["lr"]),
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=float(group["weight_decay"]),
+            grad_scale=grad_scale,
+            param_copies=b["param_copies"],
+            copy_dtypes=b["copy_dtypes"],
+            threads=optimizer_threads(self.threads),
+        )
 
 
 CPULion = DeepSpeedCPULion

@@ -22,6 +22,7 @@ Resolution, first match wins:
 
 The resolved count and its reason are logged once (logger ``zerostream``, INFO).
 """
+
 from __future__ import annotations
 
 import logging
@@ -85,7 +86,9 @@ def _resolve_from_env() -> Tuple[int, str]:
     machine = os.cpu_count() or cores
     if cores * ranks <= machine:
         return cores, f"{cores} cores bound to this rank"
-    return max(1, cores // ranks), f"{cores} cores available / {ranks} ranks on this node ({ranks_var})"
+    return max(
+        1, cores // ranks
+    ), f"{cores} cores available / {ranks} ranks on this node ({ranks_var})"
 
 
 def optimizer_threads(threads: Optional[int] = None) -> int:

@@ -5,6 +5,7 @@ when disabled (as HF Transformers uses it outside stage 3) and raises a clear
 NotImplementedError when enabled, and `GatheredParameters` is the no-op DeepSpeed defines for
 parameters that are not ZeRO-3 partitioned (all of them, here).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,14 +27,26 @@ def _is_zero3_param(p) -> bool:
 class Init(contextlib.ContextDecorator):
     """`with zero.Init(...): model = M()` partitions parameters at creation (ZeRO stage 3)."""
 
-    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True,
-                 remote_device=None, pin_memory=False, config_dict_or_path=None, config=None,
-                 enabled=True, dtype=None, mpu=None, **kwargs):
+    def __init__(
+        self,
+        module=None,
+        data_parallel_group=None,
+        mem_efficient_linear=True,
+        remote_device=None,
+        pin_memory=False,
+        config_dict_or_path=None,
+        config=None,
+        enabled=True,
+        dtype=None,
+        mpu=None,
+        **kwargs,
+    ):
         self.enabled = enabled
         if enabled:
             raise NotImplementedError(
                 "zerostream.zero.Init: ZeRO stage 3 parameter partitioning is not implemented "
-                "yet in this build; use zero_optimization.stage 0, 1 or 2, or Init(enabled=False)")
+                "yet in this build; use zero_optimization.stage 0, 1 or 2, or Init(enabled=False)"
+            )
 
     def __enter__(self):
         return self
@@ -52,8 +65,10 @@ class GatheredParameters(contextlib.ContextDecorator):
         self.params = [p for p in (params or []) if _is_zero3_param(p)]
         self.enabled = enabled and bool(self.params)
         if self.enabled:
-            raise NotImplementedError("GatheredParameters on ZeRO-3 parameters needs stage 3, "
-                                      "which is not implemented yet in this build")
+            raise NotImplementedError(
+                "GatheredParameters on ZeRO-3 parameters needs stage 3, "
+                "which is not implemented yet in this build"
+            )
 
     def __enter__(self):
         return self

@@ -1,5 +1,6 @@
 """What every ZeRO optimizer wrapper shares: the loss scaler, the one-scalar-per-step norm and
 overflow check, clipping, and the surface HF Accelerate and LR schedulers touch."""
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,9 @@ class ZeroOptimizerBase:
         dtype (buffers keep their dtype: fp32 rotary inv_freq, norms' running stats), then
         rank 0's weights win, as in DeepSpeed, so ranks start from one model."""
         for p in module.parameters():
-            p.data = p.data.to(device=ctx.device,
-                               dtype=ctx.dtype if p.is_floating_point() else p.dtype)
+            p.data = p.data.to(
+                device=ctx.device, dtype=ctx.dtype if p.is_floating_point() else p.dtype
+            )
         for b in module.buffers():
             b.data = b.data.to(ctx.device)
         if ctx.world > 1:
@@ -78,9 +80,12 @@ class ZeroOptimizerBase:
         return self._global_grad_norm
 
     def _scaler_state(self) -> dict:
-        return {"loss_scaler": self.loss_scaler.state_dict(),
-                "dynamic_loss_scale": self.loss_scaler.dynamic, "overflow": self.overflow,
-                "clip_grad": self.clip}
+        return {
+            "loss_scaler": self.loss_scaler.state_dict(),
+            "dynamic_loss_scale": self.loss_scaler.dynamic,
+            "overflow": self.overflow,
+            "clip_grad": self.clip,
+        }
 
     def _load_scaler_state(self, state: dict) -> None:
         self.loss_scaler.load_state_dict(state["loss_scaler"])

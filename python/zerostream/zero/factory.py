@@ -1,6 +1,7 @@
 """Builds the ZeRO optimizer of a run from its stage and config sections (Note [Stage seam] in
 zero/protocol.py): which class implements the stage, which inner optimizer steps the fp32
 state, and where that state lives (device, host arena, or NVMe swap store)."""
+
 from __future__ import annotations
 
 from typing import List, Optional
@@ -17,13 +18,16 @@ _STAGES = {0: ReplicatedOptimizer, 1: PartitionedOptimizer, 2: PartitionedOptimi
 def stage_class(stage: int) -> type:
     """The class implementing `zero_optimization.stage` (its prepare_module runs first)."""
     if stage == 3:
-        raise NotImplementedError("zero_optimization.stage 3 is not implemented yet in this "
-                                  "build of zerostream; use stage 0, 1 or 2")
+        raise NotImplementedError(
+            "zero_optimization.stage 3 is not implemented yet in this "
+            "build of zerostream; use stage 0, 1 or 2"
+        )
     return _STAGES[stage]
 
 
-def build_zero_optimizer(ctx: StageContext, param_groups: List[dict],
-                         client=None) -> Optional[ZeroOptimizer]:
+def build_zero_optimizer(
+    ctx: StageContext, param_groups: List[dict], client=None
+) -> Optional[ZeroOptimizer]:
     """The run's ZeRO optimizer over `param_groups` (trainable groups of the placed module),
     or None when the run has no optimizer (stage 0 inference)."""
     cfg = ctx.config
@@ -35,8 +39,10 @@ def build_zero_optimizer(ctx: StageContext, param_groups: List[dict],
     make = optimizer_maker(client, cfg, groups)
     if make is None:
         if stage > 0:
-            raise ValueError(f"zero_optimization.stage {stage} requires an optimizer: give "
-                             f"one in the config's \"optimizer\" section or to initialize()")
+            raise ValueError(
+                f"zero_optimization.stage {stage} requires an optimizer: give "
+                f'one in the config\'s "optimizer" section or to initialize()'
+            )
         return None
     return cls(ctx, groups, make)
 
@@ -45,17 +51,31 @@ def _nvme_adam(ctx: StageContext, client):
     """offload_optimizer nvme: Adam/AdamW whose master weights and moments live in the swap
     store (offload/optimizer_swap.py), built from the config's sections."""
     from ..offload.optimizer_swap import SwappedAdam
+
     cfg = ctx.config
     opt = cfg.optimizer
-    if client is not None or opt is None or opt.name not in ("adam", "adamw") \
-            or opt.params["torch_adam"]:
+    if (
+        client is not None
+        or opt is None
+        or opt.name not in ("adam", "adamw")
+        or opt.params["torch_adam"]
+    ):
         raise NotImplementedError(
-            "zero_optimization.offload_optimizer.device \"nvme\" keeps Adam/AdamW state on "
-            "NVMe; give \"optimizer\": {\"type\": \"AdamW\", ...} in the config (client "
-            "optimizers and other types are not supported with nvme yet)")
+            'zero_optimization.offload_optimizer.device "nvme" keeps Adam/AdamW state on '
+            'NVMe; give "optimizer": {"type": "AdamW", ...} in the config (client '
+            "optimizers and other types are not supported with nvme yet)"
+        )
 
     def make(masters, options, param_starts):
-        return SwappedAdam(masters, options, param_starts, optimizer=opt,
-                           zero=cfg.zero_optimization, aio=cfg.aio, ext=cfg.zerostream,
-                           rank=comm.get_rank())
+        return SwappedAdam(
+            masters,
+            options,
+            param_starts,
+            optimizer=opt,
+            zero=cfg.zero_optimization,
+            aio=cfg.aio,
+            ext=cfg.zerostream,
+            rank=comm.get_rank(),
+        )
+
     return make

@@ -4,6 +4,7 @@ The layout is DeepSpeed's stage 1/2 layout (reference §1.8): params flattened i
 padded to a multiple of 2*world, cut into `world` equal partitions; rank r owns partition r.
 `_C.stage12_partition` is the one place that answers which elements a rank owns.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ class FlatGroup:
         dtypes = {p.dtype for p in params}
         devices = {p.device for p in params}
         if len(dtypes) != 1 or len(devices) != 1:
-            raise ValueError(f"parameters of one group must share dtype and device; got "
-                             f"{sorted(map(str, dtypes))} on {sorted(map(str, devices))}")
+            raise ValueError(
+                f"parameters of one group must share dtype and device; got "
+                f"{sorted(map(str, dtypes))} on {sorted(map(str, devices))}"
+            )
         self.world, self.rank = world, rank
         self.slots: List[ParamSlot] = []
         offset = 0
@@ -43,17 +46,16 @@ class FlatGroup:
         # Every rank's (begin, numel, valid) from the one native function (zero/shard.h).
         self.ranges = [_C.stage12_partition(self.numel, world, r) for r in range(world)]
         self.partition_begin, self.partition_numel, self.partition_valid = self.ranges[rank]
-        self.buffer = torch.zeros(self.padded_numel, dtype=params[0].dtype,
-                                  device=params[0].device)
+        self.buffer = torch.zeros(self.padded_numel, dtype=params[0].dtype, device=params[0].device)
         with torch.no_grad():
             for s in self.slots:
-                self.buffer[s.offset:s.offset + s.numel].copy_(s.param.detach().reshape(-1))
-                s.param.data = self.buffer[s.offset:s.offset + s.numel].view_as(s.param)
+                self.buffer[s.offset : s.offset + s.numel].copy_(s.param.detach().reshape(-1))
+                s.param.data = self.buffer[s.offset : s.offset + s.numel].view_as(s.param)
 
     def partition(self, rank: Optional[int] = None) -> torch.Tensor:
         """View of `rank`'s partition of the buffer (this rank's by default)."""
         begin, numel, _ = self.ranges[self.rank if rank is None else rank]
-        return self.buffer[begin:begin + numel]
+        return self.buffer[begin : begin + numel]
 
     def overlap(self, slot: ParamSlot, rank: Optional[int] = None) -> Tuple[int, int]:
         """(start, end) of the slot's elements inside `rank`'s partition (this rank's by

@@ -18,6 +18,7 @@ Note [Stage-2 bucket reduction]
   reduce-scattered, half the bytes of an all-reduce; a bucket owned by one rank is
   all-reduced, as DeepSpeed's use_multi_rank_bucket_allreduce does.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,6 +38,7 @@ from .protocol import TrainingState
 class Piece:
     """Elements [lo, hi) of a bucket's flattened gradients, owned by one rank, landing at
     `part_lo` of that rank's partition of group `group`."""
+
     lo: int
     hi: int
     group: int
@@ -44,7 +46,7 @@ class Piece:
 
 
 def choose_collective(pieces: List[List[Piece]], numel: int, world: int) -> str:
-    """"reduce_scatter" or "all_reduce" for a bucket of `numel` elements whose owners' pieces
+    """ "reduce_scatter" or "all_reduce" for a bucket of `numel` elements whose owners' pieces
     are `pieces`: the one moving fewer bytes per rank (Note [Stage-2 bucket reduction])."""
     widest = max(sum(p.hi - p.lo for p in ps) for ps in pieces)
     return "reduce_scatter" if world * widest < 2 * numel else "all_reduce"
@@ -65,8 +67,9 @@ class _Reducer:
         """Runs `collective(*args, **kwargs)`, counting its payload and time."""
         start = time.perf_counter()
         work = collective(*args, group=self.group, **kwargs)
-        self.telemetry.moved("comm", payload.numel() * payload.element_size(),
-                             time.perf_counter() - start)
+        self.telemetry.moved(
+            "comm", payload.numel() * payload.element_size(), time.perf_counter() - start
+        )
         self.collectives[kind] += 1
         return work
 
@@ -82,7 +85,7 @@ class Stage1Reducer(_Reducer):
         self.local = [torch.zeros_like(f.buffer) for f in flat_groups]
 
     def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
-        self.local[gi][slot.offset:slot.offset + slot.numel].add_(grad)
+        self.local[gi][slot.offset : slot.offset + slot.numel].add_(grad)
 
     def after_backward(self) -> None:
         pass
@@ -114,10 +117,14 @@ class Stage2Reducer(_Reducer):
 
     def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
         # A gradient from a bare loss.backward() would sit in a bucket nobody flushes.
-        self.run.require(TrainingState.BACKWARD, what=(
-            "ZeRO stage 2 received a gradient outside engine.backward(loss) (it reduces "
-            "gradients as autograd produces them: call engine.backward(loss), not "
-            "loss.backward())"))
+        self.run.require(
+            TrainingState.BACKWARD,
+            what=(
+                "ZeRO stage 2 received a gradient outside engine.backward(loss) (it reduces "
+                "gradients as autograd produces them: call engine.backward(loss), not "
+                "loss.backward())"
+            ),
+        )
         self._bucket.append((gi, slot, grad))
         self._bucket_numel += slot.numel
         if self._bucket_numel >= self.bucket_size:
@@ -162,8 +169,7 @@ class Stage2Reducer(_Reducer):
             work, finish = self._reduce_scatter(flat, pieces, widest)
         else:
             flat = flat if len(bucket) > 1 else flat.clone()  # never reduce into param.grad
-            work = self._timed("all_reduce", flat, comm.all_reduce, flat,
-                               async_op=self.overlap)
+            work = self._timed("all_reduce", flat, comm.all_reduce, flat, async_op=self.overlap)
             finish = functools.partial(self._add, flat, pieces[self.rank], relative=False)
         if work is None:
             finish()
@@ -175,11 +181,17 @@ class Stage2Reducer(_Reducer):
         for r, ps in enumerate(pieces):
             at = r * widest
             for p in ps:
-                staging[at:at + p.hi - p.lo].copy_(flat[p.lo:p.hi])
+                staging[at : at + p.hi - p.lo].copy_(flat[p.lo : p.hi])
                 at += p.hi - p.lo
         out = flat.new_empty(widest)
-        work = self._timed("reduce_scatter", staging, comm.reduce_scatter_tensor, out, staging,
-                           async_op=self.overlap)
+        work = self._timed(
+            "reduce_scatter",
+            staging,
+            comm.reduce_scatter_tensor,
+            out,
+            staging,
+            async_op=self.overlap,
+        )
         return work, functools.partial(self._add, out, pieces[self.rank], relative=True)
 
     def _add(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
@@ -188,7 +200,7 @@ class Stage2Reducer(_Reducer):
         at = 0
         for p in pieces:
             n = p.hi - p.lo
-            chunk = source[at:at + n] if relative else source[p.lo:p.hi]
-            target = self.targets[p.group][p.part_lo:p.part_lo + n]
+            chunk = source[at : at + n] if relative else source[p.lo : p.hi]
+            target = self.targets[p.group][p.part_lo : p.part_lo + n]
             target.add_(chunk.to(target.device))
             at += n

@@ -12,6 +12,7 @@ Note [Stage seam]
   optimizer side of a checkpoint; state_summary() is what tests and tools may inspect.
   The phase (TrainingState) is kept apart from where bytes live (the stage's own state).
 """
+
 from __future__ import annotations
 
 import enum
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 class TrainingState(enum.Enum):
     """Which phase of a training step runs now (model: FSDP2's TrainingState)."""
+
     IDLE = "idle"
     FORWARD = "forward"
     BACKWARD = "backward"
@@ -55,6 +57,7 @@ class StageContext:
     """Everything a stage is built from: the resolved config (each component reads its own
     sections from it), the data-parallel group, the device and dtype the model trains in,
     the loss scaler, the engine's phase and telemetry."""
+
     config: "DeepSpeedConfig"
     group: Any
     rank: int

@@ -1,6 +1,7 @@
 """Stage 0: plain data parallelism. Every rank holds everything; gradients are all-reduced in
 buckets of `reduce_bucket_size` elements at the accumulation boundary. With fp16/bf16 the
 optimizer steps fp32 master copies and writes the 16-bit params back."""
+
 from __future__ import annotations
 
 import time
@@ -15,7 +16,6 @@ from .protocol import StageContext
 
 
 class ReplicatedOptimizer(ZeroOptimizerBase):
-
     def __init__(self, ctx: StageContext, param_groups: List[dict], make_optimizer):
         cfg = ctx.config
         self.world = ctx.world
@@ -30,8 +30,13 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         if self.mixed:
             self.masters = [p.detach().float().clone() for p in self.params]
             it = iter(self.masters)
-            inner = [{**{k: v for k, v in g.items() if k != "params"},
-                      "params": [next(it) for _ in g["params"]]} for g in param_groups]
+            inner = [
+                {
+                    **{k: v for k, v in g.items() if k != "params"},
+                    "params": [next(it) for _ in g["params"]],
+                }
+                for g in param_groups
+            ]
         super().__init__(make_optimizer(inner), ctx)
 
     def after_backward(self) -> None:
@@ -93,16 +98,21 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
 
     # --- checkpoint state -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        state = {"zero_stage": 0, **self._scaler_state(),
-                 "base_optimizer_state": self.optimizer.state_dict()}
+        state = {
+            "zero_stage": 0,
+            **self._scaler_state(),
+            "base_optimizer_state": self.optimizer.state_dict(),
+        }
         if self.masters is not None:
             state["fp32_masters"] = [m.detach().clone() for m in self.masters]
         return state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("zero_stage") != 0:
-            raise ValueError(f"optimizer state is from ZeRO stage {state.get('zero_stage')!r}; "
-                             f"this run is stage 0")
+            raise ValueError(
+                f"optimizer state is from ZeRO stage {state.get('zero_stage')!r}; "
+                f"this run is stage 0"
+            )
         self._load_scaler_state(state)
         self.optimizer.load_state_dict(state["base_optimizer_state"])
         if self.masters is not None:
@@ -112,5 +122,9 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                     p.copy_(m)
 
     def state_summary(self) -> dict:
-        return {"stage": 0, "params": len(self.params), "fp32_masters": self.masters is not None,
-                "optimizer": type(self.optimizer).__name__}
+        return {
+            "stage": 0,
+            "params": len(self.params),
+            "fp32_masters": self.masters is not None,
+            "optimizer": type(self.optimizer).__name__,
+        }

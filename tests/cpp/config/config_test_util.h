@@ -25,15 +25,14 @@ inline std::string joined(const std::vector<std::string>& messages) {
   return out;
 }
 
-#define EXPECT_ERROR(res, part) \
+#define EXPECT_ERROR(res, part)                                       \
   EXPECT_TRUE(::zs::config::testing::has_message((res).errors, part)) \
-      << "wanted an error containing: " << (part) << "\ngot:\n"      \
+      << "wanted an error containing: " << (part) << "\ngot:\n"       \
       << ::zs::config::testing::joined((res).errors)
-#define EXPECT_WARNING(res, part) \
+#define EXPECT_WARNING(res, part)                                       \
   EXPECT_TRUE(::zs::config::testing::has_message((res).warnings, part)) \
-      << "wanted a warning containing: " << (part) << "\ngot:\n"       \
+      << "wanted a warning containing: " << (part) << "\ngot:\n"        \
       << ::zs::config::testing::joined((res).warnings)
-#define EXPECT_OK(res) \
-  EXPECT_TRUE((res).ok()) << ::zs::config::testing::joined((res).errors)
+#define EXPECT_OK(res) EXPECT_TRUE((res).ok()) << ::zs::config::testing::joined((res).errors)
 
 }  // namespace zs::config::testing

@@ -15,16 +15,20 @@ struct Triad {
 
 TEST(Batch, DerivationTableFromTheReference) {
   const Triad cases[] = {
-      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4)", 2, 16, 2, 4, ""},
+      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4)",
+       2, 16, 2, 4, ""},
       {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 2)", 2, 16, 2, 4, ""},
       {R"("train_batch_size": 16, "gradient_accumulation_steps": 4)", 2, 16, 2, 4, ""},
       {R"("train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4)", 2, 16, 2, 4, ""},
       {R"("train_batch_size": 16)", 2, 16, 8, 1, ""},
       {R"("train_micro_batch_size_per_gpu": 3)", 4, 12, 3, 1, ""},
       {R"("train_batch_size": 17, "train_micro_batch_size_per_gpu": 2)", 2, 0, 0, 0,
-       "train_batch_size: 17 != train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * data-parallel world size 2"},
-      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2)", 2, 0, 0, 0,
-       "train_batch_size: 16 != train_micro_batch_size_per_gpu 3 * gradient_accumulation_steps 2 * data-parallel world size 2"},
+       "train_batch_size: 17 != train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * "
+       "data-parallel world size 2"},
+      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2)",
+       2, 0, 0, 0,
+       "train_batch_size: 16 != train_micro_batch_size_per_gpu 3 * gradient_accumulation_steps 2 * "
+       "data-parallel world size 2"},
       {R"("train_batch_size": 4, "train_micro_batch_size_per_gpu": 8)", 1, 0, 0, 0,
        "gradient_accumulation_steps: has to be greater than 0; got 0"},
       {R"("train_batch_size": 0)", 1, 0, 0, 0, "train_batch_size: must be > 0; got 0"},
@@ -60,13 +64,15 @@ TEST(Batch, ZeroAndNegativeSizesAreRejected) {
 TEST(Batch, MissingBatchIsAWarningForConfigCheck) {
   const Resolution r = check(R"({"zero_optimization": {"stage": 2}})");
   EXPECT_OK(r);
-  EXPECT_WARNING(r, "either train_batch_size or train_micro_batch_size_per_gpu needs to be provided");
+  EXPECT_WARNING(r,
+                 "either train_batch_size or train_micro_batch_size_per_gpu needs to be provided");
 }
 
 TEST(Batch, SequenceParallelDividesTheWorld) {
   RunContext ctx;
   ctx.world_size = 4;
-  const Resolution r = check(R"({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 2})", ctx);
+  const Resolution r = check(
+      R"({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 2})", ctx);
   EXPECT_OK(r);
   EXPECT_EQ(r.at("train_batch_size"), 2);
   ctx.world_size = 3;
@@ -79,15 +85,19 @@ TEST(Auto, BatchKeysComeFromTheRun) {
   ctx.world_size = 2;
   ctx.micro_batch_size = 4;
   ctx.gradient_accumulation_steps = 2;
-  const Resolution r = check(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-                                  "gradient_accumulation_steps": "auto"})", ctx);
+  const Resolution r = check(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                                  "gradient_accumulation_steps": "auto"})",
+      ctx);
   EXPECT_OK(r);
   EXPECT_EQ(r.at("train_batch_size"), 16);
   EXPECT_EQ(r.origins.at("train_micro_batch_size_per_gpu"), Origin::kAuto);
-  const Resolution nothing = check(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"})");
+  const Resolution nothing = check(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"})");
   EXPECT_OK(nothing);
   EXPECT_EQ(nothing.at("train_micro_batch_size_per_gpu"), 1);
-  EXPECT_TRUE(testing::has_message(nothing.notes, "train_micro_batch_size_per_gpu: \"auto\" with no batch size"));
+  EXPECT_TRUE(testing::has_message(nothing.notes,
+                                   "train_micro_batch_size_per_gpu: \"auto\" with no batch size"));
 }
 
 TEST(Auto, BucketSizesFromTheHiddenSize) {
@@ -95,15 +105,19 @@ TEST(Auto, BucketSizesFromTheHiddenSize) {
   ctx.hidden_size = 1024;
   const Resolution r = check(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
       "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-      "stage3_param_persistence_threshold": "auto"}})", ctx);
+      "stage3_param_persistence_threshold": "auto"}})",
+                             ctx);
   EXPECT_OK(r);
   EXPECT_EQ(r.at("zero_optimization.reduce_bucket_size"), 1024 * 1024);
   EXPECT_EQ(r.at("zero_optimization.stage3_prefetch_bucket_size"), 943718);  // 0.9 * h^2
   EXPECT_EQ(r.at("zero_optimization.stage3_param_persistence_threshold"), 10240);
   EXPECT_EQ(r.origins.at("zero_optimization.reduce_bucket_size"), Origin::kAuto);
-  const Resolution fallback = check(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": "auto"}})");
+  const Resolution fallback = check(
+      R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": "auto"}})");
   EXPECT_EQ(fallback.at("zero_optimization.reduce_bucket_size"), 500000000);
-  EXPECT_TRUE(testing::has_message(fallback.notes, "zero_optimization.reduce_bucket_size: \"auto\" -> 500000000 (DeepSpeed's default"));
+  EXPECT_TRUE(testing::has_message(
+      fallback.notes,
+      "zero_optimization.reduce_bucket_size: \"auto\" -> 500000000 (DeepSpeed's default"));
 }
 
 TEST(Auto, PrecisionOptimizerAndSchedulerFromTheRun) {
@@ -111,10 +125,12 @@ TEST(Auto, PrecisionOptimizerAndSchedulerFromTheRun) {
   ctx.model_dtype = "bf16";
   ctx.lr = 3e-4;
   ctx.total_num_steps = 500;
-  const Resolution r = check(R"({"train_batch_size": 8, "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+  const Resolution r = check(
+      R"({"train_batch_size": 8, "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
       "gradient_clipping": "auto",
       "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "weight_decay": "auto"}},
-      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": "auto", "total_num_steps": "auto"}}})", ctx);
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": "auto", "total_num_steps": "auto"}}})",
+      ctx);
   EXPECT_OK(r);
   EXPECT_EQ(r.at("bf16.enabled"), true);
   EXPECT_EQ(r.at("fp16.enabled"), false);
@@ -127,10 +143,12 @@ TEST(Auto, PrecisionOptimizerAndSchedulerFromTheRun) {
 }
 
 TEST(Auto, RequiredValueWithoutTheRunIsAWarning) {
-  const Resolution r = check(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {}},
+  const Resolution r = check(
+      R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {}},
       "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}})");
   EXPECT_OK(r);
-  EXPECT_WARNING(r, "scheduler.params.total_num_steps: \"auto\" cannot be resolved without the run");
+  EXPECT_WARNING(r,
+                 "scheduler.params.total_num_steps: \"auto\" cannot be resolved without the run");
 }
 
 }  // namespace

@@ -22,7 +22,8 @@ TEST(JsonReader, AcceptsCommentsAndTrailingCommasLikeHjson) {
     "a": 1, /* block
     comment */ "b": [1, 2, 3,],
     "c": {"d": "x // not a comment",},
-  })", "f.json");
+  })",
+                                "f.json");
   EXPECT_EQ(j["a"], 1);
   EXPECT_EQ(j["b"].size(), 3u);
   EXPECT_EQ(j["c"]["d"], "x // not a comment");
@@ -50,14 +51,16 @@ TEST(JsonReader, DuplicateKeyNamesItsPath) {
 TEST(JsonReader, TemplatePlaceholderNamesItsKeyPathAndLine) {
   const std::string e = error_of("{\n  \"fp16\": {\n    \"enabled\": FP16_ENABLE\n  }\n}");
   EXPECT_NE(e.find("fp16.enabled: expected a JSON value, got the bare word FP16_ENABLE"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("line 3, column 16"), std::string::npos) << e;
 }
 
 TEST(JsonReader, PythonLiteralsGetAHint) {
   const std::string e = error_of(R"({"wall_clock_breakdown": True})");
   EXPECT_NE(e.find("wall_clock_breakdown: expected a JSON value, got the Python literal True"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
 }
 
 TEST(JsonReader, ArrayElementsArePartOfThePath) {

@@ -10,39 +10,47 @@ using testing::check;
 std::string cfg(const std::string& body) { return R"({"train_batch_size": 8, )" + body + "}"; }
 
 TEST(Rules, Fp16AndBf16CannotBothBeOn) {
-  EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true}, "bf16": {"enabled": true})")),
-               "fp16.enabled, bf16.enabled: bfloat16 and fp16 modes cannot be simultaneously enabled");
+  EXPECT_ERROR(
+      check(cfg(R"("fp16": {"enabled": true}, "bf16": {"enabled": true})")),
+      "fp16.enabled, bf16.enabled: bfloat16 and fp16 modes cannot be simultaneously enabled");
 }
 
 TEST(Rules, NvmeNeedsAPath) {
-  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}})")),
-               "zero_optimization.offload_param.nvme_path: required when "
-               "zero_optimization.offload_param.device is \"nvme\"");
-  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}})")),
-               "zero_optimization.offload_optimizer.nvme_path: required");
+  EXPECT_ERROR(
+      check(cfg(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}})")),
+      "zero_optimization.offload_param.nvme_path: required when "
+      "zero_optimization.offload_param.device is \"nvme\"");
+  EXPECT_ERROR(
+      check(cfg(R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}})")),
+      "zero_optimization.offload_optimizer.nvme_path: required");
   EXPECT_OK(check(cfg(R"("zero_optimization": {"stage": 3,
       "offload_param": {"device": "nvme", "nvme_path": "/tmp/x"}})")));
 }
 
 TEST(Rules, OffloadParamBelowStage3IsIgnoredWithAWarning) {
-  const Resolution r = check(cfg(R"("zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}})"));
+  const Resolution r = check(
+      cfg(R"("zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}})"));
   EXPECT_OK(r);
   EXPECT_WARNING(r, "zero_optimization.offload_param: only ZeRO stage 3 partitions parameters");
 }
 
 TEST(Rules, PrescaleAndPredivideNeedReduceScatterOffAtStage2) {
-  EXPECT_ERROR(check(cfg(R"("prescale_gradients": true, "zero_optimization": {"stage": 2})")),
-               "prescale_gradients: must be false with zero_optimization.stage 2 and reduce_scatter true");
-  EXPECT_OK(check(cfg(R"("prescale_gradients": true, "zero_optimization": {"stage": 2, "reduce_scatter": false})")));
+  EXPECT_ERROR(
+      check(cfg(R"("prescale_gradients": true, "zero_optimization": {"stage": 2})")),
+      "prescale_gradients: must be false with zero_optimization.stage 2 and reduce_scatter true");
+  EXPECT_OK(check(cfg(
+      R"("prescale_gradients": true, "zero_optimization": {"stage": 2, "reduce_scatter": false})")));
   EXPECT_OK(check(cfg(R"("prescale_gradients": true, "zero_optimization": {"stage": 0})")));
   EXPECT_ERROR(check(cfg(R"("gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 3})")),
                "gradient_predivide_factor: must be 1.0 with zero_optimization.stage 3");
 }
 
 TEST(Rules, PartialOffloadNeedsStage3) {
-  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}})")),
-               "zero_optimization.offload_optimizer.ratio: partial offloading (0.5 < 1) is only "
-               "supported for ZeRO stage 3; got stage 2");
+  EXPECT_ERROR(
+      check(cfg(
+          R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}})")),
+      "zero_optimization.offload_optimizer.ratio: partial offloading (0.5 < 1) is only "
+      "supported for ZeRO stage 3; got stage 2");
 }
 
 TEST(Rules, SumAllreduceNotWithStage3) {
@@ -113,11 +121,13 @@ TEST(Optimizer, TypesAndParameters) {
   EXPECT_OK(check(cfg(R"("optimizer": {"type": "RMSprop", "params": {"alpha": 0.9}})")));
   const Resolution lamb = check(cfg(R"("optimizer": {"type": "Lamb", "params": {"lr": 1}})"));
   EXPECT_OK(lamb);
-  EXPECT_WARNING(lamb, "optimizer.type: \"Lamb\" is a DeepSpeed optimizer that zerostream does not implement");
+  EXPECT_WARNING(
+      lamb, "optimizer.type: \"Lamb\" is a DeepSpeed optimizer that zerostream does not implement");
 }
 
 TEST(Optimizer, MaxGradNormMustAgreeWithGradientClipping) {
-  const Resolution same = check(cfg(R"("optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}})"));
+  const Resolution same = check(
+      cfg(R"("optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}})"));
   EXPECT_OK(same);
   EXPECT_WARNING(same, "optimizer.params.max_grad_norm: not an optimizer parameter; ignored");
   EXPECT_ERROR(check(cfg(R"("gradient_clipping": 0.5,
@@ -136,8 +146,9 @@ TEST(Scheduler, TypesRequiredParametersAndTorchSchedules) {
                "scheduler.params: required, as an object (it may be {})");
   EXPECT_ERROR(check(cfg(R"("scheduler": {"type": "warmuplr", "params": {}})")),
                "did you mean \"WarmupLR\"?");
-  EXPECT_ERROR(check(cfg(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}})")),
-               "scheduler.params.warmup_type: expected one of \"log\", \"linear\"; got \"cubic\"");
+  EXPECT_ERROR(
+      check(cfg(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}})")),
+      "scheduler.params.warmup_type: expected one of \"log\", \"linear\"; got \"cubic\"");
   EXPECT_OK(check(cfg(R"("scheduler": {"type": "StepLR", "params": {"step_size": 10}})")));
 }
 
@@ -150,25 +161,28 @@ TEST(Notes, NvmeAtStage2IsHonouredAndSaid) {
 
 TEST(Load, ThrowsWithEveryErrorOnItsOwnLine) {
   try {
-    load_config(R"({"train_batch_size": 8, "fp16": {"enabled": 3}, "zero_optimization": {"stage": 9}})",
-                "bad.json", RunContext{});
+    load_config(
+        R"({"train_batch_size": 8, "fp16": {"enabled": 3}, "zero_optimization": {"stage": 9}})",
+        "bad.json", RunContext{});
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("invalid DeepSpeed config bad.json:\n  "), std::string::npos) << m;
     EXPECT_NE(m.find("\n  fp16.enabled: expected a boolean"), std::string::npos) << m;
     EXPECT_NE(m.find("\n  zero_optimization.stage: expected one of 0, 1, 2, 3; got 9"),
-              std::string::npos) << m;
+              std::string::npos)
+        << m;
   }
 }
 
 TEST(Load, ResolvedTreeCarriesEveryValue) {
   RunContext ctx;
   ctx.world_size = 4;
-  const Resolution r = load_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
+  const Resolution r = load_config(
+      R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
       "offload_param": {"device": "cpu", "buffer_size": 1e6}}, "bf16": {"enabled": true}})",
-                                   "ok.json", ctx);
+      "ok.json", ctx);
   EXPECT_EQ(r.at("train_batch_size"), 24);
   EXPECT_EQ(r.data_parallel_size, 4);
   EXPECT_EQ(r.at("zero_optimization.stage"), 3);

@@ -59,8 +59,9 @@ TEST(Types, MessagesNameThePathTheValueAndTheChoices) {
   const Resolution r = check(with_batch(R"("zero_optimization": {"stage": 3,
       "offload_param": {"device": "gpu"}})"));
   ASSERT_EQ(r.errors.size(), 1u);
-  EXPECT_EQ(r.errors[0], "zero_optimization.offload_param.device: expected one of \"none\", "
-                         "\"cpu\", \"nvme\"; got \"gpu\"");
+  EXPECT_EQ(r.errors[0],
+            "zero_optimization.offload_param.device: expected one of \"none\", "
+            "\"cpu\", \"nvme\"; got \"gpu\"");
 }
 
 TEST(Types, StageMustBeZeroToThree) {
@@ -144,11 +145,13 @@ TEST(Deprecated, CpuOffloadFlagsBecomeOffloadSections) {
   EXPECT_EQ(r.at("zero_optimization.offload_optimizer.pin_memory"), true);
   EXPECT_WARNING(r, "zero_optimization.cpu_offload: deprecated");
   EXPECT_WARNING(r, "zero_optimization.cpu_offload_use_pin_memory: deprecated and has no effect");
-  const Resolution off = check(with_batch(R"("zero_optimization": {"stage": 2, "cpu_offload": false})"));
+  const Resolution off = check(
+      with_batch(R"("zero_optimization": {"stage": 2, "cpu_offload": false})"));
   EXPECT_OK(off);
   EXPECT_TRUE(off.at("zero_optimization.offload_optimizer").is_null());
-  EXPECT_ERROR(check(with_batch(R"("zero_optimization": {"cpu_offload_params": true})")),
-               "zero_optimization.cpu_offload_params: unknown key; did you mean \"cpu_offload_param\"?");
+  EXPECT_ERROR(
+      check(with_batch(R"("zero_optimization": {"cpu_offload_params": true})")),
+      "zero_optimization.cpu_offload_params: unknown key; did you mean \"cpu_offload_param\"?");
 }
 
 TEST(Deprecated, BooleanZeroOptimizationMeansStageOne) {
@@ -158,17 +161,21 @@ TEST(Deprecated, BooleanZeroOptimizationMeansStageOne) {
   EXPECT_EQ(r.at("zero_optimization.stage"), 1);
   EXPECT_EQ(r.at("zero_optimization.allgather_bucket_size"), 1000);
   EXPECT_WARNING(r, "zero_optimization: the boolean form is deprecated");
-  EXPECT_EQ(check(R"({"train_batch_size": 8, "zero_optimization": false})")
-                .at("zero_optimization.stage"), 0);
+  EXPECT_EQ(
+      check(R"({"train_batch_size": 8, "zero_optimization": false})").at("zero_optimization.stage"),
+      0);
 }
 
 TEST(UnknownKeys, StrictSectionsRejectWithASuggestion) {
-  const Resolution r = check(with_batch(R"("zero_optimization": {"stage3_param_persitence_threshold": 1, "comm_overlap": true})"));
-  EXPECT_ERROR(r, "zero_optimization.stage3_param_persitence_threshold: unknown key; did you "
-                  "mean \"stage3_param_persistence_threshold\"?");
+  const Resolution r = check(with_batch(
+      R"("zero_optimization": {"stage3_param_persitence_threshold": 1, "comm_overlap": true})"));
+  EXPECT_ERROR(r,
+               "zero_optimization.stage3_param_persitence_threshold: unknown key; did you "
+               "mean \"stage3_param_persistence_threshold\"?");
   EXPECT_ERROR(r, "zero_optimization.comm_overlap: unknown key");
-  EXPECT_ERROR(check(with_batch(R"("bf16": {"enabled": true, "loss_scale": 0})")),
-               "bf16.loss_scale: unknown key; \"loss_scale\" is a key of \"fp16\", not of \"bf16\"");
+  EXPECT_ERROR(
+      check(with_batch(R"("bf16": {"enabled": true, "loss_scale": 0})")),
+      "bf16.loss_scale: unknown key; \"loss_scale\" is a key of \"fp16\", not of \"bf16\"");
 }
 
 TEST(UnknownKeys, PlainSectionsWarnInsteadAsDeepSpeedIgnoresThem) {
@@ -182,8 +189,9 @@ TEST(UnknownKeys, UnimplementedDeepSpeedFeaturesAreAcceptedWithAWarning) {
   const Resolution r = check(with_batch(R"("compression_training": {"x": 1},
       "curriculum_learning": {"enabled": false}, "comms_logger": {"enabled": true})"));
   EXPECT_OK(r);
-  EXPECT_WARNING(r, "compression_training: accepted for compatibility, but zerostream does not "
-                    "implement this DeepSpeed feature");
+  EXPECT_WARNING(r,
+                 "compression_training: accepted for compatibility, but zerostream does not "
+                 "implement this DeepSpeed feature");
   EXPECT_FALSE(testing::has_message(r.warnings, "curriculum_learning"));
   EXPECT_WARNING(r, "comms_logger.enabled: zerostream does not implement");
 }
@@ -196,14 +204,15 @@ TEST(Extensions, AioBackendAndChecksums) {
   EXPECT_EQ(r.at("zerostream.verify_swap_checksums"), true);
   EXPECT_ERROR(check(with_batch(R"("aio": {"backend": "libaio"})")),
                "aio.backend: expected one of \"auto\", \"io_uring\", \"threads\"; got \"libaio\"");
-  EXPECT_ERROR(check(with_batch(R"("zerostream": {"verify": true})")), "zerostream.verify: unknown key");
+  EXPECT_ERROR(check(with_batch(R"("zerostream": {"verify": true})")),
+               "zerostream.verify: unknown key");
 }
 
 TEST(AcceptedKeys, IncludeEveryAliasAndNestedSection) {
   const std::vector<std::string> keys = accepted_key_paths();
   for (const char* k : {"zero_optimization.offload_param.nvme_path",
-                        "zero_optimization.prefetch_bucket_size", "aio.thread_count",
-                        "bfloat16", "scheduler.params", "checkpoint.parallel_write.pipeline_stage"})
+                        "zero_optimization.prefetch_bucket_size", "aio.thread_count", "bfloat16",
+                        "scheduler.params", "checkpoint.parallel_write.pipeline_stage"})
     EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
 }
 

@@ -61,8 +61,7 @@ inline std::vector<unsigned char> random_bytes(size_t n, uint64_t seed) {
 }
 
 // Reference I/O: buffered pread/pwrite loops, independent of the engines under test.
-inline std::vector<unsigned char> posix_read(const std::string& path, int64_t offset,
-                                             size_t n) {
+inline std::vector<unsigned char> posix_read(const std::string& path, int64_t offset, size_t n) {
   std::vector<unsigned char> out(n);
   const int fd = ::open(path.c_str(), O_RDONLY);
   EXPECT_GE(fd, 0) << path;

@@ -1,7 +1,7 @@
 // Injected faults (ZS_IO_FAULT / set_io_fault): every error surfaces from wait() with the
 // path, offset and strerror; short completions are finished by resubmitting the rest.
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "common/check.h"

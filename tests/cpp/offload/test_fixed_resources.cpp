@@ -69,7 +69,8 @@ TEST(offload_FixedResources, SwapStoreWithRegisteredFiles) {
 
 TEST(offload_FixedResources, ThreadBackendDeclines) {
   AlignedBytes buf(4096);
-  EXPECT_FALSE(make_io_engine(fixed_config(IoBackend::kThreads))->register_buffer(buf.data(), 4096));
+  EXPECT_FALSE(
+      make_io_engine(fixed_config(IoBackend::kThreads))->register_buffer(buf.data(), 4096));
 }
 
 TEST(offload_FixedResources, IoUringDeclinesWhenTheConfigLeavesThemOff) {

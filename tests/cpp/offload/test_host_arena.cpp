@@ -1,9 +1,9 @@
 // The host arena: page-aligned exact-size buffers under one budget; over-budget requests
 // wait for a release, time out with a message naming budget and request, and a refused
 // mlock (low ulimit -l) degrades to unlocked memory with a warning.
+#include <linux/capability.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <linux/capability.h>
 
 #include <atomic>
 #include <chrono>

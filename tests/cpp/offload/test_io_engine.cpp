@@ -37,16 +37,16 @@ TEST_P(offload_IoEngine, PicksTheRequestedBackend) {
 // addresses; the engine writes, the reference reads, and vice versa.
 TEST_P(offload_IoEngine, RoundTripsRandomBytesAtManySizesAndOffsets) {
   auto e = engine(1 << 20, 16, 2);
-  const int64_t sizes[] = {1, 511, 4095, 4096, 4097, 65536 + 3, (1 << 20) + 511,
-                           (5 << 20) + 17, (64 << 20) + 4096 + 3};
+  const int64_t sizes[] = {
+      1, 511, 4095, 4096, 4097, 65536 + 3, (1 << 20) + 511, (5 << 20) + 17, (64 << 20) + 4096 + 3};
   const int64_t offsets[] = {0, 4096, 777};
   uint64_t seed = 1;
   for (int64_t n : sizes) {
     for (int64_t off : offsets) {
       if (n > (8 << 20) && off != 777) continue;  // keep the 64 MiB case to one run
       for (size_t misalign : {size_t{0}, size_t{777 % 4096}}) {
-        SCOPED_TRACE(::testing::Message() << "bytes=" << n << " offset=" << off
-                                          << " misalign=" << misalign);
+        SCOPED_TRACE(::testing::Message()
+                     << "bytes=" << n << " offset=" << off << " misalign=" << misalign);
         const std::string path = dir_.file("rt_" + std::to_string(seed));
         AlignedBytes src(static_cast<size_t>(n), misalign);
         testing::fill_random(src.data(), src.size(), ++seed);
@@ -308,8 +308,8 @@ TEST(offload_IoSplit, MisalignedBufferBodyBouncesOnlyWithAPool) {
   auto file = IoFile::open(dir.file("b"), OpenMode::kWrite, true);
   ASSERT_TRUE(file->direct());
   AlignedBytes buf(100000, 64);
-  auto req = std::make_shared<IoRequest>(IoOp::kWrite, file,
-                                         reinterpret_cast<char*>(buf.data()), 90000, 4096);
+  auto req = std::make_shared<IoRequest>(IoOp::kWrite, file, reinterpret_cast<char*>(buf.data()),
+                                         90000, 4096);
   BouncePool pool(16384);
   auto with_pool = split_request(req, 16384, 1, 0, &pool)[0];
   int bounced = 0;

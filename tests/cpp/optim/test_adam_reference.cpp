@@ -62,8 +62,8 @@ TEST(optim_reference, Adagrad) {
   std::vector<double> rp(p.begin(), p.end()), rs(kN, 0.0);
   for (int step = 1; step <= kSteps; ++step) {
     const auto g = randn(kN, 200 + step);
-    adagrad_step({1e-2, 1e-10, 0.05, 1.0}, {p.data(), g.data(), DType::kFloat32, s.data(),
-                                            nullptr, nullptr, DType::kBFloat16, kN});
+    adagrad_step({1e-2, 1e-10, 0.05, 1.0}, {p.data(), g.data(), DType::kFloat32, s.data(), nullptr,
+                                            nullptr, DType::kBFloat16, kN});
     for (int64_t i = 0; i < kN; ++i) {
       const double gi = g[i] + 0.05 * rp[i];
       rs[i] += gi * gi;
@@ -78,8 +78,8 @@ TEST(optim_reference, LionMovesEachParamByLrTimesSign) {
   std::vector<float> p = randn(kN, 3), m = randn(kN, 4);
   const std::vector<float> p0 = p, m0 = m;
   const auto g = randn(kN, 5);
-  lion_step({1e-3, 0.9, 0.99, 0.0, 1.0}, {p.data(), g.data(), DType::kFloat32, m.data(),
-                                          nullptr, nullptr, DType::kBFloat16, kN});
+  lion_step({1e-3, 0.9, 0.99, 0.0, 1.0}, {p.data(), g.data(), DType::kFloat32, m.data(), nullptr,
+                                          nullptr, DType::kBFloat16, kN});
   for (int64_t i = 0; i < kN; ++i) {
     const double c = 0.9 * m0[i] + 0.1 * g[i];
     const double expect = p0[i] - 1e-3 * ((c > 0) - (c < 0));

@@ -20,7 +20,7 @@ TEST(optim_grad_stats, SumSquaresMatchesDoubleForEveryDtype) {
     const auto bytes = as_dtype(values, d);
     double ref = 0;
     for (size_t i = 0; i < values.size(); ++i) {
-      const float x = d == DType::kFloat32   ? values[i]
+      const float x = d == DType::kFloat32    ? values[i]
                       : d == DType::kBFloat16 ? bf16_to_f32(f32_to_bf16(values[i]))
                                               : f16_to_f32(f32_to_f16(values[i]));
       ref += static_cast<double>(x * 0.5f) * (x * 0.5f);
@@ -35,13 +35,16 @@ TEST(optim_grad_stats, SumSquaresMatchesDoubleForEveryDtype) {
 
 TEST(optim_grad_stats, SameBitsForAnyThreadCount) {
   const auto values = randn(1 << 20, 10);
-  const double one = grad_stats(values.data(), DType::kFloat32, values.size(), 1.0, {1, -1}).sum_squares;
-  const double two = grad_stats(values.data(), DType::kFloat32, values.size(), 1.0, {2, -1}).sum_squares;
+  const double one =
+      grad_stats(values.data(), DType::kFloat32, values.size(), 1.0, {1, -1}).sum_squares;
+  const double two =
+      grad_stats(values.data(), DType::kFloat32, values.size(), 1.0, {2, -1}).sum_squares;
   EXPECT_EQ(one, two);
 }
 
 TEST(optim_grad_stats, FlagsInfAndNanAnywhere) {
-  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+  for (float bad :
+       {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     for (size_t where : {size_t{0}, size_t{13}, size_t{99999}}) {
       std::vector<float> values(100000, 1.f);
       values[where] = bad;

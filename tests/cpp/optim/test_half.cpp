@@ -50,7 +50,7 @@ TEST(optim_half, Bf16RoundsToNearestEven) {
 TEST(optim_half, Fp16RoundsToNearestEvenAndSaturatesToInf) {
   EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
   EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
-  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00);  // halfway past the largest finite: inf
+  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00);                // halfway past the largest finite: inf
   EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
   EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
 }

@@ -30,11 +30,17 @@ Run run(const char* kind, SimdLevel level, int threads, NonTemporal nt, DType gd
   RunOptions o{threads, static_cast<int>(level), nt};
   for (int step = 1; step <= 3; ++step) {
     const auto g = as_dtype(randn(total, 10 + step, 0.1f), gd);
-    StepBuffers b{r.p.data() + offset, g.data() + offset * dtype_size(gd), gd,
-                  r.s0.data() + offset, r.s1.data() + offset, r.copy.data() + offset, cd, n};
+    StepBuffers b{r.p.data() + offset,
+                  g.data() + offset * dtype_size(gd),
+                  gd,
+                  r.s0.data() + offset,
+                  r.s1.data() + offset,
+                  r.copy.data() + offset,
+                  cd,
+                  n};
     if (kind[0] == 'a' && kind[2] == 'a') {  // "adam"
       adam_step(AdamParams{1e-2, 0.9, 0.999, 1e-8, 0.01, true, true, step, 0.5}, b, o);
-    } else if (kind[0] == 'a') {             // "adagrad"
+    } else if (kind[0] == 'a') {  // "adagrad"
       b.state1 = nullptr;
       adagrad_step(AdagradParams{1e-2, 1e-10, 0.01, 0.5}, b, o);
     } else {
@@ -83,8 +89,8 @@ TEST_P(optim_levels, MatchScalarBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, optim_levels,
-                         ::testing::Values(SimdLevel::kScalar, SimdLevel::kNeon,
-                                           SimdLevel::kAvx2, SimdLevel::kAvx512),
+                         ::testing::Values(SimdLevel::kScalar, SimdLevel::kNeon, SimdLevel::kAvx2,
+                                           SimdLevel::kAvx512),
                          [](const auto& info) { return std::string(simd_level_name(info.param)); });
 
 }  // namespace

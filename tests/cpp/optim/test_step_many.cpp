@@ -52,8 +52,8 @@ std::vector<StepBuffers> buffers(Arena& a, DType gd, int states) {
   for (size_t i = 0; i < kSizes.size(); ++i) {
     const int64_t o = a.offsets[i];
     out.push_back({a.p.data() + o, a.grad.data() + o * dtype_size(gd), gd, a.s0.data() + o,
-                   states > 1 ? a.s1.data() + o : nullptr,
-                   i % 2 ? a.copy.data() + o : nullptr, DType::kBFloat16, kSizes[i]});
+                   states > 1 ? a.s1.data() + o : nullptr, i % 2 ? a.copy.data() + o : nullptr,
+                   DType::kBFloat16, kSizes[i]});
   }
   return out;
 }
@@ -68,8 +68,8 @@ void expect_same(const Arena& a, const Arena& b, const std::string& what) {
 TEST(optim_step_many, EachTensorGetsTheBitsOfItsOwnCall) {
   for (const DType gd : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     for (const int threads : {1, 2, 3}) {
-      for (const SimdLevel level : {SimdLevel::kScalar, SimdLevel::kNeon, SimdLevel::kAvx2,
-                                     SimdLevel::kAvx512}) {
+      for (const SimdLevel level :
+           {SimdLevel::kScalar, SimdLevel::kNeon, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
         if (!testing::level_supported(level)) continue;
         const RunOptions o{threads, static_cast<int>(level), NonTemporal::kAuto};
         const std::string what = std::string("grad ") + dtype_name(gd) + ", threads " +
@@ -78,8 +78,8 @@ TEST(optim_step_many, EachTensorGetsTheBitsOfItsOwnCall) {
         Arena one = make_arena(gd), many = make_arena(gd);
         std::vector<AdamParams> ap;
         for (size_t i = 0; i < kSizes.size(); ++i) {
-          ap.push_back({1e-2, 0.9, 0.999, 1e-8, 0.01, true, i % 3 != 0,
-                        static_cast<int64_t>(1 + i), 0.5});
+          ap.push_back(
+              {1e-2, 0.9, 0.999, 1e-8, 0.01, true, i % 3 != 0, static_cast<int64_t>(1 + i), 0.5});
         }
         auto b1 = buffers(one, gd, 2);
         for (size_t i = 0; i < b1.size(); ++i) adam_step(ap[i], b1[i], o);
@@ -125,8 +125,8 @@ TEST(optim_step_many, ChunksCoverEveryElementOnceAndStartOnLines) {
 TEST(optim_step_many, BadListsNameTheTensor) {
   std::vector<float> p(8), s(8);
   std::vector<float> g(8);
-  StepBuffers ok{p.data(), g.data(), DType::kFloat32, s.data(), s.data(), nullptr,
-                 DType::kBFloat16, 8};
+  StepBuffers ok{p.data(), g.data(), DType::kFloat32,  s.data(),
+                 s.data(), nullptr,  DType::kBFloat16, 8};
   StepBuffers no_grad = ok;
   no_grad.grad = nullptr;
   try {

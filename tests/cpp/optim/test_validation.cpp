@@ -37,8 +37,8 @@ TEST(optim_validation, HyperparametersAreNamed) {
 
 TEST(optim_validation, BuffersAreChecked) {
   std::vector<float> x(8);
-  StepBuffers b{x.data(), x.data(), DType::kFloat32, x.data(), nullptr, nullptr,
-                DType::kBFloat16, 8};
+  StepBuffers b{x.data(), x.data(), DType::kFloat32,  x.data(),
+                nullptr,  nullptr,  DType::kBFloat16, 8};
   EXPECT_NE(error_of([&] { adam_step({}, b); }).find("second optimizer state"), std::string::npos);
   b.state1 = x.data();
   b.param_copy = x.data();

@@ -54,8 +54,8 @@ TEST(SubGroups, ZeroMeansOneSubGroupPerParameter) {
 
 TEST(SubGroups, BadInputNamesTheProblem) {
   EXPECT_THROW(plan_sub_groups({4}, {}, -1), ValueError);
-  EXPECT_THROW(plan_sub_groups({4}, {}, 0), ValueError);         // boundaries missing
-  EXPECT_THROW(plan_sub_groups({4}, {{4}}, 0), ValueError);      // start outside
+  EXPECT_THROW(plan_sub_groups({4}, {}, 0), ValueError);     // boundaries missing
+  EXPECT_THROW(plan_sub_groups({4}, {{4}}, 0), ValueError);  // start outside
   try {
     plan_sub_groups({4}, {}, -1);
   } catch (const ValueError& e) {

@@ -20,10 +20,12 @@ def _offload(section, legacy_flag, buffer_count):
     if section is None and not legacy_flag:
         return None
     section = _drop_auto(section or {"device": "cpu"})
-    out = {"device": section.get("device", "none"),
-           "pin_memory": section.get("pin_memory", True),
-           "buffer_count": section.get("buffer_count", buffer_count),
-           "nvme_path": section.get("nvme_path")}
+    out = {
+        "device": section.get("device", "none"),
+        "pin_memory": section.get("pin_memory", True),
+        "buffer_count": section.get("buffer_count", buffer_count),
+        "nvme_path": section.get("nvme_path"),
+    }
     return out
 
 
@@ -36,7 +38,8 @@ def expected_values(raw: dict, world_size: int = 1) -> dict:
     stage = z.get("stage", 0)
     e = {
         "zero_optimization.stage": stage,
-        "zero_optimization.overlap_comm": z["overlap_comm"] if z.get("overlap_comm") is not None
+        "zero_optimization.overlap_comm": z["overlap_comm"]
+        if z.get("overlap_comm") is not None
         else stage == 3,
         "zero_optimization.contiguous_gradients": z.get("contiguous_gradients", True),
         "zero_optimization.reduce_scatter": z.get("reduce_scatter", True),
@@ -45,22 +48,32 @@ def expected_values(raw: dict, world_size: int = 1) -> dict:
         "zero_optimization.allgather_partitions": z.get("allgather_partitions", True),
         "zero_optimization.round_robin_gradients": z.get("round_robin_gradients", False),
         "zero_optimization.sub_group_size": int(z.get("sub_group_size", 1e9)),
-        "zero_optimization.stage3_prefetch_bucket_size":
-            int(_first(z, "stage3_prefetch_bucket_size", "prefetch_bucket_size", default=5e7)),
-        "zero_optimization.stage3_param_persistence_threshold":
-            int(_first(z, "stage3_param_persistence_threshold", "param_persistence_threshold",
-                       default=1e5)),
-        "zero_optimization.stage3_max_live_parameters":
-            int(_first(z, "stage3_max_live_parameters", "max_live_parameters", default=1e9)),
-        "zero_optimization.stage3_max_reuse_distance":
-            int(_first(z, "stage3_max_reuse_distance", "max_reuse_distance", default=1e9)),
-        "zero_optimization.stage3_gather_16bit_weights_on_model_save":
-            _first(z, "stage3_gather_16bit_weights_on_model_save",
-                   "gather_16bit_weights_on_model_save",
-                   "stage3_gather_fp16_weights_on_model_save", default=False),
+        "zero_optimization.stage3_prefetch_bucket_size": int(
+            _first(z, "stage3_prefetch_bucket_size", "prefetch_bucket_size", default=5e7)
+        ),
+        "zero_optimization.stage3_param_persistence_threshold": int(
+            _first(
+                z, "stage3_param_persistence_threshold", "param_persistence_threshold", default=1e5
+            )
+        ),
+        "zero_optimization.stage3_max_live_parameters": int(
+            _first(z, "stage3_max_live_parameters", "max_live_parameters", default=1e9)
+        ),
+        "zero_optimization.stage3_max_reuse_distance": int(
+            _first(z, "stage3_max_reuse_distance", "max_reuse_distance", default=1e9)
+        ),
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save": _first(
+            z,
+            "stage3_gather_16bit_weights_on_model_save",
+            "gather_16bit_weights_on_model_save",
+            "stage3_gather_fp16_weights_on_model_save",
+            default=False,
+        ),
     }
-    for name, legacy, count in (("offload_optimizer", "cpu_offload", 4),
-                                ("offload_param", "cpu_offload_param", 5)):
+    for name, legacy, count in (
+        ("offload_optimizer", "cpu_offload", 4),
+        ("offload_param", "cpu_offload_param", 5),
+    ):
         off = _offload(z.get(name), z.get(legacy, False), count)
         if off is None:
             e[f"zero_optimization.{name}"] = None
@@ -69,12 +82,16 @@ def expected_values(raw: dict, world_size: int = 1) -> dict:
                 e[f"zero_optimization.{name}.{k}"] = v
 
     fp16 = _drop_auto(raw.get("fp16", {}))
-    e.update({"fp16.enabled": fp16.get("enabled", False),
-              "fp16.loss_scale": float(fp16.get("loss_scale", 0.0)),
-              "fp16.initial_scale_power": fp16.get("initial_scale_power", 16),
-              "fp16.loss_scale_window": fp16.get("loss_scale_window", 1000),
-              "fp16.hysteresis": fp16.get("hysteresis", 2),
-              "fp16.min_loss_scale": fp16.get("min_loss_scale", 1)})
+    e.update(
+        {
+            "fp16.enabled": fp16.get("enabled", False),
+            "fp16.loss_scale": float(fp16.get("loss_scale", 0.0)),
+            "fp16.initial_scale_power": fp16.get("initial_scale_power", 16),
+            "fp16.loss_scale_window": fp16.get("loss_scale_window", 1000),
+            "fp16.hysteresis": fp16.get("hysteresis", 2),
+            "fp16.min_loss_scale": fp16.get("min_loss_scale", 1),
+        }
+    )
     bf16 = _drop_auto(raw.get("bf16", raw.get("bfloat16", {})))
     e["bf16.enabled"] = bf16.get("enabled", False)
     e["bf16.check_grad_overflow"] = bf16.get("check_grad_overflow", True)
@@ -82,8 +99,14 @@ def expected_values(raw: dict, world_size: int = 1) -> dict:
     clip = raw.get("gradient_clipping", 1.0)
     e["gradient_clipping"] = 1.0 if clip == "auto" else float(clip)
 
-    batch = {k: raw.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                     "gradient_accumulation_steps")}
+    batch = {
+        k: raw.get(k)
+        for k in (
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+        )
+    }
     if not any(v == "auto" for v in batch.values()):
         tb, mb, gas = batch.values()
         w = world_size // raw.get("sequence_parallel_size", 1)
@@ -98,6 +121,11 @@ def expected_values(raw: dict, world_size: int = 1) -> dict:
         elif mb and not tb and not gas:
             gas, tb = 1, mb * w
         if tb and mb and gas:
-            e.update({"train_batch_size": tb, "train_micro_batch_size_per_gpu": mb,
-                      "gradient_accumulation_steps": gas})
+            e.update(
+                {
+                    "train_batch_size": tb,
+                    "train_micro_batch_size_per_gpu": mb,
+                    "gradient_accumulation_steps": gas,
+                }
+            )
     return e

@@ -1,15 +1,15 @@
 """Every ds_config of the shared compatibility corpus gets the outcome its MANIFEST.tsv names,
 and accepted files resolve the ZeRO, offload, precision and batch values DeepSpeed would use."""
+
 import csv
 import json
 import math
 import re
 
 import hjson
+from deepspeed_reference import expected_values
 
 from zerostream import cli, config
-
-from deepspeed_reference import expected_values
 
 
 def manifest_rows(compat_dir):
@@ -54,8 +54,9 @@ def test_every_file_gets_its_manifest_outcome(compat_dir):
         elif expected == "reject":
             key_path = re.compile(r": [A-Za-z_][\w.\[\]]*: ")
             if result["ok"] or not any(key_path.search(e) for e in result["errors"]):
-                failures.append(f"{row['file']}: expected a rejection naming a key path, got "
-                                f"{result['errors']}")
+                failures.append(
+                    f"{row['file']}: expected a rejection naming a key path, got {result['errors']}"
+                )
         else:
             failures.append(f"{row['file']}: unknown manifest outcome {expected!r}")
     assert not failures, "\n".join(failures)
@@ -97,12 +98,17 @@ def test_manifest_columns_agree_with_resolved_stage_offload_and_precision(compat
         r = config.check(str(path))["resolved"]
         stage = re.match(r"\d", row["zero_stage"])
         assert r["zero_optimization.stage"]["value"] == (int(stage.group(0)) if stage else 0)
-        for col, key in (("offload_optimizer", "zero_optimization.offload_optimizer.device"),
-                         ("offload_param", "zero_optimization.offload_param.device")):
+        for col, key in (
+            ("offload_optimizer", "zero_optimization.offload_optimizer.device"),
+            ("offload_param", "zero_optimization.offload_param.device"),
+        ):
             want = row[col].split(" ")[0]
             got = r.get(key, {"value": "-"})["value"]
-            assert got == ("-" if want == "-" else want) or (want == "-" and got == "none"), \
-                (row["file"], col, got)
+            assert got == ("-" if want == "-" else want) or (want == "-" and got == "none"), (
+                row["file"],
+                col,
+                got,
+            )
         precision = row["precision"]
         if precision in ("fp16", "bf16"):
             assert r[f"{precision}.enabled"]["value"] is True, (row["file"], precision)

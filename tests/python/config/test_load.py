@@ -1,4 +1,5 @@
 """zerostream.config.load: inputs (dict, path, base64), the typed tree, and error messages."""
+
 import base64
 import dataclasses
 import json
@@ -10,9 +11,12 @@ from zerostream import _C, config
 
 HERE = pathlib.Path(__file__).parent
 
-BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
-        "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
-        "bf16": {"enabled": True}}
+BASE = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 2,
+    "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
+    "bf16": {"enabled": True},
+}
 
 
 def test_dict_path_and_base64_give_the_same_config(tmp_path):
@@ -28,8 +32,10 @@ def test_dict_path_and_base64_give_the_same_config(tmp_path):
 
 def test_files_may_have_comments_and_trailing_commas(tmp_path):
     path = tmp_path / "c.json"
-    path.write_text('{\n // micro batch\n "train_micro_batch_size_per_gpu": 4, # per rank\n'
-                    ' "zero_optimization": {"stage": 1,},\n}\n')
+    path.write_text(
+        '{\n // micro batch\n "train_micro_batch_size_per_gpu": 4, # per rank\n'
+        ' "zero_optimization": {"stage": 1,},\n}\n'
+    )
     cfg = config.load(str(path))
     assert cfg.train_micro_batch_size_per_gpu == 4 and cfg.zero_stage == 1
 
@@ -48,33 +54,66 @@ def test_unreadable_input_gets_deepspeeds_message(bad):
 
 
 BAD_CONFIGS = [
-    ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}},
-     'zero_optimization.offload_param.device: expected one of "none", "cpu", "nvme"; got "gpu"'),
-    ({"train_batch_size": 8, "zero_optimization": {"stage": 5}},
-     "zero_optimization.stage: expected one of 0, 1, 2, 3; got 5"),
-    ({"train_batch_size": 8, "zero_optimization": {"overlap_com": True}},
-     'zero_optimization.overlap_com: unknown key; did you mean "overlap_comm"?'),
-    ({"train_batch_size": 8, "fp16": {"enabled": True}, "bf16": {"enabled": True}},
-     "bfloat16 and fp16 modes cannot be simultaneously enabled"),
-    ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
-     "zero_optimization.offload_optimizer.nvme_path: required when"),
-    ({"train_batch_size": 8, "prescale_gradients": True, "zero_optimization": {"stage": 2}},
-     "prescale_gradients: must be false with zero_optimization.stage 2 and reduce_scatter true"),
-    ({"train_batch_size": 8, "gradient_clipping": -1},
-     "gradient_clipping: must be >= 0; got -1"),
-    ({"train_batch_size": 8, "fp16": {"enabled": True, "min_loss_scale": 0.5}},
-     "fp16.min_loss_scale: expected an integer; got 0.5"),
-    ({"train_batch_size": 8, "optimizer": {"type": "Adamm", "params": {}}},
-     'optimizer.type: expected a DeepSpeed optimizer'),
-    ({"train_batch_size": 8, "scheduler": {"type": "WarmupCosineLR", "params": {}}},
-     "scheduler.params.total_num_steps: required by WarmupCosineLR"),
-    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2},
-     "train_batch_size: 16 != train_micro_batch_size_per_gpu 3 * gradient_accumulation_steps 2 "
-     "* data-parallel world size 2"),
-    ({"gradient_accumulation_steps": 2},
-     "either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"),
-    ({"train_batch_size": 8, "bf16": {"enabled": True, "loss_scale": 0}},
-     'bf16.loss_scale: unknown key; "loss_scale" is a key of "fp16", not of "bf16"'),
+    (
+        {
+            "train_batch_size": 8,
+            "zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}},
+        },
+        'zero_optimization.offload_param.device: expected one of "none", "cpu", "nvme"; got "gpu"',
+    ),
+    (
+        {"train_batch_size": 8, "zero_optimization": {"stage": 5}},
+        "zero_optimization.stage: expected one of 0, 1, 2, 3; got 5",
+    ),
+    (
+        {"train_batch_size": 8, "zero_optimization": {"overlap_com": True}},
+        'zero_optimization.overlap_com: unknown key; did you mean "overlap_comm"?',
+    ),
+    (
+        {"train_batch_size": 8, "fp16": {"enabled": True}, "bf16": {"enabled": True}},
+        "bfloat16 and fp16 modes cannot be simultaneously enabled",
+    ),
+    (
+        {
+            "train_batch_size": 8,
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}},
+        },
+        "zero_optimization.offload_optimizer.nvme_path: required when",
+    ),
+    (
+        {"train_batch_size": 8, "prescale_gradients": True, "zero_optimization": {"stage": 2}},
+        "prescale_gradients: must be false with zero_optimization.stage 2 and reduce_scatter true",
+    ),
+    ({"train_batch_size": 8, "gradient_clipping": -1}, "gradient_clipping: must be >= 0; got -1"),
+    (
+        {"train_batch_size": 8, "fp16": {"enabled": True, "min_loss_scale": 0.5}},
+        "fp16.min_loss_scale: expected an integer; got 0.5",
+    ),
+    (
+        {"train_batch_size": 8, "optimizer": {"type": "Adamm", "params": {}}},
+        "optimizer.type: expected a DeepSpeed optimizer",
+    ),
+    (
+        {"train_batch_size": 8, "scheduler": {"type": "WarmupCosineLR", "params": {}}},
+        "scheduler.params.total_num_steps: required by WarmupCosineLR",
+    ),
+    (
+        {
+            "train_batch_size": 16,
+            "train_micro_batch_size_per_gpu": 3,
+            "gradient_accumulation_steps": 2,
+        },
+        "train_batch_size: 16 != train_micro_batch_size_per_gpu 3 * gradient_accumulation_steps 2 "
+        "* data-parallel world size 2",
+    ),
+    (
+        {"gradient_accumulation_steps": 2},
+        "either train_batch_size or train_micro_batch_size_per_gpu needs to be provided",
+    ),
+    (
+        {"train_batch_size": 8, "bf16": {"enabled": True, "loss_scale": 0}},
+        'bf16.loss_scale: unknown key; "loss_scale" is a key of "fp16", not of "bf16"',
+    ),
 ]
 
 
@@ -87,28 +126,54 @@ def test_bad_configs_name_the_key_the_value_and_the_choices(cfg, message):
 
 
 def test_every_error_of_a_file_is_reported_at_once():
-    cfg = {"train_batch_size": 8, "fp16": {"enabled": "yes please"},
-           "zero_optimization": {"stage": 7, "typo_key": 1}}
+    cfg = {
+        "train_batch_size": 8,
+        "fp16": {"enabled": "yes please"},
+        "zero_optimization": {"stage": 7, "typo_key": 1},
+    }
     with pytest.raises(ValueError) as info:
         config.load(cfg)
     lines = str(info.value).splitlines()[1:]
     assert len(lines) == 3, lines
-    assert sorted(l.strip().split(":")[0] for l in lines) == \
-        ["fp16.enabled", "zero_optimization.stage", "zero_optimization.typo_key"]
+    assert sorted(line.strip().split(":")[0] for line in lines) == [
+        "fp16.enabled",
+        "zero_optimization.stage",
+        "zero_optimization.typo_key",
+    ]
 
 
 # The batch rule (reference §1.3): (given, world size) -> (train, micro, gas).
 TRIAD = [
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
+    (
+        {
+            "train_batch_size": 32,
+            "train_micro_batch_size_per_gpu": 4,
+            "gradient_accumulation_steps": 2,
+        },
+        4,
+        (32, 4, 2),
+    ),
     ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 4, (32, 4, 2)),
     ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
     ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
     ({"train_batch_size": 32}, 4, (32, 8, 1)),
     ({"train_micro_batch_size_per_gpu": 4}, 4, (16, 4, 1)),
-    ({"train_batch_size": 33, "train_micro_batch_size_per_gpu": 4}, 4, "33 != train_micro_batch_size_per_gpu 4 * gradient_accumulation_steps 2"),
-    ({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 4}, 1, "gradient_accumulation_steps: has to be greater than 0"),
+    (
+        {"train_batch_size": 33, "train_micro_batch_size_per_gpu": 4},
+        4,
+        "33 != train_micro_batch_size_per_gpu 4 * gradient_accumulation_steps 2",
+    ),
+    (
+        {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 4},
+        1,
+        "gradient_accumulation_steps: has to be greater than 0",
+    ),
     ({"train_batch_size": -4}, 1, "train_batch_size: must be > 0; got -4"),
-    ({"gradient_accumulation_steps": 4}, 1, "either train_batch_size or train_micro_batch_size_per_gpu"),
+    (
+        {"gradient_accumulation_steps": 4},
+        1,
+        "either train_batch_size or train_micro_batch_size_per_gpu",
+    ),
     ({}, 1, "either train_batch_size or train_micro_batch_size_per_gpu"),
 ]
 
@@ -120,8 +185,11 @@ def test_batch_triad(given, world, want):
             config.load(given, world_size=world)
         return
     cfg = config.load(given, world_size=world)
-    assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu,
-            cfg.gradient_accumulation_steps) == want
+    assert (
+        cfg.train_batch_size,
+        cfg.train_micro_batch_size_per_gpu,
+        cfg.gradient_accumulation_steps,
+    ) == want
     assert cfg.data_parallel_size == world
 
 
@@ -130,7 +198,9 @@ def test_typed_tree_is_frozen_and_typed():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.zero_optimization.stage = 1
     z = cfg.zero_optimization
-    assert isinstance(z, config.ZeroConfig) and isinstance(z.offload_param, config.OffloadParamConfig)
+    assert isinstance(z, config.ZeroConfig) and isinstance(
+        z.offload_param, config.OffloadParamConfig
+    )
     assert z.offload_optimizer is None and z.offload_optimizer_device == "none"
     assert z.offload_param_device == "cpu"
     assert z.overlap_comm is True  # DeepSpeed: on by default for stage 3
@@ -143,49 +213,86 @@ def test_typed_tree_is_frozen_and_typed():
 
 
 def test_auto_values_are_resolved_from_the_run_and_logged(caplog):
-    raw = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-           "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
-           "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"},
-           "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}
+    raw = {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+    }
     import logging
+
     logger = logging.getLogger("zerostream")
     logger.addHandler(caplog.handler)  # zerostream's logger does not propagate to the root
     try:
         with caplog.at_level("INFO", logger="zerostream"):
-            cfg = config.load(raw, world_size=2, micro_batch_size=4,
-                              gradient_accumulation_steps=1, hidden_size=256,
-                              model_dtype="bf16", lr=2e-4)
+            cfg = config.load(
+                raw,
+                world_size=2,
+                micro_batch_size=4,
+                gradient_accumulation_steps=1,
+                hidden_size=256,
+                model_dtype="bf16",
+                lr=2e-4,
+            )
     finally:
         logger.removeHandler(caplog.handler)
     assert cfg.train_batch_size == 8
     assert cfg.bf16.enabled is True
     assert cfg.zero_optimization.reduce_bucket_size == 256 * 256
     assert cfg.optimizer.params["lr"] == 2e-4
-    assert 'zero_optimization.reduce_bucket_size: "auto" -> 65536 (from hidden size 256)' in caplog.text
+    assert (
+        'zero_optimization.reduce_bucket_size: "auto" -> 65536 (from hidden size 256)'
+        in caplog.text
+    )
 
 
 def test_python_dataclasses_cover_every_schema_key():
     """Each resolved section's keys are exactly its dataclass's fields (nothing dropped)."""
-    tree = config.check({"train_batch_size": 1, "zero_optimization": {
-        "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
-        "optimizer": {"type": "AdamW", "params": {}}, "scheduler": {"type": "WarmupLR", "params": {}}})["tree"]
+    tree = config.check(
+        {
+            "train_batch_size": 1,
+            "zero_optimization": {
+                "offload_param": {"device": "cpu"},
+                "offload_optimizer": {"device": "cpu"},
+            },
+            "optimizer": {"type": "AdamW", "params": {}},
+            "scheduler": {"type": "WarmupLR", "params": {}},
+        }
+    )["tree"]
 
     def compare(cls, section, path):
-        fields = {f.name for f in dataclasses.fields(cls)
-                  if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        fields = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
         keys = set(section) - {"bfloat16"}
-        assert keys == fields, f"{path}: only in schema {keys - fields}, only in dataclass {fields - keys}"
+        assert keys == fields, (
+            f"{path}: only in schema {keys - fields}, only in dataclass {fields - keys}"
+        )
 
     compare(config.DeepSpeedConfig, tree, "(top level)")
     compare(config.ZeroConfig, tree["zero_optimization"], "zero_optimization")
     compare(config.OffloadParamConfig, tree["zero_optimization"]["offload_param"], "offload_param")
-    compare(config.OffloadOptimizerConfig, tree["zero_optimization"]["offload_optimizer"], "offload_optimizer")
-    for name, cls in (("fp16", config.FP16Config), ("bf16", config.BF16Config),
-                      ("aio", config.AioConfig), ("checkpoint", config.CheckpointConfig),
-                      ("data_types", config.DataTypesConfig), ("wandb", config.WandbConfig),
-                      ("activation_checkpointing", config.ActivationCheckpointingConfig),
-                      ("flops_profiler", config.FlopsProfilerConfig),
-                      ("tensorboard", config.MonitorConfig), ("zerostream", config.ZeroStreamExtConfig)):
+    compare(
+        config.OffloadOptimizerConfig,
+        tree["zero_optimization"]["offload_optimizer"],
+        "offload_optimizer",
+    )
+    for name, cls in (
+        ("fp16", config.FP16Config),
+        ("bf16", config.BF16Config),
+        ("aio", config.AioConfig),
+        ("checkpoint", config.CheckpointConfig),
+        ("data_types", config.DataTypesConfig),
+        ("wandb", config.WandbConfig),
+        ("activation_checkpointing", config.ActivationCheckpointingConfig),
+        ("flops_profiler", config.FlopsProfilerConfig),
+        ("tensorboard", config.MonitorConfig),
+        ("zerostream", config.ZeroStreamExtConfig),
+    ):
         compare(cls, tree[name], name)
 
 

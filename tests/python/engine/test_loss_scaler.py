@@ -1,5 +1,6 @@
 """Loss scalers step by step against hand-written expected trajectories, the fp16-section
 factory, the overflow check per dtype, and the clip coefficient against clip_grad_norm_."""
+
 import copy
 
 import pytest
@@ -8,8 +9,7 @@ import torch
 from zerostream import precision as P
 from zerostream.config import load
 
-MIN_MSG = ("Current loss scale already at minimum - cannot decrease scale anymore. "
-           "Exiting run.")
+MIN_MSG = "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
 
 
 def _trajectory(scaler, overflows):
@@ -22,6 +22,7 @@ def _trajectory(scaler, overflows):
 
 
 # --- static ------------------------------------------------------------------------------------
+
 
 def test_static_scaler_never_changes():
     scaler = P.LossScaler(128.0)
@@ -36,12 +37,17 @@ def test_static_scaler_never_changes():
 
 # --- dynamic state machine ---------------------------------------------------------------------
 
+
 def test_hysteresis_two_delays_the_first_halving_only():
-    scaler = P.DynamicLossScaler(init_scale=16.0, scale_window=1000, min_scale=1.0,
-                                 delayed_shift=2)
+    scaler = P.DynamicLossScaler(init_scale=16.0, scale_window=1000, min_scale=1.0, delayed_shift=2)
     # 1st overflow spends the hysteresis; later ones halve at once (the counter is not refilled).
     assert _trajectory(scaler, [1, 1, 1, 0, 1]) == [
-        (16.0, 1), (8.0, 1), (4.0, 1), (4.0, 1), (2.0, 1)]
+        (16.0, 1),
+        (8.0, 1),
+        (4.0, 1),
+        (4.0, 1),
+        (2.0, 1),
+    ]
     assert scaler.cur_iter == 5 and scaler.last_overflow_iter == 4
 
 
@@ -64,14 +70,25 @@ def test_consecutive_hysteresis_refills_on_every_clean_step():
     plain = P.DynamicLossScaler(64.0, 1000, 1.0, 2, consecutive_hysteresis=False)
     refill = P.DynamicLossScaler(64.0, 1000, 1.0, 2, consecutive_hysteresis=True)
     assert _trajectory(plain, seq) == [
-        (64.0, 1), (64.0, 1), (32.0, 1), (32.0, 1), (16.0, 1), (8.0, 1)]
+        (64.0, 1),
+        (64.0, 1),
+        (32.0, 1),
+        (32.0, 1),
+        (16.0, 1),
+        (8.0, 1),
+    ]
     assert _trajectory(refill, seq) == [
-        (64.0, 1), (64.0, 2), (64.0, 1), (64.0, 2), (64.0, 1), (32.0, 1)]
+        (64.0, 1),
+        (64.0, 2),
+        (64.0, 1),
+        (64.0, 2),
+        (64.0, 1),
+        (32.0, 1),
+    ]
 
 
 def test_min_scale_floor_then_exception():
-    scaler = P.DynamicLossScaler(init_scale=6.0, scale_window=1000, min_scale=4.0,
-                                 delayed_shift=1)
+    scaler = P.DynamicLossScaler(init_scale=6.0, scale_window=1000, min_scale=4.0, delayed_shift=1)
     scaler.update_scale(True)
     assert scaler.cur_scale == 4.0  # max(6 / 2, 4)
     with pytest.raises(Exception) as err:
@@ -87,9 +104,9 @@ def test_min_scale_without_raising_stays_at_floor():
 
 def test_dynamic_scaler_state_dict_resumes_identically():
     seq = [1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
-    a = P.DynamicLossScaler(2.0 ** 10, scale_window=3, min_scale=1.0, delayed_shift=2)
+    a = P.DynamicLossScaler(2.0**10, scale_window=3, min_scale=1.0, delayed_shift=2)
     _trajectory(a, seq[:6])
-    b = P.DynamicLossScaler(2.0 ** 10, scale_window=3, min_scale=1.0, delayed_shift=2)
+    b = P.DynamicLossScaler(2.0**10, scale_window=3, min_scale=1.0, delayed_shift=2)
     b.load_state_dict(copy.deepcopy(a.state_dict()))
     assert _trajectory(b, seq[6:]) == _trajectory(a, seq[6:])
     assert (b.cur_iter, b.last_overflow_iter) == (a.cur_iter, a.last_overflow_iter)
@@ -97,10 +114,16 @@ def test_dynamic_scaler_state_dict_resumes_identically():
         b.load_state_dict({"cur_scale": 1.0, "cur_iter": 0, "last_overflow_iter": -1})
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    ({"init_scale": 0.0}, "init_scale"), ({"scale_window": 0}, "scale_window"),
-    ({"min_scale": -1.0}, "min_scale"), ({"delayed_shift": 0}, "delayed_shift"),
-    ({"scale_window": 1.5}, "scale_window")])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"init_scale": 0.0}, "init_scale"),
+        ({"scale_window": 0}, "scale_window"),
+        ({"min_scale": -1.0}, "min_scale"),
+        ({"delayed_shift": 0}, "delayed_shift"),
+        ({"scale_window": 1.5}, "scale_window"),
+    ],
+)
 def test_dynamic_scaler_validation(kwargs, name):
     with pytest.raises(ValueError, match=name):
         P.DynamicLossScaler(**kwargs)
@@ -108,25 +131,44 @@ def test_dynamic_scaler_validation(kwargs, name):
 
 # --- fp16 section factory ----------------------------------------------------------------------
 
+
 def _fp16(**section):
     """The resolved fp16 section of a config, as the engine receives it."""
-    return load({"train_batch_size": 1, "fp16": {"enabled": True, **section}},
-                world_size=1, log=False).fp16
+    return load(
+        {"train_batch_size": 1, "fp16": {"enabled": True, **section}}, world_size=1, log=False
+    ).fp16
 
 
 def test_make_loss_scaler_dynamic_from_the_fp16_section():
-    scaler = P.make_loss_scaler(_fp16(loss_scale=0, initial_scale_power=12, loss_scale_window=50,
-                                      hysteresis=3, consecutive_hysteresis=True,
-                                      min_loss_scale=2))
+    scaler = P.make_loss_scaler(
+        _fp16(
+            loss_scale=0,
+            initial_scale_power=12,
+            loss_scale_window=50,
+            hysteresis=3,
+            consecutive_hysteresis=True,
+            min_loss_scale=2,
+        )
+    )
     assert isinstance(scaler, P.DynamicLossScaler)
-    assert (scaler.loss_scale, scaler.scale_window, scaler.delayed_shift, scaler.min_scale,
-            scaler.consecutive_hysteresis) == (4096.0, 50, 3, 2.0, True)
+    assert (
+        scaler.loss_scale,
+        scaler.scale_window,
+        scaler.delayed_shift,
+        scaler.min_scale,
+        scaler.consecutive_hysteresis,
+    ) == (4096.0, 50, 3, 2.0, True)
 
 
 def test_make_loss_scaler_takes_the_schema_defaults_for_absent_and_auto_keys():
     scaler = P.make_loss_scaler(_fp16(loss_scale_window="auto"))
-    assert (scaler.loss_scale, scaler.scale_window, scaler.delayed_shift, scaler.min_scale,
-            scaler.consecutive_hysteresis) == (65536.0, 1000, 2, 1.0, False)
+    assert (
+        scaler.loss_scale,
+        scaler.scale_window,
+        scaler.delayed_shift,
+        scaler.min_scale,
+        scaler.consecutive_hysteresis,
+    ) == (65536.0, 1000, 2, 1.0, False)
 
 
 def test_make_loss_scaler_static_and_disabled():
@@ -138,9 +180,18 @@ def test_make_loss_scaler_static_and_disabled():
         assert type(noop) is P.LossScaler and noop.loss_scale == 1.0
 
 
-@pytest.mark.parametrize("key,value", [
-    ("loss_scale", -1.0), ("loss_scale", True), ("loss_scale_window", 0), ("hysteresis", 0),
-    ("min_loss_scale", 0), ("initial_scale_power", 2.5), ("initial_scale_power", 128)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("loss_scale", -1.0),
+        ("loss_scale", True),
+        ("loss_scale_window", 0),
+        ("hysteresis", 0),
+        ("min_loss_scale", 0),
+        ("initial_scale_power", 2.5),
+        ("initial_scale_power", 128),
+    ],
+)
 def test_bad_fp16_values_fail_at_load_naming_the_key(key, value):
     with pytest.raises(ValueError, match=f"fp16.{key}: (expected|must be)"):
         _fp16(**{key: value})
@@ -170,8 +221,12 @@ def test_has_inf_or_nan_exact_on_largest_finite_values(dtype):
 def test_has_inf_or_nan_mixed_list_skips_none_empty_and_integers():
     assert P.has_inf_or_nan([]) is False
     assert P.has_inf_or_nan([None, torch.empty(0), torch.arange(5)]) is False
-    mixed = [torch.ones(3, dtype=torch.float16), None, torch.ones(2, dtype=torch.bfloat16),
-             torch.tensor([1.0, float("nan")])]
+    mixed = [
+        torch.ones(3, dtype=torch.float16),
+        None,
+        torch.ones(2, dtype=torch.bfloat16),
+        torch.tensor([1.0, float("nan")]),
+    ]
     assert P.has_inf_or_nan(mixed) is True
 
 
@@ -190,6 +245,7 @@ def test_has_inf_or_nan_syncs_once(monkeypatch):
 
 # --- unscale and clip --------------------------------------------------------------------------
 
+
 def _grads(model, x, y, scale):
     model.zero_grad()
     (torch.nn.functional.mse_loss(model(x), y) * scale).backward()
@@ -202,7 +258,7 @@ def test_unscale_and_clip_matches_clip_grad_norm(clip):
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     ref = copy.deepcopy(model)
     x, y = torch.randn(16, 6), torch.randn(16, 2)
-    scale = 2.0 ** 12
+    scale = 2.0**12
     scaled = _grads(model, x, y, scale)
     ref_grads = _grads(ref, x, y, 1.0)
     if clip > 0:

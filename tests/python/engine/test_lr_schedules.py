@@ -1,5 +1,6 @@
 """DeepSpeed LR schedules against closed-form formulas written out here, a LambdaLR
 reference loop, state_dict resume, wrapper unwrapping and parameter validation."""
+
 import math
 
 import pytest
@@ -35,6 +36,7 @@ class _Wrapper:
 
 # --- WarmupLR ----------------------------------------------------------------------------------
 
+
 def test_warmup_lr_log_matches_formula():
     opt = _optimizer(0.5)
     sched = L.WarmupLR(opt, warmup_min_lr=0.01, warmup_max_lr=0.1, warmup_num_steps=10)
@@ -47,8 +49,13 @@ def test_warmup_lr_log_matches_formula():
 
 def test_warmup_lr_linear_and_per_group_lists():
     opt = _optimizer(0.5, 0.5)
-    sched = L.WarmupLR(opt, warmup_min_lr=[0.0, 0.02], warmup_max_lr=(0.4, 0.2),
-                       warmup_num_steps=4, warmup_type="linear")
+    sched = L.WarmupLR(
+        opt,
+        warmup_min_lr=[0.0, 0.02],
+        warmup_max_lr=(0.4, 0.2),
+        warmup_num_steps=4,
+        warmup_type="linear",
+    )
     for it, lrs in _walk(sched, opt, 6):
         frac = min(it / 4, 1.0)
         assert lrs == pytest.approx([0.4 * frac, 0.02 + 0.18 * frac], rel=1e-12), it
@@ -99,8 +106,9 @@ def test_warmup_lr_matches_lambda_lr_training_loop():
     models = [torch.nn.Linear(3, 1) for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
     opts = [torch.optim.SGD(m.parameters(), lr=base) for m in models]
-    ours = L.WarmupLR(opts[0], warmup_min_lr=0.0, warmup_max_lr=base, warmup_num_steps=num,
-                      warmup_type="linear")
+    ours = L.WarmupLR(
+        opts[0], warmup_min_lr=0.0, warmup_max_lr=base, warmup_num_steps=num, warmup_type="linear"
+    )
     # LambdaLR's epoch e corresponds to WarmupLR's iteration e - 1.
     ref = torch.optim.lr_scheduler.LambdaLR(opts[1], lambda e: min(1.0, max(e - 1, 0) / num))
     x, y = torch.randn(8, 3), torch.randn(8, 1)
@@ -119,10 +127,17 @@ def test_warmup_lr_matches_lambda_lr_training_loop():
 
 # --- WarmupDecayLR -----------------------------------------------------------------------------
 
+
 def test_warmup_decay_lr_matches_formula():
     opt = _optimizer(0.5)
-    sched = L.WarmupDecayLR(opt, total_num_steps=20, warmup_min_lr=0.0, warmup_max_lr=0.3,
-                            warmup_num_steps=5, warmup_type="linear")
+    sched = L.WarmupDecayLR(
+        opt,
+        total_num_steps=20,
+        warmup_min_lr=0.0,
+        warmup_max_lr=0.3,
+        warmup_num_steps=5,
+        warmup_type="linear",
+    )
     for it, lrs in _walk(sched, opt, 25):
         gamma = it / 5 if it < 5 else max(0.0, (20 - it) / 15)
         assert lrs[0] == pytest.approx(0.3 * gamma, rel=1e-12, abs=1e-15), it
@@ -152,11 +167,18 @@ def test_total_num_steps_accepts_integral_float_from_json():
 
 # --- WarmupCosineLR ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("warmup_type", ["log", "linear"])
 def test_warmup_cosine_lr_matches_formula(warmup_type):
     opt = _optimizer(0.2, 0.04)
-    sched = L.WarmupCosineLR(opt, total_num_steps=20, warmup_min_ratio=0.1, warmup_num_steps=5,
-                             cos_min_ratio=0.01, warmup_type=warmup_type)
+    sched = L.WarmupCosineLR(
+        opt,
+        total_num_steps=20,
+        warmup_min_ratio=0.1,
+        warmup_num_steps=5,
+        cos_min_ratio=0.01,
+        warmup_type=warmup_type,
+    )
     assert _lrs(opt) == [0.0, 0.0]  # iteration -1 writes 0, as DeepSpeed does
     for it, lrs in _walk(sched, opt, 26):
         if it < 5:
@@ -171,11 +193,17 @@ def test_warmup_cosine_lr_matches_formula(warmup_type):
 
 # --- LRRangeTest -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("staircase", [False, True])
 def test_lr_range_test_matches_formula(staircase):
     opt = _optimizer(0.5, 0.5)
-    sched = L.LRRangeTest(opt, lr_range_test_min_lr=[0.01, 0.002], lr_range_test_step_size=4,
-                          lr_range_test_step_rate=2.0, lr_range_test_staircase=staircase)
+    sched = L.LRRangeTest(
+        opt,
+        lr_range_test_min_lr=[0.01, 0.002],
+        lr_range_test_step_size=4,
+        lr_range_test_step_rate=2.0,
+        lr_range_test_staircase=staircase,
+    )
     assert _lrs(opt) == [0.01, 0.002]
     for it, lrs in _walk(sched, opt, 10):
         frac = (it + 1) / 4
@@ -192,6 +220,7 @@ def test_lr_range_test_step_size_validated(bad):
 
 # --- OneCycle ----------------------------------------------------------------------------------
 
+
 def _triangle(it, first, second, stairs1=0, stairs2=0):
     """Reference cycle height for batch iteration `it` (0-based count of finished batches)."""
     pos = (it + 1) % (first + second)
@@ -203,9 +232,18 @@ def _triangle(it, first, second, stairs1=0, stairs2=0):
 
 def test_one_cycle_lr_and_momentum_match_formula():
     opt = _optimizer(0.5, cls=torch.optim.Adam, betas=(0.95, 0.999))
-    sched = L.OneCycle(opt, cycle_min_lr=0.001, cycle_max_lr=0.011, decay_lr_rate=0.5,
-                       cycle_first_step_size=4, cycle_second_step_size=6, decay_step_size=2,
-                       cycle_min_mom=0.8, cycle_max_mom=0.9, decay_mom_rate=0.01)
+    sched = L.OneCycle(
+        opt,
+        cycle_min_lr=0.001,
+        cycle_max_lr=0.011,
+        decay_lr_rate=0.5,
+        cycle_first_step_size=4,
+        cycle_second_step_size=6,
+        decay_step_size=2,
+        cycle_min_mom=0.8,
+        cycle_max_mom=0.9,
+        decay_mom_rate=0.01,
+    )
     assert _lrs(opt) == [0.001]
     assert opt.param_groups[0]["betas"] == (0.8, 0.99)
     for _ in range(16):
@@ -224,8 +262,15 @@ def test_one_cycle_lr_and_momentum_match_formula():
 
 def test_one_cycle_peak_and_staircase():
     opt = _optimizer(0.5, cls=torch.optim.AdamW)
-    sched = L.OneCycle(opt, 0.0, 1.0, cycle_first_step_size=4, cycle_second_step_size=6,
-                       cycle_first_stair_count=2, cycle_second_stair_count=3)
+    sched = L.OneCycle(
+        opt,
+        0.0,
+        1.0,
+        cycle_first_step_size=4,
+        cycle_second_step_size=6,
+        cycle_first_stair_count=2,
+        cycle_second_stair_count=3,
+    )
     seen = [lrs[0] for _, lrs in _walk(sched, opt, 10)]
     expect = [_triangle(it, 4, 6, 2, 3) for it in range(10)]
     assert seen == pytest.approx(expect)
@@ -265,8 +310,7 @@ _FACTORIES = {
     "WarmupLR": lambda o: L.WarmupLR(o, 0.0, 0.1, warmup_num_steps=5),
     "WarmupDecayLR": lambda o: L.WarmupDecayLR(o, 12, warmup_num_steps=4),
     "WarmupCosineLR": lambda o: L.WarmupCosineLR(o, 12, warmup_num_steps=4),
-    "OneCycle": lambda o: L.OneCycle(o, 0.01, 0.1, 0.3, 3, decay_step_size=2,
-                                     decay_mom_rate=0.1),
+    "OneCycle": lambda o: L.OneCycle(o, 0.01, 0.1, 0.3, 3, decay_step_size=2, decay_mom_rate=0.1),
     "LRRangeTest": lambda o: L.LRRangeTest(o, 0.01, 3, 0.5, True),
 }
 
@@ -335,15 +379,23 @@ def test_tensor_lr_is_updated_in_place():
 
 # --- build_scheduler ---------------------------------------------------------------------------
 
+
 def test_valid_lr_schedules_list():
     assert sorted(L.VALID_LR_SCHEDULES) == sorted(_FACTORIES)
 
 
 def test_build_scheduler_by_name():
     inner = _optimizer(0.1)
-    sched = L.build_scheduler("WarmupDecayLR", _Wrapper(inner),
-                              {"total_num_steps": 10, "warmup_num_steps": 2,
-                               "warmup_max_lr": 0.2, "warmup_type": "linear"})
+    sched = L.build_scheduler(
+        "WarmupDecayLR",
+        _Wrapper(inner),
+        {
+            "total_num_steps": 10,
+            "warmup_num_steps": 2,
+            "warmup_max_lr": 0.2,
+            "warmup_type": "linear",
+        },
+    )
     assert isinstance(sched, L.WarmupDecayLR) and sched.optimizer is inner
     torch_sched = L.build_scheduler("StepLR", _Wrapper(inner), {"step_size": 2, "gamma": 0.5})
     assert isinstance(torch_sched, torch.optim.lr_scheduler.StepLR)

@@ -1,4 +1,5 @@
 """Fixtures of the offload tests: real filesystems that misbehave (TESTING.md)."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """DeepSpeed's aio handle API over zerostream: round trips of torch tensors, batches,
 return values, errors. References are plain Python file reads and writes."""
+
 from __future__ import annotations
 
 import errno
@@ -11,14 +12,27 @@ import torch
 from zerostream.offload import io as zio
 from zerostream.ops.aio import AsyncIOBuilder
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
-          torch.int32, torch.uint8, torch.bool]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+]
 
 
 def _random(numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 256, (numel * torch.empty((), dtype=dtype).element_size(),),
-                        dtype=torch.uint8, generator=g)
+    raw = torch.randint(
+        0,
+        256,
+        (numel * torch.empty((), dtype=dtype).element_size(),),
+        dtype=torch.uint8,
+        generator=g,
+    )
     if dtype == torch.bool:
         return (raw % 2).to(torch.bool)
     return raw.view(dtype)
@@ -41,23 +55,40 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.fixture(params=["io_uring", "threads"])
 def handle(request):
-    return AsyncIOBuilder().load().aio_handle(block_size=65536, queue_depth=8,
-                                              single_submit=False, overlap_events=True,
-                                              intra_op_parallelism=2,
-                                              backend=request.param)
+    return (
+        AsyncIOBuilder()
+        .load()
+        .aio_handle(
+            block_size=65536,
+            queue_depth=8,
+            single_submit=False,
+            overlap_events=True,
+            intra_op_parallelism=2,
+            backend=request.param,
+        )
+    )
 
 
 def test_builder_and_getters_match_deepspeed_defaults():
     b = AsyncIOBuilder()
     assert b.is_compatible()
     h = b.load().aio_handle()
-    assert (h.get_block_size(), h.get_queue_depth(), h.get_single_submit(),
-            h.get_overlap_events(), h.get_intra_op_parallelism()) == (1048576, 128, False,
-                                                                      False, 1)
+    assert (
+        h.get_block_size(),
+        h.get_queue_depth(),
+        h.get_single_submit(),
+        h.get_overlap_events(),
+        h.get_intra_op_parallelism(),
+    ) == (1048576, 128, False, False, 1)
     assert h.get_thread_count() == 1
     h2 = b.load().aio_handle(262144, 16, True, True, 3)
-    assert (h2.get_block_size(), h2.get_queue_depth(), h2.get_single_submit(),
-            h2.get_overlap_events(), h2.get_intra_op_parallelism()) == (262144, 16, True, True, 3)
+    assert (
+        h2.get_block_size(),
+        h2.get_queue_depth(),
+        h2.get_single_submit(),
+        h2.get_overlap_events(),
+        h2.get_intra_op_parallelism(),
+    ) == (262144, 16, True, True, 3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -1,5 +1,6 @@
 """Real filesystems that misbehave (TESTING.md): a full ext4 image and a filesystem that
 refuses O_DIRECT. No mocks: the kernel produces the errors."""
+
 from __future__ import annotations
 
 import errno
@@ -19,8 +20,15 @@ def _pattern(i: int, nbytes: int) -> torch.Tensor:
 
 def test_swap_store_out_of_space_is_clear_and_keeps_earlier_tensors(full_disk):
     engine = zio.IoEngine(block_size=1 << 20, queue_depth=8)
-    store = zio.SwapStore(engine, full_disk, rank=0, name="optimizer", files=2,
-                          grow_bytes=4 << 20, verify_checksums=True)
+    store = zio.SwapStore(
+        engine,
+        full_disk,
+        rank=0,
+        name="optimizer",
+        files=2,
+        grow_bytes=4 << 20,
+        verify_checksums=True,
+    )
     written = {}
     with pytest.raises(zio.IoError) as e:
         for i in range(100):  # 100 x 1 MiB never fits in 16 MiB

@@ -1,4 +1,5 @@
 """Blocking calls release the GIL: another Python thread makes progress meanwhile."""
+
 from __future__ import annotations
 
 import threading
@@ -48,8 +49,10 @@ def test_wait_releases_the_gil(tmp_path):
             break
     counter.stop = True
     counter.join()
-    print(f"wait() blocked {elapsed:.3f}s; the other thread counted {progressed} "
-          f"({progressed / (rate * elapsed):.0%} of its free-running rate)")
+    print(
+        f"wait() blocked {elapsed:.3f}s; the other thread counted {progressed} "
+        f"({progressed / (rate * elapsed):.0%} of its free-running rate)"
+    )
     assert elapsed > 0.1, "the write finished too fast to tell"
     # Holding the GIL would leave the counter at most a switch interval (5 ms) or two.
     assert progressed > 0.2 * rate * elapsed
@@ -91,12 +94,22 @@ def test_low_memlock_limit_degrades_to_unlocked_memory_with_one_warning():
 
     if not (shutil.which("setpriv") and shutil.which("prlimit")):
         pytest.skip("setpriv/prlimit (util-linux) not installed")
-    code = ("from zerostream.offload import io as zio\n"
-            "a = zio.HostArena(16 << 20)\n"
-            "x = a.empty(1 << 20); y = a.empty(1 << 20); x.fill_(3)\n"
-            "print('unlocked', a.stats()['unlocked'], int(x.sum()))\n")
-    cmd = ["prlimit", "--memlock=65536:65536", "setpriv", "--inh-caps=-ipc_lock",
-           "--bounding-set=-ipc_lock", sys.executable, "-c", code]
+    code = (
+        "from zerostream.offload import io as zio\n"
+        "a = zio.HostArena(16 << 20)\n"
+        "x = a.empty(1 << 20); y = a.empty(1 << 20); x.fill_(3)\n"
+        "print('unlocked', a.stats()['unlocked'], int(x.sum()))\n"
+    )
+    cmd = [
+        "prlimit",
+        "--memlock=65536:65536",
+        "setpriv",
+        "--inh-caps=-ipc_lock",
+        "--bounding-set=-ipc_lock",
+        sys.executable,
+        "-c",
+        code,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ))
     if r.returncode != 0 and "setpriv" in r.stderr:
         pytest.skip(f"cannot drop CAP_IPC_LOCK here: {r.stderr.strip()}")

@@ -1,4 +1,5 @@
 """The swap store through Python: layout on disk, round trips, checksums, env fault hook."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,7 @@ from zerostream.offload import io as zio
 
 @pytest.fixture(params=["io_uring", "threads"])
 def engine(request):
-    return zio.IoEngine(block_size=1 << 16, queue_depth=8, threads=2,
-                        backend=request.param)
+    return zio.IoEngine(block_size=1 << 16, queue_depth=8, threads=2, backend=request.param)
 
 
 def test_layout_and_round_trip_against_the_files(engine, tmp_path):
@@ -63,8 +63,9 @@ def test_environment_variable_fault_injection(tmp_path):
         "    print('ERR', err.errno, err)\n"
     )
     env = dict(os.environ, ZS_IO_FAULT="3:EIO")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ERR 5 ") and "env.bin at offset 131072" in r.stdout, r.stdout
 
@@ -74,13 +75,32 @@ def _aio(**section):
 
 
 def test_ds_config_aio_section_maps_onto_the_engine_config():
-    c = zio.io_config_for(_aio(block_size=262144, queue_depth=16, thread_count=2,
-                               single_submit=True, overlap_events=False, backend="threads"))
-    assert (c.block_size, c.queue_depth, c.threads, c.single_submit, c.overlap_events,
-            c.backend) == (262144, 16, 2, True, False, "threads")
+    c = zio.io_config_for(
+        _aio(
+            block_size=262144,
+            queue_depth=16,
+            thread_count=2,
+            single_submit=True,
+            overlap_events=False,
+            backend="threads",
+        )
+    )
+    assert (
+        c.block_size,
+        c.queue_depth,
+        c.threads,
+        c.single_submit,
+        c.overlap_events,
+        c.backend,
+    ) == (262144, 16, 2, True, False, "threads")
     d = zio.io_config_for(_aio())  # DeepSpeed's defaults, from the schema
     assert (d.block_size, d.queue_depth, d.threads, d.overlap_events, d.backend) == (
-        1048576, 8, 1, True, "auto")
+        1048576,
+        8,
+        1,
+        True,
+        "auto",
+    )
     typo = load({"train_batch_size": 1, "aio": {"queue_dpeth": 8}}, world_size=1, log=False)
     assert any(w.startswith("aio.queue_dpeth: unknown key") for w in typo.warnings)
     with pytest.raises(ValueError, match="aio.backend"):

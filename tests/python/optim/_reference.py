@@ -10,6 +10,7 @@ Tolerances (why):
 - 16-bit grads: converting them to fp32 is exact, so the reference receives ``grad.float()``
   and the fp32 tolerance above still applies.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,17 +33,19 @@ def ulp16(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The 16-bit ulp at each |x| (x already rounded to dtype), as fp32."""
     mant = 7 if dtype == torch.bfloat16 else 10
     min_exp = -126 if dtype == torch.bfloat16 else -14
-    e = torch.floor(torch.log2(x.float().abs().clamp_min(2.0 ** min_exp)))
+    e = torch.floor(torch.log2(x.float().abs().clamp_min(2.0**min_exp)))
     return torch.exp2(e - mant)
 
 
-def assert_copy_ok(copy: torch.Tensor, ours32: torch.Tensor, ref32: torch.Tensor,
-                   what: str) -> None:
+def assert_copy_ok(
+    copy: torch.Tensor, ours32: torch.Tensor, ref32: torch.Tensor, what: str
+) -> None:
     assert torch.equal(copy, ours32.to(copy.dtype)), f"{what}: copy != round(our fp32 params)"
     ref16 = ref32.to(copy.dtype).float()
     diff = (copy.float() - ref16).abs()
-    assert bool((diff <= ulp16(ref16, copy.dtype)).all()), \
+    assert bool((diff <= ulp16(ref16, copy.dtype)).all()), (
         f"{what}: 16-bit copy more than one ulp from torch's rounded params"
+    )
 
 
 def lion_reference_step(p, grad, exp_avg, *, lr, betas, weight_decay):

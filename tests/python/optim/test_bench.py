@@ -1,5 +1,6 @@
 """`zerostream bench optim` runs end to end on a tiny size and reports the documented keys
 (a smoke test of the plumbing; the numbers themselves are benchmarks, not tests)."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,15 @@ def test_json_report_has_the_documented_keys(optimizer, capsys):
     args = _parse(["--numel", "1e5", "--optimizer", optimizer, "--repeats", "1", "--json"])
     assert bench.run(args) == 0
     res = json.loads(capsys.readouterr().out)
-    for key in ("params_per_s", "gbps", "roofline_gbps", "ratio_vs_roofline",
-                "ratio_vs_torch_fused", "ratio_vs_deepspeed", "bytes_per_param"):
+    for key in (
+        "params_per_s",
+        "gbps",
+        "roofline_gbps",
+        "ratio_vs_roofline",
+        "ratio_vs_torch_fused",
+        "ratio_vs_deepspeed",
+        "bytes_per_param",
+    ):
         assert key in res, key
     assert res["params_per_s"] > 0 and res["roofline_gbps"] > 0
     assert res["bytes_per_param"] == (28 if optimizer == "adamw" else 20)
@@ -65,8 +73,11 @@ def test_model_mode_steps_the_model_list_against_torch(capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["config"]["tensors"] == 2 + 12 * 2 + 2
     names = [p["name"] for p in res["peers"]]
-    assert names[:3] == ["zerostream DeepSpeedCPUAdam", "torch AdamW(fused=True)",
-                         "torch AdamW(foreach=True)"]
+    assert names[:3] == [
+        "zerostream DeepSpeedCPUAdam",
+        "torch AdamW(fused=True)",
+        "torch AdamW(foreach=True)",
+    ]
     assert res["ratio_vs_torch_fused"] > 0 and res["params_per_s"] > 0
     with pytest.raises(ValueError, match="--model"):
         bench.run(_parse(["--model", "gpt2-tiny", "--optimizer", "lion"]))
@@ -74,6 +85,7 @@ def test_model_mode_steps_the_model_list_against_torch(capsys):
 
 def test_gpt2_small_has_the_real_parameter_count():
     from zerostream.bench.optim_model import MODELS
+
     shapes = MODELS["gpt2-small"]()
     assert len(shapes) == 148
     assert sum(torch.Size(s).numel() for s in shapes) == 124_439_808  # HF GPT2Model

@@ -1,5 +1,6 @@
 """Every dispatch level this CPU supports, 1 or 2 threads, streaming stores on or off: the
 same bits (see Note [One math, three ISAs] in csrc/optim/kernels/kernel_table.h)."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,8 +40,17 @@ def _run(kind, level, threads, nontemporal, grad_dtype, copy_dtype, steps=3):
         g = torch.randn(total, generator=gen).to(grad_dtype)[sl]
         kw = dict(threads=threads, simd=level, nontemporal=nontemporal, param_copy=copy[sl])
         if kind == "adam":
-            cpu_adam_step(p[sl], g, s[0][sl], s[1][sl], lr=1e-2, weight_decay=0.01, step=step,
-                          grad_scale=0.5, **kw)
+            cpu_adam_step(
+                p[sl],
+                g,
+                s[0][sl],
+                s[1][sl],
+                lr=1e-2,
+                weight_decay=0.01,
+                step=step,
+                grad_scale=0.5,
+                **kw,
+            )
         elif kind == "adagrad":
             cpu_adagrad_step(p[sl], g, s[0][sl], lr=1e-2, weight_decay=0.01, **kw)
         else:
@@ -49,10 +59,15 @@ def _run(kind, level, threads, nontemporal, grad_dtype, copy_dtype, steps=3):
 
 
 @pytest.mark.parametrize("kind", ["adam", "adagrad", "lion"])
-@pytest.mark.parametrize("grad_dtype,copy_dtype", [(torch.float32, torch.bfloat16),
-                                                   (torch.bfloat16, torch.float16),
-                                                   (torch.float16, torch.bfloat16)],
-                         ids=["g_fp32-c_bf16", "g_bf16-c_fp16", "g_fp16-c_bf16"])
+@pytest.mark.parametrize(
+    "grad_dtype,copy_dtype",
+    [
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.float16),
+        (torch.float16, torch.bfloat16),
+    ],
+    ids=["g_fp32-c_bf16", "g_bf16-c_fp16", "g_fp16-c_bf16"],
+)
 def test_levels_threads_and_stores_agree_bitwise(kind, grad_dtype, copy_dtype):
     base = _run(kind, "scalar", 1, "off", grad_dtype, copy_dtype)
     for level in LEVELS:
@@ -73,5 +88,12 @@ def test_zs_simd_caps_the_level(monkeypatch):
 
 def test_bad_simd_name_is_a_value_error():
     with pytest.raises(ValueError, match="simd"):
-        cpu_adam_step(torch.zeros(4), torch.zeros(4), torch.zeros(4), torch.zeros(4), lr=1e-3,
-                      step=1, simd="sse9")
+        cpu_adam_step(
+            torch.zeros(4),
+            torch.zeros(4),
+            torch.zeros(4),
+            torch.zeros(4),
+            lr=1e-3,
+            step=1,
+            simd="sse9",
+        )

@@ -1,4 +1,5 @@
 """The fused gradient statistics pass: squared norm and inf/nan flag."""
+
 from __future__ import annotations
 
 import math

@@ -2,6 +2,7 @@
 tensor must get exactly the bits its own functional kernel call gives, whatever the mix of
 sizes, dtypes and step counts, and a bad tensor anywhere in the group must be an error
 naming it before anything is stepped."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,14 @@ from zerostream.ops.lion import DeepSpeedCPULion, cpu_lion_step
 
 # Model-like: a big matrix, biases, norms, a bf16 weight (fp32 master + fused copy), a
 # scalar, an odd-sized fp16 embedding.
-_SPECS = [((300, 257), torch.float32), ((257,), torch.float32), ((768,), torch.float32),
-          ((64, 33), torch.bfloat16), ((1,), torch.float32), ((1001, 3), torch.float16)]
+_SPECS = [
+    ((300, 257), torch.float32),
+    ((257,), torch.float32),
+    ((768,), torch.float32),
+    ((64, 33), torch.bfloat16),
+    ((1,), torch.float32),
+    ((1001, 3), torch.float16),
+]
 
 
 def _params():
@@ -28,26 +35,51 @@ def _grad(p, step, i):
 
 
 _KINDS = {
-    "adamw": (lambda ps: DeepSpeedCPUAdam(ps, lr=1e-2, weight_decay=0.1),
-              ("exp_avg", "exp_avg_sq")),
-    "adam": (lambda ps: DeepSpeedCPUAdam(ps, lr=1e-2, weight_decay=0.1, adamw_mode=False),
-             ("exp_avg", "exp_avg_sq")),
+    "adamw": (
+        lambda ps: DeepSpeedCPUAdam(ps, lr=1e-2, weight_decay=0.1),
+        ("exp_avg", "exp_avg_sq"),
+    ),
+    "adam": (
+        lambda ps: DeepSpeedCPUAdam(ps, lr=1e-2, weight_decay=0.1, adamw_mode=False),
+        ("exp_avg", "exp_avg_sq"),
+    ),
     "adagrad": (lambda ps: DeepSpeedCPUAdagrad(ps, lr=1e-2, weight_decay=0.1), ("exp_avg_sq",)),
-    "lion": (lambda ps: DeepSpeedCPULion(ps, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1),
-             ("exp_avg",)),
+    "lion": (
+        lambda ps: DeepSpeedCPULion(ps, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1),
+        ("exp_avg",),
+    ),
 }
 
 
 def _reference_step(kind, p32, grad, states, step, copy, grad_scale):
     if kind in ("adam", "adamw"):
-        cpu_adam_step(p32, grad, states[0], states[1], lr=1e-2, weight_decay=0.1, step=step,
-                      adamw_mode=kind == "adamw", param_copy=copy, grad_scale=grad_scale)
+        cpu_adam_step(
+            p32,
+            grad,
+            states[0],
+            states[1],
+            lr=1e-2,
+            weight_decay=0.1,
+            step=step,
+            adamw_mode=kind == "adamw",
+            param_copy=copy,
+            grad_scale=grad_scale,
+        )
     elif kind == "adagrad":
-        cpu_adagrad_step(p32, grad, states[0], lr=1e-2, weight_decay=0.1, param_copy=copy,
-                         grad_scale=grad_scale)
+        cpu_adagrad_step(
+            p32, grad, states[0], lr=1e-2, weight_decay=0.1, param_copy=copy, grad_scale=grad_scale
+        )
     else:
-        cpu_lion_step(p32, grad, states[0], lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1,
-                      param_copy=copy, grad_scale=grad_scale)
+        cpu_lion_step(
+            p32,
+            grad,
+            states[0],
+            lr=1e-3,
+            betas=(0.9, 0.99),
+            weight_decay=0.1,
+            param_copy=copy,
+            grad_scale=grad_scale,
+        )
 
 
 @pytest.mark.parametrize("kind", list(_KINDS))
@@ -115,8 +147,11 @@ def test_a_bad_tensor_anywhere_names_it_and_steps_nothing():
         p.grad = _grad(p, 2, i)
     # A state that does not fit its param (a checkpoint of another model, say).
     opt.state[params[4]]["exp_avg_sq"] = torch.zeros(5)
-    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[4\]: exp_avg_sq: "
-                                         r"expected 1 elements"):
+    with pytest.raises(
+        ValueError,
+        match=r"param_groups\[0\]\['params'\]\[4\]: exp_avg_sq: "
+        r"expected 1 elements",
+    ):
         opt.step()
     for i, p in enumerate(params):
         assert torch.equal(p.detach(), before[i]), f"param {i} changed"

@@ -1,5 +1,6 @@
 """DeepSpeedCPUAdam / DeepSpeedCPUAdagrad / DeepSpeedCPULion as torch.optim.Optimizers:
 param groups, parity with torch.optim, state_dict round trips, errors."""
+
 from __future__ import annotations
 
 import io
@@ -32,14 +33,23 @@ def _groups(params, ours: bool, kind: str):
 def _make(kind, params, ours, **kw):
     groups = _groups(params, ours, kind)
     if kind == "adamw":
-        return (DeepSpeedCPUAdam(groups, lr=1e-2, weight_decay=0.01, **kw) if ours
-                else torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.01))
+        return (
+            DeepSpeedCPUAdam(groups, lr=1e-2, weight_decay=0.01, **kw)
+            if ours
+            else torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.01)
+        )
     if kind == "adam":
-        return (DeepSpeedCPUAdam(groups, lr=1e-2, weight_decay=0.01, adamw_mode=False, **kw)
-                if ours else torch.optim.Adam(groups, lr=1e-2, weight_decay=0.01))
+        return (
+            DeepSpeedCPUAdam(groups, lr=1e-2, weight_decay=0.01, adamw_mode=False, **kw)
+            if ours
+            else torch.optim.Adam(groups, lr=1e-2, weight_decay=0.01)
+        )
     if kind == "adagrad":
-        return (DeepSpeedCPUAdagrad(groups, lr=1e-2, weight_decay=0.01, **kw) if ours
-                else torch.optim.Adagrad(groups, lr=1e-2, weight_decay=0.01, eps=1e-10))
+        return (
+            DeepSpeedCPUAdagrad(groups, lr=1e-2, weight_decay=0.01, **kw)
+            if ours
+            else torch.optim.Adagrad(groups, lr=1e-2, weight_decay=0.01, eps=1e-10)
+        )
     return DeepSpeedCPULion(groups, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.01, **kw)
 
 
@@ -53,8 +63,14 @@ def _set_grads(params, step, dtype=None):
 def _ref_lion_step(opt_groups_of_ours, ref_params, ref_state):
     for group, (gi_params) in zip(opt_groups_of_ours, ref_params):
         for p in gi_params:
-            lion_reference_step(p.data, p.grad, ref_state[id(p)], lr=group["lr"],
-                                betas=group["betas"], weight_decay=group["weight_decay"])
+            lion_reference_step(
+                p.data,
+                p.grad,
+                ref_state[id(p)],
+                lr=group["lr"],
+                betas=group["betas"],
+                weight_decay=group["weight_decay"],
+            )
 
 
 @pytest.mark.parametrize("kind", ["adamw", "adam", "adagrad", "lion"])
@@ -188,6 +204,7 @@ def test_zerostream_names_are_the_same_classes():
 
 def test_functional_calls_name_the_bad_argument():
     from zerostream.ops.adam import cpu_adam_step
+
     z = torch.zeros(8)
     with pytest.raises(ValueError, match="exp_avg_sq: expected 8 elements"):
         cpu_adam_step(z, z, z, torch.zeros(7), lr=1e-3, step=1)

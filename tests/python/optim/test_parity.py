@@ -1,6 +1,7 @@
 """100 steps of the fused CPU kernels against torch.optim (Adam, AdamW, Adagrad) and a
 plain-torch Lion, for every grad dtype x 16-bit copy combination, on slices of one flat
 buffer whose sizes hit every SIMD tail (see _reference.py for the tolerances)."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,12 @@ from zerostream.ops.adagrad import cpu_adagrad_step
 from zerostream.ops.adam import cpu_adam_step
 from zerostream.ops.lion import cpu_lion_step
 
-from ._reference import (adam_no_bias_correction_step, assert_close_fp32, assert_copy_ok,
-                         lion_reference_step)
+from ._reference import (
+    adam_no_bias_correction_step,
+    assert_close_fp32,
+    assert_copy_ok,
+    lion_reference_step,
+)
 
 STEPS = 100
 # Slices of one flat buffer, starting at odd offsets (unaligned), sizes covering every tail of
@@ -49,13 +54,21 @@ def _grads(total, dtype, gen):
     return (torch.randn(total, generator=gen) * 0.1).to(dtype)
 
 
-def _run(kind, grad_dtype, copy_dtype, *, adamw_mode=True, bias_correction=True,
-         weight_decay=0.01, grad_scale=1.0):
+def _run(
+    kind,
+    grad_dtype,
+    copy_dtype,
+    *,
+    adamw_mode=True,
+    bias_correction=True,
+    weight_decay=0.01,
+    grad_scale=1.0,
+):
     states = {"adam": 2, "adagrad": 1, "lion": 1}[kind]
     flat = Flat(states, copy_dtype, seed=1)
     refs = []
     for off, n in flat.slices:
-        rp = flat.p[off:off + n].clone().requires_grad_(True)
+        rp = flat.p[off : off + n].clone().requires_grad_(True)
         if kind == "adam" and bias_correction:
             cls = torch.optim.AdamW if adamw_mode else torch.optim.Adam
             opt = cls([rp], lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
@@ -70,30 +83,65 @@ def _run(kind, grad_dtype, copy_dtype, *, adamw_mode=True, bias_correction=True,
         grad = (_grads(flat.p.numel(), torch.float32, gen) / grad_scale).to(grad_dtype)
         for (off, n), (rp, opt, rs) in zip(flat.slices, refs):
             p, s, c = flat.views(off, n)
-            g = grad[off:off + n]
+            g = grad[off : off + n]
             if kind == "adam":
-                cpu_adam_step(p, g, s[0], s[1], lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                              weight_decay=weight_decay, step=step, adamw_mode=adamw_mode,
-                              bias_correction=bias_correction, grad_scale=grad_scale,
-                              param_copy=c)
+                cpu_adam_step(
+                    p,
+                    g,
+                    s[0],
+                    s[1],
+                    lr=LR,
+                    betas=(0.9, 0.999),
+                    eps=1e-8,
+                    weight_decay=weight_decay,
+                    step=step,
+                    adamw_mode=adamw_mode,
+                    bias_correction=bias_correction,
+                    grad_scale=grad_scale,
+                    param_copy=c,
+                )
             elif kind == "adagrad":
-                cpu_adagrad_step(p, g, s[0], lr=LR, eps=1e-10, weight_decay=weight_decay,
-                                 grad_scale=grad_scale, param_copy=c)
+                cpu_adagrad_step(
+                    p,
+                    g,
+                    s[0],
+                    lr=LR,
+                    eps=1e-10,
+                    weight_decay=weight_decay,
+                    grad_scale=grad_scale,
+                    param_copy=c,
+                )
             else:
-                cpu_lion_step(p, g, s[0], lr=LR, betas=(0.9, 0.99), weight_decay=weight_decay,
-                              grad_scale=grad_scale, param_copy=c)
+                cpu_lion_step(
+                    p,
+                    g,
+                    s[0],
+                    lr=LR,
+                    betas=(0.9, 0.99),
+                    weight_decay=weight_decay,
+                    grad_scale=grad_scale,
+                    param_copy=c,
+                )
             ref_grad = g.float() * grad_scale
             with torch.no_grad():
                 if opt is not None:
                     rp.grad = ref_grad
                     opt.step()
                 elif kind == "adam":
-                    adam_no_bias_correction_step(rp, ref_grad, rs[0], rs[1], lr=LR,
-                                                 betas=(0.9, 0.999), eps=1e-8,
-                                                 weight_decay=weight_decay)
+                    adam_no_bias_correction_step(
+                        rp,
+                        ref_grad,
+                        rs[0],
+                        rs[1],
+                        lr=LR,
+                        betas=(0.9, 0.999),
+                        eps=1e-8,
+                        weight_decay=weight_decay,
+                    )
                 else:
-                    lion_reference_step(rp, ref_grad, rs[0], lr=LR, betas=(0.9, 0.99),
-                                        weight_decay=weight_decay)
+                    lion_reference_step(
+                        rp, ref_grad, rs[0], lr=LR, betas=(0.9, 0.99), weight_decay=weight_decay
+                    )
     return flat, refs
 
 
@@ -115,7 +163,7 @@ def _check(kind, flat, refs):
             assert_copy_ok(c, p, rp.detach(), what + " copy")
     pad = torch.ones(flat.p.numel(), dtype=torch.bool)
     for off, n in flat.slices:
-        pad[off:off + n] = False
+        pad[off : off + n] = False
     assert bool((flat.s[0][pad] == 0).all()), f"{kind}: wrote outside its slices"
 
 
@@ -127,16 +175,24 @@ def test_matches_torch_every_dtype(kind, grad_dtype, copy_dtype):
     _check(kind, flat, refs)
 
 
-@pytest.mark.parametrize("adamw_mode,bias_correction", [(False, True), (True, False)],
-                         ids=["adam_l2", "adamw_no_bias_correction"])
+@pytest.mark.parametrize(
+    "adamw_mode,bias_correction",
+    [(False, True), (True, False)],
+    ids=["adam_l2", "adamw_no_bias_correction"],
+)
 def test_adam_modes(adamw_mode, bias_correction):
-    flat, refs = _run("adam", torch.float32, torch.bfloat16, adamw_mode=adamw_mode,
-                      bias_correction=bias_correction)
+    flat, refs = _run(
+        "adam",
+        torch.float32,
+        torch.bfloat16,
+        adamw_mode=adamw_mode,
+        bias_correction=bias_correction,
+    )
     _check("adam", flat, refs)
 
 
 @pytest.mark.parametrize("kind", ["adam", "adagrad", "lion"])
 def test_grad_scale_is_folded_in(kind):
     # Grads of a loss scaled by 2^10 stepped with grad_scale 2^-10 equal the unscaled step.
-    flat, refs = _run(kind, torch.bfloat16, None, grad_scale=2.0 ** -10)
+    flat, refs = _run(kind, torch.bfloat16, None, grad_scale=2.0**-10)
     _check(kind, flat, refs)

@@ -1,6 +1,7 @@
 """The CPU optimizers' default thread count (zerostream/ops/threads.py): every core this
 process may use, shared among the ranks of the node, without falling into torchrun's
 OMP_NUM_THREADS=1; explicit settings win; bad values name their variable."""
+
 from __future__ import annotations
 
 import logging
@@ -13,8 +14,13 @@ from zerostream.ops import threads as zt
 from zerostream.ops._cpu_optimizer import run_kwargs
 from zerostream.ops.adam import DeepSpeedCPUAdam
 
-_VARS = ("ZS_OPTIM_THREADS", "OMP_NUM_THREADS", "LOCAL_WORLD_SIZE", "LOCAL_SIZE",
-         "OMPI_COMM_WORLD_LOCAL_SIZE")
+_VARS = (
+    "ZS_OPTIM_THREADS",
+    "OMP_NUM_THREADS",
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+)
 
 
 @pytest.fixture
@@ -28,16 +34,19 @@ def env(monkeypatch):
     zt._cache.clear()
 
 
-@pytest.mark.parametrize("settings, expected, why", [
-    ({}, 16, "16 cores available"),
-    ({"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, 8, "/ 2 ranks on this node"),
-    ({"LOCAL_SIZE": "3"}, 5, "(LOCAL_SIZE)"),
-    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "32"}, 1, "/ 32 ranks"),
-    ({"OMP_NUM_THREADS": "1"}, 1, "OMP_NUM_THREADS"),            # one process: the user's 1
-    ({"OMP_NUM_THREADS": "6", "LOCAL_WORLD_SIZE": "4"}, 6, "OMP_NUM_THREADS"),
-    ({"ZS_OPTIM_THREADS": "3", "OMP_NUM_THREADS": "6"}, 3, "ZS_OPTIM_THREADS"),
-    ({"OMP_NUM_THREADS": "4,2"}, 4, "OMP_NUM_THREADS"),            # nested list: outer level
-])
+@pytest.mark.parametrize(
+    "settings, expected, why",
+    [
+        ({}, 16, "16 cores available"),
+        ({"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, 8, "/ 2 ranks on this node"),
+        ({"LOCAL_SIZE": "3"}, 5, "(LOCAL_SIZE)"),
+        ({"OMPI_COMM_WORLD_LOCAL_SIZE": "32"}, 1, "/ 32 ranks"),
+        ({"OMP_NUM_THREADS": "1"}, 1, "OMP_NUM_THREADS"),  # one process: the user's 1
+        ({"OMP_NUM_THREADS": "6", "LOCAL_WORLD_SIZE": "4"}, 6, "OMP_NUM_THREADS"),
+        ({"ZS_OPTIM_THREADS": "3", "OMP_NUM_THREADS": "6"}, 3, "ZS_OPTIM_THREADS"),
+        ({"OMP_NUM_THREADS": "4,2"}, 4, "OMP_NUM_THREADS"),  # nested list: outer level
+    ],
+)
 def test_default_follows_the_documented_order(env, settings, expected, why):
     for k, v in settings.items():
         env.setenv(k, v)
@@ -46,10 +55,13 @@ def test_default_follows_the_documented_order(env, settings, expected, why):
     assert why in reason
 
 
-@pytest.mark.parametrize("machine, expected, why", [
-    (64, 16, "16 cores bound to this rank"),   # 16 of 64 CPUs = one rank's share: numactl
-    (20, 4, "16 cores available / 4 ranks"),  # a 16-CPU cpuset the 4 ranks share
-])
+@pytest.mark.parametrize(
+    "machine, expected, why",
+    [
+        (64, 16, "16 cores bound to this rank"),  # 16 of 64 CPUs = one rank's share: numactl
+        (20, 4, "16 cores available / 4 ranks"),  # a 16-CPU cpuset the 4 ranks share
+    ],
+)
 def test_a_mask_of_one_ranks_share_is_that_ranks_own(env, machine, expected, why):
     env.setattr(zt.os, "cpu_count", lambda: machine)
     env.setenv("LOCAL_WORLD_SIZE", "4")
@@ -88,8 +100,9 @@ def test_the_optimizer_logs_its_choice_once(env, caplog):
     finally:
         logger.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records if "CPU optimizer" in r.getMessage()]
-    assert lines == ["CPU optimizer: 8 threads (16 cores available / 2 ranks on this node "
-                     "(LOCAL_WORLD_SIZE))"]
+    assert lines == [
+        "CPU optimizer: 8 threads (16 cores available / 2 ranks on this node (LOCAL_WORLD_SIZE))"
+    ]
 
 
 def test_real_affinity_is_used(monkeypatch):

@@ -1,4 +1,5 @@
 """A DeepSpeed training script with only the import changed (used by test_engine.py)."""
+
 import argparse
 
 import torch
@@ -19,7 +20,8 @@ def main():
     xs = torch.randn(64, 16, generator=g)
     data = torch.utils.data.TensorDataset(xs, xs.sum(dim=1, keepdim=True))
     engine, optimizer, loader, scheduler = deepspeed.initialize(
-        args=args, model=model, model_parameters=model.parameters(), training_data=data)
+        args=args, model=model, model_parameters=model.parameters(), training_data=data
+    )
     losses = []
     for x, y in loader:
         loss = torch.nn.functional.mse_loss(engine(x), y)
@@ -28,8 +30,10 @@ def main():
         losses.append(float(loss))
     weights = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
     with open(f"{args.out}.{deepspeed.comm.get_rank()}", "w") as f:
-        f.write(f"{engine.global_steps} {losses[0]} {losses[-1]} {weights.sum().item():.6f} "
-                f"{args.local_rank}\n")
+        f.write(
+            f"{engine.global_steps} {losses[0]} {losses[-1]} {weights.sum().item():.6f} "
+            f"{args.local_rank}\n"
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The small model of the engine and seam tests: two linear layers, a scalar loss."""
+
 import torch
 
 

@@ -1,8 +1,9 @@
 """Engine behaviour on Gloo ranks: loss scaling and overflow skips, the LR schedule, clipping
 norm bookkeeping, accumulation boundaries, DeepSpeed's optimizer rules and clear errors."""
+
 import os
-import re
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -10,24 +11,28 @@ import time
 
 import pytest
 import torch
+from mlp import MLP
 
 from multirank import free_port, run_ranks
-from mlp import MLP
 
 HERE = pathlib.Path(__file__).parent
 
 
 def _engine(config, **kwargs):
     import zerostream
+
     torch.manual_seed(0)
     model = MLP()
     return zerostream.initialize(model=model, config=config, **kwargs)
 
 
 def _base(stage, **extra):
-    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-           "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
-           "zero_optimization": {"stage": stage}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": stage},
+    }
     cfg.update(extra)
     return cfg
 
@@ -35,12 +40,20 @@ def _base(stage, **extra):
 def overflow_and_schedule_worker(rank, world):
     """fp16 dynamic scaling with hysteresis 2 and a linear warmup schedule, at stage 2."""
     from zerostream.lr_schedules import WarmupLR
-    cfg = _base(2, fp16={"enabled": True, "initial_scale_power": 8, "hysteresis": 2,
-                         "loss_scale_window": 100},
-                scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0.001,
-                                                          "warmup_max_lr": 0.01,
-                                                          "warmup_num_steps": 10,
-                                                          "warmup_type": "linear"}})
+
+    cfg = _base(
+        2,
+        fp16={"enabled": True, "initial_scale_power": 8, "hysteresis": 2, "loss_scale_window": 100},
+        scheduler={
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.001,
+                "warmup_max_lr": 0.01,
+                "warmup_num_steps": 10,
+                "warmup_type": "linear",
+            },
+        },
+    )
     engine, opt, _, sched = _engine(cfg)
     assert engine.get_global_grad_norm() is None
     x = torch.randn(2, 8).half()
@@ -53,12 +66,21 @@ def overflow_and_schedule_worker(rank, world):
         engine.backward(loss)
         engine.step()
         changed = any(not torch.equal(b, p) for b, p in zip(before, engine.module.parameters()))
-        trace.append((engine.loss_scale(), engine.skipped_steps, engine.get_lr()[0], changed,
-                      engine.was_step_applied(), opt.overflow))
+        trace.append(
+            (
+                engine.loss_scale(),
+                engine.skipped_steps,
+                engine.get_lr()[0],
+                changed,
+                engine.was_step_applied(),
+                opt.overflow,
+            )
+        )
     # The same schedule on a plain optimizer, stepped once per applied step (two of four).
     ref_opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.01)
-    ref = WarmupLR(ref_opt, warmup_min_lr=0.001, warmup_max_lr=0.01, warmup_num_steps=10,
-                   warmup_type="linear")
+    ref = WarmupLR(
+        ref_opt, warmup_min_lr=0.001, warmup_max_lr=0.01, warmup_num_steps=10, warmup_type="linear"
+    )
     ref_lrs = []
     for applied in (True, False, False, True):
         if applied:
@@ -72,11 +94,11 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale_with_hysteresis():
     trace, ref_lrs, steps, samples = run_ranks(overflow_and_schedule_worker, 2, timeout=120)[0]
     scales = [t[0] for t in trace]
     assert scales == [256.0, 256.0, 128.0, 128.0]  # hysteresis 2: the second overflow halves
-    assert [t[1] for t in trace] == [0, 1, 2, 2]    # skipped_steps
+    assert [t[1] for t in trace] == [0, 1, 2, 2]  # skipped_steps
     assert [t[3] for t in trace] == [True, False, False, True]  # params move only when applied
     assert [t[4] for t in trace] == [True, False, False, True]  # was_step_applied
     assert [t[5] for t in trace] == [False, True, True, False]  # optimizer.overflow
-    assert [t[2] for t in trace] == pytest.approx(ref_lrs)       # no LR step on overflow
+    assert [t[2] for t in trace] == pytest.approx(ref_lrs)  # no LR step on overflow
     assert steps == 4 and samples == 4 * 2 * 2
 
 
@@ -137,11 +159,13 @@ def dying_rank_worker(rank, world):
 
 @pytest.mark.multirank
 def test_a_killed_rank_makes_the_others_fail_clearly_within_the_timeout():
-    results = run_ranks(dying_rank_worker, 2, timeout=120, expect_failure=True,
-                        env={"DEEPSPEED_TIMEOUT": "0.5"})
+    results = run_ranks(
+        dying_rank_worker, 2, timeout=120, expect_failure=True, env={"DEEPSPEED_TIMEOUT": "0.5"}
+    )
     status, payload = results[0]
     assert status == "ok", payload
     import io
+
     outcome, message, seconds = torch.load(io.BytesIO(payload), weights_only=False)
     assert outcome == "error"
     # Stage 2's bucket spans both ranks' partitions: it is reduce-scattered.
@@ -154,27 +178,46 @@ def test_a_deepspeed_script_runs_unchanged_under_torchrun(tmp_path):
     """examples-style script: argparse + add_config_arguments + initialize(args=...) +
     engine.backward/step, launched by torchrun with --deepspeed_config."""
     cfg = tmp_path / "ds_config.json"
-    cfg.write_text('{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,'
-                   ' "optimizer": {"type": "Adam", "params": {"lr": 0.01}},'
-                   ' "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}},'
-                   ' "zero_optimization": {"stage": 2}, "steps_per_print": 1}')
+    cfg.write_text(
+        '{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,'
+        ' "optimizer": {"type": "Adam", "params": {"lr": 0.01}},'
+        ' "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}},'
+        ' "zero_optimization": {"stage": 2}, "steps_per_print": 1}'
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", str(free_port()), str(HERE / "ds_style_script.py"),
-         "--deepspeed", "--deepspeed_config", str(cfg), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=180, env=env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(HERE / "ds_style_script.py"),
+            "--deepspeed",
+            "--deepspeed_config",
+            str(cfg),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [(tmp_path / f"out.{r}").read_text().split() for r in (0, 1)]
     # Each rank saw its own half of the data, yet both hold the same trained weights.
     assert lines[0][3] == lines[1][3], "ranks disagree on the trained weights"
-    assert [l[4] for l in lines] == ["0", "1"], "args.local_rank must be each rank's own"
+    assert [line[4] for line in lines] == ["0", "1"], "args.local_rank must be each rank's own"
     steps, first, last = int(lines[0][0]), float(lines[0][1]), float(lines[0][2])
     assert steps == 4 and last < first  # 64 samples / (4 micro x 2 ranks) / 2 accumulation
 
 
 def telemetry_worker(rank, world, nvme):
     import logging
+
     records = []
 
     class Keep(logging.Handler):
@@ -182,9 +225,15 @@ def telemetry_worker(rank, world, nvme):
             records.append(record.getMessage())
 
     logging.getLogger("zerostream").addHandler(Keep())
-    cfg = _base(2, steps_per_print=2, zero_optimization={
-        "stage": 2, "sub_group_size": 64,
-        "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pipeline_read": True}})
+    cfg = _base(
+        2,
+        steps_per_print=2,
+        zero_optimization={
+            "stage": 2,
+            "sub_group_size": 64,
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pipeline_read": True},
+        },
+    )
     engine, opt, _, _ = _engine(cfg)
     x = torch.randn(2, 8)
     for _ in range(4):
@@ -197,8 +246,8 @@ def telemetry_worker(rank, world, nvme):
 @pytest.mark.multirank
 def test_telemetry_reports_time_split_and_bytes_per_tier(tmp_path):
     lines, partition = run_ranks(telemetry_worker, 2, str(tmp_path))[0]
-    tele = [l for l in lines if l.startswith("telemetry")]
-    assert len(tele) == 2 and sum(l.startswith("step=") for l in lines) == 2
+    tele = [line for line in lines if line.startswith("telemetry")]
+    assert len(tele) == 2 and sum(line.startswith("step=") for line in lines) == 2
     for phase in ("forward", "backward", "reduce", "step", "swap_wait"):
         assert f"{phase} " in tele[0]
     # Each step reads and writes p, m, v (12 bytes per element) of this rank's partition.
@@ -212,8 +261,11 @@ def scaling_modes_worker(rank, world):
     torch.manual_seed(100 + rank)  # each rank its own data
     xs = [torch.randn(2, 8) for _ in range(3)]
     out = {}
-    for name, extra in (("post", {}), ("prescale", {"prescale_gradients": True}),
-                        ("predivide", {"gradient_predivide_factor": 2.0})):
+    for name, extra in (
+        ("post", {}),
+        ("prescale", {"prescale_gradients": True}),
+        ("predivide", {"gradient_predivide_factor": 2.0}),
+    ):
         engine, *_ = _engine(_base(0, **extra))
         for x in xs:
             engine.backward(engine(x))
@@ -255,25 +307,32 @@ def param_groups_worker(rank, world, use_callable):
     """Two param groups (weights decayed at lr 0.02, biases not at lr 0.005) through stage 2
     with a client optimizer given as a callable or as model_parameters + config."""
     import zerostream
+
     torch.manual_seed(0)
     model = MLP()
-    groups = [{"params": [model.a.weight, model.b.weight], "weight_decay": 0.1, "lr": 0.02},
-              {"params": [model.a.bias, model.b.bias], "weight_decay": 0.0, "lr": 0.005}]
+    groups = [
+        {"params": [model.a.weight, model.b.weight], "weight_decay": 0.1, "lr": 0.02},
+        {"params": [model.a.bias, model.b.bias], "weight_decay": 0.0, "lr": 0.005},
+    ]
     cfg = {k: v for k, v in _base(2).items() if k != "optimizer"}
     if use_callable:
         engine, opt, _, _ = zerostream.initialize(
-            model=model, model_parameters=groups, config=cfg,
-            optimizer=lambda params: torch.optim.AdamW(params, lr=0.001))
+            model=model,
+            model_parameters=groups,
+            config=cfg,
+            optimizer=lambda params: torch.optim.AdamW(params, lr=0.001),
+        )
     else:
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 0.001}}
         engine, opt, _, _ = zerostream.initialize(model=model, model_parameters=groups, config=cfg)
     torch.manual_seed(7)
     xs = torch.randn(3, world * 2, 8)
     for x in xs:
-        engine.backward(engine(x[rank * 2:(rank + 1) * 2]))
+        engine.backward(engine(x[rank * 2 : (rank + 1) * 2]))
         engine.step()
-    return [g["lr"] for g in opt.param_groups], {n: p.detach().clone()
-                                                  for n, p in engine.module.named_parameters()}
+    return [g["lr"] for g in opt.param_groups], {
+        n: p.detach().clone() for n, p in engine.module.named_parameters()
+    }
 
 
 @pytest.mark.multirank
@@ -284,8 +343,12 @@ def test_param_groups_keep_their_options_under_zero(use_callable):
     torch.manual_seed(0)
     model = MLP()
     ref = torch.optim.AdamW(
-        [{"params": [model.a.weight, model.b.weight], "weight_decay": 0.1, "lr": 0.02},
-         {"params": [model.a.bias, model.b.bias], "weight_decay": 0.0, "lr": 0.005}], lr=0.001)
+        [
+            {"params": [model.a.weight, model.b.weight], "weight_decay": 0.1, "lr": 0.02},
+            {"params": [model.a.bias, model.b.bias], "weight_decay": 0.0, "lr": 0.005},
+        ],
+        lr=0.001,
+    )
     torch.manual_seed(7)
     for x in torch.randn(3, 4, 8):
         model(x).backward()
@@ -298,6 +361,7 @@ def test_param_groups_keep_their_options_under_zero(use_callable):
 
 def client_instance_worker(rank, world):
     import zerostream
+
     torch.manual_seed(0)
     model = MLP()
     client = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -316,8 +380,15 @@ def test_a_client_optimizer_is_used_as_is_at_stage_0():
 
 def bad_nvme_path_worker(rank, world, path):
     try:
-        _engine(_base(2, zero_optimization={
-            "stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": path}}))
+        _engine(
+            _base(
+                2,
+                zero_optimization={
+                    "stage": 2,
+                    "offload_optimizer": {"device": "nvme", "nvme_path": path},
+                },
+            )
+        )
     except OSError as exc:
         return str(exc)
     return "no error"
@@ -334,9 +405,11 @@ def test_an_unusable_nvme_path_names_the_key_and_the_path(tmp_path):
 
 def optimizer_threads_worker(rank, world, threads):
     extra = {} if threads is None else {"zerostream": {"cpu_optimizer_threads": threads}}
-    engine, opt, _, _ = _engine(_base(2, zero_optimization={
-        "stage": 2, "offload_optimizer": {"device": "cpu"}}, **extra))
+    engine, opt, _, _ = _engine(
+        _base(2, zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}}, **extra)
+    )
     from zerostream.ops.threads import resolve
+
     inner = opt.optimizer
     return type(inner).__name__, inner.threads, resolve(inner.threads)[0]
 

@@ -1,10 +1,11 @@
 """DeepSpeed's optimizer rules and config errors at initialize, one behaviour per test and no
 processes: a one-process world needs no process group (comm answers rank 0 of 1), so the
 engine is built directly from a loaded config."""
+
 import pytest
 import torch
-
 from mlp import MLP
+
 import zerostream
 from zerostream.config import load
 from zerostream.engine import ZeroEngine
@@ -28,8 +29,9 @@ def test_a_client_optimizer_with_offload_needs_zero_force_ds_cpu_optimizer_false
 def test_an_untested_client_optimizer_is_refused_unless_allowed():
     model = MLP()
     with pytest.raises(ValueError, match=r"untested ZeRO Optimizer \(SGD\)"):
-        ZeroEngine(model, _cfg(1, optimizer=False),
-                   optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        ZeroEngine(
+            model, _cfg(1, optimizer=False), optimizer=torch.optim.SGD(model.parameters(), lr=0.1)
+        )
     allowed = _cfg(1, optimizer=False, zero_allow_untested_optimizer=True)
     engine = ZeroEngine(model, allowed, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     assert type(engine.optimizer.optimizer) is torch.optim.SGD
@@ -41,22 +43,35 @@ def test_stage_2_without_an_optimizer_names_the_missing_section():
 
 
 def test_the_batch_rule_names_every_term_with_the_world_size():
-    with pytest.raises(ValueError, match=r"train_batch_size: 17 != train_micro_batch_size_per_gpu "
-                                         r"2 \* gradient_accumulation_steps 4 \* data-parallel "
-                                         r"world size 2"):
-        load({"train_batch_size": 17, "train_micro_batch_size_per_gpu": 2,
-              "optimizer": {"type": "AdamW", "params": {}}}, world_size=2)
+    with pytest.raises(
+        ValueError,
+        match=r"train_batch_size: 17 != train_micro_batch_size_per_gpu "
+        r"2 \* gradient_accumulation_steps 4 \* data-parallel "
+        r"world size 2",
+    ):
+        load(
+            {
+                "train_batch_size": 17,
+                "train_micro_batch_size_per_gpu": 2,
+                "optimizer": {"type": "AdamW", "params": {}},
+            },
+            world_size=2,
+        )
 
 
 def test_initialize_without_a_config_says_what_deepspeed_says():
-    with pytest.raises(ValueError, match="^DeepSpeed requires --deepspeed_config to specify "
-                                         "configuration file$"):
+    with pytest.raises(
+        ValueError, match="^DeepSpeed requires --deepspeed_config to specify configuration file$"
+    ):
         zerostream.initialize(model=MLP())
 
 
 def test_deepspeed_optimizers_zerostream_lacks_are_named():
-    cfg = load({"train_micro_batch_size_per_gpu": 2,
-                "optimizer": {"type": "Lamb", "params": {"lr": 0.1}}}, world_size=1, log=False)
+    cfg = load(
+        {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Lamb", "params": {"lr": 0.1}}},
+        world_size=1,
+        log=False,
+    )
     with pytest.raises(NotImplementedError, match="Lamb"):
         ZeroEngine(MLP(), cfg)
 
@@ -71,8 +86,7 @@ def test_the_engine_exposes_the_phase_its_hooks_see():
     engine = ZeroEngine(MLP(), _cfg(2))
     seen = []
     engine.module.register_forward_hook(lambda *_: seen.append(engine.training_state.value))
-    engine.module.a.weight.register_hook(
-        lambda g: seen.append(engine.training_state.value) or g)
+    engine.module.a.weight.register_hook(lambda g: seen.append(engine.training_state.value) or g)
     engine.backward(engine(torch.randn(2, 8)))
     engine.step()
     assert seen == ["forward", "backward"] and engine.training_state.value == "idle"

@@ -3,24 +3,31 @@ same global batch, for ZeRO stages 0/1/2 x fp32/bf16 x gradient accumulation 1/4
 none/cpu/nvme (stages 1 and 2).
 
 fp32 must agree to 1e-5 relative per step (losses, the pre-clip global grad norm) and in the
-final parameters (tensor-wise relative error; see the comment at the check). bf16 runs are compared with a plain-PyTorch bf16 mixed-precision reference
-(fp32 master weights, bf16 model); the only difference left is where bf16 gradients are summed
-(per rank, then across ranks), so the bound there is bf16 rounding: 2e-2 relative on losses.
+final parameters (tensor-wise relative error; see the comment at the check). bf16 runs are
+compared with a plain-PyTorch bf16 mixed-precision reference (fp32 master weights, bf16
+model); the only difference left is where bf16 gradients are summed (per rank, then across
+ranks), so the bound there is bf16 rounding: 2e-2 relative on losses.
 The mechanism is checked too: stage 1/2 keep 1/N of the optimizer state per rank, stage 2 never
 leaves a full gradient on a parameter.
 """
+
 import pytest
 import torch
+from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
-from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
 GLOBAL_BATCH = 16
 LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5
-CASES = [(stage, dtype, gas, offload) for stage in (0, 1, 2) for dtype in ("fp32", "bf16")
-         for gas in (1, 4) for offload in ("none", "cpu", "nvme")
-         if stage > 0 or offload == "none"]
+CASES = [
+    (stage, dtype, gas, offload)
+    for stage in (0, 1, 2)
+    for dtype in ("fp32", "bf16")
+    for gas in (1, 4)
+    for offload in ("none", "cpu", "nvme")
+    if stage > 0 or offload == "none"
+]
 
 
 def reference(dtype: str, steps: int = STEPS):
@@ -58,6 +65,7 @@ def reference(dtype: str, steps: int = STEPS):
 
 def zerostream_worker(rank, world, cases, nvme_root):
     import torch.distributed as dist
+
     import zerostream
 
     out = {}
@@ -66,30 +74,42 @@ def zerostream_worker(rank, world, cases, nvme_root):
         torch.manual_seed(0)
         model = TinyGPT()
         micro = GLOBAL_BATCH // (world * gas)
-        config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
-                  "gradient_clipping": CLIP,
-                  "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
-                                                            "weight_decay": WD}},
-                  "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000,
-                                        "allgather_bucket_size": 500,
-                                        "sub_group_size": 2000},
-                  "bf16": {"enabled": dtype == "bf16"}}
+        config = {
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": gas,
+            "gradient_clipping": CLIP,
+            "optimizer": {
+                "type": "AdamW",
+                "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WD},
+            },
+            "zero_optimization": {
+                "stage": stage,
+                "reduce_bucket_size": 3000,
+                "allgather_bucket_size": 500,
+                "sub_group_size": 2000,
+            },
+            "bf16": {"enabled": dtype == "bf16"},
+        }
         nvme = f"{nvme_root}/s{stage}{dtype}{gas}"
         if offload != "none":
             config["zero_optimization"]["offload_optimizer"] = {
-                "device": offload, "nvme_path": nvme if offload == "nvme" else None,
-                "pipeline_read": gas == 1, "pipeline_write": gas == 1}
+                "device": offload,
+                "nvme_path": nvme if offload == "nvme" else None,
+                "pipeline_read": gas == 1,
+                "pipeline_write": gas == 1,
+            }
         engine, optimizer, _, _ = zerostream.initialize(model=model, config=config)
         losses, norms, mechanism = [], [], {}
         for s in range(STEPS):
             total = torch.zeros(())
             for m in range(gas):
                 lo = (m * world + rank) * micro  # this rank's slice of micro-step m
-                loss = engine(xs[s][lo:lo + micro], ys[s][lo:lo + micro])
+                loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
                 engine.backward(loss)
                 if stage == 2:
                     mechanism["full_grads_left"] = any(
-                        p.grad is not None for p in engine.module.parameters())
+                        p.grad is not None for p in engine.module.parameters()
+                    )
                 engine.step()
                 total += loss.detach().float()
             dist.all_reduce(total)
@@ -105,16 +125,23 @@ def zerostream_worker(rank, world, cases, nvme_root):
             swap, group = summary["swap"], summary["groups"][0]
             # This rank's fp32 params read straight from the swap files at the extents the
             # store reports, against the same elements of the model's params.
-            master = torch.cat([read_extent(*sg["param"], sg["end"] - sg["begin"])
-                                for sg in swap["sub_groups"] if sg["group"] == 0])
-            flat = torch.cat([p.detach().reshape(-1).float()
-                              for p in engine.module.parameters()])
+            master = torch.cat(
+                [
+                    read_extent(*sg["param"], sg["end"] - sg["begin"])
+                    for sg in swap["sub_groups"]
+                    if sg["group"] == 0
+                ]
+            )
+            flat = torch.cat([p.detach().reshape(-1).float() for p in engine.module.parameters()])
             lo, n = group["partition_begin"], group["partition_valid"]
             tol = 1e-2 if dtype == "bf16" else 0
             mechanism["nvme_master_matches_params"] = bool(
-                torch.allclose(master[:n], flat[lo:lo + n], rtol=tol, atol=tol))
+                torch.allclose(master[:n], flat[lo : lo + n], rtol=tol, atol=tol)
+            )
             mechanism["state_numel"] = sum(sg["end"] - sg["begin"] for sg in swap["sub_groups"])
-            import glob, os
+            import glob
+            import os
+
             files = glob.glob(os.path.join(swap["directory"], "*"))
             mechanism["nvme_file_bytes"] = sum(os.path.getsize(f) for f in files)
             mechanism["nvme_state_bytes"] = 12 * mechanism["state_numel"]
@@ -181,6 +208,7 @@ def test_stages_0_1_2_match_plain_pytorch(world, references, tmp_path):
                 assert mech["nvme_file_bytes"] >= mech["nvme_state_bytes"]
                 assert mech["nvme_read"] >= STEPS * mech["nvme_state_bytes"]
         except AssertionError as exc:
-            failures.append(f"world={world} stage={stage} {dtype} gas={gas} "
-                            f"offload={offload}: {exc}")
+            failures.append(
+                f"world={world} stage={stage} {dtype} gas={gas} offload={offload}: {exc}"
+            )
     assert not failures, "\n\n".join(failures)

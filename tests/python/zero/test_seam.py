@@ -1,11 +1,12 @@
 """The stage seam without processes: each test builds a stage from a StageContext with a
 pretend world size (no process group) and checks one behaviour (STYLE.md item 13, tier 1)."""
+
 import copy
 
 import pytest
 import torch
-
 from mlp import MLP
+
 from zerostream import _C
 from zerostream.config import load
 from zerostream.precision import make_loss_scaler
@@ -19,15 +20,29 @@ from zerostream.zero.stage12 import PartitionedOptimizer
 
 
 def _config(stage, **zero):
-    return load({"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
-                 "zero_optimization": {"stage": stage, **zero}}, world_size=1, log=False)
+    return load(
+        {
+            "train_batch_size": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+            "zero_optimization": {"stage": stage, **zero},
+        },
+        world_size=1,
+        log=False,
+    )
 
 
 def _ctx(cfg, world=1, rank=0, telemetry=None):
     kwargs = {"telemetry": telemetry} if telemetry is not None else {}
-    return StageContext(config=cfg, group=None, rank=rank, world=world,
-                        device=torch.device("cpu"), loss_scaler=make_loss_scaler(cfg.fp16),
-                        run=RunState(), **kwargs)
+    return StageContext(
+        config=cfg,
+        group=None,
+        rank=rank,
+        world=world,
+        device=torch.device("cpu"),
+        loss_scaler=make_loss_scaler(cfg.fp16),
+        run=RunState(),
+        **kwargs,
+    )
 
 
 def _stage(cfg, seed=0, client=None):
@@ -60,10 +75,12 @@ def _train(model, opt, ctx, steps, seed=1):
     return losses
 
 
-# --- the factory -------------------------------------------------------------------------------
+# --- the factory --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("stage,cls", [(0, ReplicatedOptimizer), (1, PartitionedOptimizer),
-                                       (2, PartitionedOptimizer)])
+
+@pytest.mark.parametrize(
+    "stage,cls", [(0, ReplicatedOptimizer), (1, PartitionedOptimizer), (2, PartitionedOptimizer)]
+)
 def test_the_factory_builds_the_stage_class_which_implements_the_protocol(stage, cls):
     _, opt, _ = _stage(_config(stage))
     assert type(opt) is cls and isinstance(opt, ZeroOptimizer)
@@ -84,7 +101,7 @@ def test_a_partitioned_stage_without_an_optimizer_names_the_missing_section():
 
 def test_nvme_offload_with_a_client_optimizer_is_refused(tmp_path):
     cfg = _config(2, offload_optimizer={"device": "nvme", "nvme_path": str(tmp_path)})
-    with pytest.raises(NotImplementedError, match="offload_optimizer.device \"nvme\""):
+    with pytest.raises(NotImplementedError, match='offload_optimizer.device "nvme"'):
         _stage(cfg, client=lambda groups: torch.optim.AdamW(groups))
 
 
@@ -96,17 +113,22 @@ def test_prepare_module_moves_params_to_the_run_dtype_and_keeps_buffers():
     assert model.running_mean.dtype == torch.float32
 
 
-# --- the phase -------------------------------------------------------------------------------------
+# --- the phase ----------------------------------------------------------------------------------
+
 
 def test_stage_2_refuses_a_gradient_outside_engine_backward():
     model, opt, ctx = _stage(_config(2))
     loss = model(torch.randn(4, 8))
-    with pytest.raises(RuntimeError, match=r"engine.backward\(loss\).*during idle; expected "
-                                           r"backward"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"engine.backward\(loss\).*during idle; expected "
+        r"backward",
+    ):
         loss.backward()
 
 
-# --- flat groups and gradient reduction -------------------------------------------------------------
+# --- flat groups and gradient reduction ---------------------------------------------------------
+
 
 def _flat(numels, world, rank):
     return FlatGroup([torch.nn.Parameter(torch.zeros(n)) for n in numels], world, rank)
@@ -127,18 +149,23 @@ def test_bucket_pieces_tile_the_bucket_once_and_land_in_their_owners_partitions(
     targets = [torch.zeros(flats[0].partition_numel)]
     reducer = Stage2Reducer(flats, targets, _ctx(cfg, world=world))
     slots = flats[0].slots
-    bucket = [(0, s, torch.arange(s.offset, s.offset + s.numel, dtype=torch.float32))
-              for s in reversed(slots)]  # autograd order
+    bucket = [
+        (0, s, torch.arange(s.offset, s.offset + s.numel, dtype=torch.float32))
+        for s in reversed(slots)
+    ]  # autograd order
     flat_grads = torch.cat([g for _, _, g in bucket])
     covered = torch.zeros(flat_grads.numel(), dtype=torch.int64)
     for r, pieces in enumerate(reducer.owner_pieces(bucket)):
         begin = flats[0].ranges[r][0]
         for p in pieces:
-            covered[p.lo:p.hi] += 1
+            covered[p.lo : p.hi] += 1
             # The values are their own flat index: a piece lands where the rank owns them.
-            assert torch.equal(flat_grads[p.lo:p.hi],
-                               torch.arange(begin + p.part_lo, begin + p.part_lo + p.hi - p.lo,
-                                            dtype=torch.float32))
+            assert torch.equal(
+                flat_grads[p.lo : p.hi],
+                torch.arange(
+                    begin + p.part_lo, begin + p.part_lo + p.hi - p.lo, dtype=torch.float32
+                ),
+            )
     assert torch.all(covered == 1)
 
 
@@ -153,7 +180,8 @@ def test_the_collective_moving_fewer_bytes_is_chosen():
     assert choose_collective(reducer.owner_pieces(one_owner), 40, world) == "all_reduce"
 
 
-# --- sub-groups ------------------------------------------------------------------------------------
+# --- sub-groups ---------------------------------------------------------------------------------
+
 
 def test_sub_group_size_zero_gives_one_sub_group_per_parameter_piece():
     flat = _flat([5, 7, 3, 9], world=2, rank=1)  # rank 1 owns [12, 24): 3 of p2, 9 of p3
@@ -161,11 +189,15 @@ def test_sub_group_size_zero_gives_one_sub_group_per_parameter_piece():
     assert starts == [0, 3]
     plan = _C.plan_sub_groups([flat.partition_numel], [starts], 0)
     assert plan == [(0, 0, 3), (0, 3, flat.partition_numel)]
-    assert _C.plan_sub_groups([flat.partition_numel], [starts], 5) == [(0, 0, 5), (0, 5, 10),
-                                                                       (0, 10, 12)]
+    assert _C.plan_sub_groups([flat.partition_numel], [starts], 5) == [
+        (0, 0, 5),
+        (0, 5, 10),
+        (0, 10, 12),
+    ]
 
 
-# --- checkpoint state -----------------------------------------------------------------------------
+# --- checkpoint state ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_state_dict_resumes_bit_identically(stage):
@@ -192,7 +224,8 @@ def test_state_from_another_world_size_is_refused_until_resharding():
         opt.load_state_dict(state)
 
 
-# --- inspection and telemetry ---------------------------------------------------------------------
+# --- inspection and telemetry -------------------------------------------------------------------
+
 
 def test_state_summary_says_where_the_state_lives_with_telemetry_on_or_off():
     for telemetry in (None, StepTelemetry()):

@@ -1,5 +1,6 @@
 """A small GPT-style model for parity tests: token and position embeddings, causal attention,
 MLP, layer norms and an output head tied to the token embedding."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -29,8 +30,9 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 64, d: int = 32, heads: int = 2, layers: int = 2,
-                 seq: int = 16):
+    def __init__(
+        self, vocab: int = 64, d: int = 32, heads: int = 2, layers: int = 2, seq: int = 16
+    ):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
