@@ -38,6 +38,7 @@ if [ "$(cat "$src_stamp" 2>/dev/null)" != "$src_hash" ] || ! .venv/bin/python -c
   CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
   .venv/bin/python -m pip install -q --no-build-isolation --no-deps \
     --config-settings=build-dir=build/native --config-settings=cmake.define.ZS_BUILD_TESTS=ON \
+    --config-settings=cmake.define.ZS_STATIC_LIBSTDCXX_VARIANT=ON \
     ${ZS_CMAKE_ARGS:+--config-settings=cmake.args="$ZS_CMAKE_ARGS"} .
   echo "$src_hash" > "$src_stamp"
 fi

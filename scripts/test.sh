@@ -52,6 +52,18 @@ if [ "$(uname -m)" != aarch64 ] && [ "${ZS_SKIP_AARCH64:-0}" != 1 ]; then
   scripts/test-aarch64.sh
 fi
 
+# The config error tests once more with a _C linked by -static-libstdc++ and loaded after
+# torch: a toolchain that links libstdc++ statically once made that crash (GPU data-path
+# issue; tests/python/conftest.py loads it, test_module_exports.py checks it is that build).
+variant=(build/native/static-libstdcxx/zerostream/_C*.so)
+if [ ${#variant[@]} -ne 1 ] || [ ! -f "${variant[0]}" ]; then
+  echo "expected one -static-libstdc++ _C under build/native/static-libstdcxx; got: ${variant[*]}" >&2
+  exit 1
+fi
+echo "== Config error tests with ${variant[0]} (-static-libstdc++) loaded after torch"
+ZS_LOAD_C_FROM="${variant[0]}" .venv/bin/python -m pytest -q -p no:cacheprovider \
+  tests/python/config tests/python/test_module_exports.py
+
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q -ra "$@"
 

@@ -9,7 +9,7 @@ import sys
 
 from . import __version__
 
-_BENCHES = ("io", "optim")
+_BENCHES = ("io", "optim", "step")
 
 
 def _config_check(args) -> int:

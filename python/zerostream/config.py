@@ -156,7 +156,9 @@ class ZeroConfig:
     elastic_checkpoint: bool
     offload_optimizer: Optional[OffloadOptimizerConfig]
     offload_param: Optional[OffloadParamConfig]
-    sub_group_size: int
+    sub_group_size: (
+        int  # elements per optimizer sub-group; 0: one per parameter (zero/sub_groups.h)
+    )
     stage3_prefetch_bucket_size: int
     stage3_param_persistence_threshold: int
     stage3_model_persistence_threshold: int

@@ -1,11 +1,33 @@
-"""Shared pytest fixtures: where the shared compatibility corpus lives."""
+"""Shared pytest fixtures: where the shared compatibility corpus lives.
 
+ZS_LOAD_C_FROM=<path of a _C*.so> makes the whole session use that build of zerostream._C,
+loaded after torch, as a process that imports torch first does. scripts/test.sh runs the
+config error tests this way against a _C linked with -static-libstdc++ (a toolchain that
+links it statically once crashed there: see tests/python/test_module_exports.py).
+"""
+
+import importlib.util
+import os
 import pathlib
+import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
+
+
+def _load_c_variant(path: str) -> None:
+    import torch  # noqa: F401  (torch's C++ runtime first, as in the crash this guards)
+
+    spec = importlib.util.spec_from_file_location("zerostream._C", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["zerostream._C"] = module  # `from . import _C` in zerostream finds it here
+    spec.loader.exec_module(module)
+
+
+if os.environ.get("ZS_LOAD_C_FROM"):
+    _load_c_variant(os.environ["ZS_LOAD_C_FROM"])
 
 
 @pytest.fixture(scope="session")

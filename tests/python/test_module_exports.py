@@ -6,6 +6,7 @@ loaded, and two libstdc++ builds' inline code mixing has crashed the process. Th
 hides everything else (hidden visibility, --exclude-libs, a version script); this pins it.
 """
 
+import os
 import shutil
 import subprocess
 
@@ -46,3 +47,22 @@ def test_only_pyinit_is_exported():
             f"{path} exports {len(extra)} symbols besides PyInit__C "
             f"(nm -D --defined-only):\n  {listing}"
         )
+
+
+@pytest.mark.skipif(
+    not os.environ.get("ZS_LOAD_C_FROM"),
+    reason="the -static-libstdc++ variant runs only "
+    "under scripts/test.sh (ZS_LOAD_C_FROM, see tests/python/conftest.py)",
+)
+def test_the_session_runs_the_static_libstdcxx_variant_after_torch():
+    """The GPU box's compiler wrapper linked libstdc++ into _C statically; with torch loaded
+    first, formatting a config error crashed the process (GPU data-path issue). This session
+    loaded such a build after torch (conftest.py); the config tests running beside this one
+    are the check. Here: it really is that build."""
+    import sys
+
+    assert "torch" in sys.modules
+    assert os.path.samefile(_C.__file__, os.environ["ZS_LOAD_C_FROM"])
+    needed = subprocess.run(["ldd", _C.__file__], capture_output=True, text=True).stdout
+    assert "libstdc++" not in needed, f"{_C.__file__} links libstdc++ dynamically:\n{needed}"
+    assert [name for _, name in _exported_symbols(_C.__file__)] == ["PyInit__C"]

@@ -1,0 +1,98 @@
+"""The GPT that `zerostream bench step` trains: GPT-2's shape (pre-norm blocks, causal
+self-attention, 4x MLP, tied embedding and head), random initialisation, synthetic tokens.
+Nothing is downloaded; the same seed gives every peer the same weights and the same data."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Tuple
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq: int
+
+    @property
+    def params(self) -> int:
+        """Parameter count (tied head): embeddings + per layer 12 h^2 + 13 h + final norm."""
+        h = self.hidden
+        return self.vocab * h + self.seq * h + self.layers * (12 * h * h + 13 * h) + 2 * h
+
+
+# Named sizes. "xl" is the GPU data-path issue's GPT-2 XL-sized case (vocab 8192, seq 512).
+SIZES = {
+    "tiny": GPTShape(layers=2, hidden=64, heads=4, vocab=512, seq=64),
+    "small": GPTShape(layers=4, hidden=256, heads=4, vocab=2048, seq=128),
+    "gpt2": GPTShape(layers=12, hidden=768, heads=12, vocab=8192, seq=512),
+    "medium": GPTShape(layers=24, hidden=1024, heads=16, vocab=8192, seq=512),
+    "xl": GPTShape(layers=48, hidden=1600, heads=25, vocab=8192, seq=512),
+}
+
+
+class Block(torch.nn.Module):
+    def __init__(self, s: GPTShape):
+        super().__init__()
+        self.heads = s.heads
+        self.ln1 = torch.nn.LayerNorm(s.hidden)
+        self.qkv = torch.nn.Linear(s.hidden, 3 * s.hidden)
+        self.proj = torch.nn.Linear(s.hidden, s.hidden)
+        self.ln2 = torch.nn.LayerNorm(s.hidden)
+        self.up = torch.nn.Linear(s.hidden, 4 * s.hidden)
+        self.down = torch.nn.Linear(4 * s.hidden, s.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
+        return x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, s: GPTShape):
+        super().__init__()
+        if s.hidden % s.heads:
+            raise ValueError(f"hidden {s.hidden} is not a multiple of heads {s.heads}")
+        self.shape = s
+        self.tok = torch.nn.Embedding(s.vocab, s.hidden)
+        self.pos = torch.nn.Embedding(s.seq, s.hidden)
+        self.blocks = torch.nn.ModuleList(Block(s) for _ in range(s.layers))
+        self.ln = torch.nn.LayerNorm(s.hidden)
+        for name, p in self.named_parameters():  # GPT-2's initialisation
+            if p.dim() == 2:
+                std = (
+                    0.02 / math.sqrt(2 * s.layers)
+                    if name.endswith(("proj.weight", "down.weight"))
+                    else 0.02
+                )
+                torch.nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                torch.nn.init.zeros_(p)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok(tokens) + self.pos(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln(x), self.tok.weight)  # tied head
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def batches(
+    shape: GPTShape, micro: int, device, seed: int = 1
+) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """Endless synthetic (tokens, next tokens) micro-batches, the same for every peer."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        data = torch.randint(0, shape.vocab, (micro, shape.seq + 1), generator=gen)
+        yield data[:, :-1].contiguous().to(device), data[:, 1:].contiguous().to(device)

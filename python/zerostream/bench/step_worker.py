@@ -1,0 +1,165 @@
+"""One peer of `zerostream bench step`, in its own process so that its peak RSS and peak device
+memory are its own: `python -m zerostream.bench.step_worker '<json spec>'`. Prints one line
+`ZS_BENCH_STEP <json>` with per-step times, phases, bytes moved and memory peaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from typing import Dict, List
+
+import torch
+
+MARK = "ZS_BENCH_STEP "
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Engine:
+    """The loop's three calls for an engine of DeepSpeed's API: `lib` is the zerostream or
+    the deepspeed module."""
+
+    def __init__(self, lib, module, cfg: dict):
+        self.engine, *_ = lib.initialize(model=module, config=cfg)
+
+    def step(self, x, y) -> torch.Tensor:
+        loss = self.engine(x, y)
+        self.engine.backward(loss)
+        self.engine.step()
+        return loss
+
+    def telemetry(self) -> Dict[str, Dict[str, float]]:
+        t = getattr(self.engine, "telemetry", None)
+        if t is None:
+            return {}
+        return {
+            "seconds": dict(t.seconds),
+            "bytes": dict(t.bytes),
+            "tier_seconds": dict(t.tier_seconds),
+        }
+
+
+class _Torch:
+    """Plain PyTorch: the model in the run's dtype, fused AdamW with the config's settings."""
+
+    def __init__(self, module, cfg: dict, device: torch.device):
+        params = cfg.get("optimizer", {}).get("params", {})
+        self.module = module
+        self.clip = cfg.get("gradient_clipping", 1.0)
+        self.opt = torch.optim.AdamW(
+            module.parameters(),
+            lr=params.get("lr", 1e-3),
+            betas=tuple(params.get("betas", (0.9, 0.999))),
+            eps=params.get("eps", 1e-8),
+            weight_decay=params.get("weight_decay", 0.01),
+            fused=True,
+        )
+
+    def step(self, x, y) -> torch.Tensor:
+        loss = self.module(x, y)
+        loss.backward()
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+    def telemetry(self) -> dict:
+        return {}
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def run(spec: dict) -> dict:
+    from zerostream.bench.gpt import GPT, GPTShape, batches
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(spec["port"]),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+    )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shape = GPTShape(**spec["shape"])
+    cfg = spec["config"]
+    torch.manual_seed(spec["seed"])
+    model = GPT(shape)
+    peer = spec["peer"]
+    if peer == "torch":
+        dtype = torch.bfloat16 if cfg.get("bf16", {}).get("enabled") else torch.float32
+        runner = _Torch(model.to(device, dtype), cfg, device)
+    elif peer == "deepspeed":
+        try:
+            import deepspeed
+        except ImportError as exc:
+            return {"peer": peer, "skipped": f"deepspeed is not importable here ({exc})"}
+        runner = _Engine(deepspeed, model, cfg)
+    else:
+        import zerostream
+
+        runner = _Engine(zerostream, model, cfg)
+    data = batches(shape, spec["micro_batch"], device, seed=spec["seed"])
+    times: List[float] = []
+    losses: List[float] = []
+    before = {}
+    for i in range(spec["warmup"] + spec["steps"]):
+        if i == spec["warmup"]:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            before = runner.telemetry()
+        x, y = next(data)
+        _sync(device)
+        start = time.perf_counter()
+        loss = runner.step(x, y)
+        _sync(device)
+        if i >= spec["warmup"]:
+            times.append(time.perf_counter() - start)
+        losses.append(float(loss.detach().float()))
+    after = runner.telemetry()
+    phases = (
+        {k: v / spec["steps"] for k, v in _delta(after["seconds"], before["seconds"]).items()}
+        if after
+        else {}
+    )
+    moved, link_seconds = (
+        [
+            {k: v / spec["steps"] for k, v in _delta(after[key], before[key]).items()}
+            for key in ("bytes", "tier_seconds")
+        ]
+        if after
+        else ({}, {})
+    )
+    return {
+        "peer": peer,
+        "device": str(device),
+        "step_seconds": times,
+        "losses": losses,
+        "phase_seconds": phases,
+        "bytes_per_step": moved,
+        "tier_seconds": link_seconds,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_device_bytes": (
+            torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        ),
+    }
+
+
+def main() -> int:
+    result = run(json.loads(sys.argv[1]))
+    sys.stdout.flush()
+    print(MARK + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

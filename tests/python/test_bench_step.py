@@ -1,0 +1,88 @@
+"""`zerostream bench step` on CPU: the report is complete and its peers train the same model on
+the same data (so their numbers compare like with like). No timing is asserted."""
+
+import json
+
+import pytest
+
+from zerostream.bench import step
+from zerostream.bench.gpt import GPT, SIZES
+
+
+def _run(capsys, *flags):
+    rc = step.main(["--size", "tiny", "--steps", "2", "--warmup", "1", "--json", *flags])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_gpt_parameter_count_matches_its_formula():
+    for name in ("tiny", "small"):
+        shape = SIZES[name]
+        assert sum(p.numel() for p in GPT(shape).parameters()) == shape.params
+
+
+@pytest.mark.timeout(600)
+def test_peers_train_the_same_model_on_the_same_data(capsys):
+    rc, res = _run(
+        capsys,
+        "--stage",
+        "2",
+        "--offload-optimizer",
+        "cpu",
+        "--peers",
+        "zerostream,no-offload,torch,deepspeed",
+    )
+    assert rc == 0
+    peers = res["peers"]
+    ours, plain = peers["zerostream"], peers["torch"]
+    assert "median_step_seconds" in ours, ours
+    # Same seed and data: the same first loss everywhere; AdamW with the same settings and
+    # clipping keeps fp32 trajectories together (CPU Adam vs torch's fused AdamW: ~1e-6).
+    for name in ("no-offload", "torch"):
+        assert peers[name]["losses"] == pytest.approx(ours["losses"], rel=1e-4), name
+    assert ours["losses"][0] == plain["losses"][0]
+    assert ours["tokens_per_second"] == pytest.approx(
+        4 * SIZES["tiny"].seq / ours["median_step_seconds"]
+    )
+    assert {"forward", "backward", "step"} <= set(ours["phase_seconds"])
+    assert ours["peak_rss_bytes"] > 0 and ours["peak_device_bytes"] is None  # CPU run
+    assert "deepspeed" in peers and (
+        "skipped" in peers["deepspeed"] or "losses" in peers["deepspeed"]
+    )
+    ratios = res["ratios"]
+    assert {"no-offload_over_zerostream", "torch_over_zerostream", "bound_seconds"} <= set(ratios)
+    assert res["config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+@pytest.mark.timeout(600)
+def test_nvme_offload_reports_the_bytes_it_moved(capsys, tmp_path):
+    rc, res = _run(
+        capsys,
+        "--stage",
+        "1",
+        "--offload-optimizer",
+        "nvme",
+        "--nvme-path",
+        str(tmp_path),
+        "--peers",
+        "zerostream,no-offload",
+    )
+    assert rc == 0
+    ours = res["peers"]["zerostream"]
+    padded = res["params"] + res["params"] % 2  # one rank: the flat group padded to 2 * world
+    for link in ("nvme_read", "nvme_write"):  # fp32 param, exp_avg, exp_avg_sq per element
+        assert ours["links"][link]["bytes_per_step"] == 12 * padded, link
+    assert res["peers"]["no-offload"]["losses"] == pytest.approx(ours["losses"], rel=1e-4)
+    assert any(tmp_path.rglob("*.bin")), "the optimizer state should be in swap files"
+
+
+def test_a_config_without_offload_skips_the_no_offload_peer(capsys):
+    rc, res = _run(capsys, "--stage", "0", "--peers", "zerostream,no-offload")
+    assert rc == 0 and res["peers"]["no-offload"] == {
+        "peer": "no-offload",
+        "skipped": "the config offloads nothing",
+    }
+
+
+def test_unknown_peers_are_named():
+    with pytest.raises(ValueError, match=r"--peers: unknown \['fastest'\]"):
+        step.main(["--peers", "zerostream,fastest"])
