@@ -41,4 +41,11 @@ PY="$venv/bin/python" benchmarks/optim.sh --threads "$(nproc)"
 log "bench optim --model gpt2-small"
 "$venv/bin/zerostream" bench optim --model gpt2-small --threads "$(nproc)" --repeats 7 \
   --json-out "$out/optim-gpt2-small.json"
+for offload in cpu nvme; do
+  log "bench step: GPT small, stage 2, optimizer offload $offload (peers: no offload, torch, DeepSpeed)"
+  "$venv/bin/zerostream" bench step --size small --stage 2 --offload-optimizer "$offload" \
+    --nvme-path "$path" --steps 10 --warmup 3 --json > "$out/step-$offload.json"
+  "$venv/bin/python" -c "import json, sys; from zerostream.bench.step import _print_table; \
+_print_table(json.load(open(sys.argv[1])))" "$out/step-$offload.json"
+done
 log "results in $out/"

@@ -99,10 +99,17 @@ class ZeroOptimizerBase:
         if grads:
             total = torch.stack([g.float().pow(2).sum() for g in grads]).sum()
         else:
-            total = torch.zeros((), dtype=torch.float32)
+            total = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         if partitioned and self.ctx.world > 1:
+            # The collective runs where the partitions are (NCCL: the GPU, even offloaded).
+            total = total.to(self.ctx.device)
             comm.all_reduce(total, group=self.dp_process_group)
-        return float(total)
+        return self._host_scalar(total)
+
+    def _host_scalar(self, value: torch.Tensor) -> float:
+        """The step's one device-to-host read: the squared norm that decides overflow and
+        clipping for every sub-group at once (tests count the calls)."""
+        return float(value)
 
     def _grad_factor(self, norm_sq: float) -> Optional[float]:
         """The factor 1/(loss_scale*clip_coef) the grads need, or None on overflow. Records
