@@ -27,6 +27,8 @@ from .flat import FlatGroup, ParamSlot
 from .grad_reduce import Stage1Reducer, Stage2Reducer
 from .protocol import StageContext
 
+_REDUCERS = {1: Stage1Reducer, 2: Stage2Reducer}
+
 
 class PartitionedOptimizer(ZeroOptimizerBase):
     """Stages 1 and 2 (the stage picks the gradient reducer, zero/grad_reduce.py)."""
@@ -57,8 +59,7 @@ class PartitionedOptimizer(ZeroOptimizerBase):
             for m, gr in zip(self.masters, self.grads):
                 m.grad = gr
         super().__init__(inner, ctx)
-        reducer = Stage1Reducer if self.stage == 1 else Stage2Reducer
-        self.reducer = reducer(self.flat_groups, self.grads, ctx)
+        self.reducer = _REDUCERS[self.stage](self.flat_groups, self.grads, ctx)
         self._slot_of: Dict[torch.nn.Parameter, Tuple[int, ParamSlot]] = {}
         for gi, flat in enumerate(self.flat_groups):
             for slot in flat.slots:
