@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
+import math
 import os
 from typing import List, Optional
 
@@ -20,17 +21,34 @@ from .accelerator import get_accelerator
 
 logger = logging.getLogger("zerostream")
 
-DEFAULT_TIMEOUT = datetime.timedelta(minutes=float(os.environ.get("DEEPSPEED_TIMEOUT", "10")))
+
+def default_timeout() -> datetime.timedelta:
+    """The collectives' timeout: DEEPSPEED_TIMEOUT minutes (as DeepSpeed reads it), else 10.
+    Read when a process group is made, so a bad value cannot break `import zerostream`."""
+    text = os.environ.get("DEEPSPEED_TIMEOUT")
+    if text is None:
+        return datetime.timedelta(minutes=10)
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = math.nan
+    if not (math.isfinite(minutes) and minutes > 0):
+        raise ValueError(
+            f"DEEPSPEED_TIMEOUT: expected a positive number of minutes (such as 30 or 0.5); "
+            f"got {text!r}"
+        )
+    return datetime.timedelta(minutes=minutes)
 
 
 # --- setup --------------------------------------------------------------------------------------
 
 
-def _env_from_launchers(distributed_port: int) -> None:
-    """Fills RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from SLURM or Open MPI when torchrun did not."""
+def _env_from_launchers(distributed_port: int) -> bool:
+    """Fills RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from SLURM or Open MPI when torchrun did not.
+    True when no launcher is there: a plain `python train.py`, one process."""
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        return
+        return False
     for rank_key, size_key, local_key in (
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
         ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
@@ -49,12 +67,10 @@ def _env_from_launchers(distributed_port: int) -> None:
                 env["MASTER_ADDR"] = (nodes or "127.0.0.1").split(",")[0]
             env.setdefault("MASTER_PORT", str(distributed_port))
             logger.info("zerostream: ranks from %s/%s", rank_key, size_key)
-            return
+            return False
     # A plain `python train.py`: one process. DeepSpeed would try mpi4py and fail here.
     env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-    env.setdefault("MASTER_ADDR", "127.0.0.1")
-    env.setdefault("MASTER_PORT", str(distributed_port))
-    logger.info("zerostream: no launcher environment found; running as a single process")
+    return True
 
 
 def init_distributed(
@@ -62,7 +78,7 @@ def init_distributed(
     auto_mpi_discovery: bool = True,
     distributed_port: int = 29500,
     verbose: bool = True,
-    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    timeout: Optional[datetime.timedelta] = None,
     init_method: Optional[str] = None,
     dist_init_required: Optional[bool] = None,
     config=None,
@@ -77,14 +93,18 @@ def init_distributed(
             "dist_init_required=False, but torch.distributed is not initialized: "
             "call torch.distributed.init_process_group first"
         )
-    if rank < 0 or world_size < 0:
-        _env_from_launchers(distributed_port)
+    single = (rank < 0 or world_size < 0) and _env_from_launchers(distributed_port)
     backend = dist_backend or get_accelerator().communication_backend_name()
-    kwargs = dict(backend=backend, timeout=timeout)
+    kwargs = dict(backend=backend, timeout=timeout or default_timeout())
     if init_method is not None:
         kwargs["init_method"] = init_method
     if rank >= 0 and world_size > 0:
         kwargs.update(rank=rank, world_size=world_size)
+    elif single and init_method is None and "MASTER_PORT" not in os.environ:
+        # One process needs no rendezvous: an in-process store, so two single-process runs
+        # on one machine never fight over a port (DeepSpeed's 29500 would collide).
+        kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+        logger.info("zerostream: no launcher environment found; running as a single process")
     if backend == "nccl":
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(**kwargs)

@@ -304,10 +304,19 @@ class ZeroEngine(torch.nn.Module):
         )
 
     def __getattr__(self, name):
+        """Attributes the engine lacks come from the wrapped module (as in DeepSpeed); a name
+        neither has is reported against the engine, not the module."""
         try:
             return super().__getattr__(name)
         except AttributeError:
-            module = self._modules.get("module")
-            if module is None:
-                raise
-            return getattr(module, name)
+            pass
+        module = self._modules.get("module")
+        if module is not None:
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                pass
+        raise AttributeError(
+            f"'{type(self).__name__}' object has no attribute '{name}' "
+            f"(nor has its module {type(module).__name__})"
+        )

@@ -149,6 +149,10 @@ TEST(Deprecated, CpuOffloadFlagsBecomeOffloadSections) {
       with_batch(R"("zero_optimization": {"stage": 2, "cpu_offload": false})"));
   EXPECT_OK(off);
   EXPECT_TRUE(off.at("zero_optimization.offload_optimizer").is_null());
+  // The advice for false never tells the user to write the setting that enables offload.
+  EXPECT_WARNING(off, "zero_optimization.cpu_offload: deprecated; false is the default (no "
+                      "offload_optimizer): remove the key");
+  EXPECT_FALSE(testing::has_message(off.warnings, "\"device\": \"cpu\""));
   EXPECT_ERROR(
       check(with_batch(R"("zero_optimization": {"cpu_offload_params": true})")),
       "zero_optimization.cpu_offload_params: unknown key; did you mean \"cpu_offload_param\"?");

@@ -90,3 +90,14 @@ def test_the_engine_exposes_the_phase_its_hooks_see():
     engine.backward(engine(torch.randn(2, 8)))
     engine.step()
     assert seen == ["forward", "backward"] and engine.training_state.value == "idle"
+
+
+def test_a_missing_engine_attribute_names_the_engine_not_the_module():
+    engine = ZeroEngine(MLP(), _cfg(0))
+    assert engine.a is engine.module.a  # module attributes are still reachable
+    with pytest.raises(
+        AttributeError,
+        match=r"^'ZeroEngine' object has no attribute "
+        r"'save_checkpoint' \(nor has its module MLP\)$",
+    ):
+        engine.save_checkpoint
