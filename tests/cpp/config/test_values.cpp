@@ -150,8 +150,9 @@ TEST(Deprecated, CpuOffloadFlagsBecomeOffloadSections) {
   EXPECT_OK(off);
   EXPECT_TRUE(off.at("zero_optimization.offload_optimizer").is_null());
   // The advice for false never tells the user to write the setting that enables offload.
-  EXPECT_WARNING(off, "zero_optimization.cpu_offload: deprecated; false is the default (no "
-                      "offload_optimizer): remove the key");
+  EXPECT_WARNING(off,
+                 "zero_optimization.cpu_offload: deprecated; false is the default (no "
+                 "offload_optimizer): remove the key");
   EXPECT_FALSE(testing::has_message(off.warnings, "\"device\": \"cpu\""));
   EXPECT_ERROR(
       check(with_batch(R"("zero_optimization": {"cpu_offload_params": true})")),

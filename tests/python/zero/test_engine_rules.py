@@ -100,4 +100,4 @@ def test_a_missing_engine_attribute_names_the_engine_not_the_module():
         match=r"^'ZeroEngine' object has no attribute "
         r"'save_checkpoint' \(nor has its module MLP\)$",
     ):
-        engine.save_checkpoint
+        _ = engine.save_checkpoint
