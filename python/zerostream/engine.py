@@ -15,14 +15,12 @@ from .accelerator import get_accelerator
 from .config import DeepSpeedConfig
 from .lr_schedules import build_scheduler
 from .optim_factory import param_groups_of
-from .precision import make_loss_scaler
+from .precision import DTYPES, make_loss_scaler
 from .telemetry import StepTelemetry
 from .zero.factory import build_zero_optimizer, stage_class
 from .zero.protocol import RunState, StageContext, TrainingState
 
 logger = logging.getLogger("zerostream")
-
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 class ZeroEngine(torch.nn.Module):
@@ -283,7 +281,7 @@ class ZeroEngine(torch.nn.Module):
 
     @property
     def communication_data_type(self) -> torch.dtype:
-        return _DTYPES[self._config.communication_data_type]
+        return DTYPES[self._config.communication_data_type]
 
     def get_lr(self):
         return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []

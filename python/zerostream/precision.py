@@ -31,6 +31,9 @@ import torch
 if TYPE_CHECKING:
     from .config import FP16Config
 
+# ds_config's precision names ("precision", "communication_data_type") as torch dtypes.
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
 logger = logging.getLogger("zerostream")
 
 MIN_SCALE_MESSAGE = (

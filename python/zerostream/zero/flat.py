@@ -7,6 +7,7 @@ padded to a multiple of 2*world, cut into `world` equal partitions; rank r owns 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -46,6 +47,7 @@ class FlatGroup:
         # Every rank's (begin, numel, valid) from the one native function (zero/shard.h).
         self.ranges = [_C.stage12_partition(self.numel, world, r) for r in range(world)]
         self.partition_begin, self.partition_numel, self.partition_valid = self.ranges[rank]
+        self._begins = [begin for begin, _, _ in self.ranges]
         self.buffer = torch.zeros(self.padded_numel, dtype=params[0].dtype, device=params[0].device)
         with torch.no_grad():
             for s in self.slots:
@@ -66,6 +68,13 @@ class FlatGroup:
         if hi <= lo:
             return 0, 0
         return lo - slot.offset, hi - slot.offset
+
+    def owners(self, slot: ParamSlot) -> range:
+        """The ranks owning some of the slot's elements: partitions are consecutive ranges in
+        rank order, so they form one run, found by bisecting the partition starts."""
+        first = bisect.bisect_right(self._begins, slot.offset) - 1
+        last = bisect.bisect_right(self._begins, slot.offset + max(slot.numel, 1) - 1) - 1
+        return range(first, last + 1)
 
     def param_starts(self) -> List[int]:
         """Offsets inside this rank's partition where a parameter's owned piece begins."""

@@ -45,10 +45,14 @@ class Piece:
     part_lo: int
 
 
-def choose_collective(pieces: List[List[Piece]], numel: int, world: int) -> str:
-    """ "reduce_scatter" or "all_reduce" for a bucket of `numel` elements whose owners' pieces
-    are `pieces`: the one moving fewer bytes per rank (Note [Stage-2 bucket reduction])."""
-    widest = max(sum(p.hi - p.lo for p in ps) for ps in pieces)
+def widest_owner(pieces: List[List[Piece]]) -> int:
+    """Elements of the bucket held by the rank that owns the most of it."""
+    return max(sum(p.hi - p.lo for p in ps) for ps in pieces)
+
+
+def choose_collective(widest: int, numel: int, world: int) -> str:
+    """ "reduce_scatter" or "all_reduce" for a bucket of `numel` elements whose largest owner
+    holds `widest`: the one moving fewer bytes per rank (Note [Stage-2 bucket reduction])."""
     return "reduce_scatter" if world * widest < 2 * numel else "all_reduce"
 
 
@@ -147,7 +151,7 @@ class Stage2Reducer(_Reducer):
         pos = 0
         for gi, slot, _ in bucket:
             flat = self.flat_groups[gi]
-            for r in range(self.world):
+            for r in flat.owners(slot):
                 start, end = flat.overlap(slot, r)
                 if end > start:
                     part_lo = slot.offset + start - flat.ranges[r][0]
@@ -164,8 +168,8 @@ class Stage2Reducer(_Reducer):
         if self.world == 1:
             self._add(flat, pieces[self.rank], relative=False)
             return
-        widest = max(sum(p.hi - p.lo for p in ps) for ps in pieces)
-        if choose_collective(pieces, flat.numel(), self.world) == "reduce_scatter":
+        widest = widest_owner(pieces)
+        if choose_collective(widest, flat.numel(), self.world) == "reduce_scatter":
             work, finish = self._reduce_scatter(flat, pieces, widest)
         else:
             flat = flat if len(bucket) > 1 else flat.clone()  # never reduce into param.grad

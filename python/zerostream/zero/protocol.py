@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Protocol, runtime_checkab
 
 import torch
 
+from ..precision import DTYPES
 from ..telemetry import NULL_TELEMETRY
 
 if TYPE_CHECKING:
@@ -49,9 +50,6 @@ class RunState:
             raise RuntimeError(f"{what} during {self.state.value}; expected {names}")
 
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
 @dataclass
 class StageContext:
     """Everything a stage is built from: the resolved config (each component reads its own
@@ -70,7 +68,7 @@ class StageContext:
     @property
     def dtype(self) -> torch.dtype:
         """The dtype parameters train in (fp16/bf16/fp32, from the precision sections)."""
-        return _DTYPES[self.config.precision]
+        return DTYPES[self.config.precision]
 
     @property
     def check_overflow(self) -> bool:

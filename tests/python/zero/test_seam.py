@@ -13,7 +13,7 @@ from zerostream.precision import make_loss_scaler
 from zerostream.telemetry import StepTelemetry
 from zerostream.zero.factory import build_zero_optimizer, stage_class
 from zerostream.zero.flat import FlatGroup
-from zerostream.zero.grad_reduce import Stage2Reducer, choose_collective
+from zerostream.zero.grad_reduce import Stage2Reducer, choose_collective, widest_owner
 from zerostream.zero.protocol import RunState, StageContext, TrainingState, ZeroOptimizer
 from zerostream.zero.stage0 import ReplicatedOptimizer
 from zerostream.zero.stage12 import PartitionedOptimizer
@@ -176,8 +176,13 @@ def test_the_collective_moving_fewer_bytes_is_chosen():
     slots = flats[0].slots
     everything = [(0, s, torch.zeros(s.numel)) for s in slots]
     one_owner = [(0, slots[0], torch.zeros(40))]
-    assert choose_collective(reducer.owner_pieces(everything), 160, world) == "reduce_scatter"
-    assert choose_collective(reducer.owner_pieces(one_owner), 40, world) == "all_reduce"
+    assert (
+        choose_collective(widest_owner(reducer.owner_pieces(everything)), 160, world)
+        == "reduce_scatter"
+    )
+    assert (
+        choose_collective(widest_owner(reducer.owner_pieces(one_owner)), 40, world) == "all_reduce"
+    )
 
 
 # --- sub-groups ---------------------------------------------------------------------------------
