@@ -238,6 +238,11 @@ class OptimizerConfig:
         """The type, lowercased (DeepSpeed matches optimizer names case-insensitively)."""
         return self.type.lower()
 
+    def kwargs(self, *keys: str) -> dict:
+        """The named constructor keywords from the resolved params (for DeepSpeed's own types
+        the schema filled every one); `betas` as a tuple, as torch expects."""
+        return {k: tuple(self.params[k]) if k == "betas" else self.params[k] for k in keys}
+
     @property
     def adamw_mode(self) -> bool:
         """DeepSpeed's rule: "AdamW" is decoupled weight decay; "Adam" is too unless

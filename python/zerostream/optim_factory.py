@@ -80,11 +80,6 @@ def check_client_optimizer(opt, cfg: DeepSpeedConfig) -> None:
         )
 
 
-def _pick(params, *keys) -> dict:
-    """The named keyword arguments; for DeepSpeed's own types the schema filled every one."""
-    return {k: (tuple(params[k]) if k == "betas" else params[k]) for k in keys}
-
-
 def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Optimizer]:
     opt = cfg.optimizer
     low, params = opt.name, opt.params
@@ -103,25 +98,25 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
         if offloaded and not params["torch_adam"]:
             from .ops.adam import DeepSpeedCPUAdam  # the fused CPU kernel
 
-            kwargs = _pick(params, "lr", "betas", "eps", "weight_decay", "bias_correction")
+            kwargs = opt.kwargs("lr", "betas", "eps", "weight_decay", "bias_correction")
             return lambda groups: DeepSpeedCPUAdam(
                 groups, adamw_mode=adamw, threads=threads, **kwargs
             )
-        kwargs = _pick(params, "lr", "betas", "eps", "weight_decay")
+        kwargs = opt.kwargs("lr", "betas", "eps", "weight_decay")
         cls = torch.optim.AdamW if adamw else torch.optim.Adam
         return lambda groups: cls(groups, **kwargs)
     if low == "adagrad":
         if offloaded:
             from .ops.adagrad import DeepSpeedCPUAdagrad
 
-            kwargs = _pick(params, "lr", "eps", "weight_decay")
+            kwargs = opt.kwargs("lr", "eps", "weight_decay")
             return lambda groups: DeepSpeedCPUAdagrad(groups, threads=threads, **kwargs)
-        kwargs = _pick(params, "lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
+        kwargs = opt.kwargs("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
         return lambda groups: torch.optim.Adagrad(groups, **kwargs)
     if low == "lion":
         from .ops.lion import DeepSpeedCPULion  # the CPU kernels (ops issue)
 
-        kwargs = _pick(params, "lr", "betas", "weight_decay")
+        kwargs = opt.kwargs("lr", "betas", "weight_decay")
         return lambda groups: DeepSpeedCPULion(groups, threads=threads, **kwargs)
     cls = getattr(torch.optim, opt.type, None)
     if cls is None:

@@ -51,6 +51,17 @@ def test_two_single_process_runs_on_one_machine_do_not_collide():
         assert out.strip() == "ok 3.0", out + err
 
 
+def _child(code: str, **env) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter with no launcher variables plus `env`."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=_clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_a_bad_deepspeed_timeout_is_named_when_used_not_at_import():
     code = (
         "import zerostream\n"  # must not fail here
@@ -59,13 +70,7 @@ def test_a_bad_deepspeed_timeout_is_named_when_used_not_at_import():
         "except ValueError as e:\n"
         "    print('ValueError:', e)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_clean_env(DEEPSPEED_TIMEOUT="30s"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _child(code, DEEPSPEED_TIMEOUT="30s")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "ValueError: DEEPSPEED_TIMEOUT: expected a positive number of minutes (such as 30 or "
@@ -73,17 +78,9 @@ def test_a_bad_deepspeed_timeout_is_named_when_used_not_at_import():
     )
 
 
-def test_deepspeed_timeout_in_minutes_reaches_the_process_group():
-    code = (
-        "import zerostream, torch.distributed as dist\n"
-        "from zerostream import comm\n"
-        "print(comm.default_timeout().total_seconds())\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_clean_env(DEEPSPEED_TIMEOUT="0.5"),
-        capture_output=True,
-        text=True,
-        timeout=120,
+def test_deepspeed_timeout_is_read_in_minutes():
+    done = _child(
+        "from zerostream import comm\nprint(comm.default_timeout().total_seconds())\n",
+        DEEPSPEED_TIMEOUT="0.5",
     )
     assert done.stdout.strip() == "30.0", done.stderr

@@ -46,18 +46,15 @@ class _Engine:
 
 
 class _Torch:
-    """Plain PyTorch: the model in the run's dtype, fused AdamW with the config's settings."""
+    """Plain PyTorch: the model in the run's dtype, fused AdamW with the resolved config's
+    hyperparameters and gradient clipping."""
 
-    def __init__(self, module, cfg: dict, device: torch.device):
-        params = cfg.get("optimizer", {}).get("params", {})
+    def __init__(self, module, cfg):
         self.module = module
-        self.clip = cfg.get("gradient_clipping", 1.0)
+        self.clip = cfg.gradient_clipping
         self.opt = torch.optim.AdamW(
             module.parameters(),
-            lr=params.get("lr", 1e-3),
-            betas=tuple(params.get("betas", (0.9, 0.999))),
-            eps=params.get("eps", 1e-8),
-            weight_decay=params.get("weight_decay", 0.01),
+            **cfg.optimizer.kwargs("lr", "betas", "eps", "weight_decay"),
             fused=True,
         )
 
@@ -96,8 +93,16 @@ def run(spec: dict) -> dict:
     model = GPT(shape)
     peer = spec["peer"]
     if peer == "torch":
-        dtype = torch.bfloat16 if cfg.get("bf16", {}).get("enabled") else torch.float32
-        runner = _Torch(model.to(device, dtype), cfg, device)
+        from zerostream.config import load
+        from zerostream.precision import DTYPES
+
+        resolved = load(cfg, world_size=1, log=False)
+        if resolved.optimizer is None or resolved.optimizer.name not in ("adam", "adamw"):
+            return {
+                "peer": peer,
+                "skipped": "the torch peer runs AdamW; the config's optimizer is not Adam or AdamW",
+            }
+        runner = _Torch(model.to(device, DTYPES[resolved.precision]), resolved)
     elif peer == "deepspeed":
         try:
             import deepspeed

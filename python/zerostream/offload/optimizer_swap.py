@@ -70,20 +70,12 @@ class SwappedAdam:
         rank: int,
     ):
         offload = zero.offload_optimizer
-        hp = optimizer.params
         self.adamw_mode = optimizer.adamw_mode
         self.threads = ext.cpu_optimizer_threads or None
         self.pipeline_read = offload.pipeline_read
         self.pipeline_write = offload.pipeline_write
         self.hyper = _HyperParams(
-            groups,
-            {
-                "lr": hp["lr"],
-                "betas": tuple(hp["betas"]),
-                "eps": hp["eps"],
-                "weight_decay": hp["weight_decay"],
-                "bias_correction": hp["bias_correction"],
-            },
+            groups, optimizer.kwargs("lr", "betas", "eps", "weight_decay", "bias_correction")
         )
         self.steps = [0] * len(masters)
         self.numels = [m.numel() for m in masters]
