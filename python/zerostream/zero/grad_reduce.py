@@ -201,6 +201,10 @@ class Stage2Reducer(_Reducer):
     def _add(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
         """Adds this rank's pieces into its fp32 partitions; `relative`: `source` holds the
         pieces back to back (reduce-scatter output), else at their bucket positions."""
+        if relative and self.targets:
+            # All of it is ours: one copy to the partitions' device (with CPU offload, one
+            # device-to-host transfer instead of one per piece).
+            source = source.to(self.targets[0].device)
         at = 0
         for p in pieces:
             n = p.hi - p.lo
