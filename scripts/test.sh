@@ -14,19 +14,29 @@ scripts/lint.sh || lint_failed=1
 echo "== C++ tests (ctest)"
 ctest --test-dir build/native --output-on-failure -j "$(nproc)" --timeout 600
 
+# build_variant DIR [cmake build args...] -- CMAKE_DEFINES...: a C++-tests-only build without
+# CUDA in build/DIR, its log in build/DIR-build.log, whose tail is shown when it fails.
+build_variant() {
+  local dir=build/$1 targets=()
+  shift
+  while [ "$1" != -- ]; do targets+=("$1"); shift; done
+  shift
+  mkdir -p build
+  if ! { cmake -S . -B "$dir" -G Ninja -DZS_WITH_CUDA=OFF -DZS_BUILD_PYTHON=OFF \
+           -DZS_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" &&
+         cmake --build "$dir" -j "$(nproc)" "${targets[@]}"; } > "$dir-build.log" 2>&1; then
+    tail -n 60 "$dir-build.log"
+    echo "$dir build failed (full log: $dir-build.log)" >&2
+    exit 1
+  fi
+}
+
 # A second C++ build serves two checks at once: it is built without CUDA (ZS_WITH_CUDA=OFF,
 # what a machine without nvcc builds; the main build has CUDA when nvcc is here) and with
 # AddressSanitizer + LeakSanitizer, so every native test also runs checked for memory errors
 # and leaks.
 echo "== C++ tests, ZS_WITH_CUDA=OFF + AddressSanitizer variant (build/asan)"
-mkdir -p build
-if ! { cmake -S . -B build/asan -G Ninja -DZS_WITH_CUDA=OFF -DZS_SANITIZE=ON \
-         -DZS_BUILD_PYTHON=OFF -DZS_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-       cmake --build build/asan -j "$(nproc)"; } > build/asan-build.log 2>&1; then
-  tail -n 60 build/asan-build.log
-  echo "ASan build failed (full log: build/asan-build.log)" >&2
-  exit 1
-fi
+build_variant asan -- -DZS_SANITIZE=ON
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -j "$(nproc)" \
   --timeout 600
 
@@ -34,14 +44,7 @@ ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -j "
 # tables are where data races would be. Only that suite is built and run: libgomp is not
 # instrumented, so the OpenMP optimizer code would give false reports.
 echo "== C++ offload tests, ThreadSanitizer variant (build/tsan)"
-if ! { cmake -S . -B build/tsan -G Ninja -DZS_WITH_CUDA=OFF -DZS_TSAN=ON \
-         -DZS_BUILD_PYTHON=OFF -DZS_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-       cmake --build build/tsan -j "$(nproc)" --target zs_test_offload; } > build/tsan-build.log 2>&1
-then
-  tail -n 60 build/tsan-build.log
-  echo "TSan build failed (full log: build/tsan-build.log)" >&2
-  exit 1
-fi
+build_variant tsan --target zs_test_offload -- -DZS_TSAN=ON
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build/tsan \
   --output-on-failure -j "$(nproc)" --timeout 600 -R '^offload\.'
 
