@@ -257,16 +257,8 @@ class Walker {
 
   void deprecated(const Key& old_key, const Key& target, const Json& v, const std::string& old_path,
                   const std::string& path) {
-    const bool bool_alias = old_key.deprecation == Deprecation::kCpuOffload ||
-                            old_key.deprecation == Deprecation::kCpuOffloadParam;
-    if (bool_alias && v == false) {
-      // The note shows how to turn offload on; false asks for the default.
-      r_.warnings.push_back(old_path + ": deprecated; false is the default (no " + target.name +
-                            "): remove the key");
-    } else {
-      r_.warnings.push_back(old_path + ": deprecated; " + old_key.note);
-    }
     if (old_key.deprecation == Deprecation::kRename) {
+      r_.warnings.push_back(old_path + ": deprecated; " + old_key.note);
       present(target, v, path);
       return;
     }
@@ -278,8 +270,12 @@ class Walker {
       return;
     }
     if (*on == true) {
+      r_.warnings.push_back(old_path + ": deprecated; " + old_key.note);
       section(*target.section, Json{{"device", "cpu"}}, path);
     } else {
+      // The note shows how to turn offload on; false asks for the default.
+      r_.warnings.push_back(old_path + ": deprecated; false is the default (no " + target.name +
+                            "): remove the key");
       absent(target, path);
     }
   }

@@ -154,6 +154,11 @@ TEST(Deprecated, CpuOffloadFlagsBecomeOffloadSections) {
                  "zero_optimization.cpu_offload: deprecated; false is the default (no "
                  "offload_optimizer): remove the key");
   EXPECT_FALSE(testing::has_message(off.warnings, "\"device\": \"cpu\""));
+  // pydantic's lax booleans ("false", 0) get the same advice as false.
+  const Resolution lax = check(
+      with_batch(R"("zero_optimization": {"stage": 2, "cpu_offload": "false"})"));
+  EXPECT_OK(lax);
+  EXPECT_FALSE(testing::has_message(lax.warnings, "\"device\": \"cpu\""));
   EXPECT_ERROR(
       check(with_batch(R"("zero_optimization": {"cpu_offload_params": true})")),
       "zero_optimization.cpu_offload_params: unknown key; did you mean \"cpu_offload_param\"?");
