@@ -1,0 +1,170 @@
+"""What the partitioned stages (1, 2 and 3) share: each rank holds, per param group, one flat
+16-bit (model-dtype) partition it owns, an fp32 master copy of it and an fp32 gradient
+partition, and steps them with the inner optimizer.
+
+Where that state lives is the offload decision: on the params' device; in the host arena
+(page-locked, budgeted) with offload_optimizer "cpu", stepped by the fused CPU kernel with
+the unscale/clip factor folded in; in the NVMe swap store with "nvme", streamed through the
+kernel sub-group by sub-group (offload/optimizer_swap.py). Stages 1/2 and 3 differ only in
+what a group's local partition is (a slice of the flat group, or the concatenated shards of
+its parameters) and in how gradients reach the fp32 partition.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from ..ops._cpu_optimizer import CPUOptimizerBase
+from .base import ZeroOptimizerBase
+from .protocol import StageContext
+
+
+class ShardedOptimizerBase(ZeroOptimizerBase):
+    """fp32 masters, fp32 gradient partitions and the inner optimizer over this rank's local
+    16-bit partitions (`self.local_partitions()`, one tensor per param group)."""
+
+    def _init_state(
+        self,
+        ctx: StageContext,
+        partitions: List[torch.Tensor],
+        options: List[dict],
+        param_starts: List[List[int]],
+        make_optimizer: Optional[Callable],
+        make_swapped: Optional[Callable],
+    ) -> None:
+        """`make_optimizer(groups)` builds the inner optimizer over the fp32 partitions; with
+        offload_optimizer nvme the factory passes `make_swapped(masters, options,
+        param_starts)` instead, which moves the fp32 state into the swap store."""
+        zero = ctx.config.zero_optimization
+        self.offload_device = zero.offload_optimizer_device
+        self.masters, self.grads = self._allocate(partitions, zero.offload_optimizer)
+        self.swapper = None
+        if make_swapped is not None:
+            # offload_optimizer nvme: the fp32 state lives in the swap store from now on.
+            self.swapper = make_swapped(self.masters, options, param_starts)
+            self.masters, inner = [], self.swapper.hyper
+        else:
+            inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])
+            for m, gr in zip(self.masters, self.grads):
+                m.grad = gr
+        ZeroOptimizerBase.__init__(self, inner, ctx)
+
+    def _allocate(self, partitions: List[torch.Tensor], offload):
+        """fp32 master and gradient partitions: on the partitions' device, or in the host
+        arena when the optimizer is offloaded."""
+        if self.offload_device == "none":
+            masters = [p.detach().float().clone() for p in partitions]
+            return masters, [torch.zeros_like(m) for m in masters]
+        from ..offload.io import HostArena, arena_bytes
+
+        sizes = [p.numel() for p in partitions]
+        self.arena = HostArena(2 * sum(arena_bytes(4 * n) for n in sizes), lock=offload.pin_memory)
+        masters, grads = [], []
+        for p, n in zip(partitions, sizes):
+            m = self.arena.empty(n, torch.float32)
+            m.copy_(p)
+            g = self.arena.empty(n, torch.float32)
+            g.zero_()
+            masters.append(m)
+            grads.append(g)
+        return masters, grads
+
+    def local_partitions(self) -> List[torch.Tensor]:
+        """This rank's 16-bit partition of each group (written after every update)."""
+        raise NotImplementedError
+
+    # --- the update ------------------------------------------------------------------------------
+    def _update(self, factor: float) -> None:
+        """Steps this rank's partitions and writes them into the 16-bit partitions."""
+        partitions = self.local_partitions()
+        if self.swapper is not None:
+            before = (
+                self.swapper.bytes_read,
+                self.swapper.bytes_written,
+                self.swapper.wait_seconds,
+            )
+            start = time.perf_counter()
+            self.swapper.step(self.grads, partitions, factor)
+            took = time.perf_counter() - start
+            self.telemetry.moved("nvme_read", self.swapper.bytes_read - before[0], took)
+            self.telemetry.moved("nvme_write", self.swapper.bytes_written - before[1], took)
+            self.telemetry.add_seconds("swap_wait", self.swapper.wait_seconds - before[2])
+            return
+        if isinstance(self.optimizer, CPUOptimizerBase):
+            self.optimizer.step(grad_scale=factor)  # folded into the kernel's one pass
+        else:
+            if factor != 1.0:
+                for g in self.grads:
+                    g.mul_(factor)
+            self.optimizer.step()
+        for part, master in zip(partitions, self.masters):
+            part.copy_(master)
+
+    def _zero_partition_grads(self) -> None:
+        for g in self.grads:
+            g.zero_()
+
+    @property
+    def single_partition_of_fp32_groups(self) -> List[torch.Tensor]:
+        return self.masters
+
+    # --- checkpoint state and inspection ---------------------------------------------------------
+    def _refuse_swapped_state(self) -> None:
+        if self.swapper is not None:
+            raise NotImplementedError(
+                'state_dict of zero_optimization.offload_optimizer.device "nvme": the state '
+                "is streamed from the swap store by the checkpoint writer, not gathered here"
+            )
+
+    def _check_loadable(self, state: dict, stages: tuple) -> None:
+        """Raises unless `state` was saved by one of `stages` with this world size and these
+        partition sizes."""
+        self._refuse_swapped_state()
+        if state.get("zero_stage") not in stages:
+            raise ValueError(
+                f"optimizer state is from ZeRO stage {state.get('zero_stage')!r}; "
+                f"this run is stage {self.stage}"
+            )
+        if state["partition_count"] != self.world:
+            raise NotImplementedError(
+                f"optimizer state was saved by {state['partition_count']} data-parallel ranks; "
+                f"this run has {self.world} (resharding is done by the checkpoint loader)"
+            )
+
+    def _load_masters(self, saved: List[torch.Tensor]) -> None:
+        if [t.numel() for t in saved] != [m.numel() for m in self.masters]:
+            raise ValueError(
+                f"optimizer state partitions have {[t.numel() for t in saved]} "
+                f"elements; this model's have {[m.numel() for m in self.masters]}"
+            )
+        with torch.no_grad():
+            for m, t, part in zip(self.masters, saved, self.local_partitions()):
+                m.copy_(t)
+                part.copy_(m)
+
+    def _state_numel(self) -> Dict[str, int]:
+        """Elements per optimizer state kind held in this process (exp_avg, ...)."""
+        kinds: Dict[str, int] = {}
+        for st in self.optimizer.state.values():
+            for k, t in st.items():
+                if torch.is_tensor(t) and t.dim() > 0:
+                    kinds[k] = kinds.get(k, 0) + t.numel()
+        return kinds
+
+    def _state_summary(self) -> dict:
+        """The part of state_summary() every partitioned stage reports."""
+        summary = {
+            "stage": self.stage,
+            "world": self.world,
+            "offload": self.offload_device,
+            "optimizer": type(self.swapper or self.optimizer).__name__,
+            "fp32_master_numel": sum(m.numel() for m in self.masters),
+            "optimizer_state_numel": self._state_numel(),
+            "fp32_master_device": str(self.masters[0].device) if self.masters else None,
+        }
+        if self.swapper is not None:
+            summary["swap"] = self.swapper.stats()
+        return summary
