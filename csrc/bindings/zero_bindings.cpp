@@ -1,9 +1,13 @@
-// ZeRO partition arithmetic for the Python engine: one answer to "which elements does rank r own".
+// ZeRO partition arithmetic for the Python engine: one answer to "which elements does rank r own",
+// and the stage-3 prefetch schedule of a recorded trace.
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
+#include "zero/prefetch_schedule.h"
 #include "zero/shard.h"
 #include "zero/sub_groups.h"
 
@@ -44,6 +48,32 @@ void init_zero_bindings(py::module_& m) {
       "Optimizer sub-groups (group, begin, end) of a rank's partitions; sub_group_size 0 cuts "
       "at the parameter starts (one sub-group per parameter, DeepSpeed's meaning).",
       py::arg("partition_numels"), py::arg("param_starts"), py::arg("sub_group_size"));
+  m.def(
+      "plan_prefetch",
+      [](const std::vector<std::tuple<int64_t, std::vector<int64_t>>>& trace,
+         const std::vector<int64_t>& param_numel, const std::vector<bool>& persistent,
+         int64_t prefetch_bucket_size, int64_t max_live_parameters, int64_t max_reuse_distance) {
+        std::vector<zero::TraceEvent> events;
+        events.reserve(trace.size());
+        for (const auto& [module, params] : trace) events.push_back({module, params});
+        const zero::PrefetchPlan plan = zero::plan_prefetch(
+            events, param_numel, std::vector<uint8_t>(persistent.begin(), persistent.end()),
+            {prefetch_bucket_size, max_live_parameters, max_reuse_distance});
+        using Event = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>,
+                                 int64_t, int64_t>;
+        std::vector<Event> out;
+        out.reserve(plan.events.size());
+        for (const zero::EventPlan& e : plan.events)
+          out.emplace_back(e.fetch, e.prefetch, e.release, e.live_after_fetch,
+                           e.live_after_release);
+        return std::make_tuple(std::move(out), plan.peak_live);
+      },
+      "Stage 3: the prefetch schedule of a recorded trace of (module_id, [param ids]) events "
+      "(Note [Prefetch plan] in zero/prefetch_schedule.h). Returns (events, peak_live), one "
+      "(fetch, prefetch, release, live_after_fetch, live_after_release) per event.",
+      py::arg("trace"), py::arg("param_numel"), py::arg("persistent"),
+      py::arg("prefetch_bucket_size"), py::arg("max_live_parameters"),
+      py::arg("max_reuse_distance"));
 }
 
 }  // namespace zs::bindings
