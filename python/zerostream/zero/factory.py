@@ -10,18 +10,19 @@ from .. import comm
 from ..optim_factory import client_groups, optimizer_maker
 from .protocol import StageContext, ZeroOptimizer
 from .stage0 import ReplicatedOptimizer
+from .stage3.optimizer import Stage3Optimizer
 from .stage12 import PartitionedOptimizer
 
-_STAGES = {0: ReplicatedOptimizer, 1: PartitionedOptimizer, 2: PartitionedOptimizer}
+_STAGES = {
+    0: ReplicatedOptimizer,
+    1: PartitionedOptimizer,
+    2: PartitionedOptimizer,
+    3: Stage3Optimizer,
+}
 
 
 def stage_class(stage: int) -> type:
     """The class implementing `zero_optimization.stage` (its prepare_module runs first)."""
-    if stage == 3:
-        raise NotImplementedError(
-            "zero_optimization.stage 3 is not implemented yet in this "
-            "build of zerostream; use stage 0, 1 or 2"
-        )
     return _STAGES[stage]
 
 
@@ -35,10 +36,10 @@ def build_zero_optimizer(
     cls = stage_class(stage)
     groups = client_groups(client, param_groups)
     if stage > 0 and cfg.zero_optimization.offload_optimizer_device == "nvme":
-        return PartitionedOptimizer(ctx, groups, None, make_swapped=_nvme_adam(ctx, client))
+        return cls(ctx, groups, None, make_swapped=_nvme_adam(ctx, client))
     make = optimizer_maker(client, cfg, groups)
     if make is None:
-        if stage > 0:
+        if stage in (1, 2):
             raise ValueError(
                 f"zero_optimization.stage {stage} requires an optimizer: give "
                 f'one in the config\'s "optimizer" section or to initialize()'

@@ -64,6 +64,7 @@ class StageContext:
     loss_scaler: "LossScaler"
     run: RunState = field(default_factory=RunState)
     telemetry: Any = NULL_TELEMETRY
+    module_state: Any = None  # what prepare_module left for the optimizer (stage 3's runtime)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -81,7 +82,7 @@ class StageContext:
 
 @runtime_checkable
 class ZeroOptimizer(Protocol):
-    """See Note [Stage seam]. Implemented by zero/stage0.py and zero/stage12.py."""
+    """See Note [Stage seam]. Implemented by zero/stage0.py, zero/stage12.py and zero/stage3/."""
 
     @classmethod
     def prepare_module(cls, module: torch.nn.Module, ctx: StageContext) -> None:

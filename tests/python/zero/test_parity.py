@@ -30,10 +30,10 @@ CASES = [
 ]
 
 
-def reference(dtype: str, steps: int = STEPS):
+def reference(dtype: str, steps: int = STEPS, **model_kwargs):
     """Plain PyTorch: the whole global batch in one process."""
     torch.manual_seed(0)
-    model = TinyGPT()
+    model = TinyGPT(**model_kwargs)
     xs, ys = make_batches(steps, GLOBAL_BATCH)
     if dtype == "bf16":
         master = [p.detach().to(torch.bfloat16).float() for p in model.parameters()]

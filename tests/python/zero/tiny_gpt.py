@@ -4,6 +4,7 @@ MLP, layer norms and an output head tied to the token embedding."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class Block(nn.Module):
@@ -30,10 +31,21 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
+    """`checkpoint`: None, "reentrant" or "non_reentrant" activation checkpointing of each
+    block; `reuse`: the last block runs twice per forward (a module called several times)."""
+
     def __init__(
-        self, vocab: int = 64, d: int = 32, heads: int = 2, layers: int = 2, seq: int = 16
+        self,
+        vocab: int = 64,
+        d: int = 32,
+        heads: int = 2,
+        layers: int = 2,
+        seq: int = 16,
+        checkpoint=None,
+        reuse: bool = False,
     ):
         super().__init__()
+        self.checkpoint, self.reuse = checkpoint, reuse
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
         self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
@@ -44,8 +56,13 @@ class TinyGPT(nn.Module):
     def forward(self, idx, targets):
         t = idx.shape[1]
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
-        for blk in self.blocks:
-            x = blk(x)
+        blocks = list(self.blocks) + ([self.blocks[-1]] if self.reuse else [])
+        for blk in blocks:
+            if self.checkpoint:
+                reentrant = self.checkpoint == "reentrant"
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=reentrant)
+            else:
+                x = blk(x)
         logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 

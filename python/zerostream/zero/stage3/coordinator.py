@@ -1,0 +1,285 @@
+"""The stage-3 parameter coordinator: gathers a module's parameters before it runs (forward,
+or backward), prefetches the next ones along the recorded trace, and releases them after.
+
+Note [Stage-3 trace]
+  The first micro-step of each kind (training with grad, evaluation without) records the
+  order in which modules gather parameters, forward and backward: one event per module
+  invocation, (module number, parameter ids). When the next step of that kind starts, every
+  rank checks that all ranks recorded the same trace (the gathers are collectives, so they
+  must be issued in one order everywhere) and the native planner (zero/prefetch_schedule.h)
+  turns it into a plan: per event what to prefetch and what to release. Later steps replay
+  it; an event that differs from the recording (control flow changed) invalidates the trace
+  with one log line, the rest of that step runs on demand and the next step records again.
+  The plan is advice for speed: correctness never depends on it. A parameter is gathered
+  whenever a module needs it and not there, and never released while a running module uses
+  it; in backward a parameter is released once its gradient is final (the optimizer's
+  gradient hook) or at the end of backward, never by a forward that autograd re-runs
+  (activation checkpointing recomputes forward inside backward).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ... import _C, comm
+from .param import ShardState, ZeroParam, zero_param_of
+from .partitioner import Partitioner
+
+logger = logging.getLogger("zerostream")
+
+
+def in_backward() -> bool:
+    """True while autograd's engine runs (a backward pass, or forward re-run inside one)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def module_params(module: torch.nn.Module) -> List[ZeroParam]:
+    """The ZeRO-3 params a module's forward uses: its own (not its children's) and the
+    external ones registered with zero.register_external_parameter."""
+    out, seen = [], set()
+    external = module.__dict__.get("_zs_external_params", {}).values()
+    for p in list(module._parameters.values()) + list(external):
+        zp = zero_param_of(p)
+        if zp is not None and zp.ds_id not in seen:
+            seen.add(zp.ds_id)
+            out.append(zp)
+    return out
+
+
+class TraceMode(enum.Enum):
+    RECORD = "record"
+    COMPLETE = "complete"
+    INVALID = "invalid"
+
+
+class PlannedEvent:
+    __slots__ = ("prefetch", "release")
+
+    def __init__(self, prefetch: List[ZeroParam], release: List[ZeroParam]):
+        self.prefetch, self.release = prefetch, release
+
+
+class Trace:
+    """One step kind's recorded events and, once complete, its plan (Note [Stage-3 trace])."""
+
+    def __init__(self, key):
+        self.key = key
+        self.mode = TraceMode.RECORD
+        self.events: List[Tuple[int, Tuple[int, ...]]] = []
+        self.plan: List[PlannedEvent] = []
+        self.peak_live = 0
+        self.recordings = 0
+
+    def digest(self) -> str:
+        return hashlib.sha1(repr(self.events).encode()).hexdigest()
+
+
+class ParamCoordinator:
+    """Gathers, prefetches and releases stage-3 params around module invocations."""
+
+    def __init__(self, partitioner: Partitioner, zero=None, tracing: bool = True):
+        self.part = partitioner
+        self.tracing = tracing
+        self.prefetch_bucket_size = zero.stage3_prefetch_bucket_size if zero else 0
+        if zero is not None and zero.stage3_allgather_sequential:
+            self.prefetch_bucket_size = 1  # DeepSpeed's meaning: no bucketing ahead
+        self.max_live = zero.stage3_max_live_parameters if zero else 2**62
+        self.max_reuse = zero.stage3_max_reuse_distance if zero else 0
+        self.module_ids: Dict[int, int] = {}
+        self.traces: Dict[tuple, Trace] = {}
+        self.trace: Optional[Trace] = None
+        self.pos = 0
+        self.frames: List[Tuple[torch.nn.Module, Optional[PlannedEvent], List[ZeroParam]]] = []
+        self.backward_open = False
+        self.invalidations = 0
+        self.prefetched_numel = 0
+        self.forward_peak_live = 0
+
+    def number(self, module: torch.nn.Module) -> int:
+        key = id(module)
+        if key not in self.module_ids:
+            self.module_ids[key] = len(self.module_ids)
+        return self.module_ids[key]
+
+    # --- step boundaries -------------------------------------------------------------------------
+    def start_step(self, key: tuple) -> None:
+        """A forward of the root module begins: closes the previous step's trace and picks
+        the trace of this kind of step."""
+        self._finish_trace()
+        for zp in self.part.params.values():
+            zp.users = 0
+        self.frames.clear()
+        if not self.tracing:
+            return
+        trace = self.traces.setdefault(key, Trace(key))
+        if trace.mode is TraceMode.INVALID:
+            trace.mode, trace.events, trace.plan = TraceMode.RECORD, [], []
+        self.trace, self.pos = trace, 0
+
+    def _finish_trace(self) -> None:
+        trace, self.trace = self.trace, None
+        if trace is None:
+            return
+        if trace.mode is TraceMode.RECORD:
+            self._complete(trace)
+        elif trace.mode is TraceMode.COMPLETE and self.pos != len(trace.events):
+            self._invalidate(
+                trace, f"the step ended after {self.pos} of {len(trace.events)} recorded events"
+            )
+
+    def _complete(self, trace: Trace) -> None:
+        """Checks that every rank recorded the same trace and plans it."""
+        trace.recordings += 1
+        if self.part.world > 1:
+            digests = [None] * self.part.world
+            comm.all_gather_object(digests, (len(trace.events), trace.digest()), self.part.group)
+            if len(set(digests)) != 1:
+                mine = digests[self.part.rank]
+                others = [r for r, d in enumerate(digests) if d != mine]
+                raise RuntimeError(
+                    f"[rank {comm.get_rank()}] ZeRO-3: data-parallel ranks ran modules in "
+                    f"different orders in one step (ranks {others} differ from this one's "
+                    f"{mine[0]} module invocations); stage 3 needs the same module order "
+                    f"on every rank"
+                )
+        index: Dict[int, int] = {}
+        zps: List[ZeroParam] = []
+        for _, ids in trace.events:
+            for i in ids:
+                if i not in index:
+                    index[i] = len(zps)
+                    zps.append(self.part.params[i])
+        events, trace.peak_live = _C.plan_prefetch(
+            [(m, [index[i] for i in ids]) for m, ids in trace.events],
+            [zp.numel for zp in zps],
+            [zp.persist for zp in zps],
+            self.prefetch_bucket_size,
+            self.max_live,
+            self.max_reuse,
+        )
+        trace.plan = [
+            PlannedEvent([zps[i] for i in prefetch], [zps[i] for i in release])
+            for _, prefetch, release, _, _ in events
+        ]
+        trace.mode = TraceMode.COMPLETE
+
+    def _invalidate(self, trace: Trace, why: str) -> None:
+        self.invalidations += 1
+        level = logging.WARNING if self.invalidations == 1 else logging.DEBUG
+        logger.log(level, "ZeRO-3: %s; the module trace is recorded again on the next step", why)
+        trace.mode = TraceMode.INVALID
+
+    def _advance(self, module: torch.nn.Module, zps: List[ZeroParam]) -> Optional[PlannedEvent]:
+        """Records or replays one event; returns its plan when replaying in order."""
+        trace = self.trace
+        if trace is None or trace.mode is TraceMode.INVALID:
+            return None
+        event = (self.number(module), tuple(zp.ds_id for zp in zps))
+        if trace.mode is TraceMode.RECORD:
+            trace.events.append(event)
+            return None
+        if self.pos < len(trace.events) and trace.events[self.pos] == event:
+            self.pos += 1
+            return trace.plan[self.pos - 1]
+        self._invalidate(
+            trace,
+            f"event {self.pos} ran {type(module).__name__} (module {event[0]}), not the "
+            f"recorded one",
+        )
+        return None
+
+    # --- gather ----------------------------------------------------------------------------------
+    def fetch(self, module: torch.nn.Module) -> Tuple[Optional[PlannedEvent], List[ZeroParam]]:
+        """Before `module` runs: its params gathered, the next ones prefetched."""
+        zps = module_params(module)
+        needed = [zp for zp in zps if not zp.persist]
+        if not needed:
+            return None, zps
+        planned = self._advance(module, zps)
+        self.part.gather(needed)
+        if planned is not None and planned.prefetch:
+            ahead, live = [], self.part.live_numel
+            for zp in planned.prefetch:
+                if zp.state is not ShardState.SHARDED:
+                    continue
+                if live + zp.numel > self.max_live:
+                    break
+                ahead.append(zp)
+                live += zp.numel
+            if ahead:
+                self.prefetched_numel += sum(zp.numel for zp in ahead)
+                self.part.gather(ahead, async_op=True)
+        return planned, zps
+
+    # --- forward ---------------------------------------------------------------------------------
+    def pre_forward(self, module: torch.nn.Module) -> None:
+        planned, zps = self.fetch(module)
+        for zp in zps:
+            zp.users += 1
+        self.frames.append((module, planned, zps))
+        if not in_backward():
+            self.forward_peak_live = max(self.forward_peak_live, self.part.live_numel)
+
+    def post_forward(self, module: torch.nn.Module) -> None:
+        # Frames above this module's belong to forwards that never returned: activation
+        # checkpointing stops a recomputation by raising once it has what backward needs.
+        depth = len(self.frames)
+        while depth and self.frames[depth - 1][0] is not module:
+            depth -= 1
+        if not depth:
+            raise RuntimeError(
+                f"ZeRO-3: forward of {type(module).__name__} ended without having started"
+            )
+        while len(self.frames) > depth:
+            self._pop_frame()
+        planned, zps = self._pop_frame()
+        if in_backward():
+            return  # a forward re-run by activation checkpointing: backward needs them
+        candidates = planned.release if planned is not None else zps
+        for zp in candidates:
+            self.part.release(zp)
+
+    def _pop_frame(self):
+        _, planned, zps = self.frames.pop()
+        for zp in zps:
+            zp.users -= 1
+        return planned, zps
+
+    # --- backward --------------------------------------------------------------------------------
+    def pre_backward(self, module: torch.nn.Module) -> None:
+        """The gradient of one of `module`'s outputs exists: its backward runs next."""
+        if not self.backward_open:
+            self.backward_open = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.end_backward)
+        self.fetch(module)
+
+    def after_grad(self, zp: ZeroParam) -> None:
+        """`zp`'s gradient is final for this backward: its full tensor is not needed again
+        unless another module also uses it (tied weights wait for the end of backward)."""
+        if zp.modules <= 1:
+            self.part.release(zp)
+
+    def end_backward(self) -> None:
+        """No module runs now: forwards abandoned inside backward are closed, and every
+        param that is not persistent is released."""
+        self.backward_open = False
+        while self.frames:
+            self._pop_frame()
+        self.part.release_all()
+
+    def summary(self) -> dict:
+        trace = self.trace or next(iter(self.traces.values()), None)
+        return {
+            "trace_mode": trace.mode.value if trace else None,
+            "trace_events": len(trace.events) if trace else 0,
+            "trace_recordings": sum(t.recordings for t in self.traces.values()),
+            "planned_peak_live": trace.peak_live if trace else 0,
+            "invalidations": self.invalidations,
+            "prefetched_numel": self.prefetched_numel,
+            "forward_peak_live": self.forward_peak_live,
+        }

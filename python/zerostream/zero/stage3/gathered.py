@@ -1,0 +1,84 @@
+"""`zero.GatheredParameters`: the full tensors of ZeRO-3 parameters for the duration of a
+context; what `modifier_rank` wrote is broadcast to every rank and re-partitioned on exit."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, List
+
+import torch
+
+from ... import comm
+from .param import ShardState, ZeroParam, zero_param_of
+from .partitioner import Partitioner
+
+
+def _zero_params(params) -> List[ZeroParam]:
+    if params is None:
+        return []
+    if isinstance(params, torch.Tensor):
+        params = [params]
+    out, seen = [], set()
+    for p in params:
+        zp = zero_param_of(p)
+        if zp is not None and zp.ds_id not in seen:
+            seen.add(zp.ds_id)
+            out.append(zp)
+    return out
+
+
+class GatheredParameters(contextlib.ContextDecorator):
+    """Gathers ZeRO-3 partitioned `params` (one tensor or an iterable; others are ignored, and
+    none at all makes it a no-op, as in DeepSpeed). With `modifier_rank` set, that rank's
+    values are broadcast on exit and every rank keeps its shard of them; with None, changes
+    made inside are dropped. `fwd_module` registers the params as external params of it."""
+
+    def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
+        self.zps = _zero_params(params)
+        self.enabled = bool(enabled) and bool(self.zps)
+        self.modifier_rank = modifier_rank
+        if self.enabled and fwd_module is not None:
+            from .. import register_external_parameter
+
+            for zp in self.zps:
+                register_external_parameter(fwd_module, zp.param)
+        self._was: Dict[int, ShardState] = {}
+
+    def _partitioner(self, zp: ZeroParam) -> Partitioner:
+        part = getattr(zp, "partitioner", None)
+        if part is None:
+            raise RuntimeError(f"ZeRO-3 param ds_id={zp.ds_id} has no partitioner")
+        return part
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        by_part: Dict[int, List[ZeroParam]] = {}
+        for zp in self.zps:
+            self._was[zp.ds_id] = zp.state
+            by_part.setdefault(id(self._partitioner(zp)), []).append(zp)
+        for zps in by_part.values():
+            self._partitioner(zps[0]).gather(zps)
+        for zp in self.zps:
+            zp.users += 1
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        for zp in self.zps:
+            zp.users -= 1
+        if self.modifier_rank is not None:
+            with torch.no_grad():
+                for zp in self.zps:
+                    part = self._partitioner(zp)
+                    full = zp.full_flat()
+                    if part.world > 1:
+                        src = comm.get_global_rank(part.group, self.modifier_rank)
+                        comm.broadcast(full, src, group=part.group)
+                    zp.shard_from_full(full)
+                    part.shard_modified(zp)
+        for zp in self.zps:
+            if self._was[zp.ds_id] is ShardState.SHARDED:
+                self._partitioner(zp).release(zp)
+        return False

@@ -1,0 +1,198 @@
+"""`zero.Init`: parameters are partitioned as modules are constructed, so a model larger than
+one rank's memory can be built.
+
+While the context is open every nn.Module subclass's `__init__` is wrapped: when the
+outermost `__init__` of an instance returns, the parameters it created are converted to the
+run's dtype, rank 0's values are broadcast (as DeepSpeed does) and each rank keeps only its
+shard. Each parameter is initialised once, by its module's own code, from the same random
+stream as a plain construction, so a seeded build matches one made without zero.Init.
+`nn.Module.apply` is wrapped too (zero_optimization.override_module_apply, DeepSpeed's
+default): Hugging Face's `post_init` re-initialises weights through it after children are
+partitioned, so each module's params are gathered around `fn` and rank 0's result kept.
+A model built here runs forward and backward without an engine (params gathered on demand,
+gradients left whole on `param.grad`); initialize() takes the partitions over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Dict, List, Optional
+
+import torch
+
+from ... import comm
+from . import hooks
+from .coordinator import ParamCoordinator
+from .gathered import GatheredParameters
+from .partitioner import Partitioner
+
+
+def _all_subclasses(cls) -> List[type]:
+    out, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        for sub in c.__subclasses__():
+            out.append(sub)
+            todo.append(sub)
+    return out
+
+
+class Init(contextlib.ContextDecorator):
+    """`with zero.Init(config_dict_or_path=ds_config): model = M()` (see the module doc)."""
+
+    def __init__(
+        self,
+        module: Optional[torch.nn.Module] = None,
+        data_parallel_group=None,
+        mem_efficient_linear: bool = True,
+        remote_device: Optional[str] = None,
+        pin_memory: bool = False,
+        config_dict_or_path=None,
+        config=None,
+        enabled: bool = True,
+        dtype: Optional[torch.dtype] = None,
+        mpu=None,
+        **unsupported,
+    ):
+        self.enabled = enabled
+        if not enabled:
+            return
+        if unsupported:
+            raise NotImplementedError(
+                f"zero.Init: arguments {sorted(unsupported)} are not supported by zerostream"
+            )
+        if config_dict_or_path is None:
+            config_dict_or_path = config
+        cfg = None
+        if config_dict_or_path is not None:
+            from ...config import load
+
+            cfg = load(config_dict_or_path, require_batch=False, log=False)
+        if not comm.is_initialized():
+            comm.init_distributed()
+        self.group = data_parallel_group
+        self.dtype = self._dtype(cfg, dtype)
+        zero = cfg.zero_optimization if cfg is not None else None
+        offload = zero.offload_param if zero is not None else None
+        if offload is None and remote_device in ("cpu", "nvme"):
+            from ...config import OffloadParamConfig
+
+            offload = OffloadParamConfig(remote_device, None, 5, 100_000_000, 10**9, pin_memory)
+        self.override_apply = zero.override_module_apply if zero is not None else True
+        from ...accelerator import get_accelerator
+
+        acc = get_accelerator()
+        device = torch.device(
+            acc.device_name(comm.get_local_rank()) if acc.device_name() == "cuda" else "cpu"
+        )
+        self.part = Partitioner(
+            self.group,
+            device,
+            self.dtype,
+            offload_param=offload,
+            persistence_threshold=zero.stage3_param_persistence_threshold if zero else 0,
+            model_persistence_threshold=(
+                zero.stage3_model_persistence_threshold if zero else 2**63 - 1
+            ),
+        )
+        self.coord = ParamCoordinator(self.part, tracing=False)
+        self._depth: Dict[int, int] = {}
+        self._patched: List = []
+        if module is not None:
+            for m in reversed(list(module.modules())):
+                self._post_init(m)
+
+    @staticmethod
+    def _dtype(cfg, dtype: Optional[torch.dtype]) -> torch.dtype:
+        """The config's precision when no dtype is given (both fp16 and bf16 enabled is an
+        error, as in DeepSpeed); else `dtype`; else fp16 on GPUs and bf16 on CPUs, DeepSpeed's
+        default by accelerator."""
+        if cfg is not None and dtype is None:
+            if cfg.fp16.enabled and cfg.bf16.enabled:
+                raise RuntimeError("zero.Init: fp16 and bf16 cannot both be enabled")
+            return (
+                torch.float16
+                if cfg.fp16.enabled
+                else (torch.bfloat16 if cfg.bf16.enabled else torch.float32)
+            )
+        if dtype is not None:
+            if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+                raise ValueError(
+                    f"zero.Init: dtype must be torch.float16, torch.bfloat16 or "
+                    f"torch.float32; got {dtype}"
+                )
+            return dtype
+        return torch.float16 if torch.cuda.is_available() else torch.bfloat16
+
+    # --- construction hooks ----------------------------------------------------------------------
+    def _post_init(self, module: torch.nn.Module) -> None:
+        """Partitions the params `module` created and hooks it for on-demand gathers."""
+        fresh = [p for p in module._parameters.values() if p is not None]
+        self.part.partition(fresh)
+        if "_zs_init_hooks" not in module.__dict__:
+            module.__dict__["_zs_init_hooks"] = hooks.install([module], self.coord)
+
+    def _wrap_init(self, cls) -> None:
+        if "__init__" not in cls.__dict__ or getattr(cls.__init__, "_zs_wrapped", False):
+            return
+        original = cls.__init__
+        init = self
+
+        @functools.wraps(original)
+        def wrapped(module, *args, **kwargs):
+            key = id(module)
+            init._depth[key] = init._depth.get(key, 0) + 1
+            try:
+                original(module, *args, **kwargs)
+            finally:
+                init._depth[key] -= 1
+            if init._depth[key] == 0:
+                del init._depth[key]
+                init._post_init(module)
+
+        wrapped._zs_wrapped = True
+        cls.__init__ = wrapped
+        self._patched.append((cls, "__init__", original))
+
+    def _apply_gathered(self, original):
+        @functools.wraps(original)
+        def apply(module, fn):
+            def gathered_fn(m):
+                with GatheredParameters(list(m._parameters.values()), modifier_rank=0):
+                    fn(m)
+
+            return original(module, gathered_fn)
+
+        return apply
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        for cls in [torch.nn.Module] + _all_subclasses(torch.nn.Module):
+            self._wrap_init(cls)
+        original_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+        init = self
+
+        def init_subclass(cls, **kwargs):
+            super(torch.nn.Module, cls).__init_subclass__(**kwargs)
+            init._wrap_init(cls)
+
+        torch.nn.Module.__init_subclass__ = classmethod(init_subclass)
+        self._patched.append((torch.nn.Module, "__init_subclass__", original_subclass))
+        if self.override_apply:
+            original_apply = torch.nn.Module.apply
+            torch.nn.Module.apply = self._apply_gathered(original_apply)
+            self._patched.append((torch.nn.Module, "apply", original_apply))
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        for cls, name, original in reversed(self._patched):
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+        self._patched.clear()
+        return False

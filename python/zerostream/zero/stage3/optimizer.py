@@ -1,0 +1,233 @@
+"""ZeRO stage 3: parameters, gradients and optimizer state all partitioned.
+
+prepare_module partitions the module's parameters (those zero.Init has not already) and
+hooks its modules to a coordinator (coordinator.py) that gathers parameters around each
+module's forward and backward. The optimizer holds, per param group, this rank's shards of
+the group's parameters concatenated into one flat 16-bit partition (the params' `ds_tensor`
+become views of it), steps fp32 masters of it where zero/sharded.py places them, and writes
+the result back into the shards; the next forward gathers the updated values. Gradients are
+reduce-scattered into the fp32 gradient partition as autograd finishes them (reduce.py), so
+no full gradient outlives its bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ..protocol import StageContext
+from ..sharded import ShardedOptimizerBase
+from . import hooks
+from .coordinator import ParamCoordinator
+from .param import ShardState, ZeroParam, zero_param_of
+from .partitioner import Partitioner
+from .reduce import Stage3Reducer
+
+
+class Stage3Runtime:
+    """The partitioner, coordinator and module hooks of one module tree."""
+
+    def __init__(self, root: torch.nn.Module, part: Partitioner, coord: ParamCoordinator):
+        self.root, self.part, self.coord = root, part, coord
+        self.handles = hooks.install(root.modules(), coord)
+        root.__dict__["_zs_stage3"] = self
+
+    def detach(self) -> None:
+        hooks.remove(self.root.modules(), self.handles)
+        self.handles = []
+        self.root.__dict__.pop("_zs_stage3", None)
+
+
+def _adopt_init_params(module: torch.nn.Module, part: Partitioner, ctx: StageContext) -> None:
+    """Takes over params zero.Init partitioned: same group size required; their Init-time
+    hooks give way to the engine's."""
+    for m in module.modules():
+        for h in m.__dict__.pop("_zs_init_hooks", []):
+            h.remove()
+    for name, p in module.named_parameters():
+        zp = zero_param_of(p)
+        if zp is None:
+            continue
+        if zp.world != part.world or zp.rank != part.rank:
+            raise ValueError(
+                f"parameter {name} was partitioned by zero.Init over {zp.world} ranks "
+                f"(this is rank {zp.rank}); the engine's data-parallel group has "
+                f"{part.world} (rank {part.rank})"
+            )
+        if ctx.dtype != zp.dtype and p.is_floating_point():
+            raise ValueError(
+                f"parameter {name} was built by zero.Init in {zp.dtype}; the config trains "
+                f"in {ctx.dtype} (give zero.Init the same config, or the matching dtype=)"
+            )
+        if zp.state is ShardState.GATHERED and not zp.persist:
+            zp.to_sharded()  # Init-time gathers are not counted by this partitioner
+        zp.modules = 0
+        if zp.shard.device != part.shard_device():
+            zp.set_shard(zp.shard.to(part.shard_device()))
+        zp.partitioner = part
+        part.params[zp.ds_id] = zp
+
+
+class Stage3Optimizer(ShardedOptimizerBase):
+    """Stage 3 (Note [Stage seam] in zero/protocol.py)."""
+
+    stage = 3
+
+    @classmethod
+    def prepare_module(cls, module: torch.nn.Module, ctx: StageContext) -> None:
+        zero = ctx.config.zero_optimization
+        offload = zero.offload_param if zero.offload_param_device != "none" else None
+        part = Partitioner(
+            ctx.group,
+            ctx.device,
+            ctx.dtype,
+            offload_param=offload,
+            persistence_threshold=zero.stage3_param_persistence_threshold,
+            model_persistence_threshold=zero.stage3_model_persistence_threshold,
+        )
+        _adopt_init_params(module, part, ctx)
+        part.partition(module.parameters())
+        for b in module.buffers():
+            b.data = b.data.to(ctx.device)
+        ctx.module_state = Stage3Runtime(module, part, ParamCoordinator(part, zero))
+
+    def __init__(
+        self, ctx: StageContext, param_groups: List[dict], make_optimizer, make_swapped=None
+    ):
+        zero = ctx.config.zero_optimization
+        self.world, self.rank, self.group = ctx.world, ctx.rank, ctx.group
+        self.runtime: Stage3Runtime = ctx.module_state
+        self.part, self.coord = self.runtime.part, self.runtime.coord
+        self.groups: List[List[ZeroParam]] = []
+        self.flat16: List[torch.Tensor] = []
+        slots: Dict[int, Tuple[int, int]] = {}
+        starts = []
+        for gi, g in enumerate(param_groups):
+            zps = [self._zero_param(p) for p in g["params"]]
+            total = sum(zp.shard_numel for zp in zps)
+            flat = torch.empty(total, dtype=zps[0].dtype, device=self.part.shard_device())
+            self.part.adopt(zps, flat)
+            off, group_starts = 0, []
+            for zp in zps:
+                slots[zp.ds_id] = (gi, off)
+                group_starts.append(off)
+                off += zp.shard_numel
+            self.groups.append(zps)
+            self.flat16.append(flat)
+            starts.append(group_starts)
+        options = [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
+        self._init_state(ctx, self.flat16, options, starts, make_optimizer, make_swapped)
+        self.slots = slots
+        self.reducer = Stage3Reducer(slots, self.grads, zero.reduce_bucket_size, ctx)
+        self._hooks = [
+            zp.param.register_post_accumulate_grad_hook(self._on_grad)
+            for zps in self.groups
+            for zp in zps
+        ]
+        self.part.shard_listeners.append(self._on_shard_modified)
+
+    @staticmethod
+    def _zero_param(p: torch.nn.Parameter) -> ZeroParam:
+        zp = zero_param_of(p)
+        if zp is None:
+            raise ValueError(
+                f"ZeRO-3: optimizer parameter of shape {tuple(p.shape)} is not part of the "
+                f"model given to initialize() (stage 3 partitions the model's parameters)"
+            )
+        return zp
+
+    def local_partitions(self) -> List[torch.Tensor]:
+        return self.flat16
+
+    # --- the step's phases -----------------------------------------------------------------------
+    def before_forward(self) -> None:
+        self.coord.start_step((torch.is_grad_enabled(), self.runtime.root.training))
+
+    def after_forward(self) -> None:
+        if not torch.is_grad_enabled():
+            self.part.release_all()  # no backward follows: nothing stays gathered
+
+    def _on_grad(self, param: torch.nn.Parameter) -> None:
+        """Autograd hook: the param's gradient is final for this backward."""
+        zp = param._zs
+        grad = param.grad
+        param.grad = None
+        self.reducer.add(zp, grad)
+        self.coord.after_grad(zp)
+
+    def after_backward(self) -> None:
+        self.reducer.flush()
+        self.coord.end_backward()
+
+    def step(self) -> bool:
+        with self.telemetry.phase("reduce"):
+            self.reducer.flush()
+        self.part.release_all()
+        if self.world > 1:
+            for g in self.grads:
+                g.div_(self.world)
+        factor = self._grad_factor(self._norm_and_overflow(self.grads, partitioned=True))
+        if factor is not None:
+            self._update(factor)
+            self.part.refresh_gathered()
+        self.zero_grad()
+        return factor is not None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._zero_partition_grads()
+        for zps in self.groups:
+            for zp in zps:
+                zp.param.grad = None
+
+    def _on_shard_modified(self, zp: ZeroParam) -> None:
+        """GatheredParameters rewrote a shard: the fp32 master follows it."""
+        slot = self.slots.get(zp.ds_id)
+        if slot is None or not self.masters:
+            return
+        group, at = slot
+        with torch.no_grad():
+            self.masters[group][at : at + zp.shard_numel].copy_(zp.shard)
+
+    @property
+    def bit16_groups(self) -> List[List[torch.nn.Parameter]]:
+        return [[zp.param for zp in zps] for zps in self.groups]
+
+    # --- checkpoint state and inspection ---------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's optimizer state (stage 3: the fp32 flat partitions of its shards)."""
+        self._refuse_swapped_state()
+        return {
+            "zero_stage": 3,
+            **self._scaler_state(),
+            "optimizer_state_dict": self.optimizer.state_dict(),
+            "fp32_flat_groups": [m.detach().clone() for m in self.masters],
+            "partition_count": self.world,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._check_loadable(state, (3,))
+        self._load_masters(state["fp32_flat_groups"])
+        self._load_scaler_state(state)
+        self.optimizer.load_state_dict(state["optimizer_state_dict"])
+        self.part.release_all()
+        self.part.refresh_gathered()
+
+    def state_summary(self) -> dict:
+        return {
+            **self._state_summary(),
+            "groups": [
+                {"params": len(zps), "partition_numel": f.numel()}
+                for zps, f in zip(self.groups, self.flat16)
+            ],
+            "full_grads_left": sum(
+                1 for zps in self.groups for zp in zps if zp.param.grad is not None
+            ),
+            "params": self.part.summary(),
+            "trace": self.coord.summary(),
+            **self.reducer.summary(),
+        }
+
+
+def runtime_of(module: torch.nn.Module) -> Optional[Stage3Runtime]:
+    return module.__dict__.get("_zs_stage3")

@@ -1,0 +1,172 @@
+"""One ZeRO-3 parameter: its state machine and where its bytes are.
+
+Note [Stage-3 parameter states]
+  A partitioned parameter is SHARDED (only this rank's shard exists; `param.data` is an empty
+  tensor, as DeepSpeed leaves it), INFLIGHT (an all-gather into its full buffer was issued
+  and has not been waited on) or GATHERED (`param.data` is the full tensor). The full
+  tensor is one buffer per parameter whose storage is resized to zero bytes on release and
+  back on gather: autograd may have saved views of it during forward (a linear layer saves
+  `weight.t()`), and those views share the storage, so releasing really frees the bytes
+  and re-gathering before backward makes the saved views valid again (FSDP2 does the same).
+  Where the shard lives (the device, host memory for offload_param "cpu") is the
+  partitioner's choice; the phase of the step is the engine's (protocol.TrainingState).
+
+  DeepSpeed's per-parameter attributes that ecosystem code reads (`ds_id`, `ds_shape`,
+  `ds_numel`, `ds_tensor`, `ds_status`, `ds_persist`) are plain data on the parameter,
+  refreshed at each transition; the runtime object is `param._zs`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional
+
+import torch
+
+from ... import _C
+
+
+class ShardState(enum.Enum):
+    SHARDED = "sharded"
+    INFLIGHT = "inflight"
+    GATHERED = "gathered"
+
+
+class ZeroParamStatus(enum.Enum):
+    """DeepSpeed's names for the same states (`param.ds_status`)."""
+
+    AVAILABLE = 1
+    NOT_AVAILABLE = 2
+    INFLIGHT = 3
+
+
+_DS_STATUS = {
+    ShardState.SHARDED: ZeroParamStatus.NOT_AVAILABLE,
+    ShardState.INFLIGHT: ZeroParamStatus.INFLIGHT,
+    ShardState.GATHERED: ZeroParamStatus.AVAILABLE,
+}
+
+
+class ZeroParam:
+    """Runtime state of one partitioned parameter (Note [Stage-3 parameter states])."""
+
+    def __init__(
+        self,
+        param: torch.nn.Parameter,
+        ds_id: int,
+        shard: torch.Tensor,
+        world: int,
+        rank: int,
+        device: torch.device,
+        group=None,
+    ):
+        self.param = param
+        self.ds_id = ds_id
+        self.shape = param.shape
+        self.dtype = param.dtype
+        self.numel = param.numel()
+        self.world, self.rank, self.group = world, rank, group
+        self.device = device  # where the full tensor lives while gathered
+        self.partitioner = None  # the stage3.partitioner.Partitioner that moves it
+        _, self.shard_numel, self.shard_valid = _C.stage3_param_shard(self.numel, world, rank)
+        self.shard = shard
+        self.persist = False
+        self.users = 0  # modules running forward with this param now
+        self.modules = 0  # modules listing it as their own or external param
+        self.state = ShardState.SHARDED
+        self._full: Optional[torch.Tensor] = None
+        self._empty = torch.empty(0, dtype=self.dtype, device=device)
+        param.data = self._empty
+        self._publish()
+
+    # --- transitions -----------------------------------------------------------------------------
+    def _require(self, *allowed: ShardState, what: str) -> None:
+        if self.state not in allowed:
+            names = " or ".join(s.value for s in allowed)
+            raise RuntimeError(
+                f"ZeRO-3 param ds_id={self.ds_id} {tuple(self.shape)}: {what} while "
+                f"{self.state.value}; expected {names}"
+            )
+
+    def full_flat(self) -> torch.Tensor:
+        """The full buffer (1-D), with its storage allocated."""
+        nbytes = self.numel * self._empty.element_size()
+        if self._full is None:
+            self._full = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        elif self._full.untyped_storage().nbytes() != nbytes:
+            self._full.untyped_storage().resize_(nbytes)
+        return self._full
+
+    def to_inflight(self) -> torch.Tensor:
+        """SHARDED -> INFLIGHT: allocates the full buffer the gather writes into."""
+        self._require(ShardState.SHARDED, what="gather")
+        self.state = ShardState.INFLIGHT
+        self._publish()
+        return self.full_flat()
+
+    def to_gathered(self) -> None:
+        """INFLIGHT -> GATHERED: the full buffer holds every rank's shard."""
+        self._require(ShardState.INFLIGHT, what="finish gather")
+        self.param.data = self._full.view(self.shape)
+        self.state = ShardState.GATHERED
+        self._publish()
+
+    def to_sharded(self) -> None:
+        """GATHERED -> SHARDED: frees the full tensor's bytes (saved views included)."""
+        self._require(ShardState.GATHERED, what="release")
+        if self.persist:
+            raise RuntimeError(f"ZeRO-3 param ds_id={self.ds_id} is persistent; never released")
+        self.param.data = self._empty
+        self._full.untyped_storage().resize_(0)
+        self.state = ShardState.SHARDED
+        self._publish()
+
+    def set_shard(self, shard: torch.Tensor) -> None:
+        """Moves the shard's home (into a group's flat partition, or host memory)."""
+        if shard.numel() != self.shard_numel:
+            raise RuntimeError(
+                f"ZeRO-3 param ds_id={self.ds_id}: shard of {shard.numel()} elements; "
+                f"expected {self.shard_numel}"
+            )
+        self.shard = shard
+        self._publish()
+
+    def shard_from_full(self, full: torch.Tensor) -> None:
+        """Writes this rank's slice of `full` (the whole parameter) into the shard, zero
+        padding past the end (DeepSpeed's stage-3 layout, reference §1.8)."""
+        flat = full.reshape(-1)
+        begin = self.rank * self.shard_numel
+        with torch.no_grad():
+            self.shard.zero_()
+            if self.shard_valid:
+                self.shard[: self.shard_valid].copy_(flat[begin : begin + self.shard_valid])
+
+    # --- the DeepSpeed-visible attributes --------------------------------------------------------
+    def _publish(self) -> None:
+        p = self.param
+        p._zs = self
+        p.ds_id = self.ds_id
+        p.ds_shape = self.shape
+        p.ds_numel = self.numel
+        p.ds_tensor = self.shard
+        p.ds_persist = self.persist
+        p.ds_status = _DS_STATUS[self.state]
+        p.ds_process_group = self.group
+
+    def summary(self) -> dict:
+        return {
+            "id": self.ds_id,
+            "status": self.state.value,
+            "numel": self.numel,
+            "ds_numel": self.numel,
+            "shape": tuple(self.shape),
+            "persist": self.persist,
+            "shard_numel": self.shard_numel,
+            "shard_device": str(self.shard.device),
+            "users": self.users,
+        }
+
+
+def zero_param_of(param) -> Optional[ZeroParam]:
+    """The runtime state of a ZeRO-3 partitioned parameter, or None for any other tensor."""
+    return getattr(param, "_zs", None) if isinstance(param, torch.Tensor) else None

@@ -1,0 +1,237 @@
+"""Partitions parameters into ZeRO-3 shards and moves them between shard and full tensor:
+coalesced all-gathers (one collective for many parameters, optionally asynchronous) and
+releases. The one place that knows where shards live (the device, or host memory with
+offload_param "cpu") and that counts gathered elements (the live-parameter accounting the
+prefetch cap and the memory tests read)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Dict, Iterable, List, Optional
+
+import torch
+
+from ... import comm
+from .param import ShardState, ZeroParam, zero_param_of
+
+_IDS = itertools.count()  # ds_id: unique in the process, like DeepSpeed's
+
+
+class InflightGather:
+    """One coalesced all-gather: the shards of `zps` concatenated (rank-major output of
+    world*S elements), copied into each parameter's full buffer when waited on."""
+
+    def __init__(self, partitioner: "Partitioner", zps: List[ZeroParam], out, handle):
+        self.partitioner, self.zps, self.out, self.handle = partitioner, zps, out, handle
+        self.done = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        if self.handle is not None:
+            self.handle.wait()
+        world = self.partitioner.world
+        rows = self.out.view(world, -1)
+        off = 0
+        with torch.no_grad():
+            for zp in self.zps:
+                k, n = zp.shard_numel, zp.numel
+                full = zp.full_flat()
+                whole = n // k if k else 0
+                if whole:
+                    full[: whole * k].view(whole, k).copy_(rows[:whole, off : off + k])
+                if n - whole * k:
+                    full[whole * k :].copy_(rows[whole, off : off + n - whole * k])
+                off += k
+                zp.to_gathered()
+                self.partitioner.inflight.pop(zp.ds_id, None)
+        self.done = True
+
+
+class Partitioner:
+    """ZeRO-3 parameter partitioning over one data-parallel group."""
+
+    def __init__(
+        self,
+        group,
+        device: torch.device,
+        dtype: Optional[torch.dtype],
+        offload_param=None,
+        persistence_threshold: int = 0,
+        model_persistence_threshold: int = 2**63 - 1,
+    ):
+        self.group = group
+        self.world = comm.get_world_size(group)
+        self.rank = comm.get_rank(group)
+        self.device = device
+        self.dtype = dtype
+        self.offload_device = offload_param.device if offload_param is not None else "none"
+        if self.offload_device == "nvme":
+            raise NotImplementedError(
+                'zero_optimization.offload_param.device "nvme" is not implemented yet in this '
+                'build; use "cpu" or "none"'
+            )
+        self.pin_memory = bool(offload_param.pin_memory) if offload_param is not None else False
+        self.persistence_threshold = persistence_threshold
+        self.model_persistence_threshold = model_persistence_threshold
+        self.persisted_numel = 0
+        self.params: Dict[int, ZeroParam] = {}
+        self.inflight: Dict[int, InflightGather] = {}
+        self.live_numel = 0  # gathered or in-flight elements of non-persistent params
+        self.peak_live_numel = 0
+        self.gathers = 0
+        self.gathered_numel = 0
+        self.shard_listeners: List = []  # called with a ZeroParam whose shard was rewritten
+
+    # --- partitioning ----------------------------------------------------------------------------
+    def shard_device(self) -> torch.device:
+        return torch.device("cpu") if self.offload_device == "cpu" else self.device
+
+    def partition(self, params: Iterable[torch.nn.Parameter], broadcast: bool = True) -> None:
+        """Makes each not yet partitioned param a ZeRO-3 param: moves it to the run's device
+        and dtype, takes rank 0's values (as DeepSpeed does) and keeps only this rank's
+        shard. Small params are persistent (stage3_param_persistence_threshold): they stay
+        gathered on every rank for the whole run."""
+        for p in params:
+            if zero_param_of(p) is not None:
+                continue
+            data = p.data
+            if data.is_floating_point() and self.dtype is not None:
+                data = data.to(self.dtype)
+            data = data.to(self.device)
+            if broadcast and self.world > 1:
+                comm.broadcast(data, comm.get_global_rank(self.group, 0), group=self.group)
+            p.data = data
+            shard_numel = math.ceil(data.numel() / self.world) if data.numel() else 0
+            shard = self._empty_shard(shard_numel, data.dtype)
+            zp = ZeroParam(p, next(_IDS), shard, self.world, self.rank, self.device, self.group)
+            zp.shard_from_full(data)
+            zp.partitioner = self
+            self.params[zp.ds_id] = zp
+            if (
+                zp.numel <= self.persistence_threshold
+                and self.persisted_numel + zp.numel <= self.model_persistence_threshold
+            ):
+                zp.persist = True
+                self.persisted_numel += zp.numel
+                zp.to_inflight().copy_(data.reshape(-1))
+                zp.to_gathered()
+            del data
+
+    def _empty_shard(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        device = self.shard_device()
+        if device.type == "cpu" and self.pin_memory and torch.cuda.is_available():
+            return torch.empty(numel, dtype=dtype, pin_memory=True)
+        return torch.empty(numel, dtype=dtype, device=device)
+
+    def adopt(self, zps: List[ZeroParam], flat: torch.Tensor) -> None:
+        """Moves the shards of `zps` into consecutive slices of `flat` (a param group's flat
+        16-bit partition, what the optimizer writes after each update)."""
+        off = 0
+        with torch.no_grad():
+            for zp in zps:
+                view = flat[off : off + zp.shard_numel]
+                view.copy_(zp.shard)
+                zp.set_shard(view)
+                off += zp.shard_numel
+
+    # --- gather and release ----------------------------------------------------------------------
+    def gather(self, zps: Iterable[ZeroParam], async_op: bool = False) -> Optional[InflightGather]:
+        """All-gathers the SHARDED params among `zps` in one collective per dtype; waits for
+        in-flight ones. With async_op the gather is left in flight (waited on by `wait`)."""
+        todo: Dict[torch.dtype, List[ZeroParam]] = {}
+        pending = []
+        for zp in zps:
+            if zp.state is ShardState.SHARDED:
+                todo.setdefault(zp.dtype, []).append(zp)
+            elif zp.state is ShardState.INFLIGHT and not async_op:
+                pending.append(self.inflight[zp.ds_id])
+        for p in pending:
+            p.wait()
+        last = None
+        for dtype, group in todo.items():
+            last = self._gather(group, dtype, async_op)
+        return last
+
+    def _gather(self, zps: List[ZeroParam], dtype: torch.dtype, async_op: bool) -> InflightGather:
+        total = sum(zp.shard_numel for zp in zps)
+        for zp in zps:
+            zp.to_inflight()
+            if not zp.persist:
+                self.live_numel += zp.numel
+        self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+        self.gathers += 1
+        self.gathered_numel += sum(zp.numel for zp in zps)
+        send = torch.empty(total, dtype=dtype, device=self.device)
+        off = 0
+        for zp in zps:
+            send[off : off + zp.shard_numel].copy_(zp.shard, non_blocking=True)
+            off += zp.shard_numel
+        if self.world == 1:
+            out, handle = send, None
+        else:
+            out = torch.empty(self.world * total, dtype=dtype, device=self.device)
+            handle = comm.all_gather_into_tensor(out, send, group=self.group, async_op=async_op)
+        gather = InflightGather(self, zps, out, handle)
+        for zp in zps:
+            self.inflight[zp.ds_id] = gather
+        if not async_op:
+            gather.wait()
+        return gather
+
+    def wait(self, zps: Iterable[ZeroParam]) -> None:
+        for zp in zps:
+            if zp.state is ShardState.INFLIGHT:
+                self.inflight[zp.ds_id].wait()
+
+    def release(self, zp: ZeroParam) -> bool:
+        """Frees a gathered param's full tensor unless it is persistent or in use."""
+        if zp.persist or zp.users > 0 or zp.state is not ShardState.GATHERED:
+            return False
+        zp.to_sharded()
+        self.live_numel -= zp.numel
+        return True
+
+    def release_all(self) -> None:
+        for zp in list(self.inflight.values()):
+            zp.wait()
+        for zp in self.params.values():
+            self.release(zp)
+
+    def refresh_gathered(self) -> None:
+        """Re-gathers every param still gathered (the persistent ones, and any a running
+        module holds) from its updated shard, so no full copy is stale after a step."""
+        by_dtype: Dict[torch.dtype, List[ZeroParam]] = {}
+        for zp in self.params.values():
+            if zp.state is ShardState.INFLIGHT:
+                self.inflight[zp.ds_id].wait()
+            if zp.state is ShardState.GATHERED:
+                zp.state = ShardState.SHARDED  # the full buffer is rewritten in place
+                if not zp.persist:
+                    self.live_numel -= zp.numel
+                by_dtype.setdefault(zp.dtype, []).append(zp)
+        for dtype, zps in by_dtype.items():
+            self._gather(zps, dtype, async_op=False)
+
+    def shard_modified(self, zp: ZeroParam) -> None:
+        for listener in self.shard_listeners:
+            listener(zp)
+
+    def summary(self) -> dict:
+        shard_bytes = sum(zp.shard_numel * zp.shard.element_size() for zp in self.params.values())
+        return {
+            "params": len(self.params),
+            "persistent": sum(1 for zp in self.params.values() if zp.persist),
+            "persisted_numel": self.persisted_numel,
+            "gathered_now": sum(
+                1 for zp in self.params.values() if zp.state is ShardState.GATHERED
+            ),
+            "live_numel": self.live_numel,
+            "peak_live_numel": self.peak_live_numel,
+            "gathers": self.gathers,
+            "gathered_numel": self.gathered_numel,
+            "shard_bytes": shard_bytes,
+            "shard_device": str(self.shard_device()),
+            "offload_param": self.offload_device,
+        }

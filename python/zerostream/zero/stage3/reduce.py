@@ -1,0 +1,100 @@
+"""Stage-3 gradient reduction: full gradients of whole parameters, in the order autograd
+finishes them, are reduce-scattered in buckets of `reduce_bucket_size` elements so that each
+rank receives the sum over ranks of its own shard of each parameter, accumulated into its
+fp32 gradient partition.
+
+A bucket of parameters p1..pn is laid out rank-major: row r holds rank r's shard of p1, then
+of p2, ... (each shard ceil(numel/world) elements, zero padded), so one reduce-scatter of
+world*S elements leaves each rank its S elements, in the order of its gradient partition.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Dict, List, Tuple
+
+import torch
+
+from ... import comm
+from .param import ZeroParam
+
+
+class Stage3Reducer:
+    def __init__(
+        self,
+        slots: Dict[int, Tuple[int, int]],
+        targets: List[torch.Tensor],
+        bucket_size: int,
+        ctx,
+    ):
+        """`slots[ds_id]` = (group, offset of the param's shard in that group's partition);
+        `targets` the fp32 gradient partitions."""
+        self.slots, self.targets = slots, targets
+        self.bucket_size = max(1, bucket_size)
+        self.world, self.group, self.device = ctx.world, ctx.group, ctx.device
+        self.telemetry = ctx.telemetry
+        self.pending: List[Tuple[ZeroParam, torch.Tensor]] = []
+        self.pending_numel = 0
+        self.collectives: Counter = Counter()
+        self.reduced_numel = 0
+
+    def add(self, zp: ZeroParam, grad: torch.Tensor) -> None:
+        """Takes a parameter's full gradient (the caller drops its own reference)."""
+        if zp.ds_id not in self.slots:
+            raise RuntimeError(
+                f"ZeRO-3: gradient for param ds_id={zp.ds_id} {tuple(zp.shape)} that is in "
+                f"no optimizer param group"
+            )
+        self.pending.append((zp, grad.reshape(-1)))
+        self.pending_numel += zp.numel
+        if self.pending_numel >= self.bucket_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Reduce-scatters the pending gradients into the fp32 partitions."""
+        if not self.pending:
+            return
+        pending, self.pending, self.pending_numel = self.pending, [], 0
+        by_dtype: Dict[torch.dtype, List[Tuple[ZeroParam, torch.Tensor]]] = {}
+        for zp, g in pending:
+            by_dtype.setdefault(g.dtype, []).append((zp, g))
+        for items in by_dtype.values():
+            self._reduce(items)
+
+    def _reduce(self, items: List[Tuple[ZeroParam, torch.Tensor]]) -> None:
+        start = time.perf_counter()
+        world = self.world
+        total = sum(zp.shard_numel for zp, _ in items)
+        grad0 = items[0][1]
+        send = torch.zeros(world, total, dtype=grad0.dtype, device=grad0.device)
+        off = 0
+        for zp, g in items:
+            k, n = zp.shard_numel, zp.numel
+            whole = n // k if k else 0
+            if whole:
+                send[:whole, off : off + k].copy_(g[: whole * k].view(whole, k))
+            if n - whole * k:
+                send[whole, off : off + n - whole * k].copy_(g[whole * k :])
+            off += k
+        flat = send.view(-1)
+        if world > 1:
+            out = torch.empty(total, dtype=flat.dtype, device=flat.device)
+            comm.reduce_scatter_tensor(out, flat, group=self.group)
+            self.collectives["reduce_scatter"] += 1
+            self.telemetry.moved(
+                "comm", flat.numel() * flat.element_size(), time.perf_counter() - start
+            )
+        else:
+            out = flat
+        out = out.to(self.targets[0].device, dtype=torch.float32)
+        off = 0
+        for zp, _ in items:
+            group, at = self.slots[zp.ds_id]
+            k = zp.shard_numel
+            self.targets[group][at : at + k].add_(out[off : off + k])
+            off += k
+        self.reduced_numel += sum(zp.numel for zp, _ in items)
+
+    def summary(self) -> dict:
+        return {"collectives": dict(self.collectives), "reduced_numel": self.reduced_numel}
