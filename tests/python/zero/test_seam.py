@@ -16,6 +16,7 @@ from zerostream.zero.flat import FlatGroup
 from zerostream.zero.grad_reduce import Stage2Reducer, choose_collective, widest_owner
 from zerostream.zero.protocol import RunState, StageContext, TrainingState, ZeroOptimizer
 from zerostream.zero.stage0 import ReplicatedOptimizer
+from zerostream.zero.stage3.optimizer import Stage3Optimizer
 from zerostream.zero.stage12 import PartitionedOptimizer
 
 
@@ -79,16 +80,26 @@ def _train(model, opt, ctx, steps, seed=1):
 
 
 @pytest.mark.parametrize(
-    "stage,cls", [(0, ReplicatedOptimizer), (1, PartitionedOptimizer), (2, PartitionedOptimizer)]
+    "stage,cls",
+    [
+        (0, ReplicatedOptimizer),
+        (1, PartitionedOptimizer),
+        (2, PartitionedOptimizer),
+        (3, Stage3Optimizer),
+    ],
 )
 def test_the_factory_builds_the_stage_class_which_implements_the_protocol(stage, cls):
     _, opt, _ = _stage(_config(stage))
     assert type(opt) is cls and isinstance(opt, ZeroOptimizer)
 
 
-def test_stage_3_is_refused_by_name_not_downgraded():
-    with pytest.raises(NotImplementedError, match="zero_optimization.stage 3"):
-        stage_class(3)
+def test_each_stage_has_its_own_class():
+    assert [stage_class(s) for s in range(4)] == [
+        ReplicatedOptimizer,
+        PartitionedOptimizer,
+        PartitionedOptimizer,
+        Stage3Optimizer,
+    ]
 
 
 def test_a_partitioned_stage_without_an_optimizer_names_the_missing_section():

@@ -85,6 +85,8 @@ class Stage3Optimizer(ShardedOptimizerBase):
             offload_param=offload,
             persistence_threshold=zero.stage3_param_persistence_threshold,
             model_persistence_threshold=zero.stage3_model_persistence_threshold,
+            world=ctx.world,
+            rank=ctx.rank,
         )
         _adopt_init_params(module, part, ctx)
         part.partition(module.parameters())

@@ -60,10 +60,12 @@ class Partitioner:
         offload_param=None,
         persistence_threshold: int = 0,
         model_persistence_threshold: int = 2**63 - 1,
+        world: Optional[int] = None,
+        rank: Optional[int] = None,
     ):
         self.group = group
-        self.world = comm.get_world_size(group)
-        self.rank = comm.get_rank(group)
+        self.world = comm.get_world_size(group) if world is None else world
+        self.rank = comm.get_rank(group) if rank is None else rank
         self.device = device
         self.dtype = dtype
         self.offload_device = offload_param.device if offload_param is not None else "none"

@@ -1,0 +1,264 @@
+"""ZeRO-3 construction and inspection APIs on 2 Gloo ranks: zero.Init builds the weights a
+plain construction from the same seed builds (module default inits and `apply`-based
+re-initialisation alike) and leaves only shards, with DeepSpeed's `ds_*` attributes;
+GatheredParameters' modification round trip; a zero.Init model trains forward and backward
+without an engine; the trace is re-recorded when control flow changes; ranks that run
+modules in different orders get a clear error; evaluation without grad leaves nothing
+gathered; stage 3 runs inference without an optimizer."""
+
+import logging
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from tiny_gpt import TinyGPT, make_batches
+
+from multirank import run_ranks
+
+
+class Reinit(nn.Module):
+    """Re-initialises its weights through nn.Module.apply after its children exist, as
+    Hugging Face models of transformers 4 do in post_init."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 300)
+        self.b = nn.Linear(300, 8)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            nn.init.uniform_(m.bias, -0.1, 0.1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _gathered(model):
+    from zerostream.zero import GatheredParameters
+
+    out = {}
+    for name, p in model.named_parameters():
+        with GatheredParameters(p):
+            out[name] = p.detach().clone()
+    return out
+
+
+def init_worker(rank, world):
+    import zerostream
+    from zerostream.zero import GatheredParameters, ZeroParamStatus
+
+    result = {}
+    config = {
+        "train_batch_size": 2,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    }
+    for cls in (TinyGPT, Reinit):
+        torch.manual_seed(0)
+        with zerostream.zero.Init(config_dict_or_path=config, dtype=torch.float32):
+            model = cls()
+        attrs = [
+            (
+                p.numel(),
+                p.ds_tensor.numel() == math.ceil(p.ds_numel / world),
+                tuple(p.ds_shape),
+                p.ds_status is ZeroParamStatus.NOT_AVAILABLE,
+                isinstance(p.ds_id, int),
+            )
+            for p in model.parameters()
+        ]
+        result[cls.__name__] = (_gathered(model), attrs)
+
+    # GatheredParameters: modifier_rank=0's writes reach every rank's shard; writes
+    # without a modifier are dropped.
+    torch.manual_seed(0)
+    with zerostream.zero.Init(config_dict_or_path=config, dtype=torch.float32):
+        lin = nn.Linear(5, 3)
+    with GatheredParameters(lin.weight, modifier_rank=0):
+        lin.weight.data.fill_(float(rank + 1))
+    with GatheredParameters(lin.weight):
+        kept = lin.weight.detach().clone()
+        lin.weight.data.fill_(-7.0)
+    with GatheredParameters(lin.weight):
+        after_unsynced = lin.weight.detach().clone()
+    result["modified"] = (kept, after_unsynced, lin.weight.numel())
+
+    # No engine: forward and backward of a zero.Init model; gradients stay whole.
+    torch.manual_seed(0)
+    with zerostream.zero.Init(config_dict_or_path=config, dtype=torch.float32):
+        gpt = TinyGPT()
+    xs, ys = make_batches(1, 4)
+    loss = gpt(xs[0], ys[0])
+    loss.backward()
+    result["no_engine"] = (
+        float(loss),
+        {n: p.grad.clone() for n, p in gpt.named_parameters()},
+        all(p.numel() == 0 for p in gpt.parameters()),
+    )
+    return result if rank == 0 else None
+
+
+@pytest.mark.multirank
+def test_zero_init_gathered_parameters_and_a_plain_backward():
+    result = run_ranks(init_worker, 2, timeout=300)[0]
+    for cls in (TinyGPT, Reinit):
+        torch.manual_seed(0)
+        plain = cls()
+        weights, attrs = result[cls.__name__]
+        for name, p in plain.named_parameters():
+            torch.testing.assert_close(weights[name], p.detach(), rtol=0, atol=0, msg=name)
+        for (numel, shard_ok, shape, status_ok, id_ok), p in zip(attrs, plain.parameters()):
+            assert numel == 0 and shard_ok and status_ok and id_ok
+            assert shape == tuple(p.shape)
+    kept, after_unsynced, numel_after = result["modified"]
+    assert torch.equal(kept, torch.full((3, 5), 1.0))  # rank 0's value, on every rank
+    assert torch.equal(after_unsynced, kept)  # no modifier_rank: the -7 was dropped
+    assert numel_after == 0
+    loss, grads, released = result["no_engine"]
+    torch.manual_seed(0)
+    plain = TinyGPT()
+    xs, ys = make_batches(1, 4)
+    ref = plain(xs[0], ys[0])
+    ref.backward()
+    assert loss == pytest.approx(float(ref), rel=1e-6)
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+    assert released
+
+
+class Branchy(nn.Module):
+    """Runs `extra` only when asked: control flow that changes between steps."""
+
+    def __init__(self, swap_on_rank1: bool = False):
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+        self.b = nn.Linear(32, 32)
+        self.extra = nn.Linear(32, 32)
+        self.swap_on_rank1 = swap_on_rank1
+
+    def forward(self, x, use_extra: bool = False, rank: int = 0):
+        first, second = (self.b, self.a) if self.swap_on_rank1 and rank == 1 else (self.a, self.b)
+        x = second(torch.tanh(first(x)))
+        if use_extra:
+            x = self.extra(x)
+        return x.pow(2).mean()
+
+
+def _config(**zero):
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, **zero},
+    }
+
+
+def branch_worker(rank, world, pattern):
+    import zerostream
+
+    records = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logging.getLogger("zerostream").addHandler(Catch())
+    torch.manual_seed(0)
+    model = Branchy()
+    engine, optimizer, _, _ = zerostream.initialize(model=model, config=_config())
+    gen = torch.Generator().manual_seed(rank)
+    losses = []
+    for use_extra in pattern:
+        x = torch.randn(4, 32, generator=gen)
+        loss = engine(x, use_extra=use_extra)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    engine.eval()
+    with torch.no_grad():
+        evaluation = float(engine(torch.ones(4, 32)))
+    left = [p.numel() for p in engine.module.parameters()]
+    trace = optimizer.state_summary()["trace"]
+    weights = _gathered(engine.module)
+    return losses, evaluation, left, trace, records, weights
+
+
+def branch_reference(pattern, world):
+    torch.manual_seed(0)
+    model = Branchy()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gens = [torch.Generator().manual_seed(r) for r in range(world)]
+    for use_extra in pattern:
+        opt.zero_grad()
+        for g in gens:
+            (model(torch.randn(4, 32, generator=g), use_extra=use_extra) / world).backward()
+        opt.step()
+    with torch.no_grad():
+        return float(model(torch.ones(4, 32))), {n: p.detach() for n, p in model.named_parameters()}
+
+
+@pytest.mark.multirank
+def test_changed_control_flow_rerecords_the_trace_and_stays_exact():
+    pattern = [False, False, True, True, False, False]
+    results = run_ranks(branch_worker, 2, pattern, timeout=300)
+    evaluation, ref_weights = branch_reference(pattern, 2)
+    for losses, ev, left, trace, records, weights in results:
+        assert ev == pytest.approx(evaluation, rel=1e-5)
+        assert left == [0] * len(left), "evaluation left params gathered"
+        for name, ref in ref_weights.items():
+            torch.testing.assert_close(weights[name], ref, rtol=1e-5, atol=1e-6, msg=name)
+        # Steps 3 and 5 differ from their recording: two invalidations, re-recorded after.
+        assert trace["invalidations"] == 2, trace
+        assert trace["trace_recordings"] >= 3, trace
+        said = [r for r in records if "module trace is recorded again" in r]
+        assert len(said) == 1, records  # one log line (later ones at debug level)
+
+
+def disorder_worker(rank, world):
+    import zerostream
+
+    torch.manual_seed(0)
+    model = Branchy(swap_on_rank1=True)
+    engine, _, _, _ = zerostream.initialize(model=model, config=_config())
+    for _ in range(2):
+        loss = engine(torch.ones(4, 32), rank=rank)
+        engine.backward(loss)
+        engine.step()
+
+
+@pytest.mark.multirank
+def test_ranks_running_modules_in_different_orders_get_a_clear_error():
+    results = run_ranks(disorder_worker, 2, timeout=120, expect_failure=True)
+    for status, payload in results:
+        assert status == "error"
+        assert "different orders" in payload and "same module order" in payload, payload
+
+
+def inference_worker(rank, world):
+    import zerostream
+
+    torch.manual_seed(0)
+    model = TinyGPT()
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    }
+    engine, optimizer, _, _ = zerostream.initialize(model=model, config=config)
+    xs, ys = make_batches(1, 2)
+    with torch.no_grad():
+        loss = float(engine(xs[0], ys[0]))
+    return optimizer, loss, [p.numel() for p in engine.module.parameters()]
+
+
+@pytest.mark.multirank
+def test_stage3_inference_needs_no_optimizer():
+    optimizer, loss, sizes = run_ranks(inference_worker, 2, timeout=120)[0]
+    torch.manual_seed(0)
+    plain = TinyGPT()
+    xs, ys = make_batches(1, 2)
+    with torch.no_grad():
+        assert loss == pytest.approx(float(plain(xs[0], ys[0])), rel=1e-6)
+    assert optimizer is None
+    assert any(s == 0 for s in sizes)  # big params released after the forward
