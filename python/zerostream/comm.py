@@ -7,6 +7,7 @@ errors that start with the rank (a peer that died shows up here first).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import logging
@@ -108,6 +109,10 @@ def init_distributed(
     if backend == "nccl":
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(**kwargs)
+    # Scripts written for DeepSpeed rarely destroy the group; one left to interpreter
+    # teardown can abort the process after training finished ("terminate called without an
+    # active exception" from a backend thread), so the group zerostream made goes first.
+    atexit.register(_destroy_at_exit)
     if verbose:
         logger.info(
             "zerostream: process group ready: backend=%s rank=%d world_size=%d",
@@ -115,6 +120,14 @@ def init_distributed(
             dist.get_rank(),
             dist.get_world_size(),
         )
+
+
+def _destroy_at_exit() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # teardown is best effort; the run's results are already out
+            pass
 
 
 # --- queries ------------------------------------------------------------------------------------

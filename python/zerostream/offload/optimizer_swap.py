@@ -195,7 +195,11 @@ class SwappedAdam:
     def _update(self, s: SubGroup, slot: int, grads, partitions, grad_scale: float) -> None:
         p, m, v = (buf[: s.hi - s.lo] for buf in self.buffers[slot])
         group = self.hyper.param_groups[s.group]
-        target = partitions[s.group][s.lo : s.hi]
+        sink = partitions[s.group]
+        # A stage-3 ShardSink (shards in the param swap store) takes the piece through a
+        # staging tensor it then writes out.
+        staged = hasattr(sink, "staging")
+        target = sink.staging(s.lo, s.hi) if staged else sink[s.lo : s.hi]
         fused_copy = (
             target
             if target.dtype in (torch.bfloat16, torch.float16) and target.device.type == "cpu"
@@ -219,6 +223,8 @@ class SwappedAdam:
         )
         if fused_copy is None:
             target.copy_(p)
+        if staged:
+            sink.commit(s.lo, s.hi)
 
     # --- inspection ------------------------------------------------------------------------------
     def read_state(self, group: int, kind: str = "param") -> torch.Tensor:

@@ -22,6 +22,12 @@ from .base import ZeroOptimizerBase
 from .protocol import StageContext
 
 
+def _values(partition):
+    """A local partition as a tensor (a stage-3 ShardSink, whose shards live in the param
+    swap store, is read in)."""
+    return partition.materialize() if hasattr(partition, "materialize") else partition
+
+
 class ShardedOptimizerBase(ZeroOptimizerBase):
     """fp32 masters, fp32 gradient partitions and the inner optimizer over this rank's local
     16-bit partitions (`self.local_partitions()`, one tensor per param group)."""
@@ -55,6 +61,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def _allocate(self, partitions: List[torch.Tensor], offload):
         """fp32 master and gradient partitions: on the partitions' device, or in the host
         arena when the optimizer is offloaded."""
+        partitions = [_values(p) for p in partitions]
         if self.offload_device == "none":
             masters = [p.detach().float().clone() for p in partitions]
             return masters, [torch.zeros_like(m) for m in masters]

@@ -76,8 +76,7 @@ class GatheredParameters(contextlib.ContextDecorator):
                     if part.world > 1:
                         src = comm.get_global_rank(part.group, self.modifier_rank)
                         comm.broadcast(full, src, group=part.group)
-                    zp.shard_from_full(full)
-                    part.shard_modified(zp)
+                    part.write_shard(zp, full)
         for zp in self.zps:
             if self._was[zp.ds_id] is ShardState.SHARDED:
                 self._partitioner(zp).release(zp)

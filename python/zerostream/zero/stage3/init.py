@@ -86,6 +86,17 @@ class Init(contextlib.ContextDecorator):
         device = torch.device(
             acc.device_name(comm.get_local_rank()) if acc.device_name() == "cuda" else "cpu"
         )
+        swapper = None
+        if offload is not None and offload.device == "nvme":
+            from ...offload.io import io_config, io_config_for
+            from .param_swap import ParamSwapper
+
+            swapper = ParamSwapper(
+                offload,
+                io_config_for(cfg.aio) if cfg is not None else io_config(),
+                rank=comm.get_rank(),
+                verify_checksums=cfg.zerostream.verify_swap_checksums if cfg else False,
+            )
         self.part = Partitioner(
             self.group,
             device,
@@ -95,6 +106,7 @@ class Init(contextlib.ContextDecorator):
             model_persistence_threshold=(
                 zero.stage3_model_persistence_threshold if zero else 2**63 - 1
             ),
+            swapper=swapper,
         )
         self.coord = ParamCoordinator(self.part, tracing=False)
         self._depth: Dict[int, int] = {}

@@ -16,11 +16,13 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from ... import comm
 from ..protocol import StageContext
 from ..sharded import ShardedOptimizerBase
 from . import hooks
 from .coordinator import ParamCoordinator
 from .param import ShardState, ZeroParam, zero_param_of
+from .param_swap import ParamSwapper, ShardSink
 from .partitioner import Partitioner
 from .reduce import Stage3Reducer
 
@@ -63,10 +65,41 @@ def _adopt_init_params(module: torch.nn.Module, part: Partitioner, ctx: StageCon
         if zp.state is ShardState.GATHERED and not zp.persist:
             zp.to_sharded()  # Init-time gathers are not counted by this partitioner
         zp.modules = 0
-        if zp.shard.device != part.shard_device():
-            zp.set_shard(zp.shard.to(part.shard_device()))
+        _move_shard(zp, part)
         zp.partitioner = part
         part.params[zp.ds_id] = zp
+
+
+def _move_shard(zp: ZeroParam, part: Partitioner) -> None:
+    """Puts an adopted param's shard where this run's offload_param says."""
+    source = zp.partitioner.swapper if zp.partitioner is not None else None
+    if zp.shard is None and source is not part.swapper:
+        zp.set_shard(source.read(zp).to(part.shard_device()))
+    elif zp.shard is not None and zp.shard.device != part.shard_device():
+        zp.set_shard(zp.shard.to(part.shard_device()))
+    if zp.shard is not None and part.swapper is not None and not zp.persist:
+        part.swapper.home(zp)
+
+
+def _swapper_for(module: torch.nn.Module, ctx: StageContext) -> Optional[ParamSwapper]:
+    """offload_param nvme: the swapper zero.Init already keeps this model's shards in (same
+    nvme_path), else a new one."""
+    zero = ctx.config.zero_optimization
+    if zero.offload_param_device != "nvme":
+        return None
+    for p in module.parameters():
+        zp = zero_param_of(p)
+        swapper = zp.partitioner.swapper if zp is not None and zp.partitioner else None
+        if swapper is not None and swapper.path == zero.offload_param.nvme_path:
+            return swapper
+    from ...offload.io import io_config_for
+
+    return ParamSwapper(
+        zero.offload_param,
+        io_config_for(ctx.config.aio),
+        rank=comm.get_rank(),
+        verify_checksums=ctx.config.zerostream.verify_swap_checksums,
+    )
 
 
 class Stage3Optimizer(ShardedOptimizerBase):
@@ -78,6 +111,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
     def prepare_module(cls, module: torch.nn.Module, ctx: StageContext) -> None:
         zero = ctx.config.zero_optimization
         offload = zero.offload_param if zero.offload_param_device != "none" else None
+        swapper = _swapper_for(module, ctx)
         part = Partitioner(
             ctx.group,
             ctx.device,
@@ -87,6 +121,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
             model_persistence_threshold=zero.stage3_model_persistence_threshold,
             world=ctx.world,
             rank=ctx.rank,
+            swapper=swapper,
         )
         _adopt_init_params(module, part, ctx)
         part.partition(module.parameters())
@@ -108,8 +143,11 @@ class Stage3Optimizer(ShardedOptimizerBase):
         for gi, g in enumerate(param_groups):
             zps = [self._zero_param(p) for p in g["params"]]
             total = sum(zp.shard_numel for zp in zps)
-            flat = torch.empty(total, dtype=zps[0].dtype, device=self.part.shard_device())
-            self.part.adopt(zps, flat)
+            if self.part.swapper is not None:
+                flat = ShardSink(zps, self.part.swapper)  # shards stay in the swap store
+            else:
+                flat = torch.empty(total, dtype=zps[0].dtype, device=self.part.shard_device())
+                self.part.adopt(zps, flat)
             off, group_starts = 0, []
             for zp in zps:
                 slots[zp.ds_id] = (gi, off)
@@ -219,7 +257,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
         return {
             **self._state_summary(),
             "groups": [
-                {"params": len(zps), "partition_numel": f.numel()}
+                {"params": len(zps), "partition_numel": sum(zp.shard_numel for zp in zps)}
                 for zps, f in zip(self.groups, self.flat16)
             ],
             "full_grads_left": sum(

@@ -131,15 +131,20 @@ class ZeroParam:
         self.shard = shard
         self._publish()
 
-    def shard_from_full(self, full: torch.Tensor) -> None:
-        """Writes this rank's slice of `full` (the whole parameter) into the shard, zero
-        padding past the end (DeepSpeed's stage-3 layout, reference §1.8)."""
+    def set_home_nvme(self) -> None:
+        """The shard now lives only in the swap store (stage3/param_swap.py)."""
+        self.shard = None
+        self._publish()
+
+    def shard_values(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of `full` (the whole parameter), zero padded past the end
+        (DeepSpeed's stage-3 layout, reference §1.8), as a new host-or-device tensor."""
         flat = full.reshape(-1)
         begin = self.rank * self.shard_numel
-        with torch.no_grad():
-            self.shard.zero_()
-            if self.shard_valid:
-                self.shard[: self.shard_valid].copy_(flat[begin : begin + self.shard_valid])
+        out = torch.zeros(self.shard_numel, dtype=self.dtype, device=full.device)
+        if self.shard_valid:
+            out[: self.shard_valid].copy_(flat[begin : begin + self.shard_valid])
+        return out
 
     # --- the DeepSpeed-visible attributes --------------------------------------------------------
     def _publish(self) -> None:
@@ -148,7 +153,7 @@ class ZeroParam:
         p.ds_id = self.ds_id
         p.ds_shape = self.shape
         p.ds_numel = self.numel
-        p.ds_tensor = self.shard
+        p.ds_tensor = self.shard if self.shard is not None else self._empty
         p.ds_persist = self.persist
         p.ds_status = _DS_STATUS[self.state]
         p.ds_process_group = self.group
@@ -162,7 +167,7 @@ class ZeroParam:
             "shape": tuple(self.shape),
             "persist": self.persist,
             "shard_numel": self.shard_numel,
-            "shard_device": str(self.shard.device),
+            "shard_device": str(self.shard.device) if self.shard is not None else "nvme",
             "users": self.users,
         }
 

@@ -62,6 +62,7 @@ class Partitioner:
         model_persistence_threshold: int = 2**63 - 1,
         world: Optional[int] = None,
         rank: Optional[int] = None,
+        swapper=None,
     ):
         self.group = group
         self.world = comm.get_world_size(group) if world is None else world
@@ -69,11 +70,9 @@ class Partitioner:
         self.device = device
         self.dtype = dtype
         self.offload_device = offload_param.device if offload_param is not None else "none"
-        if self.offload_device == "nvme":
-            raise NotImplementedError(
-                'zero_optimization.offload_param.device "nvme" is not implemented yet in this '
-                'build; use "cpu" or "none"'
-            )
+        if (self.offload_device == "nvme") != (swapper is not None):
+            raise RuntimeError("ZeRO-3: a param swapper comes with offload_param nvme only")
+        self.swapper = swapper  # stage3/param_swap.ParamSwapper with offload_param nvme
         self.pin_memory = bool(offload_param.pin_memory) if offload_param is not None else False
         self.persistence_threshold = persistence_threshold
         self.model_persistence_threshold = model_persistence_threshold
@@ -88,7 +87,17 @@ class Partitioner:
 
     # --- partitioning ----------------------------------------------------------------------------
     def shard_device(self) -> torch.device:
-        return torch.device("cpu") if self.offload_device == "cpu" else self.device
+        return torch.device("cpu") if self.offload_device != "none" else self.device
+
+    def write_shard(self, zp: ZeroParam, full: torch.Tensor) -> None:
+        """Makes this rank's slice of `full` (the whole param) its shard, wherever it lives."""
+        values = zp.shard_values(full)
+        with torch.no_grad():
+            if self.swapper is not None:
+                self.swapper.write(zp, values)
+            else:
+                zp.shard.copy_(values)
+        self.shard_modified(zp)
 
     def partition(self, params: Iterable[torch.nn.Parameter], broadcast: bool = True) -> None:
         """Makes each not yet partitioned param a ZeRO-3 param: moves it to the run's device
@@ -108,7 +117,8 @@ class Partitioner:
             shard_numel = math.ceil(data.numel() / self.world) if data.numel() else 0
             shard = self._empty_shard(shard_numel, data.dtype)
             zp = ZeroParam(p, next(_IDS), shard, self.world, self.rank, self.device, self.group)
-            zp.shard_from_full(data)
+            with torch.no_grad():
+                shard.copy_(zp.shard_values(data))
             zp.partitioner = self
             self.params[zp.ds_id] = zp
             if (
@@ -119,6 +129,8 @@ class Partitioner:
                 self.persisted_numel += zp.numel
                 zp.to_inflight().copy_(data.reshape(-1))
                 zp.to_gathered()
+            elif self.swapper is not None:
+                self.swapper.home(zp)
             del data
 
     def _empty_shard(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -166,10 +178,15 @@ class Partitioner:
         self.gathers += 1
         self.gathered_numel += sum(zp.numel for zp in zps)
         send = torch.empty(total, dtype=dtype, device=self.device)
-        off = 0
+        offsets, off = [], 0
         for zp in zps:
-            send[off : off + zp.shard_numel].copy_(zp.shard, non_blocking=True)
+            offsets.append(off)
             off += zp.shard_numel
+        if self.swapper is not None:
+            self.swapper.read_into(zps, send, offsets)
+        else:
+            for zp, off in zip(zps, offsets):
+                send[off : off + zp.shard_numel].copy_(zp.shard, non_blocking=True)
         if self.world == 1:
             out, handle = send, None
         else:
@@ -221,7 +238,11 @@ class Partitioner:
             listener(zp)
 
     def summary(self) -> dict:
-        shard_bytes = sum(zp.shard_numel * zp.shard.element_size() for zp in self.params.values())
+        shard_bytes = sum(
+            zp.shard_numel * zp.shard.element_size()
+            for zp in self.params.values()
+            if zp.shard is not None
+        )
         return {
             "params": len(self.params),
             "persistent": sum(1 for zp in self.params.values() if zp.persist),
@@ -236,4 +257,5 @@ class Partitioner:
             "shard_bytes": shard_bytes,
             "shard_device": str(self.shard_device()),
             "offload_param": self.offload_device,
+            **({"swap": self.swapper.stats()} if self.swapper is not None else {}),
         }

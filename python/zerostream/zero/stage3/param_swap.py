@@ -1,0 +1,202 @@
+"""offload_param "nvme": ZeRO-3 shards live in the swap store, one extent per parameter
+(`<nvme_path>/zerostream/rank<R>/params/`), and visit host memory only while they are read
+for a gather or written after an update.
+
+Host memory for those visits comes from one page-locked arena of `buffer_count` x
+`buffer_size` elements (ds_config offload_param). A shard larger than `buffer_size` does not
+fail as in DeepSpeed ("More elements ... than buffer size"): the arena is raised to hold the
+largest shard twice, with one log line naming the setting. When every buffer is busy a read
+waits for one to come back (the arena's backpressure), it never asserts. The first
+`max_in_cpu` elements of shards stay in host memory instead of going to disk.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional
+
+import torch
+
+from ...offload.io import HostArena, IoEngine, SwapStore, arena_bytes
+from .param import ZeroParam
+
+logger = logging.getLogger("zerostream")
+
+
+class ParamSwapper:
+    def __init__(self, offload_param, io_config, rank: int, verify_checksums: bool = False):
+        if not offload_param.nvme_path:
+            raise ValueError(
+                'zero_optimization.offload_param.nvme_path: required with "device": "nvme"; '
+                "give a directory on a fast local disk"
+            )
+        self.path = offload_param.nvme_path
+        self.buffer_count = max(1, offload_param.buffer_count)
+        self.buffer_size = max(1, offload_param.buffer_size)
+        self.max_in_cpu = offload_param.max_in_cpu
+        self.pin_memory = offload_param.pin_memory
+        try:
+            self.store = SwapStore(
+                IoEngine(io_config),
+                self.path,
+                rank=rank,
+                name="params",
+                verify_checksums=verify_checksums,
+            )
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"zero_optimization.offload_param.nvme_path: cannot keep parameter shards "
+                f"under {self.path!r}: {exc}",
+            ) from exc
+        self.arena: Optional[HostArena] = None
+        self.arena_bytes = 0
+        self.in_cpu_numel = 0
+        self.bytes_read = self.bytes_written = 0
+        self.reads = self.writes = 0
+
+    def _host(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A page-locked staging buffer; waits while the arena is full."""
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        need = 2 * arena_bytes(nbytes)
+        if self.arena is None or need > self.arena_bytes:
+            budget = max(need, self.buffer_count * arena_bytes(self.buffer_size * 2))
+            if self.arena is not None or numel > self.buffer_size:
+                logger.info(
+                    "zero_optimization.offload_param.buffer_size: a shard of %d elements "
+                    "exceeds %d; staging memory raised to %.1f MiB",
+                    numel,
+                    self.buffer_size,
+                    budget / 2**20,
+                )
+            self.arena = HostArena(budget, lock=self.pin_memory)
+            self.arena_bytes = budget
+        return self.arena.empty(numel, dtype)
+
+    # --- where a shard lives ---------------------------------------------------------------------
+    def home(self, zp: ZeroParam) -> None:
+        """Moves a freshly made shard to its home: host memory while max_in_cpu allows,
+        else the swap store (then `zp.shard` is None)."""
+        if self.in_cpu_numel + zp.shard_numel <= self.max_in_cpu:
+            self.in_cpu_numel += zp.shard_numel
+            return
+        self._write_extent(zp, zp.shard)
+        zp.set_home_nvme()
+
+    def write(self, zp: ZeroParam, values: torch.Tensor) -> None:
+        """Writes `values` (one shard) as `zp`'s shard, wherever that lives."""
+        if zp.shard is not None:
+            with torch.no_grad():
+                zp.shard.copy_(values)
+            return
+        self._write_extent(zp, values)
+
+    def _write_extent(self, zp: ZeroParam, values: torch.Tensor) -> None:
+        staged = values if self._is_staging(values) else self._staged_copy(values)
+        self.store.write(zp.ds_id, staged).wait()
+        self.bytes_written += staged.numel() * staged.element_size()
+        self.writes += 1
+
+    def _is_staging(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" and t.is_contiguous() and t.data_ptr() % 4096 == 0
+
+    def _staged_copy(self, values: torch.Tensor) -> torch.Tensor:
+        buf = self._host(values.numel(), values.dtype)
+        buf.copy_(values)
+        return buf
+
+    def read_into(self, zps: List[ZeroParam], send: torch.Tensor, offsets: List[int]) -> None:
+        """Copies each shard into `send[offset:offset+shard_numel]`: host ones directly,
+        swapped ones read into staging buffers as many at a time as the arena holds."""
+        pending = []
+        for zp, off in zip(zps, offsets):
+            if zp.shard is not None:
+                send[off : off + zp.shard_numel].copy_(zp.shard)
+                continue
+            buf = self._host(zp.shard_numel, zp.dtype)
+            pending.append((zp, off, buf, self.store.read(zp.ds_id, buf)))
+            self.reads += 1
+            self.bytes_read += buf.numel() * buf.element_size()
+            if len(pending) >= self.buffer_count:
+                self._land(pending, send)
+        self._land(pending, send)
+
+    @staticmethod
+    def _land(pending: list, send: torch.Tensor) -> None:
+        for zp, off, buf, ticket in pending:
+            ticket.wait()
+            send[off : off + zp.shard_numel].copy_(buf, non_blocking=True)
+        pending.clear()
+
+    def read(self, zp: ZeroParam) -> torch.Tensor:
+        """One shard as a host tensor (a copy of it for host-resident shards)."""
+        if zp.shard is not None:
+            return zp.shard.clone()
+        out = torch.empty(zp.shard_numel, dtype=zp.dtype)
+        self.read_into([zp], out, [0])
+        return out
+
+    def stats(self) -> dict:
+        return {
+            "directory": self.store.directory,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "reads": self.reads,
+            "writes": self.writes,
+            "in_cpu_numel": self.in_cpu_numel,
+            "staging_bytes": self.arena_bytes,
+        }
+
+    def extent_of(self, zp: ZeroParam):
+        return self.store.extent_of(zp.ds_id)
+
+
+class ShardSink:
+    """One param group's flat 16-bit partition when its shards live in the swap store: the
+    optimizer writes updated values through `staging(lo, hi)` + `commit(lo, hi)` (a piece
+    at a time, sub-group by sub-group) instead of into one host tensor."""
+
+    def __init__(self, zps: List[ZeroParam], swapper: ParamSwapper):
+        self.zps, self.swapper = zps, swapper
+        self.starts, off = [], 0
+        for zp in zps:
+            self.starts.append(off)
+            off += zp.shard_numel
+        self.numel = off
+        self.dtype = zps[0].dtype
+        self._stage: Optional[torch.Tensor] = None
+        self._partial: Dict[int, torch.Tensor] = {}
+        self._filled: Dict[int, int] = {}
+
+    def materialize(self) -> torch.Tensor:
+        """The whole partition read into a host tensor (setup and checkpoint loading)."""
+        out = torch.empty(self.numel, dtype=self.dtype)
+        self.swapper.read_into(self.zps, out, self.starts)
+        return out
+
+    def staging(self, lo: int, hi: int) -> torch.Tensor:
+        self._stage = torch.empty(hi - lo, dtype=self.dtype)
+        return self._stage
+
+    def commit(self, lo: int, hi: int) -> None:
+        """Writes every shard completed by the staged piece [lo, hi)."""
+        stage, self._stage = self._stage, None
+        for zp, start in zip(self.zps, self.starts):
+            end = start + zp.shard_numel
+            a, b = max(lo, start), min(hi, end)
+            if a >= b:
+                continue
+            if a == start and b == end:
+                self.swapper.write(zp, stage[a - lo : b - lo])
+                continue
+            part = self._partial.setdefault(zp.ds_id, torch.empty(zp.shard_numel, dtype=self.dtype))
+            part[a - start : b - start].copy_(stage[a - lo : b - lo])
+            self._filled[zp.ds_id] = self._filled.get(zp.ds_id, 0) + (b - a)
+            if self._filled[zp.ds_id] == zp.shard_numel:
+                self.swapper.write(zp, part)
+                del self._partial[zp.ds_id], self._filled[zp.ds_id]
+
+    def copy_(self, values: torch.Tensor) -> "ShardSink":
+        self.staging(0, self.numel).copy_(values)
+        self.commit(0, self.numel)
+        return self
