@@ -294,6 +294,68 @@ class ZeroEngine(torch.nn.Module):
     def get_global_grad_norm(self):
         return None if self.optimizer is None else self.optimizer.global_grad_norm
 
+    # --- whole weights and stage-3 housekeeping ---------------------------------------------
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""
+        from .zero.stage3.consolidate import consolidated_state_dict
+
+        return consolidated_state_dict(
+            self.module, exclude_frozen_parameters=exclude_frozen_parameters
+        )
+
+    def save_16bit_model(
+        self,
+        save_dir: str,
+        save_filename: str = "pytorch_model.bin",
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        """Rank 0 writes the module's weights to save_dir/save_filename. At stage 3 only
+        with zero_optimization.stage3_gather_16bit_weights_on_model_save (else returns False,
+        as DeepSpeed does); all ranks must call it."""
+        import os
+
+        zero = self._config.zero_optimization
+        if self.zero_optimization_stage() == 3:
+            if not zero.stage3_gather_16bit_weights_on_model_save:
+                logger.warning(
+                    "save_16bit_model: nothing written; at ZeRO stage 3 set "
+                    "zero_optimization.stage3_gather_16bit_weights_on_model_save to true "
+                    "to gather the weights into one file"
+                )
+                return False
+            state = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        else:
+            state = {
+                k: v
+                for k, v in self.module.state_dict().items()
+                if not exclude_frozen_parameters
+                or k not in {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            }
+        if self.global_rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            torch.save(state, os.path.join(save_dir, save_filename))
+        comm.barrier()
+        return True
+
+    save_fp16_model = save_16bit_model
+
+    def empty_partition_cache(self) -> None:
+        """Stage 3: releases every gathered parameter that is not persistent."""
+        from .zero.stage3.optimizer import runtime_of
+
+        runtime = runtime_of(self.module)
+        if runtime is not None:
+            runtime.part.release_all()
+
+    def destroy(self) -> None:
+        """Stage 3: removes the module hooks (parameters stay partitioned)."""
+        from .zero.stage3.optimizer import runtime_of
+
+        runtime = runtime_of(self.module)
+        if runtime is not None:
+            runtime.part.release_all()
+            runtime.detach()
+
     def get_batch_info(self):
         return (
             self.train_batch_size(),

@@ -260,3 +260,46 @@ def test_stage3_inference_needs_no_optimizer():
         assert loss == pytest.approx(float(plain(xs[0], ys[0])), rel=1e-6)
     assert optimizer is None
     assert any(s == 0 for s in sizes)  # big params released after the forward
+
+
+def save_worker(rank, world, out_dir):
+    import zerostream
+
+    results = {}
+    for gather in (True, False):
+        torch.manual_seed(0)
+        model = TinyGPT()
+        config = {
+            "train_micro_batch_size_per_gpu": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+            "zero_optimization": {
+                "stage": 3,
+                "stage3_param_persistence_threshold": 0,
+                "stage3_gather_16bit_weights_on_model_save": gather,
+            },
+        }
+        engine, _, _, _ = zerostream.initialize(model=model, config=config)
+        xs, ys = make_batches(1, 4)
+        loss = engine(xs[0][rank * 2 : rank * 2 + 2], ys[0][rank * 2 : rank * 2 + 2])
+        engine.backward(loss)
+        engine.step()
+        saved = engine.save_16bit_model(f"{out_dir}/{gather}")
+        engine.empty_partition_cache()
+        results[gather] = (saved, _gathered(engine.module))
+        engine.destroy()
+        results[f"{gather}-left"] = [p.numel() for p in engine.module.parameters()]
+    return results
+
+
+@pytest.mark.multirank
+def test_save_16bit_model_gathers_at_stage3_only_when_asked(tmp_path):
+    results = run_ranks(save_worker, 2, str(tmp_path), timeout=300)
+    saved, weights = results[0][True]
+    assert saved is True
+    state = torch.load(tmp_path / "True" / "pytorch_model.bin", weights_only=True)
+    assert "head.weight" in state and "tok.weight" in state  # tied: under both names
+    for name, w in weights.items():
+        assert torch.equal(state[name], w), name
+    assert results[1][True][0] is True  # every rank returns True, rank 0 wrote
+    assert results[0][False][0] is False and not (tmp_path / "False").exists()
+    assert all(n == 0 for n in results[0]["True-left"])

@@ -89,7 +89,7 @@ class Init(contextlib.ContextDecorator):
         swapper = None
         if offload is not None and offload.device == "nvme":
             from ...offload.io import io_config, io_config_for
-            from .param_swap import ParamSwapper
+            from ...offload.param_swap import ParamSwapper
 
             swapper = ParamSwapper(
                 offload,

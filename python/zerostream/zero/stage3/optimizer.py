@@ -17,12 +17,12 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ... import comm
+from ...offload.param_swap import ParamSwapper, ShardSink
 from ..protocol import StageContext
 from ..sharded import ShardedOptimizerBase
 from . import hooks
 from .coordinator import ParamCoordinator
 from .param import ShardState, ZeroParam, zero_param_of
-from .param_swap import ParamSwapper, ShardSink
 from .partitioner import Partitioner
 from .reduce import Stage3Reducer
 

@@ -132,7 +132,7 @@ class ZeroParam:
         self._publish()
 
     def set_home_nvme(self) -> None:
-        """The shard now lives only in the swap store (stage3/param_swap.py)."""
+        """The shard now lives only in the swap store (offload/param_swap.py)."""
         self.shard = None
         self._publish()
 

@@ -72,7 +72,7 @@ class Partitioner:
         self.offload_device = offload_param.device if offload_param is not None else "none"
         if (self.offload_device == "nvme") != (swapper is not None):
             raise RuntimeError("ZeRO-3: a param swapper comes with offload_param nvme only")
-        self.swapper = swapper  # stage3/param_swap.ParamSwapper with offload_param nvme
+        self.swapper = swapper  # offload/param_swap.ParamSwapper with offload_param nvme
         self.pin_memory = bool(offload_param.pin_memory) if offload_param is not None else False
         self.persistence_threshold = persistence_threshold
         self.model_persistence_threshold = model_persistence_threshold

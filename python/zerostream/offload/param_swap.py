@@ -17,8 +17,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ...offload.io import HostArena, IoEngine, SwapStore, arena_bytes
-from .param import ZeroParam
+from ..zero.stage3.param import ZeroParam
+from .io import HostArena, IoEngine, SwapStore, arena_bytes
 
 logger = logging.getLogger("zerostream")
 
