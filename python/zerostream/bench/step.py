@@ -2,7 +2,7 @@
 measured in the same run, each in its own process (bench/step_worker.py):
 
   zerostream   the config as given
-  no-offload   the same config without offload_optimizer (what the offload costs)
+  no-offload   the same config without offload_optimizer/offload_param (what offload costs)
   torch        plain PyTorch, fused AdamW, the model in the run's dtype
   deepspeed    DeepSpeed with the same config, where `import deepspeed` works
 
@@ -34,8 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}", type=int, help=f"override the size's {name}")
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per step (default 4)")
     p.add_argument("--config", help="a ds_config file (its batch keys are set from the flags)")
-    p.add_argument("--stage", type=int, choices=(0, 1, 2), default=2, help="without --config")
+    p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=2, help="without --config")
     p.add_argument("--offload-optimizer", choices=("none", "cpu", "nvme"), default="none")
+    p.add_argument(
+        "--offload-param", choices=("none", "cpu", "nvme"), default="none", help="stage 3 only"
+    )
     p.add_argument("--nvme-path", help="for nvme offload (default: a temporary directory)")
     p.add_argument(
         "--precision",
@@ -90,6 +93,13 @@ def _config(args, nvme_dir: str) -> dict:
                 if args.offload_optimizer == "nvme"
                 else None,
             }
+        if args.offload_param != "none":
+            if args.stage != 3:
+                raise SystemExit("bench step: --offload-param needs --stage 3")
+            cfg["zero_optimization"]["offload_param"] = {
+                "device": args.offload_param,
+                "nvme_path": (args.nvme_path or nvme_dir) if args.offload_param == "nvme" else None,
+            }
     for key in ("train_batch_size", "steps_per_print"):  # one rank; telemetry read directly
         cfg.pop(key, None)
     cfg["train_micro_batch_size_per_gpu"] = args.micro_batch
@@ -99,8 +109,8 @@ def _config(args, nvme_dir: str) -> dict:
 
 def _without_offload(cfg: dict) -> Optional[dict]:
     zero = dict(cfg.get("zero_optimization") or {})
-    offload = zero.pop("offload_optimizer", None)
-    if not offload or offload.get("device", "none") == "none":
+    removed = [zero.pop(k, None) for k in ("offload_optimizer", "offload_param")]
+    if not any(o and o.get("device", "none") != "none" for o in removed):
         return None
     return {**cfg, "zero_optimization": zero}
 

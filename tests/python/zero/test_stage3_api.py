@@ -150,6 +150,7 @@ class Branchy(nn.Module):
 def _config(**zero):
     return {
         "train_micro_batch_size_per_gpu": 4,
+        "gradient_clipping": 0.0,  # the plain-SGD references do not clip (DeepSpeed's is 1.0)
         "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, **zero},
     }
@@ -303,3 +304,90 @@ def test_save_16bit_model_gathers_at_stage3_only_when_asked(tmp_path):
     assert results[1][True][0] is True  # every rank returns True, rank 0 wrote
     assert results[0][False][0] is False and not (tmp_path / "False").exists()
     assert all(n == 0 for n in results[0]["True-left"])
+
+
+def frozen_worker(rank, world):
+    import zerostream
+
+    torch.manual_seed(0)
+    model = Branchy()
+    model.a.requires_grad_(False)  # a frozen base layer, as in LoRA fine-tuning
+    engine, optimizer, _, _ = zerostream.initialize(model=model, config=_config())
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(3):
+        loss = engine(torch.randn(4, 32, generator=gen))
+        engine.backward(loss)
+        engine.step()
+    left = [p.numel() for p in engine.module.parameters()]
+    state = optimizer.state_summary()["fp32_master_numel"]
+    return _gathered(engine.module), left, state
+
+
+@pytest.mark.multirank
+def test_frozen_params_are_partitioned_and_released_but_not_stepped():
+    results = run_ranks(frozen_worker, 2, timeout=120)
+    torch.manual_seed(0)
+    model = Branchy()
+    model.a.requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    gens = [torch.Generator().manual_seed(r) for r in range(2)]
+    for _ in range(3):
+        opt.zero_grad()
+        for g in gens:
+            (model(torch.randn(4, 32, generator=g)) / 2).backward()
+        opt.step()
+    for weights, left, state in results:
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(weights[name], p.detach(), rtol=1e-5, atol=1e-6)
+        assert left == [0] * len(left)  # frozen params released after backward too
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        assert state == trainable // 2  # each rank: half of the trainable elements only
+
+
+class HeadUsesChildWeight(nn.Module):
+    """The output head reads the embedding's weight by attribute in the parent's forward
+    (not registered as external): it must be fetched on access, as DeepSpeed does."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(64, 32)
+        self.mix = nn.Linear(32, 32)
+
+    def forward(self, idx):
+        x = torch.tanh(self.mix(self.tok(idx)))
+        logits = torch.nn.functional.linear(x, self.tok.weight)
+        return logits.logsumexp(-1).mean()
+
+
+def external_worker(rank, world):
+    import zerostream
+
+    torch.manual_seed(0)
+    engine, optimizer, _, _ = zerostream.initialize(model=HeadUsesChildWeight(), config=_config())
+    idx = torch.arange(8).view(2, 4) + rank
+    losses = []
+    for _ in range(3):
+        loss = engine(idx)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    external = list(engine.module.__dict__.get("_zs_external_params", {}).values())
+    return losses, _gathered(engine.module), len(external), optimizer.state_summary()["trace"]
+
+
+@pytest.mark.multirank
+def test_a_child_weight_read_in_the_parent_forward_is_fetched_and_registered():
+    results = run_ranks(external_worker, 2, timeout=120)
+    torch.manual_seed(0)
+    model = HeadUsesChildWeight()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        for r in range(2):
+            (model(torch.arange(8).view(2, 4) + r) / 2).backward()
+        opt.step()
+    for _, weights, external, trace in results:
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(weights[name], p.detach(), rtol=1e-5, atol=1e-6)
+        assert external == 1  # tok.weight became an external param of the root
+        assert trace["invalidations"] <= 1, trace  # the first replay sees it once

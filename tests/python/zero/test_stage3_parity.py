@@ -37,16 +37,23 @@ CASES = [
     ("fp32", "nvme", "none", "plain"),
     ("bf16", "nvme", "cpu", "plain"),
     ("fp32", "nvme", "cpu", "checkpoint_reentrant"),
+    ("fp32", "none", "none", "plain_gas4"),
+    ("bf16", "cpu", "nvme", "plain_gas4"),
 ]
 MODELS = {
     "plain": {},
     "reuse": {"reuse": True},
     "checkpoint_reentrant": {"checkpoint": "reentrant"},
     "checkpoint_non_reentrant": {"checkpoint": "non_reentrant"},
+    "plain_gas4": {},  # gradient accumulation over 4 micro-steps
 }
 
 
-def stage3_config(micro, dtype, offload_param, offload_opt, nvme):
+def accumulation(model_name: str) -> int:
+    return 4 if model_name.endswith("_gas4") else 1
+
+
+def stage3_config(micro, dtype, offload_param, offload_opt, nvme, gas=1):
     zero = {
         "stage": 3,
         "reduce_bucket_size": 3000,
@@ -75,7 +82,7 @@ def stage3_config(micro, dtype, offload_param, offload_opt, nvme):
         }
     return {
         "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": gas,
         "gradient_clipping": CLIP,
         "optimizer": {
             "type": "AdamW",
@@ -144,23 +151,28 @@ def stage3_worker(rank, world, cases, nvme_root):
         dtype, offload_param, offload_opt, model_name = case
         torch.manual_seed(0)
         model = TinyGPT(**MODELS[model_name])
-        micro = GLOBAL_BATCH // world
+        gas = accumulation(model_name)
+        micro = GLOBAL_BATCH // (world * gas)
         nvme = f"{nvme_root}/{'-'.join(case)}"
-        config = stage3_config(micro, dtype, offload_param, offload_opt, nvme)
+        config = stage3_config(micro, dtype, offload_param, offload_opt, nvme, gas)
         engine, optimizer, _, _ = zerostream.initialize(model=model, config=config)
         largest_module = max(
             sum(p.ds_numel for p in m.parameters(recurse=False)) for m in model.modules()
         )
         losses, norms, wrong = [], [], []
         for s in range(STEPS):
-            lo = rank * micro
-            loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
-            engine.backward(loss)
-            engine.step()
-            wrong += [f"step {s}: {w}" for w in mechanism_after_step(engine, optimizer, world)]
-            total = loss.detach().float()
+            total = torch.zeros(())
+            for m in range(gas):
+                lo = (m * world + rank) * micro  # this rank's slice of micro-step m
+                loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
+                engine.backward(loss)
+                engine.step()
+                total += loss.detach().float()
+                wrong += [
+                    f"step {s}.{m}: {w}" for w in mechanism_after_step(engine, optimizer, world)
+                ]
             dist.all_reduce(total)
-            losses.append(float(total) / world)
+            losses.append(float(total) / (world * gas))
             norms.append(float(engine.get_global_grad_norm()))
         summary = optimizer.state_summary()
         mech = {

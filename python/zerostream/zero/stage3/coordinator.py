@@ -250,6 +250,22 @@ class ParamCoordinator:
             zp.users -= 1
         return planned, zps
 
+    def access(self, param: torch.nn.Parameter) -> None:
+        """A param was read by attribute while a forward runs: if it is not gathered, the
+        running module uses a param it does not own. It is gathered now, held until that
+        module's forward ends, and registered as the module's external parameter."""
+        zp = zero_param_of(param)
+        if zp is None or zp.state is ShardState.GATHERED:
+            return
+        from .. import register_external_parameter
+
+        module, planned, zps = self.frames[-1]
+        register_external_parameter(module, param)
+        zp.modules += 1
+        self.part.gather([zp])
+        zp.users += 1
+        self.frames[-1] = (module, planned, zps + [zp])
+
     # --- backward --------------------------------------------------------------------------------
     def pre_backward(self, module: torch.nn.Module) -> None:
         """The gradient of one of `module`'s outputs exists: its backward runs next."""

@@ -1,6 +1,11 @@
 """Module hooks of stage 3: thin functions that call one named coordinator method each
 (coordinator.py). Forward pre/post hooks gather and release around a module's forward; a
-hook on the gradient of the module's outputs gathers its params before its backward runs."""
+hook on the gradient of the module's outputs gathers its params before its backward runs.
+
+A module's `_parameters` dict is replaced by one that notices a partitioned parameter read
+while some module's forward runs (`self.tok.weight` used by a parent's output head): the
+coordinator gathers it and registers it as an external parameter of the running module, so
+later steps gather it with that module (DeepSpeed's ZeROOrderedDict does the same)."""
 
 from __future__ import annotations
 
@@ -53,6 +58,20 @@ def _tensors(value) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
+class _WatchedParams(dict):
+    """A module's `_parameters`: reading a partitioned param during a forward fetches it."""
+
+    def __init__(self, params, coord: ParamCoordinator):
+        super().__init__(params)
+        self.coord = coord
+
+    def __getitem__(self, key):
+        p = super().__getitem__(key)
+        if p is not None and self.coord.frames:
+            self.coord.access(p)
+        return p
+
+
 def install(modules, coord: ParamCoordinator) -> List:
     """Hooks every module in `modules` to `coord`; returns the handles (removed by
     `remove`). Counts, for each param, the modules that use it (tied weights: two)."""
@@ -60,6 +79,7 @@ def install(modules, coord: ParamCoordinator) -> List:
     for m in modules:
         for zp in module_params(m):
             zp.modules += 1
+        m.__dict__["_parameters"] = _WatchedParams(m._parameters, coord)
         handles.append(m.register_forward_pre_hook(functools.partial(_pre_forward, coord)))
         handles.append(m.register_forward_hook(functools.partial(_post_forward, coord)))
     return handles
@@ -69,5 +89,7 @@ def remove(modules, handles: List) -> None:
     for h in handles:
         h.remove()
     for m in modules:
+        if isinstance(m._parameters, _WatchedParams):
+            m.__dict__["_parameters"] = dict(m._parameters)
         for zp in module_params(m):
             zp.modules = 0
