@@ -13,10 +13,12 @@ waits for one to come back (the arena's backpressure), it never asserts. The fir
 from __future__ import annotations
 
 import logging
+import time
 from typing import Dict, List, Optional
 
 import torch
 
+from ..telemetry import NULL_TELEMETRY
 from ..zero.stage3.param import ZeroParam
 from .io import HostArena, IoEngine, SwapStore, arena_bytes
 
@@ -54,6 +56,7 @@ class ParamSwapper:
         self.in_cpu_numel = 0
         self.bytes_read = self.bytes_written = 0
         self.reads = self.writes = 0
+        self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
 
     def _host(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A page-locked staging buffer; waits while the arena is full."""
@@ -93,8 +96,11 @@ class ParamSwapper:
 
     def _write_extent(self, zp: ZeroParam, values: torch.Tensor) -> None:
         staged = values if self._is_staging(values) else self._staged_copy(values)
+        start = time.perf_counter()
         self.store.write(zp.ds_id, staged).wait()
-        self.bytes_written += staged.numel() * staged.element_size()
+        nbytes = staged.numel() * staged.element_size()
+        self.telemetry.moved("param_nvme_write", nbytes, time.perf_counter() - start)
+        self.bytes_written += nbytes
         self.writes += 1
 
     def _is_staging(self, t: torch.Tensor) -> bool:
@@ -109,6 +115,7 @@ class ParamSwapper:
         """Copies each shard into `send[offset:offset+shard_numel]`: host ones directly,
         swapped ones read into staging buffers as many at a time as the arena holds."""
         pending = []
+        start, before = time.perf_counter(), self.bytes_read
         for zp, off in zip(zps, offsets):
             if zp.shard is not None:
                 send[off : off + zp.shard_numel].copy_(zp.shard)
@@ -120,6 +127,10 @@ class ParamSwapper:
             if len(pending) >= self.buffer_count:
                 self._land(pending, send)
         self._land(pending, send)
+        if self.bytes_read > before:
+            self.telemetry.moved(
+                "param_nvme_read", self.bytes_read - before, time.perf_counter() - start
+            )
 
     @staticmethod
     def _land(pending: list, send: torch.Tensor) -> None:

@@ -166,6 +166,8 @@ class Stage3Optimizer(ShardedOptimizerBase):
             for zp in zps
         ]
         self.part.shard_listeners.append(self._on_shard_modified)
+        if self.part.swapper is not None:
+            self.part.swapper.telemetry = ctx.telemetry
 
     @staticmethod
     def _zero_param(p: torch.nn.Parameter) -> ZeroParam:
