@@ -59,7 +59,7 @@ class SwappedAdam:
 
     def __init__(
         self,
-        masters: List[torch.Tensor],
+        sources: List[torch.Tensor],
         groups: List[dict],
         param_starts: List[List[int]],
         *,
@@ -77,16 +77,17 @@ class SwappedAdam:
         self.hyper = _HyperParams(
             groups, optimizer.kwargs("lr", "betas", "eps", "weight_decay", "bias_correction")
         )
-        self.steps = [0] * len(masters)
-        self.numels = [m.numel() for m in masters]
+        self.steps = [0] * len(sources)
+        self.numels = [s.numel if hasattr(s, "read_range") else s.numel() for s in sources]
+        self.sets = max(2, offload.buffer_count // 3)
+        sub_group_size = self._fit_sub_group_size(zero.sub_group_size, self.sets)
         self.sub_groups = [
             SubGroup(g, lo, hi, i)
             for i, (g, lo, hi) in enumerate(
-                _C.plan_sub_groups(self.numels, param_starts, zero.sub_group_size)
+                _C.plan_sub_groups(self.numels, param_starts, sub_group_size)
             )
         ]
         width = max(s.hi - s.lo for s in self.sub_groups)
-        self.sets = max(2, offload.buffer_count // 3)
         self.arena = HostArena(self.sets * 3 * arena_bytes(width * 4), lock=offload.pin_memory)
         self.buffers = [
             [self.arena.empty(width, torch.float32) for _ in _KINDS] for _ in range(self.sets)
@@ -109,9 +110,34 @@ class SwappedAdam:
         self.bytes_read = self.bytes_written = 0
         self.wait_seconds = 0.0
         self._say_if_dram_would_do(sum(self.numels) * 12)
-        self._write_initial_state(masters)
+        self._write_initial_state(sources)
 
     # --- setup -----------------------------------------------------------------------------------
+    def _fit_sub_group_size(self, sub_group_size: int, sets: int) -> int:
+        """sub_group_size, lowered (one log line) when its staging buffers (sets x 3 fp32
+        tensors of a sub-group) would take more than a quarter of the free host memory:
+        Adam is elementwise, so where the sub-groups are cut changes no result."""
+        try:
+            import psutil
+
+            free = psutil.virtual_memory().available
+        except ImportError:
+            return sub_group_size
+        fits = max(1 << 20, free // 4 // (sets * 3 * 4))
+        largest = max(self.numels, default=0) if sub_group_size == 0 else sub_group_size
+        if largest <= fits:
+            return sub_group_size
+        logger.warning(
+            "zero_optimization.sub_group_size: %d elements need %.1f GiB of staging buffers "
+            "with offload_optimizer nvme; free host memory is %.1f GiB, so sub-groups of %d "
+            "elements are used",
+            largest,
+            sets * 12 * largest / 2**30,
+            free / 2**30,
+            fits,
+        )
+        return fits
+
     @staticmethod
     def _say_if_dram_would_do(state_bytes: int) -> None:
         try:
@@ -129,13 +155,18 @@ class SwappedAdam:
                 free / 2**30,
             )
 
-    def _write_initial_state(self, masters: List[torch.Tensor]) -> None:
+    def _write_initial_state(self, sources: List[torch.Tensor]) -> None:
+        """fp32 params (from the 16-bit partitions `sources`) and zero moments, one sub-group
+        at a time; a source may be a stage-3 ShardSink whose shards live on NVMe."""
         p, m, v = self.buffers[0]
         m.zero_()
         v.zero_()
         for s in self.sub_groups:
             n = s.hi - s.lo
-            p[:n].copy_(masters[s.group][s.lo : s.hi])
+            src = sources[s.group]
+            p[:n].copy_(
+                src.read_range(s.lo, s.hi) if hasattr(src, "read_range") else src[s.lo : s.hi]
+            )
             tickets = [
                 self.store.write(3 * s.index + k, buf[:n]) for k, buf in enumerate((p, m, v))
             ]

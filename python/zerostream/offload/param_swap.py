@@ -185,6 +185,15 @@ class ShardSink:
         self.swapper.read_into(self.zps, out, self.starts)
         return out
 
+    def read_range(self, lo: int, hi: int) -> torch.Tensor:
+        """Elements [lo, hi) of the partition, reading only the shards they touch."""
+        out = torch.empty(hi - lo, dtype=self.dtype)
+        for zp, start in zip(self.zps, self.starts):
+            a, b = max(lo, start), min(hi, start + zp.shard_numel)
+            if a < b:
+                out[a - lo : b - lo].copy_(self.swapper.read(zp)[a - start : b - start])
+        return out
+
     def staging(self, lo: int, hi: int) -> torch.Tensor:
         self._stage = torch.empty(hi - lo, dtype=self.dtype)
         return self._stage

@@ -12,6 +12,14 @@ from .. import comm
 from ..precision import unscale_and_clip_coef
 from .protocol import StageContext
 
+_NORM_CHUNK = 1 << 24  # elements squared at once: bounds the temporary of a huge partition
+
+
+def _squared_sum(g: torch.Tensor) -> torch.Tensor:
+    if g.numel() <= _NORM_CHUNK:
+        return g.float().pow(2).sum()
+    return torch.stack([c.float().pow(2).sum() for c in g.split(_NORM_CHUNK)]).sum()
+
 
 class ZeroOptimizerBase:
     """Wraps the inner torch optimizer (`self.optimizer`) the way DeepSpeed's ZeRO optimizers do:
@@ -97,7 +105,7 @@ class ZeroOptimizerBase:
         partition; inf or nan anywhere makes it non-finite, so one scalar tells both."""
         grads = [g for g in grads if g is not None and g.numel() > 0]
         if grads:
-            total = torch.stack([g.float().pow(2).sum() for g in grads]).sum()
+            total = torch.stack([_squared_sum(g) for g in grads]).sum()
         else:
             total = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         if partitioned and self.ctx.world > 1:

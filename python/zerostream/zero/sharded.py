@@ -22,6 +22,10 @@ from .base import ZeroOptimizerBase
 from .protocol import StageContext
 
 
+def _numel(partition) -> int:
+    return partition.numel if hasattr(partition, "materialize") else partition.numel()
+
+
 def _values(partition):
     """A local partition as a tensor (a stage-3 ShardSink, whose shards live in the param
     swap store, is read in)."""
@@ -42,17 +46,19 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         make_swapped: Optional[Callable],
     ) -> None:
         """`make_optimizer(groups)` builds the inner optimizer over the fp32 partitions; with
-        offload_optimizer nvme the factory passes `make_swapped(masters, options,
-        param_starts)` instead, which moves the fp32 state into the swap store."""
+        offload_optimizer nvme the factory passes `make_swapped(sources, options,
+        param_starts)` instead, which builds the fp32 state in the swap store sub-group by
+        sub-group from the 16-bit partitions (no whole fp32 copy is ever in memory)."""
         zero = ctx.config.zero_optimization
         self.offload_device = zero.offload_optimizer_device
-        self.masters, self.grads = self._allocate(partitions, zero.offload_optimizer)
         self.swapper = None
         if make_swapped is not None:
-            # offload_optimizer nvme: the fp32 state lives in the swap store from now on.
-            self.swapper = make_swapped(self.masters, options, param_starts)
+            # offload_optimizer nvme: the fp32 state lives in the swap store from the start.
+            self.grads = self._allocate_grads([_numel(p) for p in partitions], zero)
+            self.swapper = make_swapped(partitions, options, param_starts)
             self.masters, inner = [], self.swapper.hyper
         else:
+            self.masters, self.grads = self._allocate(partitions, zero.offload_optimizer)
             inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])
             for m, gr in zip(self.masters, self.grads):
                 m.grad = gr
@@ -78,6 +84,19 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             masters.append(m)
             grads.append(g)
         return masters, grads
+
+    def _allocate_grads(self, sizes: List[int], zero) -> List[torch.Tensor]:
+        """fp32 gradient partitions in the host arena (offload_optimizer nvme)."""
+        from ..offload.io import HostArena, arena_bytes
+
+        pin = zero.offload_optimizer.pin_memory
+        self.arena = HostArena(sum(arena_bytes(4 * n) for n in sizes), lock=pin)
+        grads = []
+        for n in sizes:
+            g = self.arena.empty(n, torch.float32)
+            g.zero_()
+            grads.append(g)
+        return grads
 
     def local_partitions(self) -> List[torch.Tensor]:
         """This rank's 16-bit partition of each group (written after every update)."""

@@ -1,0 +1,41 @@
+"""offload_optimizer nvme sizes its staging from free host memory: sub-groups whose buffers
+(sets x 3 fp32 tensors) would take more than a quarter of it are cut smaller, with one
+warning naming zero_optimization.sub_group_size; results do not depend on the cut (Adam is
+elementwise), so nothing else changes."""
+
+import logging
+import types
+
+import pytest
+
+from zerostream.offload.optimizer_swap import SwappedAdam
+
+
+def _fit(monkeypatch, free_bytes, numels, sub_group_size, sets=2):
+    import psutil
+
+    monkeypatch.setattr(
+        psutil, "virtual_memory", lambda: types.SimpleNamespace(available=free_bytes)
+    )
+    fake = types.SimpleNamespace(numels=numels)
+    return SwappedAdam._fit_sub_group_size(fake, sub_group_size, sets)
+
+
+def test_a_sub_group_that_fits_is_kept(monkeypatch):
+    assert _fit(monkeypatch, 64 << 30, [10**9], 10**8) == 10**8
+    assert _fit(monkeypatch, 64 << 30, [10**6], 0) == 0  # one per param, small params
+
+
+def test_a_sub_group_too_big_for_free_memory_is_cut_with_one_warning(monkeypatch, caplog):
+    free = 24 << 30
+    with caplog.at_level(logging.WARNING, logger="zerostream"):
+        size = _fit(monkeypatch, free, [3 * 10**9], 10**9)
+    assert size == free // 4 // (2 * 3 * 4)  # a quarter of free memory for 2 sets x 3 fp32
+    assert 2 * 3 * 4 * size <= free // 4
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "zero_optimization.sub_group_size" in said[0]
+
+
+@pytest.mark.parametrize("sub_group_size", [0, 10**9])
+def test_one_huge_parameter_is_cut_too(monkeypatch, sub_group_size):
+    assert _fit(monkeypatch, 8 << 30, [2 * 10**9], sub_group_size) < 2 * 10**9
