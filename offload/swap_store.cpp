@@ -94,6 +94,11 @@ SwapStore::~SwapStore() {
   }
   drain(all);
   for (const auto& f : files_) engine_.unregister_file(f);
+  // The files are scratch (see swap_store.h): when the store goes, so does its disk space.
+  const int n = static_cast<int>(files_.size());
+  files_.clear();
+  for (int k = 0; k < n; ++k) ::unlink(file_path(k).c_str());
+  ::rmdir(dir_.c_str());  // only if empty: another store of this rank may share nothing else
 }
 
 std::string SwapStore::file_path(int file) const {

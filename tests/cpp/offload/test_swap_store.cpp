@@ -1,5 +1,7 @@
 // The swap store against a reference map of id -> bytes: round trips, extent reuse,
 // layout on disk, checksums catching corruption, and the extent allocator's invariants.
+#include <sys/stat.h>
+
 #include <cstring>
 #include <map>
 #include <random>
@@ -37,6 +39,21 @@ class offload_SwapStore : public ::testing::TestWithParam<IoBackend> {
   ScratchDir dir_;
   std::unique_ptr<IoEngine> engine_;
 };
+
+TEST_P(offload_SwapStore, DeletesItsScratchFilesWhenDestroyed) {
+  std::string dir;
+  {
+    SwapStore store(config(), *engine_);
+    dir = store.directory();
+    const std::vector<unsigned char> bytes = testing::random_bytes(100000, 1);
+    store.write(7, bytes.data(), static_cast<int64_t>(bytes.size())).wait();
+    struct stat st {};
+    ASSERT_EQ(::stat((dir + "/swap_00.bin").c_str(), &st), 0);
+  }
+  struct stat st {};
+  EXPECT_NE(::stat((dir + "/swap_00.bin").c_str(), &st), 0);
+  EXPECT_NE(::stat(dir.c_str(), &st), 0) << "the store's directory is left behind";
+}
 
 TEST_P(offload_SwapStore, RoundTripsManyTensorsAndReusesFreedExtents) {
   SwapStore store(config(), *engine_);

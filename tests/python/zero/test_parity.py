@@ -11,6 +11,8 @@ The mechanism is checked too: stage 1/2 keep 1/N of the optimizer state per rank
 leaves a full gradient on a parameter.
 """
 
+import shutil
+
 import pytest
 import torch
 from tiny_gpt import TinyGPT, make_batches
@@ -148,6 +150,7 @@ def zerostream_worker(rank, world, cases, nvme_root):
             mechanism["nvme_read"] = swap["bytes_read"]
         params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
         out[(stage, dtype, gas, offload)] = (losses, norms, params, mechanism)
+        shutil.rmtree(nvme, ignore_errors=True)  # swap files are scratch; keep /tmp small
     return out if rank == 0 else None
 
 

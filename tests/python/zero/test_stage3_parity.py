@@ -13,6 +13,7 @@ module's parameters (the runtime's own accounting).
 """
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -201,6 +202,7 @@ def stage3_worker(rank, world, cases, nvme_root):
             p.ds_persist or p.numel() == 0 for p in engine.module.parameters()
         )
         out[case] = (losses, norms, params, mech)
+        shutil.rmtree(nvme, ignore_errors=True)  # swap files are scratch; keep /tmp small
     return out if rank == 0 else None
 
 
