@@ -9,7 +9,7 @@ import sys
 
 from . import __version__
 
-_BENCHES = ("io", "optim", "step")
+_BENCHES = ("io", "optim", "step", "capacity")
 
 
 def _config_check(args) -> int:

@@ -47,6 +47,7 @@ class Block(torch.nn.Module):
         self.ln2 = torch.nn.LayerNorm(s.hidden)
         self.up = torch.nn.Linear(s.hidden, 4 * s.hidden)
         self.down = torch.nn.Linear(4 * s.hidden, s.hidden)
+        self.proj.residual_out = self.down.residual_out = True  # GPT-2's scaled init
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
@@ -68,16 +69,17 @@ class GPT(torch.nn.Module):
         self.pos = torch.nn.Embedding(s.seq, s.hidden)
         self.blocks = torch.nn.ModuleList(Block(s) for _ in range(s.layers))
         self.ln = torch.nn.LayerNorm(s.hidden)
-        for name, p in self.named_parameters():  # GPT-2's initialisation
-            if p.dim() == 2:
-                std = (
-                    0.02 / math.sqrt(2 * s.layers)
-                    if name.endswith(("proj.weight", "down.weight"))
-                    else 0.02
-                )
-                torch.nn.init.normal_(p, std=std)
-            elif name.endswith("bias"):
-                torch.nn.init.zeros_(p)
+        # GPT-2's initialisation, module by module through apply(), which zero.Init wraps
+        # to gather each module's params around it: the same weights with or without it.
+        self.apply(self._init_module)
+
+    def _init_module(self, m: torch.nn.Module) -> None:
+        if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+            scaled = getattr(m, "residual_out", False)
+            std = 0.02 / math.sqrt(2 * self.shape.layers) if scaled else 0.02
+            torch.nn.init.normal_(m.weight, std=std)
+        if isinstance(m, torch.nn.Linear) and m.bias is not None:
+            torch.nn.init.zeros_(m.bias)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(tokens.shape[1], device=tokens.device)

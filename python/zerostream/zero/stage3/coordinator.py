@@ -97,6 +97,7 @@ class ParamCoordinator:
         self.frames: List[Tuple[torch.nn.Module, Optional[PlannedEvent], List[ZeroParam]]] = []
         self.backward_open = False
         self.invalidations = 0
+        self.externals_found = False  # a forward read another module's param (access())
         self.prefetched_numel = 0
         self.forward_peak_live = 0
 
@@ -171,6 +172,11 @@ class ParamCoordinator:
     def _invalidate(self, trace: Trace, why: str) -> None:
         self.invalidations += 1
         level = logging.WARNING if self.invalidations == 1 else logging.DEBUG
+        if self.externals_found:
+            # Expected once: the recording did not know the external params yet.
+            self.externals_found = False
+            why = "modules were found using other modules' parameters (now external params)"
+            level = logging.INFO
         logger.log(level, "ZeRO-3: %s; the module trace is recorded again on the next step", why)
         trace.mode = TraceMode.INVALID
 
@@ -261,6 +267,7 @@ class ParamCoordinator:
 
         module, planned, zps = self.frames[-1]
         register_external_parameter(module, param)
+        self.externals_found = True
         zp.modules += 1
         self.part.gather([zp])
         zp.users += 1
