@@ -44,7 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _rss_gib() -> float:
+    """Peak RSS of this process so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def _rss_now_gib() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**30
 
 
 def _config(args, nvme: str) -> dict:
@@ -114,9 +121,10 @@ def measure(args) -> dict:
         with zerostream.zero.Init(config_dict_or_path=cfg, dtype=torch.float32):
             model = GPT(shape)
         built = time.perf_counter() - start
-        rss_built = _rss_gib()
+        rss_built = (_rss_gib(), _rss_now_gib())
         engine, optimizer, _, _ = zerostream.initialize(model=model, config=cfg)
         ready = time.perf_counter() - start - built
+        rss_ready = _rss_now_gib()
         data = batches(shape, args.micro_batch, engine.device)
         tel = engine.telemetry
         step_times, losses = [], []
@@ -154,7 +162,12 @@ def measure(args) -> dict:
             "states_over_ram": round(states / ram, 2),
             "host_budget_gib": round(budget / 2**30, 2),
             "peak_rss_gib": round(peak, 2),
-            "rss_after_build_gib": round(rss_built, 2),
+            "rss_after_build_gib": {
+                "peak": round(rss_built[0], 2),
+                "now": round(rss_built[1], 2),
+            },
+            "rss_after_initialize_gib": round(rss_ready, 2),
+            "rss_after_steps_gib": round(_rss_now_gib(), 2),
             "build_seconds": round(built, 1),
             "initialize_seconds": round(ready, 1),
             "step_seconds": [round(t, 2) for t in step_times],
@@ -196,8 +209,9 @@ def run(args) -> int:
         f"machine's RAM ({res['ram_gib']} GiB)"
     )
     print(
-        f"built under zero.Init in {res['build_seconds']} s (RSS {res['rss_after_build_gib']} "
-        f"GiB), initialize {res['initialize_seconds']} s, "
+        f"built under zero.Init in {res['build_seconds']} s (RSS GiB {res['rss_after_build_gib']}"
+        f"), initialize {res['initialize_seconds']} s (RSS {res['rss_after_initialize_gib']} "
+        f"GiB), "
         f"swap files {res['swap_directory_gib']} GiB"
     )
     print(f"step seconds: {res['step_seconds']}  losses: {[round(x, 4) for x in res['losses']]}")

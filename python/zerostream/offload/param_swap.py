@@ -77,14 +77,15 @@ class ParamSwapper:
         return self.arena.empty(numel, dtype)
 
     # --- where a shard lives ---------------------------------------------------------------------
-    def home(self, zp: ZeroParam) -> None:
-        """Moves a freshly made shard to its home: host memory while max_in_cpu allows,
-        else the swap store (then `zp.shard` is None)."""
+    def home(self, zp: ZeroParam, values: torch.Tensor) -> bool:
+        """Where a new shard (`values`) lives: host memory while max_in_cpu allows (returns
+        False: the caller keeps it), else the swap store (written now; `zp.shard` None)."""
         if self.in_cpu_numel + zp.shard_numel <= self.max_in_cpu:
             self.in_cpu_numel += zp.shard_numel
-            return
-        self._write_extent(zp, zp.shard)
+            return False
+        self._write_extent(zp, values)
         zp.set_home_nvme()
+        return True
 
     def write(self, zp: ZeroParam, values: torch.Tensor) -> None:
         """Writes `values` (one shard) as `zp`'s shard, wherever that lives."""

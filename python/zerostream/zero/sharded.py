@@ -103,6 +103,18 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         raise NotImplementedError
 
     # --- the update ------------------------------------------------------------------------------
+    def _average_and_update(self) -> bool:
+        """Averages the reduced gradient partitions over ranks, reads the global norm (the
+        step's one host read) and, unless it overflowed, updates the partitions with the
+        unscale/clip factor. Returns whether the update was applied."""
+        if self.world > 1:
+            for g in self.grads:
+                g.div_(self.world)
+        factor = self._grad_factor(self._norm_and_overflow(self.grads, partitioned=True))
+        if factor is not None:
+            self._update(factor)
+        return factor is not None
+
     def _update(self, factor: float) -> None:
         """Steps this rank's partitions and writes them into the 16-bit partitions."""
         partitions = self.local_partitions()

@@ -77,15 +77,11 @@ class PartitionedOptimizer(ShardedOptimizerBase):
         updated params. Returns False (and skips) on overflow."""
         with self.telemetry.phase("reduce"):
             self.reducer.at_boundary()
-        if self.world > 1:
-            for g in self.grads:
-                g.div_(self.world)
-        factor = self._grad_factor(self._norm_and_overflow(self.grads, partitioned=True))
-        if factor is not None:
-            self._update(factor)
+        applied = self._average_and_update()
+        if applied:
             self._publish()
         self.zero_grad()
-        return factor is not None
+        return applied
 
     def _publish(self) -> None:
         """Every rank's copy of every group from the updated partitions."""

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ... import _C, comm
-from .param import ShardState, ZeroParam, zero_param_of
+from .param import ShardState, ZeroParam, unique_zero_params, zero_param_of
 from .partitioner import Partitioner
 
 logger = logging.getLogger("zerostream")
@@ -41,14 +41,8 @@ def in_backward() -> bool:
 def module_params(module: torch.nn.Module) -> List[ZeroParam]:
     """The ZeRO-3 params a module's forward uses: its own (not its children's) and the
     external ones registered with zero.register_external_parameter."""
-    out, seen = [], set()
     external = module.__dict__.get("_zs_external_params", {}).values()
-    for p in list(module._parameters.values()) + list(external):
-        zp = zero_param_of(p)
-        if zp is not None and zp.ds_id not in seen:
-            seen.add(zp.ds_id)
-            out.append(zp)
-    return out
+    return unique_zero_params(list(module._parameters.values()) + list(external))
 
 
 class TraceMode(enum.Enum):

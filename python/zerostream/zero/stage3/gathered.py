@@ -9,7 +9,7 @@ from typing import Dict, List
 import torch
 
 from ... import comm
-from .param import ShardState, ZeroParam, zero_param_of
+from .param import ShardState, ZeroParam, unique_zero_params
 from .partitioner import Partitioner
 
 
@@ -18,13 +18,7 @@ def _zero_params(params) -> List[ZeroParam]:
         return []
     if isinstance(params, torch.Tensor):
         params = [params]
-    out, seen = [], set()
-    for p in params:
-        zp = zero_param_of(p)
-        if zp is not None and zp.ds_id not in seen:
-            seen.add(zp.ds_id)
-            out.append(zp)
-    return out
+    return unique_zero_params(params)
 
 
 class GatheredParameters(contextlib.ContextDecorator):

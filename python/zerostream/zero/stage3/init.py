@@ -28,6 +28,17 @@ from .gathered import GatheredParameters
 from .partitioner import Partitioner
 
 
+def _return_freed_host_memory() -> None:
+    """Construction allocated and freed one full tensor per module; glibc keeps freed heap
+    pages mapped (the process's RSS stays up by up to the model's size) until trimmed."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
 def _all_subclasses(cls) -> List[type]:
     out, todo = [], [cls]
     while todo:
@@ -207,4 +218,5 @@ class Init(contextlib.ContextDecorator):
             else:
                 setattr(cls, name, original)
         self._patched.clear()
+        _return_freed_host_memory()
         return False

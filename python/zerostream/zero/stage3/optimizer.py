@@ -78,7 +78,7 @@ def _move_shard(zp: ZeroParam, part: Partitioner) -> None:
     elif zp.shard is not None and zp.shard.device != part.shard_device():
         zp.set_shard(zp.shard.to(part.shard_device()))
     if zp.shard is not None and part.swapper is not None and not zp.persist:
-        part.swapper.home(zp)
+        part.swapper.home(zp, zp.shard)
 
 
 def _swapper_for(module: torch.nn.Module, ctx: StageContext) -> Optional[ParamSwapper]:
@@ -206,15 +206,11 @@ class Stage3Optimizer(ShardedOptimizerBase):
         with self.telemetry.phase("reduce"):
             self.reducer.flush()
         self.part.release_all()
-        if self.world > 1:
-            for g in self.grads:
-                g.div_(self.world)
-        factor = self._grad_factor(self._norm_and_overflow(self.grads, partitioned=True))
-        if factor is not None:
-            self._update(factor)
+        applied = self._average_and_update()
+        if applied:
             self.part.refresh_gathered()
         self.zero_grad()
-        return factor is not None
+        return applied
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._zero_partition_grads()

@@ -19,7 +19,7 @@ Note [Stage-3 parameter states]
 from __future__ import annotations
 
 import enum
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -138,9 +138,12 @@ class ZeroParam:
 
     def shard_values(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's slice of `full` (the whole parameter), zero padded past the end
-        (DeepSpeed's stage-3 layout, reference §1.8), as a new host-or-device tensor."""
+        (DeepSpeed's stage-3 layout, reference §1.8): a view of `full` when no padding is
+        needed, else a new tensor. Callers only read it."""
         flat = full.reshape(-1)
         begin = self.rank * self.shard_numel
+        if self.shard_valid == self.shard_numel:
+            return flat[begin : begin + self.shard_numel]  # no padding: a view, no copy
         out = torch.zeros(self.shard_numel, dtype=self.dtype, device=full.device)
         if self.shard_valid:
             out[: self.shard_valid].copy_(flat[begin : begin + self.shard_valid])
@@ -175,3 +178,14 @@ class ZeroParam:
 def zero_param_of(param) -> Optional[ZeroParam]:
     """The runtime state of a ZeRO-3 partitioned parameter, or None for any other tensor."""
     return getattr(param, "_zs", None) if isinstance(param, torch.Tensor) else None
+
+
+def unique_zero_params(params) -> List[ZeroParam]:
+    """The ZeRO-3 params among `params`, once each, in order (others are skipped)."""
+    out, seen = [], set()
+    for p in params:
+        zp = zero_param_of(p)
+        if zp is not None and zp.ds_id not in seen:
+            seen.add(zp.ds_id)
+            out.append(zp)
+    return out

@@ -7,7 +7,6 @@ prefetch cap and the memory tests read)."""
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Dict, Iterable, List, Optional
 
 import torch
@@ -114,24 +113,25 @@ class Partitioner:
             if broadcast and self.world > 1:
                 comm.broadcast(data, comm.get_global_rank(self.group, 0), group=self.group)
             p.data = data
-            shard_numel = math.ceil(data.numel() / self.world) if data.numel() else 0
-            shard = self._empty_shard(shard_numel, data.dtype)
-            zp = ZeroParam(p, next(_IDS), shard, self.world, self.rank, self.device, self.group)
-            with torch.no_grad():
-                shard.copy_(zp.shard_values(data))
+            zp = ZeroParam(p, next(_IDS), None, self.world, self.rank, self.device, self.group)
             zp.partitioner = self
             self.params[zp.ds_id] = zp
-            if (
+            values = zp.shard_values(data)  # a view of `data` unless padding is needed
+            persist = (
                 zp.numel <= self.persistence_threshold
                 and self.persisted_numel + zp.numel <= self.model_persistence_threshold
-            ):
+            )
+            if persist or self.swapper is None or not self.swapper.home(zp, values):
+                shard = self._empty_shard(zp.shard_numel, data.dtype)
+                with torch.no_grad():
+                    shard.copy_(values)
+                zp.set_shard(shard)
+            if persist:
                 zp.persist = True
                 self.persisted_numel += zp.numel
                 zp.to_inflight().copy_(data.reshape(-1))
                 zp.to_gathered()
-            elif self.swapper is not None:
-                self.swapper.home(zp)
-            del data
+            del data, values
 
     def _empty_shard(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         device = self.shard_device()
