@@ -8,10 +8,10 @@
 //   <nvme_path>/zerostream/rank<R>/<name>/swap_<K>.bin     K = 0 .. files-1
 //
 // `name` separates users of the same nvme_path ("optimizer", "params"). The files are
-// scratch space: opening a store truncates them, destroying it deletes them. They grow in `grow_bytes` steps
-// preallocated with fallocate, so running out of disk shows up at allocation time, before
-// a byte is written, as an IoError (ENOSPC) that names the tensor, the bytes needed and
-// the file; extents already written are untouched.
+// scratch space: opening a store truncates them, destroying it deletes them. They grow in
+// `grow_bytes` steps preallocated with fallocate, so running out of disk shows up at allocation
+// time, before a byte is written, as an IoError (ENOSPC) that names the tensor, the bytes needed
+// and the file; extents already written are untouched.
 #pragma once
 
 #include <cstdint>
