@@ -150,7 +150,8 @@ def zerostream_worker(rank, world, cases, nvme_root):
             mechanism["nvme_read"] = swap["bytes_read"]
         params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
         out[(stage, dtype, gas, offload)] = (losses, norms, params, mechanism)
-        shutil.rmtree(nvme, ignore_errors=True)  # swap files are scratch; keep /tmp small
+        # Swap files are scratch; keep /tmp small. Only this rank's: the others may still read.
+        shutil.rmtree(f"{nvme}/zerostream/rank{dist.get_rank()}", ignore_errors=True)
     return out if rank == 0 else None
 
 

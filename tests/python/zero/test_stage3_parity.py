@@ -212,7 +212,8 @@ def stage3_worker(rank, world, cases, nvme_root):
             p.ds_persist or p.numel() == 0 for p in engine.module.parameters()
         )
         out[case] = (losses, norms, params, mech)
-        shutil.rmtree(nvme, ignore_errors=True)  # swap files are scratch; keep /tmp small
+        # Swap files are scratch; keep /tmp small. Only this rank's: the others may still read.
+        shutil.rmtree(f"{nvme}/zerostream/rank{dist.get_rank()}", ignore_errors=True)
     return out if rank == 0 else None
 
 
