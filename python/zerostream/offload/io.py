@@ -148,6 +148,12 @@ class HostArena:
         buf = self._arena.allocate(nbytes, float(timeout_s))
         return buffer_as_tensor(buf, numel, dtype)
 
+    def try_empty(self, numel: int, dtype: torch.dtype = torch.uint8) -> Optional[torch.Tensor]:
+        """Like `empty`, but None instead of waiting when the budget is in use."""
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        buf = self._arena.try_allocate(nbytes)
+        return None if buf is None else buffer_as_tensor(buf, numel, dtype)
+
     def stats(self) -> dict:
         return self._arena.stats()
 

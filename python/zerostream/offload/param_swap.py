@@ -12,9 +12,10 @@ waits for one to come back (the arena's backpressure), it never asserts. The fir
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
-from typing import Dict, List, Optional
+from typing import Deque, Dict, List, Optional
 
 import torch
 
@@ -57,9 +58,21 @@ class ParamSwapper:
         self.bytes_read = self.bytes_written = 0
         self.reads = self.writes = 0
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
+        self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
 
     def _host(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A page-locked staging buffer; waits while the arena is full."""
+        """A page-locked staging buffer. When the arena is full, reads issued ahead land
+        first (oldest first: that frees their buffers); only then does it wait."""
+        self._ensure_arena(numel, dtype)
+        while True:
+            buf = self.arena.try_empty(numel, dtype)
+            if buf is not None:
+                return buf
+            if not self.pending:
+                return self.arena.empty(numel, dtype)
+            self.pending[0].land()
+
+    def _ensure_arena(self, numel: int, dtype: torch.dtype) -> None:
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         need = 2 * arena_bytes(nbytes)
         if self.arena is None or need > self.arena_bytes:
@@ -74,7 +87,29 @@ class ParamSwapper:
                 )
             self.arena = HostArena(budget, lock=self.pin_memory)
             self.arena_bytes = budget
-        return self.arena.empty(numel, dtype)
+
+    def start_reads(
+        self, zps: List[ZeroParam], send: torch.Tensor, offsets: List[int]
+    ) -> "PendingReads":
+        """Issues the reads of the swapped shards among `zps` into free staging buffers
+        and returns at once (a prefetch); `PendingReads.land()` puts every shard into
+        `send`. Shards that find no free buffer now are read when it lands."""
+        ahead, later = [], []
+        start, before = time.perf_counter(), self.bytes_read
+        for zp, off in zip(zps, offsets):
+            buf = None
+            if zp.shard is None:
+                self._ensure_arena(zp.shard_numel, zp.dtype)
+                buf = self.arena.try_empty(zp.shard_numel, zp.dtype)
+            if buf is None:
+                later.append((zp, off))
+                continue
+            ahead.append((zp, off, buf, self.store.read(zp.ds_id, buf)))
+            self.reads += 1
+            self.bytes_read += buf.numel() * buf.element_size()
+        reads = PendingReads(self, send, ahead, later, start, self.bytes_read - before)
+        self.pending.append(reads)
+        return reads
 
     # --- where a shard lives ---------------------------------------------------------------------
     def home(self, zp: ZeroParam, values: torch.Tensor) -> bool:
@@ -161,6 +196,32 @@ class ParamSwapper:
 
     def extent_of(self, zp: ZeroParam):
         return self.store.extent_of(zp.ds_id)
+
+
+class PendingReads:
+    """Shard reads issued ahead of a gather (ParamSwapper.start_reads)."""
+
+    def __init__(self, swapper: ParamSwapper, send, ahead, later, start, nbytes):
+        self.swapper, self.send, self.ahead, self.later = swapper, send, ahead, later
+        self.start, self.nbytes = start, nbytes
+        self.done = False
+
+    def land(self) -> None:
+        """Waits for the reads issued ahead, copies them into the send buffer (freeing
+        their staging) and reads the rest now."""
+        if self.done:
+            return
+        self.done = True
+        self.swapper.pending.remove(self)
+        ParamSwapper._land(self.ahead, self.send)
+        if self.nbytes:
+            self.swapper.telemetry.moved(
+                "param_nvme_read", self.nbytes, time.perf_counter() - self.start
+            )
+        if self.later:
+            zps, offsets = zip(*self.later)
+            self.later = []
+            self.swapper.read_into(list(zps), self.send, list(offsets))
 
 
 class ShardSink:

@@ -19,15 +19,22 @@ _IDS = itertools.count()  # ds_id: unique in the process, like DeepSpeed's
 
 class InflightGather:
     """One coalesced all-gather: the shards of `zps` concatenated (rank-major output of
-    world*S elements), copied into each parameter's full buffer when waited on."""
+    world*S elements), copied into each parameter's full buffer when waited on. A prefetch
+    of shards on NVMe is in flight as disk reads (`reads`): the collective runs once they
+    land, when the gather is waited on (every rank waits in the same order)."""
 
-    def __init__(self, partitioner: "Partitioner", zps: List[ZeroParam], out, handle):
+    def __init__(self, partitioner: "Partitioner", zps: List[ZeroParam], out, handle, reads=None):
         self.partitioner, self.zps, self.out, self.handle = partitioner, zps, out, handle
+        self.reads = reads
         self.done = False
 
     def wait(self) -> None:
         if self.done:
             return
+        if self.reads is not None:
+            self.reads.land()
+            self.out = self.partitioner.collect(self.reads.send, async_op=False)[0]
+            self.reads = None
         if self.handle is not None:
             self.handle.wait()
         world = self.partitioner.world
@@ -182,22 +189,30 @@ class Partitioner:
         for zp in zps:
             offsets.append(off)
             off += zp.shard_numel
-        if self.swapper is not None:
-            self.swapper.read_into(zps, send, offsets)
+        if async_op and self.swapper is not None and any(zp.shard is None for zp in zps):
+            # A prefetch from disk: the reads run while the module before it computes.
+            reads = self.swapper.start_reads(zps, send, offsets)
+            gather = InflightGather(self, zps, None, None, reads=reads)
         else:
-            for zp, off in zip(zps, offsets):
-                send[off : off + zp.shard_numel].copy_(zp.shard, non_blocking=True)
-        if self.world == 1:
-            out, handle = send, None
-        else:
-            out = torch.empty(self.world * total, dtype=dtype, device=self.device)
-            handle = comm.all_gather_into_tensor(out, send, group=self.group, async_op=async_op)
-        gather = InflightGather(self, zps, out, handle)
+            if self.swapper is not None:
+                self.swapper.read_into(zps, send, offsets)
+            else:
+                for zp, off in zip(zps, offsets):
+                    send[off : off + zp.shard_numel].copy_(zp.shard, non_blocking=True)
+            gather = InflightGather(self, zps, *self.collect(send, async_op))
         for zp in zps:
             self.inflight[zp.ds_id] = gather
         if not async_op:
             gather.wait()
         return gather
+
+    def collect(self, send: torch.Tensor, async_op: bool):
+        """(out, handle): every rank's `send` side by side (rank-major)."""
+        if self.world == 1:
+            return send, None
+        out = torch.empty(self.world * send.numel(), dtype=send.dtype, device=self.device)
+        handle = comm.all_gather_into_tensor(out, send, group=self.group, async_op=async_op)
+        return out, handle
 
     def wait(self, zps: Iterable[ZeroParam]) -> None:
         for zp in zps:
