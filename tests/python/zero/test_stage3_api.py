@@ -391,3 +391,46 @@ def test_a_child_weight_read_in_the_parent_forward_is_fetched_and_registered():
             torch.testing.assert_close(weights[name], p.detach(), rtol=1e-5, atol=1e-6)
         assert external == 1  # tok.weight became an external param of the root
         assert trace["invalidations"] <= 1, trace  # the first replay sees it once
+
+
+def errors_worker(rank, world, tmp):
+    import zerostream
+
+    said = {}
+
+    def attempt(name, fn):
+        try:
+            fn()
+            said[name] = None
+        except Exception as exc:  # the type and message are what is checked
+            said[name] = f"{type(exc).__name__}: {exc}"
+
+    nvme_no_path = {
+        "train_batch_size": 1,
+        "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}},
+    }
+
+    def init_without_path():
+        with zerostream.zero.Init(config_dict_or_path=nvme_no_path):
+            nn.Linear(2, 2)
+
+    attempt("nvme without nvme_path", init_without_path)
+    attempt("bad dtype", lambda: zerostream.zero.Init(dtype=torch.int8))
+    with zerostream.zero.Init(config_dict_or_path=_config(), dtype=torch.float32):
+        model = Branchy()
+    bf16 = dict(_config(), bf16={"enabled": True})
+    attempt("dtype mismatch", lambda: zerostream.initialize(model=model, config=bf16))
+    with zerostream.zero.GatheredParameters(model.a.weight, enabled=False):
+        said["disabled gather numel"] = model.a.weight.numel()
+    return said
+
+
+@pytest.mark.multirank
+def test_stage3_setup_errors_name_the_key_or_the_parameter(tmp_path):
+    said = run_ranks(errors_worker, 1, str(tmp_path), timeout=120)[0]
+    assert "ValueError" in said["nvme without nvme_path"]
+    assert "zero_optimization.offload_param.nvme_path" in said["nvme without nvme_path"]
+    assert "ValueError" in said["bad dtype"] and "torch.int8" in said["bad dtype"]
+    assert "ValueError" in said["dtype mismatch"]
+    assert "a.weight" in said["dtype mismatch"] and "bfloat16" in said["dtype mismatch"]
+    assert said["disabled gather numel"] == 0  # enabled=False gathers nothing
