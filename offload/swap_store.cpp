@@ -76,6 +76,13 @@ SwapStore::SwapStore(const SwapStoreConfig& config, IoEngine& engine)
   ZS_CHECK_VALUE(config.grow_bytes >= 0, "swap store: grow_bytes must be >= 0");
   dir_ = config.nvme_path + "/zerostream/rank" + std::to_string(config.rank) + "/" + config.name;
   make_dirs(dir_);
+  lock_ = DirLock(dir_);
+  struct stat st {};
+  if (::stat(file_path(0).c_str(), &st) == 0) {
+    warn_once("stale:" + dir_, "swap store: " + dir_ +
+                                   " holds swap files of a job that has ended; they are "
+                                   "removed and the space reused");
+  }
   for (int f = 0; f < config.files; ++f) {
     IoFilePtr file = engine.open(file_path(f), OpenMode::kReadWrite);
     if (::ftruncate(file->buffered_fd(), 0) != 0) {
@@ -86,7 +93,11 @@ SwapStore::SwapStore(const SwapStoreConfig& config, IoEngine& engine)
   }
 }
 
-SwapStore::~SwapStore() {
+SwapStore::~SwapStore() { close(); }
+
+void SwapStore::close() {
+  if (closed_) return;
+  closed_ = true;
   std::vector<IoRequestPtr> all;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -98,6 +109,7 @@ SwapStore::~SwapStore() {
   const int n = static_cast<int>(files_.size());
   files_.clear();
   for (int k = 0; k < n; ++k) ::unlink(file_path(k).c_str());
+  lock_.release();
   ::rmdir(dir_.c_str());  // only if empty: another store of this rank may share nothing else
 }
 
@@ -155,6 +167,7 @@ std::shared_ptr<SwapStore::Entry> SwapStore::find(uint64_t id, const char* what)
 }
 
 IoTicket SwapStore::write(uint64_t id, const void* buf, int64_t bytes) {
+  ZS_CHECK_VALUE(!closed_, "swap store ", dir_, ": write of tensor ", id, " after close()");
   ZS_CHECK_VALUE(bytes > 0, "swap store: write of tensor ", id, " with ", bytes, " bytes");
   bool resize = false;
   {
@@ -186,6 +199,7 @@ IoTicket SwapStore::write(uint64_t id, const void* buf, int64_t bytes) {
 }
 
 IoTicket SwapStore::read(uint64_t id, void* buf, int64_t bytes) {
+  ZS_CHECK_VALUE(!closed_, "swap store ", dir_, ": read of tensor ", id, " after close()");
   std::shared_ptr<Entry> e = find(id, "read");
   ZS_CHECK_VALUE(bytes == e->bytes, "swap store ", dir_, ": read of tensor ", id, " with ", bytes,
                  " bytes, but it was stored with ", e->bytes);

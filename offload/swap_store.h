@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "offload/dir_lock.h"
 #include "offload/extent_allocator.h"
 #include "offload/io_engine.h"
 
@@ -48,7 +49,10 @@ class SwapStore {
  public:
   // Creates the directory and files. The engine must outlive the store.
   SwapStore(const SwapStoreConfig& config, IoEngine& engine);
-  ~SwapStore();  // waits for the store's requests still in flight
+  ~SwapStore();  // close()
+  // Waits for the store's requests still in flight, deletes its files and directory and
+  // gives up the directory (its lock). Idempotent; nothing may be read or written after.
+  void close();
   SwapStore(const SwapStore&) = delete;
   SwapStore& operator=(const SwapStore&) = delete;
 
@@ -77,6 +81,8 @@ class SwapStore {
   SwapStoreConfig config_;
   IoEngine& engine_;
   std::string dir_;
+  DirLock lock_;  // this job owns dir_ (Note [Swap directory ownership] in dir_lock.h)
+  bool closed_ = false;
   std::vector<IoFilePtr> files_;
   mutable std::mutex mu_;
   ExtentAllocator alloc_;

@@ -259,6 +259,8 @@ void bind_store(py::module_& m) {
       .def("read", io(IoOp::kRead), py::arg("id"), py::arg("ptr"), py::arg("nbytes"),
            py::arg("keepalive") = py::none())
       .def("free", &SwapStore::free, py::arg("id"), py::call_guard<py::gil_scoped_release>())
+      .def("close", &SwapStore::close, py::call_guard<py::gil_scoped_release>(),
+           "Waits for requests in flight, deletes the files and gives up the directory.")
       .def("contains", &SwapStore::contains, py::arg("id"))
       .def("size_of", &SwapStore::size_of, py::arg("id"))
       .def(

@@ -348,13 +348,19 @@ class ZeroEngine(torch.nn.Module):
             runtime.part.release_all()
 
     def destroy(self) -> None:
-        """Stage 3: removes the module hooks (parameters stay partitioned)."""
+        """Ends the engine: stage 3's module hooks go (parameters stay partitioned) and the
+        swap files of NVMe offload are deleted, their directories given up."""
         from .zero.stage3.optimizer import runtime_of
 
         runtime = runtime_of(self.module)
         if runtime is not None:
             runtime.part.release_all()
             runtime.detach()
+            if runtime.part.swapper is not None:
+                runtime.part.swapper.store.close()
+        swapper = getattr(self.optimizer, "swapper", None)
+        if swapper is not None:
+            swapper.store.close()
 
     def get_batch_info(self):
         return (

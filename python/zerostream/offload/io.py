@@ -15,6 +15,8 @@ I/O is over (see Note [Buffer lifetime] in ``csrc/bindings/offload_bindings.cpp`
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -158,6 +160,20 @@ class HostArena:
         return self._arena.stats()
 
 
+# Stores still open at interpreter exit are closed then: an engine kept alive by reference
+# cycles until exit would otherwise leave its swap files (and its directory lock file).
+_OPEN_STORES: "weakref.WeakSet[SwapStore]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_stores() -> None:
+    for store in list(_OPEN_STORES):
+        try:
+            store.close()
+        except Exception:  # exit is best effort; each store's own errors were raised earlier
+            pass
+
+
 class SwapStore:
     """A rank's swap files with an extent per tensor id (layout: ``offload/swap_store.h``)."""
 
@@ -183,6 +199,7 @@ class SwapStore:
             int(grow_bytes),
             bool(verify_checksums),
         )
+        _OPEN_STORES.add(self)
 
     def write(self, tensor_id: int, tensor: torch.Tensor) -> IoTicket:
         ptr, nbytes = tensor_span(tensor, f"swap write of tensor {tensor_id}")
@@ -194,6 +211,11 @@ class SwapStore:
 
     def free(self, tensor_id: int) -> None:
         self._store.free(int(tensor_id))
+
+    def close(self) -> None:
+        """Deletes the swap files and gives up the directory (also at interpreter exit)."""
+        self._store.close()
+        _OPEN_STORES.discard(self)
 
     def __contains__(self, tensor_id: int) -> bool:
         return self._store.contains(int(tensor_id))

@@ -21,7 +21,8 @@ def engine(request):
 def test_layout_and_round_trip_against_the_files(engine, tmp_path):
     store = zio.SwapStore(engine, str(tmp_path), rank=2, name="params", files=3)
     assert store.directory == f"{tmp_path}/zerostream/rank2/params"
-    assert sorted(os.listdir(store.directory)) == ["swap_00.bin", "swap_01.bin", "swap_02.bin"]
+    files = ["swap_00.bin", "swap_01.bin", "swap_02.bin"]
+    assert sorted(os.listdir(store.directory)) == [".lock", *files]  # .lock: dir_lock.h
     tensors = {i: torch.randn(1000 + 333 * i, dtype=torch.float32) for i in range(12)}
     tickets = [store.write(i, t) for i, t in tensors.items()]
     for tk in tickets:
