@@ -65,6 +65,21 @@ def reference(dtype: str, steps: int = STEPS, **model_kwargs):
     return losses, norms, params
 
 
+def adamw_config(micro: int, gas: int, zero: dict, dtype: str) -> dict:
+    """The ds_config of the parity runs: the reference's AdamW, clipping and precision."""
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": CLIP,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WD},
+        },
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bf16"},
+    }
+
+
 def zerostream_worker(rank, world, cases, nvme_root):
     import torch.distributed as dist
 
@@ -76,22 +91,13 @@ def zerostream_worker(rank, world, cases, nvme_root):
         torch.manual_seed(0)
         model = TinyGPT()
         micro = GLOBAL_BATCH // (world * gas)
-        config = {
-            "train_micro_batch_size_per_gpu": micro,
-            "gradient_accumulation_steps": gas,
-            "gradient_clipping": CLIP,
-            "optimizer": {
-                "type": "AdamW",
-                "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WD},
-            },
-            "zero_optimization": {
-                "stage": stage,
-                "reduce_bucket_size": 3000,
-                "allgather_bucket_size": 500,
-                "sub_group_size": 2000,
-            },
-            "bf16": {"enabled": dtype == "bf16"},
+        zero = {
+            "stage": stage,
+            "reduce_bucket_size": 3000,
+            "allgather_bucket_size": 500,
+            "sub_group_size": 2000,
         }
+        config = adamw_config(micro, gas, zero, dtype)
         nvme = f"{nvme_root}/s{stage}{dtype}{gas}"
         if offload != "none":
             config["zero_optimization"]["offload_optimizer"] = {

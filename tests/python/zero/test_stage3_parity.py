@@ -18,12 +18,9 @@ import shutil
 import pytest
 import torch
 from test_parity import (
-    BETAS,
-    CLIP,
     GLOBAL_BATCH,
-    LR,
     STEPS,
-    WD,
+    adamw_config,
     assert_matches_reference,
     read_extent,
     reference,
@@ -91,17 +88,7 @@ def stage3_config(micro, dtype, offload_param, offload_opt, nvme, gas=1):
             "device": offload_opt,
             "nvme_path": nvme if offload_opt == "nvme" else None,
         }
-    return {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "gradient_clipping": CLIP,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WD},
-        },
-        "zero_optimization": zero,
-        "bf16": {"enabled": dtype == "bf16"},
-    }
+    return adamw_config(micro, gas, zero, dtype)
 
 
 def mechanism_after_step(engine, optimizer, world) -> list:
