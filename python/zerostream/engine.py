@@ -357,10 +357,10 @@ class ZeroEngine(torch.nn.Module):
             runtime.part.release_all()
             runtime.detach()
             if runtime.part.swapper is not None:
-                runtime.part.swapper.store.close()
+                runtime.part.swapper.close()
         swapper = getattr(self.optimizer, "swapper", None)
         if swapper is not None:
-            swapper.store.close()
+            swapper.close()
 
     def get_batch_info(self):
         return (

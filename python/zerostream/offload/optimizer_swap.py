@@ -257,7 +257,27 @@ class SwappedAdam:
         if staged:
             sink.commit(s.lo, s.hi)
 
+    def close(self) -> None:
+        """Deletes the optimizer state's swap files (the run is over)."""
+        self.store.close()
+
     # --- inspection ------------------------------------------------------------------------------
+    def write_params(self, group: int, lo: int, values: torch.Tensor) -> None:
+        """Overwrites the fp32 params [lo, lo + len(values)) of `group` on NVMe (a weight
+        changed outside the optimizer, e.g. by GatheredParameters), sub-group by sub-group."""
+        hi = lo + values.numel()
+        buf = self.buffers[0][0]
+        for s in self.sub_groups:
+            a, b = max(lo, s.lo), min(hi, s.hi)
+            if s.group != group or a >= b:
+                continue
+            n = s.hi - s.lo
+            self._wait([self.store.read(3 * s.index, buf[:n])])
+            buf[a - s.lo : b - s.lo].copy_(values[a - lo : b - lo])
+            self._wait([self.store.write(3 * s.index, buf[:n])])
+            self.bytes_read += 4 * n
+            self.bytes_written += 4 * n
+
     def read_state(self, group: int, kind: str = "param") -> torch.Tensor:
         """Group `group`'s whole partition of `kind` read back from NVMe (tests, checkpoints)."""
         k = _KINDS.index(kind)

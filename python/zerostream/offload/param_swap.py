@@ -194,6 +194,10 @@ class ParamSwapper:
             "staging_bytes": self.arena_bytes,
         }
 
+    def close(self) -> None:
+        """Deletes the shards' swap files (the run is over)."""
+        self.store.close()
+
     def extent_of(self, zp: ZeroParam):
         return self.store.extent_of(zp.ds_id)
 

@@ -434,3 +434,34 @@ def test_stage3_setup_errors_name_the_key_or_the_parameter(tmp_path):
     assert "ValueError" in said["dtype mismatch"]
     assert "a.weight" in said["dtype mismatch"] and "bfloat16" in said["dtype mismatch"]
     assert said["disabled gather numel"] == 0  # enabled=False gathers nothing
+
+
+def modify_worker(rank, world, nvme, offload):
+    import zerostream
+    from zerostream.zero import GatheredParameters
+
+    torch.manual_seed(0)
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    if offload != "none":
+        zero["offload_optimizer"] = {"device": offload, "nvme_path": nvme}
+        zero["offload_param"] = {"device": offload, "nvme_path": nvme, "max_in_cpu": 0}
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}},
+        "zero_optimization": zero,
+    }
+    model = Branchy()
+    engine, _, _, _ = zerostream.initialize(model=model, config=config)
+    with GatheredParameters(model.a.weight, modifier_rank=0):
+        model.a.weight.data.fill_(0.25)
+    loss = engine(torch.ones(1, 32))
+    engine.backward(loss)
+    engine.step()  # lr 0: the step writes the fp32 master back unchanged
+    return _gathered(model)["a.weight"]
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("offload", ["none", "nvme"])
+def test_a_gathered_modification_survives_the_next_step(tmp_path, offload):
+    weight = run_ranks(modify_worker, 2, str(tmp_path), offload, timeout=120)[0]
+    assert torch.equal(weight, torch.full((32, 32), 0.25))

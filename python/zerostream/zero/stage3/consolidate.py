@@ -11,7 +11,6 @@ import torch
 
 from ... import comm
 from .gathered import GatheredParameters
-from .param import zero_param_of
 
 
 def consolidated_state_dict(
@@ -39,7 +38,3 @@ def consolidated_state_dict(
         if attr not in getattr(owner, "_non_persistent_buffers_set", ()):
             out[name] = buf.detach().cpu().clone()
     return out
-
-
-def is_partitioned(module: torch.nn.Module) -> bool:
-    return any(zero_param_of(p) is not None for p in module.parameters())

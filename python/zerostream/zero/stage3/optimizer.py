@@ -221,11 +221,15 @@ class Stage3Optimizer(ShardedOptimizerBase):
     def _on_shard_modified(self, zp: ZeroParam) -> None:
         """GatheredParameters rewrote a shard: the fp32 master follows it."""
         slot = self.slots.get(zp.ds_id)
-        if slot is None or not self.masters:
+        if slot is None:
             return
         group, at = slot
+        values = self.part.swapper.read(zp) if zp.shard is None else zp.shard
         with torch.no_grad():
-            self.masters[group][at : at + zp.shard_numel].copy_(zp.shard)
+            if self.swapper is not None:  # fp32 masters on NVMe
+                self.swapper.write_params(group, at, values.float())
+            else:
+                self.masters[group][at : at + zp.shard_numel].copy_(values)
 
     @property
     def bit16_groups(self) -> List[List[torch.nn.Parameter]]:

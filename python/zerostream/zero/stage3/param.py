@@ -161,19 +161,6 @@ class ZeroParam:
         p.ds_status = _DS_STATUS[self.state]
         p.ds_process_group = self.group
 
-    def summary(self) -> dict:
-        return {
-            "id": self.ds_id,
-            "status": self.state.value,
-            "numel": self.numel,
-            "ds_numel": self.numel,
-            "shape": tuple(self.shape),
-            "persist": self.persist,
-            "shard_numel": self.shard_numel,
-            "shard_device": str(self.shard.device) if self.shard is not None else "nvme",
-            "users": self.users,
-        }
-
 
 def zero_param_of(param) -> Optional[ZeroParam]:
     """The runtime state of a ZeRO-3 partitioned parameter, or None for any other tensor."""

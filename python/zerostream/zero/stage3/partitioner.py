@@ -214,11 +214,6 @@ class Partitioner:
         handle = comm.all_gather_into_tensor(out, send, group=self.group, async_op=async_op)
         return out, handle
 
-    def wait(self, zps: Iterable[ZeroParam]) -> None:
-        for zp in zps:
-            if zp.state is ShardState.INFLIGHT:
-                self.inflight[zp.ds_id].wait()
-
     def release(self, zp: ZeroParam) -> bool:
         """Frees a gathered param's full tensor unless it is persistent or in use."""
         if zp.persist or zp.users > 0 or zp.state is not ShardState.GATHERED:
