@@ -294,6 +294,48 @@ class ZeroEngine(torch.nn.Module):
     def get_global_grad_norm(self):
         return None if self.optimizer is None else self.optimizer.global_grad_norm
 
+    # --- checkpoints (checkpoint/) ----------------------------------------------------------------
+    def save_checkpoint(
+        self,
+        save_dir: str,
+        tag=None,
+        client_state: Optional[dict] = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        """DeepSpeed's layout under save_dir/tag (default tag global_step<N>), written
+        crash-safely; `latest` is replaced last. All ranks must call it."""
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(
+            self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters
+        )
+
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        tag=None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+        custom_load_fn=None,
+    ):
+        """(path, client_state), or (None, None) when load_dir has no `latest` (and no tag
+        was given). A checkpoint of another data-parallel size is resharded."""
+        from .checkpoint import load_checkpoint
+
+        return load_checkpoint(
+            self,
+            load_dir,
+            tag,
+            load_module_strict,
+            load_optimizer_states,
+            load_lr_scheduler_states,
+            load_module_only,
+            custom_load_fn,
+        )
+
     # --- whole weights and stage-3 housekeeping ---------------------------------------------
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""

@@ -262,9 +262,11 @@ class SwappedAdam:
         self.store.close()
 
     # --- inspection ------------------------------------------------------------------------------
-    def write_params(self, group: int, lo: int, values: torch.Tensor) -> None:
-        """Overwrites the fp32 params [lo, lo + len(values)) of `group` on NVMe (a weight
-        changed outside the optimizer, e.g. by GatheredParameters), sub-group by sub-group."""
+    def write_state(self, group: int, lo: int, values: torch.Tensor, kind: str = "param") -> None:
+        """Overwrites elements [lo, lo + len(values)) of `group`'s `kind` on NVMe (a weight
+        changed outside the optimizer, e.g. by GatheredParameters, or a checkpoint being
+        loaded), sub-group by sub-group; partly covered sub-groups are read first."""
+        k = _KINDS.index(kind)
         hi = lo + values.numel()
         buf = self.buffers[0][0]
         for s in self.sub_groups:
@@ -272,10 +274,11 @@ class SwappedAdam:
             if s.group != group or a >= b:
                 continue
             n = s.hi - s.lo
-            self._wait([self.store.read(3 * s.index, buf[:n])])
+            if (a, b) != (s.lo, s.hi):
+                self._wait([self.store.read(3 * s.index + k, buf[:n])])
+                self.bytes_read += 4 * n
             buf[a - s.lo : b - s.lo].copy_(values[a - lo : b - lo])
-            self._wait([self.store.write(3 * s.index, buf[:n])])
-            self.bytes_read += 4 * n
+            self._wait([self.store.write(3 * s.index + k, buf[:n])])
             self.bytes_written += 4 * n
 
     def read_state(self, group: int, kind: str = "param") -> torch.Tensor:
@@ -288,6 +291,49 @@ class SwappedAdam:
                 self.store.read(3 * s.index + k, buf).wait()
                 out[s.lo : s.hi].copy_(buf)
         return out
+
+    def state_dict(self) -> dict:
+        """The state as torch's Adam lays it out (one "param" per group: its flat
+        partition), read back from NVMe."""
+        return {
+            "state": {
+                g: {
+                    "step": self.steps[g],
+                    "exp_avg": self.read_state(g, "exp_avg"),
+                    "exp_avg_sq": self.read_state(g, "exp_avg_sq"),
+                }
+                for g in range(len(self.numels))
+                if self.steps[g] > 0
+            },
+            "param_groups": [
+                {**{k: v for k, v in group.items() if k != "params"}, "params": [g]}
+                for g, group in enumerate(self.hyper.param_groups)
+            ],
+        }
+
+    def load_state_dict(self, state: dict, masters: List[torch.Tensor]) -> None:
+        """Writes a saved state (state_dict()'s layout, or torch Adam's) and the fp32
+        masters back to NVMe; groups without saved moments restart them at zero."""
+        saved_groups = state["param_groups"]
+        if len(saved_groups) != len(self.numels):
+            raise ValueError(
+                f"optimizer state has {len(saved_groups)} param groups; this run has "
+                f"{len(self.numels)}"
+            )
+        for group, saved in zip(self.hyper.param_groups, saved_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        by_param = {}
+        for g, saved in enumerate(saved_groups):
+            by_param[g] = state["state"].get(saved["params"][0], {})
+        for g in range(len(self.numels)):
+            st = by_param[g]
+            self.steps[g] = int(st.get("step", 0))
+            self.write_state(g, 0, masters[g], "param")
+            for kind in ("exp_avg", "exp_avg_sq"):
+                values = st.get(kind)
+                if values is None:
+                    values = torch.zeros(self.numels[g])
+                self.write_state(g, 0, values.float().reshape(-1), kind)
 
     def stats(self) -> dict:
         """Plain data: traffic, the store's directory and every sub-group's extents

@@ -150,38 +150,74 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         return self.masters
 
     # --- checkpoint state and inspection ---------------------------------------------------------
-    def _refuse_swapped_state(self) -> None:
+    def _fp32_partitions(self) -> List[torch.Tensor]:
+        """This rank's fp32 master partition of each group (read back from the swap store
+        with offload_optimizer nvme); the live tensors otherwise, as torch's state_dict
+        returns them."""
         if self.swapper is not None:
-            raise NotImplementedError(
-                'state_dict of zero_optimization.offload_optimizer.device "nvme": the state '
-                "is streamed from the swap store by the checkpoint writer, not gathered here"
-            )
+            return [self.swapper.read_state(g) for g in range(len(self.grads))]
+        return [m.detach() for m in self.masters]
+
+    def _inner_state_dict(self) -> dict:
+        """The inner optimizer's state_dict: one "param" per group, its flat partition."""
+        if self.swapper is not None:
+            return self.swapper.state_dict()
+        return self.optimizer.state_dict()
 
     def _check_loadable(self, state: dict, stages: tuple) -> None:
-        """Raises unless `state` was saved by one of `stages` with this world size and these
-        partition sizes."""
-        self._refuse_swapped_state()
+        """Raises unless `state` was saved by one of `stages` with this world size."""
         if state.get("zero_stage") not in stages:
             raise ValueError(
                 f"optimizer state is from ZeRO stage {state.get('zero_stage')!r}; "
                 f"this run is stage {self.stage}"
             )
-        if state["partition_count"] != self.world:
-            raise NotImplementedError(
-                f"optimizer state was saved by {state['partition_count']} data-parallel ranks; "
-                f"this run has {self.world} (resharding is done by the checkpoint loader)"
+        saved = state["partition_count"]
+        saved = max(saved) if isinstance(saved, list) else saved
+        if saved != self.world:
+            raise ValueError(
+                f"optimizer state was saved by {saved} data-parallel ranks; this run has "
+                f"{self.world} (the checkpoint loader reshards it)"
             )
 
-    def _load_masters(self, saved: List[torch.Tensor]) -> None:
-        if [t.numel() for t in saved] != [m.numel() for m in self.masters]:
+    def _load_partitions(self, saved: List[torch.Tensor], inner: dict) -> None:
+        """Restores the fp32 masters (`saved`, one flat partition per group; shorter ones are
+        zero padded) and the inner optimizer state, and rewrites the 16-bit partitions."""
+        numels = [_numel(p) for p in self.local_partitions()]
+        if len(saved) != len(numels) or any(t.numel() > n for t, n in zip(saved, numels)):
             raise ValueError(
-                f"optimizer state partitions have {[t.numel() for t in saved]} "
-                f"elements; this model's have {[m.numel() for m in self.masters]}"
+                f"optimizer state partitions have {[t.numel() for t in saved]} elements; "
+                f"this model's have {numels}"
             )
+        padded = []
+        for t, n in zip(saved, numels):
+            t = t.float().reshape(-1)
+            if t.numel() < n:
+                t = torch.cat([t, t.new_zeros(n - t.numel())])
+            padded.append(t)
         with torch.no_grad():
-            for m, t, part in zip(self.masters, saved, self.local_partitions()):
-                m.copy_(t)
-                part.copy_(m)
+            if self.swapper is not None:
+                self.swapper.load_state_dict(inner, padded)
+            else:
+                for m, t in zip(self.masters, padded):
+                    m.copy_(t)
+                self.optimizer.load_state_dict(inner)
+            self._write_partitions(padded)
+
+    def _write_partitions(self, fp32: List[torch.Tensor]) -> None:
+        """The 16-bit partitions from fp32 values (a stage-3 ShardSink writes to disk)."""
+        for part, values in zip(self.local_partitions(), fp32):
+            part.copy_(values)
+
+    def refresh_masters(self) -> None:
+        """The fp32 masters from the 16-bit weights (a checkpoint loaded without optimizer
+        state, as DeepSpeed does); optimizer moments are kept."""
+        with torch.no_grad():
+            for g, part in enumerate(self.local_partitions()):
+                values = _values(part).float()
+                if self.swapper is not None:
+                    self.swapper.write_state(g, 0, values)
+                else:
+                    self.masters[g].copy_(values)
 
     def _state_numel(self) -> Dict[str, int]:
         """Elements per optimizer state kind held in this process (exp_avg, ...)."""

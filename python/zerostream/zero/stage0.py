@@ -121,6 +121,13 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                     m.copy_(saved)
                     p.copy_(m)
 
+    def refresh_masters(self) -> None:
+        """The fp32 masters from the weights (a checkpoint loaded without optimizer state)."""
+        if self.masters is not None:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters):
+                    m.copy_(p)
+
     def state_summary(self) -> dict:
         return {
             "stage": 0,

@@ -121,22 +121,27 @@ class PartitionedOptimizer(ShardedOptimizerBase):
 
     # --- checkpoint state and inspection ---------------------------------------------------------
     def state_dict(self) -> dict:
-        """This rank's optimizer state (DeepSpeed's stage 1/2 key names)."""
-        self._refuse_swapped_state()
+        """This rank's optimizer state in DeepSpeed's stage 1/2 layout (reference §3.3):
+        `single_partition_of_fp32_groups` holds the fp32 partitions without the alignment
+        padding, which is what zero_to_fp32 concatenates over ranks."""
+        masters = self._fp32_partitions()
         return {
             "zero_stage": self.stage,
             **self._scaler_state(),
-            "base_optimizer_state": self.optimizer.state_dict(),
-            "single_partition_of_fp32_groups": [m.detach().clone() for m in self.masters],
-            "partition_count": self.world,
+            "base_optimizer_state": self._inner_state_dict(),
+            "single_partition_of_fp32_groups": [
+                m[: f.partition_valid] for m, f in zip(masters, self.flat_groups)
+            ],
+            "partition_count": [self.world] * len(self.flat_groups),
             "group_paddings": [f.partition_numel - f.partition_valid for f in self.flat_groups],
         }
 
     def load_state_dict(self, state: dict) -> None:
         self._check_loadable(state, (1, 2))
-        self._load_masters(state["single_partition_of_fp32_groups"])
+        self._load_partitions(
+            state["single_partition_of_fp32_groups"], state["base_optimizer_state"]
+        )
         self._load_scaler_state(state)
-        self.optimizer.load_state_dict(state["base_optimizer_state"])
         self._publish()
 
     def state_summary(self) -> dict:

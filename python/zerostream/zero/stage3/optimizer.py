@@ -227,7 +227,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
         values = self.part.swapper.read(zp) if zp.shard is None else zp.shard
         with torch.no_grad():
             if self.swapper is not None:  # fp32 masters on NVMe
-                self.swapper.write_params(group, at, values.float())
+                self.swapper.write_state(group, at, values.float())
             else:
                 self.masters[group][at : at + zp.shard_numel].copy_(values)
 
@@ -237,21 +237,21 @@ class Stage3Optimizer(ShardedOptimizerBase):
 
     # --- checkpoint state and inspection ---------------------------------------------------------
     def state_dict(self) -> dict:
-        """This rank's optimizer state (stage 3: the fp32 flat partitions of its shards)."""
-        self._refuse_swapped_state()
+        """This rank's optimizer state in DeepSpeed's stage-3 layout (reference §3.3): per
+        group, the fp32 flat partition of its params' shards, each ceil(numel/world)
+        elements, concatenated in `param_shapes` order."""
         return {
             "zero_stage": 3,
             **self._scaler_state(),
-            "optimizer_state_dict": self.optimizer.state_dict(),
-            "fp32_flat_groups": [m.detach().clone() for m in self.masters],
+            "optimizer_state_dict": self._inner_state_dict(),
+            "fp32_flat_groups": self._fp32_partitions(),
             "partition_count": self.world,
         }
 
     def load_state_dict(self, state: dict) -> None:
         self._check_loadable(state, (3,))
-        self._load_masters(state["fp32_flat_groups"])
+        self._load_partitions(state["fp32_flat_groups"], state["optimizer_state_dict"])
         self._load_scaler_state(state)
-        self.optimizer.load_state_dict(state["optimizer_state_dict"])
         self.part.release_all()
         self.part.refresh_gathered()
 

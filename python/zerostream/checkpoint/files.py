@@ -1,0 +1,235 @@
+"""Checkpoint files that survive a crash at any point, and that say which file is bad.
+
+Note [Crash-safe checkpoints]
+  A checkpoint is never written in place. All ranks write their files into a staging
+  directory `<save_dir>/.<tag>.partial` (each file fsynced before the writer returns);
+  after a barrier, and only if every rank succeeded, rank 0 fsyncs the staging directory
+  and makes it `<save_dir>/<tag>` in one rename: a plain rename when the tag is new, an
+  atomic exchange (renameat2 RENAME_EXCHANGE) when it replaces an older checkpoint of the
+  same tag, whose files are then deleted. Only after that is `latest` replaced, by writing
+  `latest.partial`, fsyncing it and renaming it over `latest`; the parent directory is
+  fsynced after each rename. A process killed anywhere in between leaves the previous
+  checkpoint and `latest` exactly as they were, plus a `.partial` leftover that the next
+  save removes.
+
+  Every tag directory also gets `zerostream_manifest.json`: the size and CRC-32 of each file
+  as written, gathered from all ranks. The loader checks a file against it before
+  unpickling, so a truncated or corrupted file is reported by name (with what differs)
+  instead of surfacing as an unpickling error deep in torch. A checkpoint without a manifest
+  (one written by DeepSpeed) is loaded unchecked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import signal
+import zlib
+from typing import Any, Dict, Optional
+
+import torch
+
+MANIFEST = "zerostream_manifest.json"
+LATEST = "latest"
+_CHUNK = 8 << 20
+
+
+def kill_point(name: str) -> None:
+    """Test-only fault injection (shared/TESTING.md, "Processes that die"): the process
+    SIGKILLs itself at the named point of a save when ZEROSTREAM_TEST_KILL_AT names it
+    (optionally `name@rank`)."""
+    want = os.environ.get("ZEROSTREAM_TEST_KILL_AT")
+    if not want:
+        return
+    point, _, rank = want.partition("@")
+    if point == name and (not rank or rank == os.environ.get("RANK", "0")):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _HashingWriter:
+    """A binary file that keeps the CRC-32 and size of what goes through it."""
+
+    def __init__(self, f):
+        self.f, self.crc, self.size = f, 0, 0
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        self.size += view.nbytes
+        return self.f.write(view)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _with_path(exc: OSError, action: str, path: str) -> OSError:
+    return OSError(exc.errno, f"checkpoint: cannot {action} {path}: {exc.strerror or exc}")
+
+
+def save_file(obj: Any, path: str) -> Dict[str, int]:
+    """torch.save(obj) to `path` durably: written to `path.partial`, fsynced, renamed.
+    Returns {"bytes", "crc32"} for the manifest. On any error the partial file is removed
+    and the OSError names the path."""
+    tmp = path + ".partial"
+    try:
+        with open(tmp, "wb") as f:
+            writer = _HashingWriter(f)
+            torch.save(obj, writer)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise _with_path(exc, "write", path) from exc
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    return {"bytes": writer.size, "crc32": writer.crc}
+
+
+def save_text(text: str, path: str) -> None:
+    """Replaces the text file `path` atomically (tmp, fsync, rename, fsync the directory)."""
+    tmp = path + ".partial"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise _with_path(exc, "write", path) from exc
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# --- the staging directory ---------------------------------------------------------------------
+def staging_dir(save_dir: str, tag: str) -> str:
+    return os.path.join(save_dir, f".{tag}.partial")
+
+
+def _renameat2_exchange(a: str, b: str) -> bool:
+    """Atomically swaps two paths; False where the kernel or filesystem cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), ctypes.c_uint(rename_exchange))
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, f"checkpoint: cannot exchange {a} and {b}: {os.strerror(err)}")
+
+
+def commit_dir(staging: str, final: str) -> None:
+    """Makes the fully written staging directory the tag directory `final` (Note
+    [Crash-safe checkpoints]); the checkpoint it replaces, if any, is deleted after."""
+    parent = os.path.dirname(os.path.abspath(final))
+    fsync_dir(staging)
+    try:
+        if not os.path.exists(final):
+            os.rename(staging, final)
+        elif _renameat2_exchange(staging, final):
+            shutil.rmtree(staging)  # now holds the replaced checkpoint
+        else:
+            # No atomic exchange here: the old tag leaves first. A crash between the two
+            # renames leaves `<tag>` missing and the new files complete in the staging
+            # directory; resolve_tag_dir() finds them there.
+            old = final + ".replaced"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(staging, final)
+            shutil.rmtree(old)
+    except OSError as exc:
+        raise _with_path(exc, "commit the checkpoint directory", final) from exc
+    fsync_dir(parent)
+
+
+def resolve_tag_dir(load_dir: str, tag: str) -> str:
+    """The directory of `tag`, or its complete staging directory when a save without atomic
+    exchange was interrupted between its two renames."""
+    final = os.path.join(load_dir, tag)
+    if os.path.isdir(final):
+        return final
+    staged = staging_dir(load_dir, tag)
+    if os.path.isfile(os.path.join(staged, MANIFEST)):
+        return staged
+    return final
+
+
+# --- manifest and loading ----------------------------------------------------------------------
+def write_manifest(directory: str, entries: Dict[str, Dict[str, int]]) -> None:
+    save_text(
+        json.dumps({"files": entries}, indent=1, sort_keys=True), os.path.join(directory, MANIFEST)
+    )
+
+
+def read_manifest(directory: str) -> Optional[Dict[str, Dict[str, int]]]:
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"checkpoint manifest {path} is unreadable: {exc}") from exc
+
+
+def verify_file(path: str, manifest: Optional[Dict[str, Dict[str, int]]]) -> None:
+    """Raises ValueError naming `path` when its size or CRC-32 differs from the manifest."""
+    if manifest is None:
+        return
+    entry = manifest.get(os.path.basename(path))
+    if entry is None:
+        return
+    size = os.path.getsize(path)
+    if size != entry["bytes"]:
+        raise ValueError(
+            f"checkpoint file {path} is truncated or overwritten: {size} bytes, the manifest "
+            f"written with it says {entry['bytes']}"
+        )
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    if crc != entry["crc32"]:
+        raise ValueError(
+            f"checkpoint file {path} is corrupted: CRC-32 {crc:#010x}, the manifest written "
+            f"with it says {entry['crc32']:#010x}"
+        )
+
+
+def load_file(path: str, manifest=None, *, weights_only: bool = True) -> Any:
+    """torch.load of one checkpoint file onto the CPU, checked against the manifest; every
+    failure names the file."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(errno.ENOENT, "checkpoint file is missing", path)
+    verify_file(path, manifest)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
+    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
+        raise ValueError(
+            f"checkpoint file {path} cannot be read ({type(exc).__name__}: {exc}); it is "
+            f"truncated, corrupted or not a torch checkpoint"
+        ) from exc

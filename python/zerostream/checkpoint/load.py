@@ -1,0 +1,253 @@
+"""engine.load_checkpoint (reference §3.4): resolve the tag, check the checkpoint belongs to
+this model, restore the module, then (unless asked not to) the optimizer partitions, the LR
+scheduler and the counters. A checkpoint saved with another data-parallel world size is
+resharded (reshard.py). Every failure names the file or the parameter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+from .. import comm
+from ..zero.stage3.param import zero_param_of
+from . import files, layout, reshard
+
+if TYPE_CHECKING:
+    from ..engine import ZeroEngine
+
+logger = logging.getLogger("zerostream")
+
+# Keys of the model-states file that are the engine's, not the client's.
+ENGINE_KEYS = frozenset(
+    {
+        "module",
+        "buffer_names",
+        "optimizer",
+        "param_shapes",
+        "frozen_param_shapes",
+        "frozen_param_fragments",
+        "shared_params",
+        "lr_scheduler",
+        "data_sampler",
+        "random_ltd",
+        "sparse_tensor_module_names",
+        "skipped_steps",
+        "global_steps",
+        "global_samples",
+        "dp_world_size",
+        "mp_world_size",
+        "checkpoint_parallel_dimensions",
+        "ds_config",
+        "ds_version",
+        "universal_checkpoint_info",
+    }
+)
+
+
+class Checkpoint:
+    """One tag directory: its files, its manifest, and loading that names what failed."""
+
+    def __init__(self, directory: str):
+        self.dir = directory
+        self.manifest = files.read_manifest(directory)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def load(self, name: str) -> Any:
+        return files.load_file(self.path(name), self.manifest)
+
+    def optim_file(self, dp_rank: int, bf16: bool) -> str:
+        for name in layout.optim_states_candidates(dp_rank, bf16):
+            if os.path.isfile(self.path(name)):
+                return name
+        raise FileNotFoundError(
+            f"checkpoint {self.dir} has no optimizer state for data-parallel rank {dp_rank} "
+            f"(looked for {layout.optim_states_name(dp_rank, bf16)}); the save did not "
+            f"complete on that rank, or the files were moved"
+        )
+
+
+def _module_shapes(engine: "ZeroEngine") -> Dict[str, torch.Size]:
+    return {n: layout.full_shape(p) for n, p in engine.module.named_parameters()}
+
+
+def check_model(ckpt: Checkpoint, name: str, sd: dict, engine: "ZeroEngine") -> None:
+    """Raises naming the parameter when the checkpoint's shapes differ from the model's."""
+    saved: Dict[str, torch.Size] = {}
+    for shapes in sd.get("param_shapes") or []:
+        saved.update(shapes)
+    saved.update(sd.get("frozen_param_shapes") or {})
+    if not saved:  # stage 0: the module state holds whole tensors
+        params = dict(engine.module.named_parameters())
+        saved = {k: v.shape for k, v in sd["module"].items() if k in params}
+    ours = _module_shapes(engine)
+    for pname, shape in saved.items():
+        if pname in ours and torch.Size(shape) != ours[pname]:
+            raise ValueError(
+                f"checkpoint {ckpt.path(name)} is from a different model: parameter "
+                f"{pname!r} has shape {tuple(shape)} there and {tuple(ours[pname])} here"
+            )
+
+
+def _load_module(engine: "ZeroEngine", sd: dict, strict: bool, custom_load_fn) -> None:
+    """Stages 0-2: the whole weights from the model-states file."""
+    if custom_load_fn is not None:
+        custom_load_fn(src=sd["module"], dst=engine.module)
+        return
+    engine.module.load_state_dict(sd["module"], strict=strict)
+
+
+def _load_stage3_buffers(engine: "ZeroEngine", sd: dict, strict: bool) -> None:
+    buffers = {n: b for n, b in engine.module.named_buffers()}
+    saved = sd["module"]
+    for name in sd.get("buffer_names", []):
+        if name in buffers and name in saved:
+            with torch.no_grad():
+                buffers[name].copy_(saved[name])
+    if strict:
+        expected, got = set(engine.module.state_dict().keys()), set(saved)
+        missing, unexpected = sorted(expected - got), sorted(got - expected)
+        if missing or unexpected:
+            raise RuntimeError(
+                f"load_checkpoint: the checkpoint's module state does not match the model "
+                f"(missing keys {missing}, unexpected keys {unexpected}); pass "
+                f"load_module_strict=False to load what matches"
+            )
+
+
+def _write_stage3_params(engine: "ZeroEngine", full: Dict[str, torch.Tensor]) -> None:
+    """Every parameter's shard from whole fp32 values (module-only loads, resharding)."""
+    missing = []
+    for name, p in engine.module.named_parameters():
+        zp = zero_param_of(p)
+        if name not in full:
+            missing.append(name)
+            continue
+        value = full[name].reshape(-1)
+        if zp is None:
+            with torch.no_grad():
+                p.copy_(value.view_as(p))
+        else:
+            zp.partitioner.write_shard(zp, value.to(device=zp.device, dtype=zp.dtype))
+    if missing:
+        logger.warning("load_checkpoint: no saved values for %s; they keep their weights", missing)
+
+
+def _load_stage3_frozen(engine: "ZeroEngine", sd: dict) -> None:
+    """This rank's shards of the frozen params (same world size: its own file's)."""
+    params = dict(engine.module.named_parameters())
+    for name, fragment in (sd.get("frozen_param_fragments") or {}).items():
+        zp = zero_param_of(params[name]) if name in params else None
+        if zp is None:
+            continue
+        values = fragment.reshape(-1)
+        with torch.no_grad():
+            if zp.shard is None:
+                zp.partitioner.swapper.write(zp, values.to(zp.dtype))
+            else:
+                zp.shard.copy_(values)
+        zp.partitioner.shard_modified(zp)
+
+
+def _latest_tag(load_dir: str) -> Optional[str]:
+    path = os.path.join(load_dir, files.LATEST)
+    if not os.path.isfile(path):
+        logger.warning(
+            "load_checkpoint: no 'latest' file at %s; pass tag= to load a particular "
+            "checkpoint. Nothing was loaded.",
+            path,
+        )
+        return None
+    return layout.read_latest(load_dir)
+
+
+def load_checkpoint(
+    engine: "ZeroEngine",
+    load_dir: str,
+    tag: Optional[str] = None,
+    load_module_strict: bool = True,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler_states: bool = True,
+    load_module_only: bool = False,
+    custom_load_fn: Optional[Callable] = None,
+) -> Tuple[Optional[str], Optional[dict]]:
+    """(path of the model-states file, client_state), or (None, None) when there is
+    nothing to load. All ranks must call it."""
+    if tag is None:
+        tag = _latest_tag(load_dir)
+        if tag is None:
+            return None, None
+    ckpt = Checkpoint(files.resolve_tag_dir(load_dir, str(tag)))
+    stage = engine.zero_optimization_stage()
+    dp_rank = comm.get_rank(engine.dp_process_group)
+    model_name = layout.model_states_name(stage, dp_rank)
+    if stage == 3 and not os.path.isfile(ckpt.path(model_name)):
+        model_name = layout.model_states_name(3, 0)  # resharding from fewer ranks
+    if not os.path.isfile(ckpt.path(model_name)):
+        logger.warning(
+            "load_checkpoint: %s does not exist; nothing was loaded", ckpt.path(model_name)
+        )
+        return None, None
+    sd = ckpt.load(model_name)
+    check_model(ckpt, model_name, sd, engine)
+    saved_world = int(sd.get("dp_world_size", engine.dp_world_size))
+    opt = engine.optimizer
+    want_optimizer = load_optimizer_states and not load_module_only and opt is not None
+    same_world = saved_world == engine.dp_world_size
+
+    if stage < 3:
+        _load_module(engine, sd, load_module_strict, custom_load_fn)
+    else:
+        _load_stage3_buffers(engine, sd, load_module_strict)
+        if want_optimizer and same_world and custom_load_fn is None:
+            _load_stage3_frozen(engine, sd)
+        else:
+            full = reshard.consolidated_fp32(ckpt.dir)
+            if custom_load_fn is not None:
+                custom_load_fn(src=full, dst=engine.module)
+            else:
+                _write_stage3_params(engine, full)
+
+    if want_optimizer:
+        if stage > 0:
+            reshard.check_groups(sd, engine)
+        if stage == 0:
+            if sd.get("optimizer") is not None:
+                opt.load_state_dict(sd["optimizer"])
+        else:
+            if same_world:
+                optim = ckpt.load(ckpt.optim_file(dp_rank, engine.bfloat16_enabled()))
+                state = optim["optimizer_state_dict"]
+            else:
+                state = reshard.optimizer_state(ckpt, sd, engine, saved_world)
+            opt.load_state_dict(state)
+    elif opt is not None and hasattr(opt, "refresh_masters"):
+        opt.refresh_masters()  # fp32 masters from the weights just loaded, as DeepSpeed does
+    if stage == 3:
+        runtime_part = getattr(opt, "part", None)
+        if runtime_part is not None:
+            runtime_part.release_all()
+            runtime_part.refresh_gathered()
+
+    deepspeed_states = {"module"}
+    if not load_module_only:
+        if (
+            load_lr_scheduler_states
+            and engine.lr_scheduler is not None
+            and sd.get("lr_scheduler") is not None
+        ):
+            engine.lr_scheduler.load_state_dict(sd["lr_scheduler"])
+        engine.global_steps = int(sd.get("global_steps", 0))
+        engine.global_samples = int(
+            sd.get("global_samples", engine.global_steps * engine.train_batch_size())
+        )
+        engine.skipped_steps = int(sd.get("skipped_steps", 0))
+        deepspeed_states = ENGINE_KEYS
+    client_state = {k: v for k, v in sd.items() if k not in deepspeed_states}
+    comm.barrier()
+    return ckpt.path(model_name), client_state
