@@ -39,14 +39,19 @@ def config(case, world: int, nvme: str) -> dict:
     }
 
 
-def build(case, world: int, root: str, seed: int = 0, **model_kwargs):
+def build(case, world: int, root: str, seed: int = 0, freeze=(), **model_kwargs):
+    """`freeze`: names of parameters that do not train (requires_grad False)."""
     import zerostream
 
     torch.manual_seed(seed)
     model = TinyGPT(**model_kwargs)
+    for name, p in model.named_parameters():
+        if name in freeze:
+            p.requires_grad_(False)
     nvme = os.path.join(root, "nvme", case_id(case))
+    trained = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = zerostream.initialize(
-        model=model, model_parameters=model.parameters(), config=config(case, world, nvme)
+        model=model, model_parameters=trained, config=config(case, world, nvme)
     )
     return engine
 
