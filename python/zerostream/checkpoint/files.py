@@ -54,12 +54,17 @@ class _HashingWriter:
 
     def __init__(self, f):
         self.f, self.crc, self.size = f, 0, 0
+        self.error: Optional[OSError] = None  # torch's zip writer rewraps it as RuntimeError
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
         self.crc = zlib.crc32(view, self.crc)
         self.size += view.nbytes
-        return self.f.write(view)
+        try:
+            return self.f.write(view)
+        except OSError as exc:
+            self.error = exc
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -82,6 +87,7 @@ def save_file(obj: Any, path: str) -> Dict[str, int]:
     Returns {"bytes", "crc32"} for the manifest. On any error the partial file is removed
     and the OSError names the path."""
     tmp = path + ".partial"
+    writer = None
     try:
         with open(tmp, "wb") as f:
             writer = _HashingWriter(f)
@@ -89,11 +95,11 @@ def save_file(obj: Any, path: str) -> Dict[str, int]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         _remove_quietly(tmp)
-        raise _with_path(exc, "write", path) from exc
-    except BaseException:
-        _remove_quietly(tmp)
+        cause = exc if isinstance(exc, OSError) else getattr(writer, "error", None)
+        if cause is not None:
+            raise _with_path(cause, "write", path) from exc
         raise
     return {"bytes": writer.size, "crc32": writer.crc}
 

@@ -93,9 +93,7 @@ def test_the_command_writes_bin_safetensors_and_shards(checkpoint, tmp_path):
     for name in shards:
         merged.update(torch.load(tmp_path / "sh" / name, weights_only=True))
     assert all(torch.equal(merged[k], whole[k]) for k in whole)
-    bad = subprocess.run(
-        cli[:-1] + [str(tmp_path / "nope"), "x"], capture_output=True, text=True
-    )
+    bad = subprocess.run(cli[:-1] + [str(tmp_path / "nope"), "x"], capture_output=True, text=True)
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
 

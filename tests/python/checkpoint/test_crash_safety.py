@@ -1,0 +1,189 @@
+"""Crash safety and bad files (issue 13, shared/TESTING.md recipes).
+
+- A rank SIGKILLed at each point of a save (ZEROSTREAM_TEST_KILL_AT): the other rank fails
+  instead of committing, and the previous checkpoint and `latest` are byte for byte what
+  they were; a save that replaces a tag in place is no different.
+- A truncated or corrupted file, a missing rank file and a checkpoint of another model each
+  give an error naming the file or the parameter; no `latest` gives (None, None).
+- A full disk (a loop-mounted 16 MiB ext4) fails the save with the path and ENOSPC, and
+  the previous checkpoint still loads.
+"""
+
+import errno
+import filecmp
+import os
+import shutil
+import subprocess
+
+import pytest
+from ckpt_run import build, train
+
+from multirank import run_ranks
+
+CASE = (2, "cpu", "none", "fp32")
+
+
+def save_then_die(rank, world, root, point, tag):
+    engine = build(CASE, world, root)
+    ckpt = os.path.join(root, "ckpt")
+    train(engine, rank, world, 0, 2)
+    engine.save_checkpoint(ckpt, tag="good")
+    if rank == 0:
+        shutil.copytree(os.path.join(ckpt, "good"), os.path.join(root, "copy"))
+    train(engine, rank, world, 2, 1)
+    os.environ["ZEROSTREAM_TEST_KILL_AT"] = point
+    engine.save_checkpoint(ckpt, tag=tag)
+    return "saved"
+
+
+KILLS = [
+    ("before_model_states@1", "next"),
+    ("during_optim_states@1", "next"),
+    ("after_optim_states@0", "next"),
+    ("before_commit@0", "next"),
+    ("before_latest@0", "next"),
+    ("during_optim_states@0", "good"),  # replacing the tag in place
+    ("before_commit@0", "good"),
+]
+
+
+@pytest.mark.parametrize("point,tag", KILLS)
+def test_a_rank_killed_during_save_leaves_the_previous_checkpoint(tmp_path, point, tag):
+    from zerostream.checkpoint import get_fp32_state_dict_from_zero_checkpoint
+
+    results = run_ranks(
+        save_then_die, 2, str(tmp_path), point, tag, timeout=120, expect_failure=True
+    )
+    killed = int(point.split("@")[1])
+    assert results[killed][0] == "missing", results  # it really died
+    assert results[1 - killed][0] != "ok", results  # the survivor did not report success
+    ckpt = tmp_path / "ckpt"
+    assert (ckpt / "latest").read_text() == "good"
+    match, mismatch, errors = filecmp.cmpfiles(
+        ckpt / "good", tmp_path / "copy", os.listdir(tmp_path / "copy"), shallow=False
+    )
+    assert not mismatch and not errors, (mismatch, errors)
+    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt))
+    assert "tok.weight" in state
+    if point.startswith("before_latest"):  # committed, only `latest` was not moved yet
+        assert (
+            get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="next").keys() == state.keys()
+        )
+
+
+def bad_files(rank, world, root):
+    from zerostream.checkpoint.files import MANIFEST
+
+    engine = build(CASE, world, root)
+    ckpt = os.path.join(root, "ckpt")
+    messages = {"none": engine.load_checkpoint(os.path.join(root, "empty"))}
+    train(engine, rank, world, 0, 1)
+    engine.save_checkpoint(ckpt, tag="t")
+    tag = os.path.join(ckpt, "t")
+    optim = os.path.join(tag, "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    original = open(optim, "rb").read()
+
+    def attempt(key, **kwargs):
+        try:
+            engine.load_checkpoint(ckpt, **kwargs)
+            messages[key] = "loaded"
+        except (ValueError, OSError, RuntimeError) as exc:
+            messages[key] = f"{type(exc).__name__}: {exc}"
+
+    with open(optim, "r+b") as f:
+        f.truncate(len(original) // 2)
+    attempt("truncated")
+    with open(optim, "wb") as f:
+        f.write(original[:-200] + bytes(b ^ 0xFF for b in original[-200:-100]) + original[-100:])
+    attempt("corrupted")
+    os.rename(os.path.join(tag, MANIFEST), os.path.join(tag, MANIFEST + ".away"))
+    with open(optim, "r+b") as f:
+        f.truncate(len(original) // 2)
+    attempt("truncated_unchecked")
+    os.remove(optim)
+    attempt("missing")
+    with open(optim, "wb") as f:
+        f.write(original)
+    os.rename(os.path.join(tag, MANIFEST + ".away"), os.path.join(tag, MANIFEST))
+    attempt("restored")
+    engine.destroy()
+    other = build(CASE, world, root, d=48)
+    try:
+        other.load_checkpoint(ckpt)
+        messages["other_model"] = "loaded"
+    except ValueError as exc:
+        messages["other_model"] = str(exc)
+    return messages, optim
+
+
+def test_bad_files_are_named(tmp_path):
+    messages, optim = run_ranks(bad_files, 1, str(tmp_path), timeout=120)[0]
+    assert messages["none"] == (None, None)
+    assert optim in messages["truncated"] and "truncated" in messages["truncated"]
+    assert optim in messages["corrupted"] and "CRC-32" in messages["corrupted"]
+    assert (
+        optim in messages["truncated_unchecked"]
+        and "cannot be read" in messages["truncated_unchecked"]
+    )
+    assert (
+        "FileNotFoundError" in messages["missing"] and "data-parallel rank 0" in messages["missing"]
+    )
+    assert messages["restored"] == "loaded"
+    assert "'tok.weight'" in messages["other_model"] and "(64, 48)" in messages["other_model"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    image, mnt = tmp_path / "disk.img", tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        subprocess.run(["truncate", "-s", "16M", str(image)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", str(image)], check=True, capture_output=True)
+        mount = subprocess.run(
+            ["mount", "-o", "loop", str(image), str(mnt)], capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot make a loop-mounted ext4 here: {exc}")
+    if mount.returncode != 0:
+        pytest.skip(f"mount -o loop refused: {mount.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def fill_the_disk(rank, world, root, disk):
+    engine = build(CASE, world, root)
+    ckpt = os.path.join(disk, "ckpt")
+    train(engine, rank, world, 0, 2)
+    engine.save_checkpoint(ckpt, tag="good")
+    filler = os.path.join(disk, "filler")
+    with open(filler, "wb", buffering=0) as f:  # fill the disk, in smaller and smaller writes
+        for size in (1 << 20, 64 << 10, 4 << 10):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    os.truncate(filler, max(0, os.path.getsize(filler) - (16 << 10)))
+    os.sync()
+    free = os.statvfs(disk).f_bfree * os.statvfs(disk).f_frsize
+    train(engine, rank, world, 2, 1)
+    try:
+        engine.save_checkpoint(ckpt, tag="next")
+        error = None
+    except OSError as exc:
+        error = (exc.errno, str(exc))
+    engine.destroy()
+    fresh = build(CASE, world, root, seed=1)
+    path, _ = fresh.load_checkpoint(ckpt)
+    return error, path, fresh.global_steps, sorted(os.listdir(ckpt)), free
+
+
+def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path, small_disk):
+    error, path, steps, listing, free = run_ranks(
+        fill_the_disk, 1, str(tmp_path), str(small_disk), timeout=120
+    )[0]
+    assert error is not None and error[0] == errno.ENOSPC, (error, free, listing)
+    assert str(small_disk) in error[1] and "No space left" in error[1]
+    assert path.endswith(os.path.join("good", "mp_rank_00_model_states.pt")) and steps == 2
+    assert "next" not in listing and (small_disk / "ckpt" / "latest").read_text() == "good"
