@@ -60,26 +60,6 @@ def _bench(args) -> int:
     return module.run(args)
 
 
-def _zero_to_fp32(args) -> int:
-    from .checkpoint.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
-
-    try:
-        written = convert_zero_checkpoint_to_fp32_state_dict(
-            args.checkpoint_dir,
-            args.output_dir,
-            max_shard_size=args.max_shard_size,
-            safe_serialization=args.safetensors,
-            tag=args.tag,
-            exclude_frozen_parameters=args.exclude_frozen_parameters,
-        )
-    except (OSError, ValueError) as exc:
-        print(f"zerostream zero-to-fp32: {exc}", file=sys.stderr)
-        return 2
-    for path in written:
-        print(path)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zerostream", description=__doc__)
     parser.add_argument("--version", action="version", version=f"zerostream {__version__}")
@@ -135,13 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
         "zero-to-fp32",
         help="whole fp32 weights from a ZeRO checkpoint (pytorch_model.bin or safetensors)",
     )
-    z2f.add_argument("checkpoint_dir", help="the folder holding 'latest' and the tag folders")
-    z2f.add_argument("output_dir", help="where the weight files are written")
-    z2f.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: latest)")
-    z2f.add_argument("--safetensors", action="store_true", help="write model.safetensors")
-    z2f.add_argument("--max-shard-size", default="5GB", help="split larger outputs (5GB)")
-    z2f.add_argument("--exclude-frozen-parameters", action="store_true")
-    z2f.set_defaults(func=_zero_to_fp32)
+    from .checkpoint import zero_to_fp32
+
+    zero_to_fp32.add_arguments(z2f)
+    z2f.set_defaults(func=zero_to_fp32.run)
 
     bench = sub.add_parser("bench", help="benchmarks with ratios against a peer")
     bench_sub = bench.add_subparsers(dest="bench_name", required=True)

@@ -249,29 +249,48 @@ def load_state_dict_from_zero_checkpoint(model, checkpoint_dir: str, tag: Option
     return model
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command line of this script and of `zerostream zero-to-fp32` (DeepSpeed's
+    underscore spellings and dashed ones both work)."""
+    parser.add_argument("checkpoint_dir", help="the folder holding 'latest' and the tags")
+    parser.add_argument("output_dir", help="where the weight files are written")
+    parser.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: latest)")
+    parser.add_argument("--max_shard_size", "--max-shard-size", default="5GB")
+    parser.add_argument(
+        "--safe_serialization", "--safetensors", action="store_true", help="model.safetensors"
+    )
+    parser.add_argument(
+        "--exclude_frozen_parameters", "--exclude-frozen-parameters", action="store_true"
+    )
+    parser.add_argument("-d", "--debug", action="store_true", help="accepted; no effect")
+
+
+def run(args) -> int:
+    """Writes the weights; a missing or inconsistent checkpoint is one line on stderr and
+    exit status 2."""
+    try:
+        written = convert_zero_checkpoint_to_fp32_state_dict(
+            args.checkpoint_dir,
+            args.output_dir,
+            max_shard_size=args.max_shard_size,
+            safe_serialization=args.safe_serialization,
+            tag=args.tag,
+            exclude_frozen_parameters=args.exclude_frozen_parameters,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"zero_to_fp32: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="zero_to_fp32", description="Whole fp32 weights from a ZeRO checkpoint"
     )
-    parser.add_argument("checkpoint_dir", help="the folder holding 'latest' and the tags")
-    parser.add_argument("output_dir", help="where the weights are written")
-    parser.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: latest)")
-    parser.add_argument("--max_shard_size", default="5GB")
-    parser.add_argument("--safe_serialization", "--safetensors", action="store_true")
-    parser.add_argument("--exclude_frozen_parameters", action="store_true")
-    parser.add_argument("-d", "--debug", action="store_true")
-    args = parser.parse_args(argv)
-    written = convert_zero_checkpoint_to_fp32_state_dict(
-        args.checkpoint_dir,
-        args.output_dir,
-        max_shard_size=args.max_shard_size,
-        safe_serialization=args.safe_serialization,
-        tag=args.tag,
-        exclude_frozen_parameters=args.exclude_frozen_parameters,
-    )
-    for path in written:
-        print(path)
-    return 0
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,6 @@ def test_a_missing_engine_attribute_names_the_engine_not_the_module():
     with pytest.raises(
         AttributeError,
         match=r"^'ZeroEngine' object has no attribute "
-        r"'save_checkpoint' \(nor has its module MLP\)$",
+        r"'no_such_method' \(nor has its module MLP\)$",
     ):
-        _ = engine.save_checkpoint
+        _ = engine.no_such_method

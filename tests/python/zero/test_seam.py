@@ -232,11 +232,13 @@ def test_state_dict_resumes_bit_identically(stage):
         assert torch.equal(a, b)
 
 
-def test_state_from_another_world_size_is_refused_until_resharding():
+def test_the_optimizer_refuses_state_of_another_world_size():
+    """Resharding is the checkpoint loader's (tests/python/checkpoint/test_resume.py); the
+    optimizer itself only takes a state cut for its own world size."""
     model, opt, _ = _stage(_config(1))
     state = opt.state_dict()
-    state["partition_count"] = 4
-    with pytest.raises(NotImplementedError, match="saved by 4 data-parallel ranks"):
+    state["partition_count"] = [4]
+    with pytest.raises(ValueError, match="saved by 4 data-parallel ranks; this run has 1"):
         opt.load_state_dict(state)
 
 
