@@ -85,9 +85,9 @@ def shared_params(module: torch.nn.Module) -> Dict[str, str]:
     return aliases
 
 
-def buffer_names(module: torch.nn.Module) -> List[str]:
-    """Persistent buffers only: the ones state_dict() carries."""
-    state_keys = set(module.state_dict().keys())
+def buffer_names(module: torch.nn.Module, state_keys) -> List[str]:
+    """Persistent buffers only: the ones among the module's state_dict keys."""
+    state_keys = set(state_keys)
     return [name for name, _ in module.named_buffers() if name in state_keys]
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 import torch
 
 from .. import comm
+from ..zero.stage3.optimizer import runtime_of
 from ..zero.stage3.param import zero_param_of
 from . import files, layout, reshard
 
@@ -120,8 +121,11 @@ def _load_stage3_buffers(engine: "ZeroEngine", sd: dict, strict: bool) -> None:
             )
 
 
-def _write_stage3_params(engine: "ZeroEngine", full: Dict[str, torch.Tensor]) -> None:
-    """Every parameter's shard from whole fp32 values (module-only loads, resharding)."""
+def _write_stage3_params(
+    engine: "ZeroEngine", full: Dict[str, torch.Tensor], every: bool = True
+) -> None:
+    """The shards of the params in `full` (whole fp32 values); with `every`, a param it
+    lacks is reported. Persistent params are re-gathered after."""
     missing = []
     for name, p in engine.module.named_parameters():
         zp = zero_param_of(p)
@@ -134,8 +138,30 @@ def _write_stage3_params(engine: "ZeroEngine", full: Dict[str, torch.Tensor]) ->
                 p.copy_(value.view_as(p))
         else:
             zp.partitioner.write_shard(zp, value.to(device=zp.device, dtype=zp.dtype))
-    if missing:
+    if missing and every:
         logger.warning("load_checkpoint: no saved values for %s; they keep their weights", missing)
+    runtime = runtime_of(engine.module)
+    if runtime is not None:
+        runtime.part.release_all()
+        runtime.part.refresh_gathered()
+
+
+def _load_stage3_module(
+    engine: "ZeroEngine", ckpt: Checkpoint, sd: dict, strict: bool, custom_load_fn, with_optim
+) -> None:
+    """Stage 3: buffers from the model file; trained params from the optimizer partitions
+    when those are loaded next (else from the consolidated fp32 weights); frozen params
+    from this rank's file, or re-cut from every rank's when the world size changed."""
+    _load_stage3_buffers(engine, sd, strict)
+    saved_world = int(sd.get("dp_world_size", engine.dp_world_size))
+    if custom_load_fn is not None:
+        custom_load_fn(src=reshard.consolidated_fp32(ckpt.dir), dst=engine.module)
+    elif not with_optim:
+        _write_stage3_params(engine, reshard.consolidated_fp32(ckpt.dir))
+    elif saved_world == engine.dp_world_size:
+        _load_stage3_frozen(engine, sd)
+    else:
+        _write_stage3_params(engine, reshard.frozen_fp32(ckpt, saved_world), every=False)
 
 
 def _load_stage3_frozen(engine: "ZeroEngine", sd: dict) -> None:
@@ -203,15 +229,7 @@ def load_checkpoint(
     if stage < 3:
         _load_module(engine, sd, load_module_strict, custom_load_fn)
     else:
-        _load_stage3_buffers(engine, sd, load_module_strict)
-        if want_optimizer and same_world and custom_load_fn is None:
-            _load_stage3_frozen(engine, sd)
-        else:
-            full = reshard.consolidated_fp32(ckpt.dir)
-            if custom_load_fn is not None:
-                custom_load_fn(src=full, dst=engine.module)
-            else:
-                _write_stage3_params(engine, full)
+        _load_stage3_module(engine, ckpt, sd, load_module_strict, custom_load_fn, want_optimizer)
 
     if want_optimizer:
         if stage > 0:
@@ -225,14 +243,11 @@ def load_checkpoint(
                 state = optim["optimizer_state_dict"]
             else:
                 state = reshard.optimizer_state(ckpt, sd, engine, saved_world)
-            opt.load_state_dict(state)
-    elif opt is not None and hasattr(opt, "refresh_masters"):
-        opt.refresh_masters()  # fp32 masters from the weights just loaded, as DeepSpeed does
-    if stage == 3:
-        runtime_part = getattr(opt, "part", None)
-        if runtime_part is not None:
-            runtime_part.release_all()
-            runtime_part.refresh_gathered()
+            opt.load_state_dict(state)  # stage 3: also re-gathers the persistent params
+    elif opt is not None and stage < 3:
+        # fp32 masters from the weights just loaded, as DeepSpeed does (at stage 3 the
+        # partitioner's shard writes already told the optimizer).
+        opt.refresh_masters()
 
     deepspeed_states = {"module"}
     if not load_module_only:

@@ -20,7 +20,7 @@ import torch
 
 from .. import _C
 from . import files, layout
-from .zero_to_fp32 import fp32_state_dict_of_dir
+from .zero_to_fp32 import fp32_state_dict_of_dir, merge_frozen
 
 if TYPE_CHECKING:
     from ..engine import ZeroEngine
@@ -33,6 +33,15 @@ def consolidated_fp32(ds_dir: str) -> Dict[str, torch.Tensor]:
     """Whole fp32 weights of a tag folder, every file checked against its manifest."""
     manifest = files.read_manifest(ds_dir)
     return fp32_state_dict_of_dir(ds_dir, load=lambda path: files.load_file(path, manifest))
+
+
+def frozen_fp32(ckpt: "Checkpoint", saved_world: int) -> Dict[str, torch.Tensor]:
+    """Whole values of the frozen params of a stage-3 checkpoint (every rank's model file
+    holds its shard of them); the optimizer files are not read."""
+    models = [ckpt.load(layout.model_states_name(3, r)) for r in range(saved_world)]
+    out: Dict[str, torch.Tensor] = {}
+    merge_frozen(out, models, 3, saved_world)
+    return out
 
 
 # --- whole-group vectors from N saved partitions -----------------------------------------------

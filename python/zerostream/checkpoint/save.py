@@ -69,6 +69,7 @@ def model_states(
     stage = engine.zero_optimization_stage()
     opt = engine.optimizer
     module_state = engine.module.state_dict()
+    buffers = layout.buffer_names(engine.module, module_state.keys())
     if exclude_frozen_parameters:
         frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
         module_state = type(module_state)(
@@ -76,7 +77,7 @@ def model_states(
         )
     state: Dict[str, Any] = {
         "module": _cpu(module_state),
-        "buffer_names": layout.buffer_names(engine.module),
+        "buffer_names": buffers,
         "optimizer": _cpu(opt.state_dict()) if stage == 0 and opt is not None else None,
         "shared_params": layout.shared_params(engine.module),
         "lr_scheduler": (

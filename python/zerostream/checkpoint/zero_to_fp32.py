@@ -75,9 +75,10 @@ def fp32_state_dict_of_dir(
 ) -> "OrderedDict[str, torch.Tensor]":
     """The whole fp32 state_dict of one tag folder (buffers, trained and frozen params, tied
     aliases), on the CPU."""
-    model_files = [f for f in _files(ds_dir, "_model_states.pt")]
+    model_files = _files(ds_dir, "_model_states.pt")
     optim_files = _files(ds_dir, "_optim_states.pt")
-    first = load(optim_files[0])["optimizer_state_dict"]
+    optims = [load(optim_files[0])]
+    first = optims[0]["optimizer_state_dict"]
     if "zero_stage" not in first:
         raise ValueError(f"{optim_files[0]} is not a ZeRO optimizer checkpoint")
     stage = int(first["zero_stage"])
@@ -96,13 +97,14 @@ def fp32_state_dict_of_dir(
     for name, value in model["module"].items():
         if name in model["buffer_names"]:
             out[name] = value.float() if value.is_floating_point() else value
-    partitions = [_fp32_partitions(load(f)) for f in optim_files]
+    optims += [load(f) for f in optim_files[1:]]
+    partitions = [_fp32_partitions(o) for o in optims]
     if stage <= 2:
         _merge_stage12(out, model, partitions, world, ds_dir)
     else:
         _merge_stage3(out, model, partitions, world, ds_dir)
     if not exclude_frozen_parameters:
-        _merge_frozen(out, models, stage, world)
+        merge_frozen(out, models, stage, world)
     for alias, owner in model.get("shared_params", {}).items():
         if owner in out:
             out[alias] = out[owner]
@@ -144,7 +146,9 @@ def _merge_stage3(out, model, partitions, world, ds_dir) -> None:
         )
 
 
-def _merge_frozen(out, models, stage, world) -> None:
+def merge_frozen(out, models, stage, world) -> None:
+    """Adds the frozen params' whole values from the model-states dicts (stage 3: one per
+    rank, each holding its shard)."""
     shapes = models[0].get("frozen_param_shapes") or {}
     for name, shape in shapes.items():
         if stage <= 2:

@@ -320,13 +320,9 @@ class SwappedAdam:
                 f"optimizer state has {len(saved_groups)} param groups; this run has "
                 f"{len(self.numels)}"
             )
-        for group, saved in zip(self.hyper.param_groups, saved_groups):
+        for g, (group, saved) in enumerate(zip(self.hyper.param_groups, saved_groups)):
             group.update({k: v for k, v in saved.items() if k != "params"})
-        by_param = {}
-        for g, saved in enumerate(saved_groups):
-            by_param[g] = state["state"].get(saved["params"][0], {})
-        for g in range(len(self.numels)):
-            st = by_param[g]
+            st = state["state"].get(saved["params"][0], {})
             self.steps[g] = int(st.get("step", 0))
             self.write_state(g, 0, masters[g], "param")
             for kind in ("exp_avg", "exp_avg_sq"):

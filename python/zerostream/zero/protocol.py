@@ -105,6 +105,9 @@ class ZeroOptimizer(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
+    def refresh_masters(self) -> None:
+        """fp32 masters from the weights (a checkpoint loaded without optimizer state)."""
+
     def state_summary(self) -> dict:
         """Plain data about where the state lives and what moved (tests, tools)."""
 
