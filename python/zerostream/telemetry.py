@@ -13,6 +13,9 @@ from typing import Dict
 
 
 class StepTelemetry:
+    """Counters since the engine was built (never reset, so a caller may difference them over
+    any window it likes); `report()` prints the window since its previous call."""
+
     PHASES = ("forward", "backward", "reduce", "step", "swap_wait")
 
     def __init__(self):
@@ -20,6 +23,16 @@ class StepTelemetry:
         self.bytes: Dict[str, int] = defaultdict(int)  # tier -> bytes moved
         self.tier_seconds: Dict[str, float] = defaultdict(float)
         self.steps = 0
+        self._window = self.snapshot()
+
+    def snapshot(self) -> dict:
+        """The counters now, as plain dicts."""
+        return {
+            "seconds": dict(self.seconds),
+            "bytes": dict(self.bytes),
+            "tier_seconds": dict(self.tier_seconds),
+            "steps": self.steps,
+        }
 
     @contextmanager
     def phase(self, name: str):
@@ -38,19 +51,21 @@ class StepTelemetry:
 
     def report(self) -> str:
         """One line for the window since the last report, then starts a new window."""
-        n = max(1, self.steps)
-        parts = [f"{p} {1000 * self.seconds[p] / n:.1f} ms" for p in self.PHASES]
-        for tier in sorted(self.bytes):
-            mib = self.bytes[tier] / n / 2**20
-            secs = self.tier_seconds[tier]
-            rate = f"{self.bytes[tier] / secs / 1e9:.2f} GB/s" if secs > 0 else "n/a"
+        now, then = self.snapshot(), self._window
+        self._window = now
+        win = {
+            key: {k: v - then[key].get(k, 0) for k, v in now[key].items()}
+            for key in ("seconds", "bytes", "tier_seconds")
+        }
+        steps = now["steps"] - then["steps"]
+        n = max(1, steps)
+        parts = [f"{p} {1000 * win['seconds'].get(p, 0.0) / n:.1f} ms" for p in self.PHASES]
+        for tier in sorted(t for t, b in win["bytes"].items() if b):
+            mib = win["bytes"][tier] / n / 2**20
+            secs = win["tier_seconds"].get(tier, 0.0)
+            rate = f"{win['bytes'][tier] / secs / 1e9:.2f} GB/s" if secs > 0 else "n/a"
             parts.append(f"{tier} {mib:.2f} MiB ({rate})")
-        line = f"per step over {self.steps} steps | " + " | ".join(parts)
-        self.seconds.clear()
-        self.bytes.clear()
-        self.tier_seconds.clear()
-        self.steps = 0
-        return line
+        return f"per step over {steps} steps | " + " | ".join(parts)
 
 
 class NullTelemetry:

@@ -139,6 +139,7 @@ class HostArena:
 
     def __init__(self, budget_bytes: int, lock: bool = True, cuda_register: bool = True):
         self._arena = _N.HostArena(int(budget_bytes), lock, cuda_register)
+        _LIVE_ARENAS.add(self)
 
     def empty(
         self, numel: int, dtype: torch.dtype = torch.uint8, timeout_s: float = 60.0
@@ -158,6 +159,23 @@ class HostArena:
 
     def stats(self) -> dict:
         return self._arena.stats()
+
+
+_LIVE_ARENAS: "weakref.WeakSet[HostArena]" = weakref.WeakSet()
+
+
+def arena_totals() -> dict:
+    """Budget, bytes in use and the sum of each arena's peak over the arenas alive in this
+    process (the engine's swap buffers, staging, the aio handle's): what a run's summary
+    reports as host-arena memory. The peaks are per arena, so their sum bounds the true
+    simultaneous peak from above."""
+    totals = {"arenas": 0, "budget": 0, "in_use": 0, "peak": 0}
+    for arena in list(_LIVE_ARENAS):
+        s = arena.stats()
+        totals["arenas"] += 1
+        for key in ("budget", "in_use", "peak"):
+            totals[key] += int(s[key])
+    return totals
 
 
 # Stores still open at interpreter exit are closed then: an engine kept alive by reference
