@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Optional
 
-from . import comm, ops, zero
+from . import comm, moe, ops, zero
 from ._version import __version__
 from .accelerator import get_accelerator
 from .comm import init_distributed
@@ -32,6 +32,7 @@ __all__ = [
     "init_distributed",
     "add_config_arguments",
     "comm",
+    "moe",
     "ops",
     "zero",
     "get_accelerator",

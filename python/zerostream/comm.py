@@ -15,6 +15,7 @@ import math
 import os
 from typing import List, Optional
 
+import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed.comm does)
 
@@ -155,6 +156,15 @@ def get_global_rank(group=None, group_rank: int = 0) -> int:
 
 def get_world_group():
     return dist.group.WORLD
+
+
+def is_available() -> bool:
+    return dist.is_available()
+
+
+def get_all_ranks_from_group(group=None) -> List[int]:
+    """The global ranks of `group`'s members, in group-rank order."""
+    return [get_global_rank(group, r) for r in range(get_world_size(group))]
 
 
 def new_group(ranks: Optional[List[int]] = None, **kwargs):
@@ -300,6 +310,36 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 
 allgather_fn = all_gather_into_tensor
 reduce_scatter_fn = reduce_scatter_tensor
+
+
+@_named
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    """List form: `output` gets the reduction of every rank's input_list[this rank]."""
+    if not _backend_is_gloo(group):
+        return dist.reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
+    flat = torch.cat([t.reshape(-1) for t in input_list])
+    reduce_scatter_tensor(output.view(-1), flat, op=op, group=group)
+    return None
+
+
+@_named
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    return dist.all_to_all(output_tensor_list, input_tensor_list, group=group, async_op=async_op)
+
+
+@_named
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
+    """All-reduces several tensors in one flat buffer (one collective, not one per tensor)."""
+    tensors = list(tensors)
+    if not tensors:
+        return None
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, op=op, group=group)
+    offset = 0
+    for t in tensors:
+        t.view(-1).copy_(flat[offset : offset + t.numel()])
+        offset += t.numel()
+    return None
 
 
 def log_summary() -> None:

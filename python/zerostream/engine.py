@@ -14,9 +14,10 @@ from . import comm
 from .accelerator import get_accelerator
 from .config import DeepSpeedConfig
 from .lr_schedules import build_scheduler
-from .optim_factory import param_groups_of
+from .optim_factory import client_groups, param_groups_of
 from .precision import DTYPES, make_loss_scaler
 from .telemetry import StepTelemetry
+from .unsupported import refuse_unsupported
 from .zero.factory import build_zero_optimizer, stage_class
 from .zero.protocol import RunState, StageContext, TrainingState
 
@@ -70,10 +71,10 @@ class ZeroEngine(torch.nn.Module):
             telemetry=self.telemetry,
         )
         self.device = ctx.device
+        groups = param_groups_of(model, model_parameters)
+        refuse_unsupported(cfg, model, client_groups(optimizer, groups))
         stage_class(cfg.zero_stage).prepare_module(model, ctx)
-        self.optimizer = build_zero_optimizer(
-            ctx, param_groups_of(model, model_parameters), client=optimizer
-        )
+        self.optimizer = build_zero_optimizer(ctx, groups, client=optimizer)
         self.basic_optimizer = self.optimizer.optimizer if self.optimizer is not None else None
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         if cfg.zero_optimization.round_robin_gradients and cfg.zero_stage in (1, 2):
@@ -261,6 +262,13 @@ class ZeroEngine(torch.nn.Module):
     def zero_cpu_offload(self) -> bool:
         return self._config.zero_optimization.offload_optimizer_device == "cpu"
 
+    def zero_use_cpu_optimizer(self) -> bool:
+        return self._config.zero_optimization.offload_optimizer_device in ("cpu", "nvme")
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """Accelerate's get_state_dict asks before gathering stage-3 weights."""
+        return self._config.zero_optimization.stage3_gather_16bit_weights_on_model_save
+
     def fp16_enabled(self) -> bool:
         return self._config.fp16.enabled
 
@@ -403,6 +411,14 @@ class ZeroEngine(torch.nn.Module):
         swapper = getattr(self.optimizer, "swapper", None)
         if swapper is not None:
             swapper.close()
+
+    def compile(self, backend=None, compile_kwargs=None, **kwargs) -> None:
+        """DeepSpeed's engine.compile (Accelerate calls it when a dynamo backend is set);
+        torch.Module.compile would otherwise take the call and fail on its arguments."""
+        raise NotImplementedError(
+            "engine.compile: torch.compile of a zerostream engine (DeepSpeed's "
+            "engine.compile, Accelerate's dynamo_backend) is not supported; run uncompiled"
+        )
 
     def get_batch_info(self):
         return (

@@ -1,0 +1,23 @@
+"""The error this package raises where DeepSpeed has a feature zerostream does not."""
+
+from __future__ import annotations
+
+
+class UnsupportedFeatureError(ImportError, NotImplementedError):
+    """A DeepSpeed feature zerostream does not implement. An ImportError too, so code that
+    probes an optional DeepSpeed module with `except ImportError` degrades as it would
+    without it."""
+
+
+def unsupported(feature: str, what: str, hint: str = "") -> UnsupportedFeatureError:
+    """The error for `what` (the name the user reached), which needs `feature`."""
+    message = f"{what}: {feature} is not supported by zerostream"
+    if hint:
+        message += f"; {hint}"
+    return UnsupportedFeatureError(message)
+
+
+SEQUENCE_PARALLELISM = "sequence parallelism (DeepSpeed Ulysses / ALST)"
+TENSOR_PARALLELISM = "tensor parallelism (DeepSpeed AutoTP, tensor_parallel.autotp_size > 1)"
+INFERENCE = "DeepSpeed-Inference (kernel injection, init_inference)"
+Z3_LEAF_MODULES = "ZeRO-3 leaf modules (set_z3_leaf_modules)"

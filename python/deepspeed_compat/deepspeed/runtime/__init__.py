@@ -1,0 +1,7 @@
+"""`deepspeed.runtime`: the engine, config, LR schedules and ZeRO (zero/) under DeepSpeed's
+paths. Submodules are imported here, as DeepSpeed's own __init__ does, so attribute paths
+such as `deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES` work after `import deepspeed`."""
+
+from . import config, engine, lr_schedules, utils, zero
+
+__all__ = ["config", "engine", "lr_schedules", "utils", "zero"]

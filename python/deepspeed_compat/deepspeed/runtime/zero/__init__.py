@@ -1,0 +1,26 @@
+"""`deepspeed.runtime.zero` (also `deepspeed.zero`): zero.Init, GatheredParameters and the
+external-parameter API from zerostream.zero, plus the ZeRO optimizer classes by DeepSpeed's
+module names (stage_1_and_2, stage3) for isinstance checks."""
+
+from zerostream.zero import (
+    GatheredParameters,
+    Init,
+    ZeroParamStatus,
+    register_external_parameter,
+    unregister_external_parameter,
+)
+
+from . import config, offload_config, partition_parameters, stage3, stage_1_and_2
+
+__all__ = [
+    "GatheredParameters",
+    "Init",
+    "ZeroParamStatus",
+    "register_external_parameter",
+    "unregister_external_parameter",
+    "config",
+    "offload_config",
+    "partition_parameters",
+    "stage3",
+    "stage_1_and_2",
+]

@@ -1,0 +1,61 @@
+"""`deepspeed.utils`: the logger, log_dist, process-group getters (groups) and zero_to_fp32.
+
+`logger` is zerostream's logger, so a tool that sets DeepSpeed's log level (Hugging Face
+Trainer does, from its own) sets zerostream's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable, List, Optional
+
+import torch
+
+from zerostream import comm
+
+from .._unsupported import Z3_LEAF_MODULES, unsupported
+from . import groups, zero_to_fp32
+
+logger = logging.getLogger("zerostream")
+
+
+def log_dist(message: str, ranks: Optional[Iterable[int]] = None, level: int = logging.INFO):
+    """Logs `message` on the listed ranks (all with -1 in the list; rank 0 when None)."""
+    ranks = [0] if ranks is None else list(ranks)
+    rank = comm.get_rank()
+    if -1 in ranks or rank in ranks:
+        logger.log(level, "[Rank %d] %s", rank, message)
+
+
+def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes, *args, **kwargs):
+    """Accelerate calls this for the MoE layer classes named in its DeepSpeed plugin
+    (transformer_moe_cls_names): zerostream's stage 3 gathers per submodule and has no
+    leaf-module mode, so it says so instead of ignoring the request."""
+    names = [getattr(c, "__name__", str(c)) for c in leaf_module_classes]
+    raise unsupported(
+        Z3_LEAF_MODULES,
+        "deepspeed.utils.set_z3_leaf_modules",
+        f"asked for {names}; leave transformer_moe_cls_names / "
+        "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES unset (zerostream gathers each submodule's "
+        "parameters as it runs)",
+    )
+
+
+def get_z3_leaf_modules(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """No module is a ZeRO-3 leaf on zerostream."""
+    return []
+
+
+def z3_leaf_module(model: torch.nn.Module) -> bool:
+    return False
+
+
+__all__ = [
+    "groups",
+    "zero_to_fp32",
+    "logger",
+    "log_dist",
+    "set_z3_leaf_modules",
+    "get_z3_leaf_modules",
+    "z3_leaf_module",
+]

@@ -1,0 +1,26 @@
+"""Version and dependency of the compatibility distribution, from zerostream's sources.
+
+The version is DeepSpeed's API level with zerostream's version as the local part
+(`0.19.8+zerostream.0.1.0`): Hugging Face and Accelerate compare it against DeepSpeed
+releases, and `pip show deepspeed` says what it really is. The package requires exactly
+that zerostream. Built in place from the zerostream repository (pip's default).
+"""
+
+import pathlib
+import re
+
+from setuptools import setup
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _read(path: pathlib.Path, name: str) -> str:
+    match = re.search(rf'^{name}\s*=\s*"([^"]+)"', path.read_text(encoding="utf-8"), re.M)
+    if match is None:
+        raise RuntimeError(f'{path}: no {name} = "..." line')
+    return match.group(1)
+
+
+api = _read(HERE / "deepspeed" / "_api_version.py", "DEEPSPEED_API_VERSION")
+zerostream = _read(HERE.parent / "zerostream" / "_version.py", "__version__")
+setup(version=f"{api}+zerostream.{zerostream}", install_requires=[f"zerostream=={zerostream}"])
