@@ -1,4 +1,4 @@
-"""The `zerostream` command: report, config check, bench."""
+"""The `zerostream` command: run, report, config check, estimate, bench, zero-to-fp32."""
 
 from __future__ import annotations
 
@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zerostream", description=__doc__)
     parser.add_argument("--version", action="version", version=f"zerostream {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    from . import launcher
+
+    launcher.add_parser(sub)  # `run`; flags after the script go to the script
 
     report = sub.add_parser("report", help="versions, SIMD, io_uring, O_DIRECT, CUDA, backends")
     report.add_argument("--path", help="directory whose O_DIRECT support to probe (nvme_path)")
