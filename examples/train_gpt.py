@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import sysconfig
@@ -116,6 +117,9 @@ def parse_args(argv=None):
     p.add_argument("--resume", help="load the latest checkpoint from here first")
     p.add_argument("--out", default="train_gpt_out", help="plot and summary go here")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--verbose", action="store_true", help="keep the engine's per-step log beside the bar"
+    )
     p.add_argument("--local_rank", type=int, default=-1, help="set by DeepSpeed-style launchers")
     p = deepspeed.add_config_arguments(p)
     args = p.parse_args(argv)
@@ -169,6 +173,8 @@ def main(argv=None) -> int:
         model=model, model_parameters=model.parameters(), config=cfg
     )
     device = engine.device
+    if not args.verbose:  # the bar and the summary carry what the steps_per_print lines say
+        logging.getLogger("zerostream").setLevel(logging.WARNING)
     if args.resume:
         path, _ = engine.load_checkpoint(args.resume)
         if path is None:
@@ -215,7 +221,7 @@ def main(argv=None) -> int:
     peaks = _peaks_over_ranks(device)
     if rank == 0:
         summary = _summary(args, cfg, history, _counters(tele), begin, elapsed, peaks, world)
-        summary["swap_files"] = _swap_files(cfg)  # while the engine still holds them
+        summary["swap_files"] = _swap_files(cfg, rank)  # while the engine still holds them
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -267,9 +273,10 @@ def _peaks_over_ranks(device) -> dict:
     }
 
 
-def _swap_files(cfg: dict) -> dict:
-    """Bytes really allocated on disk (st_blocks, so sparse holes do not count) by the swap
-    files under each nvme_path: the proof that the offloaded state is on the disk."""
+def _swap_files(cfg: dict, rank: int) -> dict:
+    """What this rank's swap stores hold (bytes of live state) and what its swap files really
+    occupy on the disk (st_blocks: allocated, preallocation included, sparse holes not): the
+    proof that the offloaded state is on the disk."""
     zero = cfg.get("zero_optimization", {})
     paths = {
         zero[k]["nvme_path"]
@@ -278,12 +285,18 @@ def _swap_files(cfg: dict) -> dict:
     }
     out = {}
     for path in sorted(paths):
-        files = [f for f in Path(path).rglob("*") if f.is_file()]
+        files = [f for f in (Path(path) / "zerostream" / f"rank{rank}").rglob("*") if f.is_file()]
         out[path] = {
             "files": len(files),
             "allocated_bytes": sum(f.stat().st_blocks * 512 for f in files),
         }
-    return out
+    try:
+        from zerostream.offload.io import store_totals
+
+        used = store_totals()["used_bytes"]
+    except ImportError:  # DeepSpeed run
+        used = None
+    return {"paths": out, "state_bytes": used}
 
 
 def _postfix(loss: float, tok_s: float, now: dict, begin: dict) -> str:
@@ -374,9 +387,14 @@ def _table(s: dict) -> str:
     for t, v in s["tiers"].items():
         rate = f"{v['gb_per_s']:.2f} GB/s" if v["gb_per_s"] else "n/a"
         rows.append((t.replace("_", " "), f"{v['gb']:.3f} GB at {rate} (rank 0)"))
-    for path, v in s.get("swap_files", {}).items():
+    swap = s.get("swap_files", {"paths": {}})
+    for path, v in swap["paths"].items():
+        held = "" if swap["state_bytes"] is None else f"{_size(swap['state_bytes'])} of state, "
         rows.append(
-            ("swap files", f"{_size(v['allocated_bytes'])} in {v['files']} files under {path}")
+            (
+                "swap files (rank 0)",
+                f"{held}{_size(v['allocated_bytes'])} allocated in {v['files']} files under {path}",
+            )
         )
     width = max(len(k) for k, _ in rows)
     return "\n".join(["== summary"] + [f"  {k:<{width}}  {v}" for k, v in rows])

@@ -253,6 +253,18 @@ class SwapStore:
         return self._store.directory
 
 
+def store_totals() -> dict:
+    """Bytes of live tensors (`used`) and the swap files' sizes (`files`, grown ahead of use)
+    over the swap stores open in this process."""
+    totals = {"stores": 0, "used_bytes": 0, "file_bytes": 0}
+    for store in list(_OPEN_STORES):
+        s = store.stats()
+        totals["stores"] += 1
+        totals["used_bytes"] += int(s["used_bytes"])
+        totals["file_bytes"] += int(s["file_bytes"])
+    return totals
+
+
 def set_io_fault(spec: Optional[str]) -> None:
     """Test only: make the Nth I/O attempt fail (``"3:EIO"``) or complete short (``"2:short"``).
 
