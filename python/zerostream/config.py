@@ -15,6 +15,7 @@ import binascii
 import dataclasses
 import json
 import logging
+import math
 import os
 import types
 import typing
@@ -29,11 +30,22 @@ logger = logging.getLogger("zerostream")
 # --- reading the input ------------------------------------------------------------------------
 
 
+def _from_python(config: Mapping) -> dict:
+    """A dict as tools build it, made JSON: Accelerate's DeepSpeed plugin always sets
+    steps_per_print to float("inf") to mean "never print", which is what null (DeepSpeed's
+    default) means here; JSON has no infinity."""
+    config = dict(config)
+    spp = config.get("steps_per_print")
+    if isinstance(spp, float) and math.isinf(spp) and spp > 0:
+        config["steps_per_print"] = None
+    return config
+
+
 def config_text(config: Any) -> Tuple[str, str]:
     """Returns (JSON text, source name) for a dict, a file path or URL-safe base64 text."""
     if isinstance(config, Mapping):
         try:
-            return json.dumps(dict(config)), "<dict>"
+            return json.dumps(_from_python(config)), "<dict>"
         except (TypeError, ValueError) as exc:
             raise ValueError(f"DeepSpeed config dict is not JSON-serializable: {exc}") from exc
     if isinstance(config, (str, os.PathLike)):

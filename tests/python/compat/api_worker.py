@@ -194,7 +194,10 @@ def helpers():
         bad = "no error"
     except ValueError as exc:
         bad = str(exc)
+    # Accelerate's plugin sets steps_per_print = float("inf") ("never"), which JSON lacks.
+    never = deepspeed.runtime.config.DeepSpeedConfig({**config(2), "steps_per_print": 1e999})
     return {
+        "steps_per_print_inf": never.steps_per_print,
         "clone_equal": bool(torch.equal(cloned["a"], view) and cloned["b"][1] == 3),
         "clone_kinds": [type(cloned["b"]).__name__, type(cloned["c"]).__name__, cloned["c"][1]],
         "clone_bytes": saved_bytes(cloned),

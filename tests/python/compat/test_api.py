@@ -84,3 +84,4 @@ def test_helpers(facts):
     assert h["config_isinstance"] and h["config_stage"] == 2
     assert "train_batch_size" in h["config_bad"]
     assert h["zero_is_runtime_zero"]
+    assert h["steps_per_print_inf"] is None  # never print, as DeepSpeed's default
