@@ -6,6 +6,7 @@ import copy
 import importlib.metadata
 import io
 import json
+import os
 
 import deepspeed
 import torch
@@ -87,6 +88,31 @@ def engine_surface(stage):
     }
     engine.destroy()
     return facts
+
+
+def save_16bit():
+    """save_16bit_model at stage 3: the whole weights when gathering on save is configured
+    (equal to the model's own, gathered), nothing (False) when not."""
+    import tempfile
+
+    out = {}
+    for gather in (True, False):
+        model = make_model()
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        cfg = config(3, stage3_gather_16bit_weights_on_model_save=gather)
+        engine, _, _, _ = deepspeed.initialize(model=model, config=cfg)
+        with tempfile.TemporaryDirectory() as d:
+            written = engine.save_16bit_model(d, "model.bin")
+            files = os.listdir(d)
+            same = None
+            if written:
+                saved = torch.load(os.path.join(d, "model.bin"))
+                same = sorted(saved) == sorted(start) and all(
+                    torch.equal(saved[k], v) for k, v in start.items()
+                )
+        out[str(gather)] = {"returned": written, "files": files, "equal_to_initial": same}
+        engine.destroy()
+    return out
 
 
 def refusal(fn):
@@ -215,6 +241,7 @@ def main():
     out["stages"] = {stage: engine_surface(stage) for stage in range(4)}
     out["unsupported"] = unsupported()
     out["fused_adam"] = fused_adam()
+    out["save_16bit"] = save_16bit()
     print(json.dumps(out))
 
 

@@ -85,3 +85,9 @@ def test_helpers(facts):
     assert "train_batch_size" in h["config_bad"]
     assert h["zero_is_runtime_zero"]
     assert h["steps_per_print_inf"] is None  # never print, as DeepSpeed's default
+
+
+def test_save_16bit_model_at_stage3(facts):
+    on, off = facts["save_16bit"]["True"], facts["save_16bit"]["False"]
+    assert on == {"returned": True, "files": ["model.bin"], "equal_to_initial": True}
+    assert off == {"returned": False, "files": [], "equal_to_initial": None}

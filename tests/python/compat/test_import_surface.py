@@ -21,8 +21,14 @@ NOT_NEEDED = {
     ),
 }
 
-# Module paths the package refuses on import (UnsupportedFeatureError naming the feature).
-REFUSED_MODULES = ("deepspeed.runtime.sequence_parallel.ulysses_sp",)
+# Module paths the package refuses on import (UnsupportedFeatureError naming the feature),
+# with the feature named.
+REFUSED_MODULES = {
+    "deepspeed.runtime.sequence_parallel.ulysses_sp": "sequence parallelism",
+    "deepspeed.pipe": "pipeline parallelism",
+}
+# Refused names that scripts import (not the tools): they must stay refused clearly.
+REQUIRED_REFUSED = ["deepspeed.pipe.PipelineModule"]
 
 # Issue 15's list and what DeepSpeed's cifar10_deepspeed.py and
 # tests/small_model_debugging/test_model.py import, beyond the tools' own uses.
@@ -116,7 +122,7 @@ def test_every_name_the_tools_and_scripts_use_resolves(compat_env, tmp_path):
     assert not stale, f"NOT_NEEDED lists names the tools no longer use: {stale}"
 
     todo = {(u.path, u.kind, u.root) for u in uses if u.path not in NOT_NEEDED}
-    todo |= {(path, "from", path) for path in REQUIRED}
+    todo |= {(path, "from", path) for path in REQUIRED + REQUIRED_REFUSED}
     spec = tmp_path / "uses.json"
     spec.write_text(json.dumps(sorted(todo)))
     done = run_python([str(HERE / "surface_check.py"), str(spec)], compat_env, timeout=300)
@@ -134,11 +140,11 @@ def test_every_name_the_tools_and_scripts_use_resolves(compat_env, tmp_path):
         f"  {p}: {r}" for p, r in sorted(missing.items())
     )
     refused = {p: r for p, r in result.items() if r.startswith("refused")}
-    unexpected = [p for p in refused if not p.startswith(REFUSED_MODULES)]
-    assert not unexpected, f"refused outside REFUSED_MODULES: {unexpected}"
+    for path in REQUIRED_REFUSED:
+        assert path in refused, f"{path} must be refused clearly, got {result[path]}"
     for path, reason in refused.items():
-        assert "not supported by zerostream" in reason and "sequence parallelism" in reason, (
-            path,
-            reason,
-        )
+        module = next((m for m in REFUSED_MODULES if path.startswith(m)), None)
+        assert module is not None, f"refused outside REFUSED_MODULES: {path}: {reason}"
+        assert "not supported by zerostream" in reason, (path, reason)
+        assert REFUSED_MODULES[module] in reason, (path, reason)
     assert len(result) == len({p for p, _, _ in todo})

@@ -3,7 +3,8 @@ values filled by Trainer: a tiny GPT-2 (tied embedding) and a tiny Llama at stag
 with offload_optimizer cpu and nvme (and offload_param cpu/nvme at stage 3) log the same loss
 at every step as plain Trainer (no DeepSpeed) from the same weights and data; save_model()
 writes the weights plain Trainer ends with, and resume_from_checkpoint retrains steps 2-3
-identically (trainer_worker.py, one process with a launcher's environment)."""
+identically (trainer_worker.py, one process with a launcher's environment); and on 2
+processes at stage 3 the same losses as the single-process run (trainer_ranks_worker.py)."""
 
 import json
 import pathlib
@@ -128,3 +129,19 @@ def test_deepspeed_scheduler_section_with_auto_values(runs):
     assert params["total_num_steps"] == 3 and params["warmup_num_steps"] >= 1
     assert params["max_lrs"] == [pytest.approx(1e-3)] and params["min_lrs"] == [0]
     assert all(loss == loss and loss > 0 for loss in run["losses"])
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_trainer_on_two_processes_stage3_logs_the_single_process_losses(runs, compat_env):
+    """2 Gloo processes x micro-batch 4 at stage 3 (params and optimizer offloaded): the
+    global batches of the single-process plain run (4 x 2 accumulation steps), the same
+    losses. Needs the process state configured by the script (trainer_ranks_worker.py)."""
+    out, result = runs
+    args = ["-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+    args += [str(HERE / "trainer_ranks_worker.py"), str(out / "two_processes")]
+    done = run_python(args, compat_env, timeout=420, cwd=HERE)
+    facts = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert facts["world"] == facts["num_processes"] == facts["dp_world_size"] == 2
+    assert facts["stage"] == 3 and facts["train_batch_size"] == 8
+    assert facts["losses"] == pytest.approx(result["plain_gpt2"]["losses"], **TOL)
