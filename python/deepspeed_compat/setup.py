@@ -3,11 +3,13 @@
 The version is DeepSpeed's API level with zerostream's version as the local part
 (`0.19.8+zerostream.0.1.0`): Hugging Face and Accelerate compare it against DeepSpeed
 releases, and `pip show deepspeed` says what it really is. The package requires exactly
-that zerostream. Built in place from the zerostream repository (pip's default).
+that zerostream. Built in place from the zerostream repository (pip's default), with
+setuptools' intermediate files in the repository's build/ folder, not beside the sources.
 """
 
 import pathlib
 import re
+import shutil
 
 from setuptools import setup
 
@@ -23,4 +25,12 @@ def _read(path: pathlib.Path, name: str) -> str:
 
 api = _read(HERE / "deepspeed" / "_api_version.py", "DEEPSPEED_API_VERSION")
 zerostream = _read(HERE.parent / "zerostream" / "_version.py", "__version__")
-setup(version=f"{api}+zerostream.{zerostream}", install_requires=[f"zerostream=={zerostream}"])
+# Emptied first: a file left from an earlier build (a module since removed) would be packed.
+build = HERE.parent.parent / "build" / "deepspeed_compat"
+shutil.rmtree(build, ignore_errors=True)
+build.mkdir(parents=True)
+setup(
+    version=f"{api}+zerostream.{zerostream}",
+    install_requires=[f"zerostream=={zerostream}"],
+    options={"build": {"build_base": str(build)}, "egg_info": {"egg_base": str(build)}},
+)

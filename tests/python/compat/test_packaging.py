@@ -31,6 +31,14 @@ def test_installs_one_package_its_metadata_and_two_commands(compat_site):
     assert "Name: deepspeed" in metadata and "Requires-Dist: zerostream==" in metadata
 
 
+def test_building_leaves_the_source_folder_as_it_was(compat_site):
+    """setuptools' build/ and egg-info go to the repository's build/ folder: scripts/setup.sh
+    hashes python/ to decide whether to rebuild zerostream."""
+    project = compat_site.parent / "src" / "python" / "deepspeed_compat"
+    assert sorted(os.listdir(project)) == [".gitignore", "deepspeed", "pyproject.toml", "setup.py"]
+    assert (compat_site.parent / "src" / "build" / "deepspeed_compat").is_dir()
+
+
 def test_ds_report_prints_the_package_and_zerostreams_report(compat_site, compat_env):
     done = run_python([str(compat_site / "bin" / "ds_report")], compat_env, timeout=120)
     first = done.stdout.splitlines()[0]
