@@ -70,7 +70,12 @@ def engine_surface(stage):
     engine.backward(loss)
     engine.step()
     norm = engine.get_global_grad_norm()
+    wanted = ["param_groups", "state", "dp_process_group", "_global_grad_norm", "state_dict"]
+    wanted += ["load_state_dict", "zero_grad", "step"] + (["bit16_groups"] if stage else [])
     facts = {
+        "missing_optimizer_attributes": [a for a in wanted if not hasattr(opt, a)],
+        "norm_attribute_is_engines": opt._global_grad_norm is norm,
+        "state_dict_is_dict": isinstance(opt.state_dict(), dict),
         "engine_is_DeepSpeedEngine": isinstance(engine, deepspeed.DeepSpeedEngine),
         "engine_is_runtime_engine": isinstance(engine, deepspeed.runtime.engine.DeepSpeedEngine),
         "opt_is_stage_1_and_2": isinstance(opt, DeepSpeedZeroOptimizer),
