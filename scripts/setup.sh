@@ -42,4 +42,15 @@ if [ "$(cat "$src_stamp" 2>/dev/null)" != "$src_hash" ] || ! .venv/bin/python -c
     ${ZS_CMAKE_ARGS:+--config-settings=cmake.args="$ZS_CMAKE_ARGS"} .
   echo "$src_hash" > "$src_stamp"
 fi
+# --- 4. The deepspeed compatibility package (docs/compat.md) ----------------------------------
+# A top-level `deepspeed` backed by zerostream, so Hugging Face Trainer / Accelerate and scripts
+# that `import deepspeed` run unchanged. Never install it beside the real DeepSpeed (.venv-bench).
+compat_stamp=.venv/.zs-deepspeed-compat.sha1
+compat_hash=$( (find python/deepspeed_compat -type f ! -path '*/__pycache__/*' ! -path '*.egg-info*' -print0 \
+                | sort -z | xargs -0 sha1sum; cat python/zerostream/_version.py) | sha1sum | cut -d' ' -f1)
+if [ "$(cat "$compat_stamp" 2>/dev/null)" != "$compat_hash" ]; then
+  log "installing the deepspeed compatibility package (python/deepspeed_compat)"
+  .venv/bin/python -m pip install -q --no-build-isolation --no-index ./python/deepspeed_compat
+  echo "$compat_hash" > "$compat_stamp"
+fi
 log "ready: $(.venv/bin/zerostream --version 2>/dev/null || echo 'zerostream installed')"
