@@ -32,6 +32,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from . import compat_unpickle
+
 MANIFEST = "zerostream_manifest.json"
 LATEST = "latest"
 _CHUNK = 8 << 20
@@ -226,14 +228,17 @@ def verify_file(path: str, manifest: Optional[Dict[str, Dict[str, int]]]) -> Non
         )
 
 
-def load_file(path: str, manifest=None, *, weights_only: bool = True) -> Any:
-    """torch.load of one checkpoint file onto the CPU, checked against the manifest; every
+def load_file(path: str, manifest=None) -> Any:
+    """torch.load of one checkpoint file onto the CPU (weights only, DeepSpeed's pickled
+    classes read as plain data: compat_unpickle.py), checked against the manifest; every
     failure names the file."""
     if not os.path.isfile(path):
         raise FileNotFoundError(errno.ENOENT, "checkpoint file is missing", path)
     verify_file(path, manifest)
     try:
-        return torch.load(path, map_location="cpu", weights_only=weights_only)
+        return compat_unpickle.load(path)
+    except compat_unpickle.ForbiddenGlobalError:
+        raise
     except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
         raise ValueError(
             f"checkpoint file {path} cannot be read ({type(exc).__name__}: {exc}); it is "

@@ -15,7 +15,7 @@ import torch
 from .. import comm
 from ..zero.stage3.optimizer import runtime_of
 from ..zero.stage3.param import zero_param_of
-from . import files, layout, reshard
+from . import files, layout, migrate, reshard
 
 if TYPE_CHECKING:
     from ..engine import ZeroEngine
@@ -180,6 +180,21 @@ def _load_stage3_frozen(engine: "ZeroEngine", sd: dict) -> None:
         zp.partitioner.shard_modified(zp)
 
 
+def _zero_state(
+    ckpt: Checkpoint, sd: dict, engine: "ZeroEngine", dp_rank: int, saved_world: int
+) -> dict:
+    """This rank's ZeRO optimizer state: its own file when the checkpoint's partitions are
+    cut as this run cuts them (same world size and layout), else re-cut by parameter name
+    from every rank's file (reshard.py). DeepSpeed's files are mapped by migrate.py."""
+    if saved_world == engine.dp_world_size:
+        name = ckpt.optim_file(dp_rank, engine.bfloat16_enabled())
+        where = ckpt.path(name)
+        state = migrate.zero_state(ckpt.load(name)["optimizer_state_dict"], engine, where)
+        if migrate.same_layout(sd, state, engine, saved_world):
+            return migrate.with_param_groups(state, engine, where)
+    return reshard.optimizer_state(ckpt, sd, engine, saved_world)
+
+
 def _latest_tag(load_dir: str) -> Optional[str]:
     path = os.path.join(load_dir, files.LATEST)
     if not os.path.isfile(path):
@@ -224,7 +239,7 @@ def load_checkpoint(
     saved_world = int(sd.get("dp_world_size", engine.dp_world_size))
     opt = engine.optimizer
     want_optimizer = load_optimizer_states and not load_module_only and opt is not None
-    same_world = saved_world == engine.dp_world_size
+    lr_unsaved = False
 
     if stage < 3:
         _load_module(engine, sd, load_module_strict, custom_load_fn)
@@ -232,18 +247,14 @@ def load_checkpoint(
         _load_stage3_module(engine, ckpt, sd, load_module_strict, custom_load_fn, want_optimizer)
 
     if want_optimizer:
-        if stage > 0:
-            reshard.check_groups(sd, engine)
         if stage == 0:
             if sd.get("optimizer") is not None:
-                opt.load_state_dict(sd["optimizer"])
+                where = ckpt.path(model_name)
+                opt.load_state_dict(migrate.stage0_state(sd["optimizer"], engine, where))
         else:
-            if same_world:
-                optim = ckpt.load(ckpt.optim_file(dp_rank, engine.bfloat16_enabled()))
-                state = optim["optimizer_state_dict"]
-            else:
-                state = reshard.optimizer_state(ckpt, sd, engine, saved_world)
-            opt.load_state_dict(state)  # stage 3: also re-gathers the persistent params
+            state = _zero_state(ckpt, sd, engine, dp_rank, saved_world)
+            opt.load_state_dict(state)
+            lr_unsaved = bool(state.get(migrate.NO_HYPERPARAMETERS))
     elif opt is not None and stage < 3:
         # fp32 masters from the weights just loaded, as DeepSpeed does (at stage 3 the
         # partitioner's shard writes already told the optimizer).
@@ -257,6 +268,8 @@ def load_checkpoint(
             and sd.get("lr_scheduler") is not None
         ):
             engine.lr_scheduler.load_state_dict(sd["lr_scheduler"])
+            if lr_unsaved:
+                migrate.lr_from_scheduler(engine.lr_scheduler)
         engine.global_steps = int(sd.get("global_steps", 0))
         engine.global_samples = int(
             sd.get("global_samples", engine.global_steps * engine.train_batch_size())

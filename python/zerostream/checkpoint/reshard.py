@@ -1,32 +1,33 @@
-"""Loading a ZeRO checkpoint into a different data-parallel world size (N saved, M now).
+"""Re-cutting ZeRO optimizer partitions: a checkpoint of N data-parallel ranks into this run's
+M, or one whose flat groups are laid out otherwise than this run's (DeepSpeed's
+round_robin_gradients order, parameter_alignment padding, stage-3 sub-groups; migrate.py).
 
-The optimizer state of every kind (fp32 master, exp_avg, exp_avg_sq) is elementwise over the
-same flatten order whatever the world size, so resharding is re-cutting: put the N saved
-partitions of a group back into whole-group order, then take the elements this rank owns
-under M. The two layouts differ by stage (reference §3.3):
+Every kind of optimizer state (fp32 master, exp_avg, exp_avg_sq, Adagrad's sum) is
+elementwise over the flatten order, so re-cutting is: rebuild each parameter's whole value
+of each kind from the saved partitions, by name from `param_shapes`, then cut this rank's
+partitions of this run's groups from them. The two layouts (reference §3.3):
   stages 1/2: a group is one flat vector padded to a multiple of 2*world and cut into world
     equal partitions (zero/flat.py); the saved fp32 partitions have the padding removed,
     the saved moments keep it;
   stage 3: a group's partition is its params' shards, ceil(numel/world) each, concatenated.
-Scalars (the step count, hyperparameters, the loss scaler) come from rank 0's file.
+Scalars (the step count, hyperparameters, the loss scaler) come from rank 0's file: for
+each of this run's groups, from the saved group holding its first parameter.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import torch
 
 from .. import _C
-from . import files, layout
+from . import files, layout, migrate
 from .zero_to_fp32 import fp32_state_dict_of_dir, merge_frozen
 
 if TYPE_CHECKING:
     from ..engine import ZeroEngine
     from .load import Checkpoint
-
-_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def consolidated_fp32(ds_dir: str) -> Dict[str, torch.Tensor]:
@@ -44,31 +45,92 @@ def frozen_fp32(ckpt: "Checkpoint", saved_world: int) -> Dict[str, torch.Tensor]
     return out
 
 
-# --- whole-group vectors from N saved partitions -----------------------------------------------
-def _stage12_whole(parts: List[torch.Tensor], numel: int, world: int) -> torch.Tensor:
-    """The group's `numel` elements from N partitions (padded or not)."""
-    out = torch.empty(numel, dtype=torch.float32)
-    for r, part in enumerate(parts):
-        begin, _, valid = _C.stage12_partition(numel, world, r)
-        out[begin : begin + valid].copy_(part.reshape(-1)[:valid])
+# --- saved partitions -> whole values by parameter name ----------------------------------------
+Values = Dict[str, Dict[str, torch.Tensor]]  # name -> kind ("fp32", "exp_avg", ...) -> flat
+
+
+def _saved_groups(state: dict, where: str) -> List[Tuple[Dict[str, torch.Tensor], dict, dict]]:
+    """One rank's saved (sub)groups in flatten order: (elementwise tensors by kind, the inner
+    state's other entries such as `step`, the param group's hyperparameters). DeepSpeed's
+    stage 3 lists every sub-group of a param group under that group's `params`."""
+    stage = state["zero_stage"]
+    inner, masters = state[migrate.inner_key(stage)], state[migrate.masters_key(stage)]
+    slots = [(pid, pg) for pg in inner["param_groups"] for pid in pg["params"]]
+    if len(slots) != len(masters):
+        raise ValueError(
+            f"checkpoint file {where}: {len(masters)} fp32 partitions but the optimizer "
+            f"state lists {len(slots)}"
+        )
+    out = []
+    for (pid, pg), master in zip(slots, masters):
+        st = inner["state"].get(pid, {})
+        tensors = {"fp32": master.reshape(-1)}
+        tensors.update({k: v.reshape(-1) for k, v in st.items() if _elementwise(v)})
+        scalars = {k: v for k, v in st.items() if not _elementwise(v)}
+        out.append((tensors, scalars, pg))
     return out
 
 
+def _elementwise(value) -> bool:
+    return torch.is_tensor(value) and value.dim() > 0
+
+
+def _stage12_values(ranks, shapes, paddings, where) -> Values:
+    """Stages 1/2 (and DeepSpeed's BF16_Optimizer): a group is one flat vector cut into equal
+    consecutive partitions, so the ranks' partitions concatenated are the group (the saved
+    fp32 ones lack the end padding, which only shortens the tail). DeepSpeed's
+    parameter_alignment leaves `paddings[g][i]` elements after parameter i."""
+    values: Values = {}
+    for g, group in enumerate(shapes):
+        pads = paddings[g] if paddings else [0] * len(group)
+        kinds = set().union(*(ranks[r][g][0].keys() for r in range(len(ranks))))
+        for kind in kinds:
+            parts = [r[g][0].get(kind) for r in ranks]
+            if any(p is None for p in parts):
+                continue  # a moment some rank never had: it restarts at zero
+            whole = torch.cat(parts)
+            offset = 0
+            for (name, shape), pad in zip(group.items(), pads):
+                n = torch.Size(shape).numel()
+                if offset + n > whole.numel():
+                    raise ValueError(
+                        f"checkpoint {where}: group {g}'s {kind} ends before parameter "
+                        f"{name!r}; the files are not one checkpoint"
+                    )
+                values.setdefault(name, {})[kind] = whole[offset : offset + n]
+                offset += n + pad
+    return values
+
+
+def _stage3_values(ranks, shapes, world: int, where) -> Values:
+    """Stage 3: each rank's (sub)group partitions are its params' shards, ceil(numel/world)
+    each, concatenated in `param_shapes` order (sub-group after sub-group)."""
+    names = [(n, torch.Size(s).numel()) for group in shapes for n, s in group.items()]
+    kinds = set().union(*(t.keys() for r in ranks for t, _, _ in r))
+    values: Values = {name: {} for name, _ in names}
+    for kind in kinds:
+        flats = []
+        for r in ranks:
+            pieces = [t.get(kind, torch.zeros(t["fp32"].numel())) for t, _, _ in r]
+            flats.append(torch.cat(pieces) if pieces else torch.empty(0))
+        offset = 0
+        for name, n in names:
+            shard = math.ceil(n / world)
+            if offset + shard > flats[0].numel():
+                raise ValueError(
+                    f"checkpoint {where}: the {kind} partitions end before parameter "
+                    f"{name!r}; the files are not one checkpoint"
+                )
+            values[name][kind] = torch.cat([f[offset : offset + shard] for f in flats])[:n]
+            offset += shard
+    return values
+
+
+# --- whole values -> this rank's partitions ------------------------------------------------------
 def _stage12_cut(whole: torch.Tensor, world: int, rank: int) -> torch.Tensor:
     begin, size, valid = _C.stage12_partition(whole.numel(), world, rank)
     out = torch.zeros(size, dtype=torch.float32)
     out[:valid].copy_(whole[begin : begin + valid])
-    return out
-
-
-def _stage3_whole(parts: List[torch.Tensor], numels: List[int], world: int) -> List[torch.Tensor]:
-    """Each param's whole flat value from N concatenated-shard partitions."""
-    out, offset = [], 0
-    for n in numels:
-        shard = math.ceil(n / world)
-        pieces = [p.reshape(-1).narrow(0, offset, shard) for p in parts]
-        out.append(torch.cat(pieces)[:n].float())
-        offset += shard
     return out
 
 
@@ -84,70 +146,82 @@ def _stage3_cut(params: List[torch.Tensor], world: int, rank: int) -> torch.Tens
     return torch.cat(pieces) if pieces else torch.empty(0)
 
 
-def _regroup(
-    parts: List[torch.Tensor], numels: List[int], stage: int, old: int, new: int, rank: int
-):
-    if stage == 3:
-        return _stage3_cut(_stage3_whole(parts, numels, old), new, rank)
-    return _stage12_cut(_stage12_whole(parts, sum(numels), old), new, rank)
+def _check_names(saved: List[str], ours: List[str], where: str) -> None:
+    missing = [n for n in ours if n not in set(saved)]
+    extra = [n for n in saved if n not in set(ours)]
+    if missing or extra:
+        raise ValueError(
+            f"load_checkpoint: the optimizer state in {where} trains other parameters than "
+            f"this run: not saved {missing}, saved but not trained here {extra}"
+        )
 
 
 # --- the optimizer state of this rank ----------------------------------------------------------
 def optimizer_state(ckpt: "Checkpoint", sd: dict, engine: "ZeroEngine", saved_world: int) -> dict:
-    """This rank's optimizer state dict (its stage's layout) cut from a checkpoint written
-    by `saved_world` ranks."""
+    """This rank's optimizer state (its stage's layout) re-cut by parameter name from a
+    checkpoint of `saved_world` ranks, whatever its flatten order, sub-groups and padding."""
     stage = engine.zero_optimization_stage()
     bf16 = engine.bfloat16_enabled()
+    names = [ckpt.optim_file(r, bf16) for r in range(saved_world)]
     states = [
-        ckpt.load(ckpt.optim_file(r, bf16))["optimizer_state_dict"] for r in range(saved_world)
+        migrate.zero_state(ckpt.load(n)["optimizer_state_dict"], engine, ckpt.path(n))
+        for n in names
     ]
-    saved_stage = int(states[0]["zero_stage"])
-    if saved_stage != stage and not (saved_stage in (1, 2) and stage in (1, 2)):
+    saved_stage = states[0]["zero_stage"]
+    if (saved_stage == 3) != (stage == 3):
         raise ValueError(
             f"checkpoint {ckpt.dir} holds ZeRO stage {saved_stage} optimizer state; this run "
             f"is stage {stage} (stages 1 and 2 share a layout, stage 3 does not)"
         )
-    groups = [[torch.Size(s).numel() for s in shapes.values()] for shapes in sd["param_shapes"]]
-    new, rank = engine.dp_world_size, engine.optimizer.rank
-    masters_key = "fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"
-    inner_key = "optimizer_state_dict" if stage == 3 else "base_optimizer_state"
-    inners = [s[inner_key] for s in states]
-    masters, moments = [], {}
-    for g, numels in enumerate(groups):
-        masters.append(
-            _regroup([s[masters_key][g] for s in states], numels, stage, saved_world, new, rank)
-        )
-        for kind in _MOMENTS:
-            saved = [
-                inner["state"].get(inner["param_groups"][g]["params"][0], {}) for inner in inners
-            ]
-            if all(kind in st for st in saved):
-                parts = [st[kind] for st in saved]
-                moments.setdefault(g, {})[kind] = _regroup(
-                    parts, numels, stage, saved_world, new, rank
-                )
-    first = inners[0]
-    inner = {
-        "state": {},
-        "param_groups": [dict(pg) for pg in first["param_groups"]],
-    }
-    for g, pg in enumerate(inner["param_groups"]):
-        pg["params"] = [g]
-        st = first["state"].get(first["param_groups"][g]["params"][0])
-        if st is not None and g in moments:
-            inner["state"][g] = {**{k: v for k, v in st.items() if k not in _MOMENTS}, **moments[g]}
-    state = {k: v for k, v in states[0].items() if k not in (masters_key, inner_key)}
-    state.update({masters_key: masters, inner_key: inner, "zero_stage": stage})
-    state["partition_count"] = new if stage == 3 else [new] * len(groups)
-    return state
-
-
-def check_groups(sd: dict, engine: "ZeroEngine") -> None:
-    """The saved flatten order must be the model's (same groups, same parameters)."""
-    ours = layout.param_shapes(engine.module, engine.optimizer.bit16_groups)
-    saved = [list(shapes.keys()) for shapes in sd["param_shapes"]]
-    if saved != [list(s.keys()) for s in ours]:
+    ranks = [_saved_groups(s, ckpt.path(n)) for s, n in zip(states, names)]
+    shapes = sd["param_shapes"]
+    if len(shapes) != len(ranks[0]):
         raise ValueError(
-            "load_checkpoint: the checkpoint's optimizer groups hold other parameters (or "
-            "another order) than this run's, so its partitions cannot be re-cut"
+            f"checkpoint {ckpt.dir}: the model states list {len(shapes)} parameter groups "
+            f"and the optimizer files {len(ranks[0])}"
         )
+    if saved_stage == 3:
+        values = _stage3_values(ranks, shapes, saved_world, ckpt.dir)
+    else:
+        pads = migrate.alignment_paddings(states[0])
+        values = _stage12_values(ranks, shapes, pads, ckpt.dir)
+    group_of = {name: g for g, group in enumerate(shapes) for name in group}
+    ours = layout.param_shapes(engine.module, engine.optimizer.bit16_groups)
+    _check_names(list(group_of), [n for group in ours for n in group], ckpt.dir)
+
+    new, rank = engine.dp_world_size, engine.optimizer.rank
+    masters, inner_state, hypers = [], {}, []
+    for g, group in enumerate(ours):
+        _, scalars, hyper = ranks[0][group_of[next(iter(group))]]
+        kinds = set().union(*(values[n].keys() for n in group))
+        cut = {}
+        for kind in kinds:
+            parts = [values[n].get(kind, torch.zeros(values[n]["fp32"].numel())) for n in group]
+            parts = [p.float() for p in parts]
+            cut[kind] = (
+                _stage3_cut(parts, new, rank)
+                if stage == 3
+                else _stage12_cut(torch.cat(parts), new, rank)
+            )
+        masters.append(cut.pop("fp32"))
+        if cut or scalars:
+            inner_state[g] = {**scalars, **cut}
+        hypers.append({**hyper, "params": [g]})
+    inner = {
+        "state": inner_state,
+        "param_groups": migrate.param_groups(hypers, engine.optimizer.param_groups, ckpt.dir),
+    }
+    state = {
+        k: v
+        for k, v in states[0].items()
+        if k not in (migrate.masters_key(saved_stage), migrate.inner_key(saved_stage))
+    }
+    state.update(
+        {
+            "zero_stage": stage,
+            migrate.masters_key(stage): masters,
+            migrate.inner_key(stage): inner,
+            "partition_count": new if stage == 3 else [new] * len(ours),
+        }
+    )
+    return state

@@ -28,7 +28,13 @@ import torch
 
 
 def _default_load(path: str):
-    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    """torch.load, weights only. Where zerostream is installed, DeepSpeed's own checkpoints
+    (which pickle a few DeepSpeed classes) are read too, through its stand-ins."""
+    try:
+        from zerostream.checkpoint.compat_unpickle import load
+    except ImportError:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    return load(path, mmap=True)
 
 
 def _natural_key(path: str):
@@ -62,9 +68,17 @@ def _numel(shape) -> int:
     return math.prod(shape)
 
 
+def _stage_of(sd: dict) -> Optional[int]:
+    """The ZeRO stage of an optimizer state; DeepSpeed's BF16_Optimizer saves none but has
+    stage 1's layout."""
+    if "zero_stage" in sd:
+        return int(sd["zero_stage"])
+    return 1 if "single_partition_of_fp32_groups" in sd else None
+
+
 def _fp32_partitions(optim: dict) -> List[torch.Tensor]:
     sd = optim["optimizer_state_dict"]
-    key = "fp32_flat_groups" if int(sd["zero_stage"]) == 3 else "single_partition_of_fp32_groups"
+    key = "fp32_flat_groups" if _stage_of(sd) == 3 else "single_partition_of_fp32_groups"
     return list(sd[key])
 
 
@@ -79,9 +93,9 @@ def fp32_state_dict_of_dir(
     optim_files = _files(ds_dir, "_optim_states.pt")
     optims = [load(optim_files[0])]
     first = optims[0]["optimizer_state_dict"]
-    if "zero_stage" not in first:
+    stage = _stage_of(first)
+    if stage is None:
         raise ValueError(f"{optim_files[0]} is not a ZeRO optimizer checkpoint")
-    stage = int(first["zero_stage"])
     world = first["partition_count"]
     world = max(world) if isinstance(world, (list, tuple)) else int(world)
     if world != len(optim_files):
@@ -100,7 +114,9 @@ def fp32_state_dict_of_dir(
     optims += [load(f) for f in optim_files[1:]]
     partitions = [_fp32_partitions(o) for o in optims]
     if stage <= 2:
-        _merge_stage12(out, model, partitions, world, ds_dir)
+        # DeepSpeed's parameter_alignment pads each parameter inside the flat group.
+        pads = first.get("param_alignment_paddings")
+        _merge_stage12(out, model, partitions, world, ds_dir, pads)
     else:
         _merge_stage3(out, model, partitions, world, ds_dir)
     if not exclude_frozen_parameters:
@@ -111,16 +127,17 @@ def fp32_state_dict_of_dir(
     return out
 
 
-def _merge_stage12(out, model, partitions, world, ds_dir) -> None:
+def _merge_stage12(out, model, partitions, world, ds_dir, pads=None) -> None:
     for g, shapes in enumerate(model["param_shapes"]):
         full = torch.cat([p[g].reshape(-1).float() for p in partitions])
+        group_pads = list(pads[g]) if pads else [0] * len(shapes)
         offset = 0
-        for name, shape in shapes.items():
+        for (name, shape), pad in zip(shapes.items(), group_pads):
             n = _numel(shape)
             if offset + n > full.numel():
                 raise ValueError(f"{ds_dir}: group {g} ends before parameter {name!r}")
             out[name] = full.narrow(0, offset, n).view(shape)  # views: one copy in all
-            offset += n
+            offset += n + int(pad)
         align = 2 * world
         if math.ceil(offset / align) != math.ceil(full.numel() / align):
             raise ValueError(
