@@ -1,0 +1,277 @@
+"""`zerostream bench checkpoint`: save and load of a large ZeRO-2 optimizer state against the
+disk's own sequential bandwidth, measured by fio on the same directory in the same run.
+
+A stack of bias-free Linear layers (`--params` parameters, bf16) is trained one step by a
+one-rank engine (ZeRO stage 2, offload_optimizer cpu and/or nvme under `--path`), so the fp32
+masters and both Adam moments exist: 12 bytes of optimizer state per parameter. Each repeat
+then times `save_checkpoint` (state gathered, written, fsynced, committed) and, after the
+files are dropped from the page cache (posix_fadvise DONTNEED on them only, so the load reads
+the disk and other users of the machine keep their cache), `load_checkpoint`. Between repeats
+fio writes and reads a file of the checkpoint's size in the same directory: O_DIRECT (the
+disk) and buffered with a final fsync / a cold cache (the kernel path torch.save and
+torch.load take). Figures are medians; ratios are zerostream over fio (STYLE.md item 15).
+
+    zerostream bench checkpoint --path /nvme/tmp --params 250M --offload cpu nvme
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+import torch
+
+from zerostream.bench import stdout_to_stderr
+
+_SCALE = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
+WIDTH = 4096  # Linear(WIDTH, WIDTH): 16.8 M parameters per layer
+
+
+def parse_count(text: str) -> int:
+    t = str(text).strip().upper()
+    unit = t[-1] if t and t[-1] in _SCALE else ""
+    try:
+        value = int(float(t[: len(t) - len(unit)]) * _SCALE[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count like 250M; got {text!r}") from None
+    if value < WIDTH * WIDTH:
+        raise argparse.ArgumentTypeError(f"--params must be at least {WIDTH * WIDTH}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--path", required=True, help="directory on the disk to measure")
+    p.add_argument("--params", type=parse_count, default=parse_count("250M"))
+    p.add_argument("--offload", nargs="+", choices=("cpu", "nvme"), default=["cpu", "nvme"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-fio", action="store_true", help="skip the fio peer")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+# --- the disk, measured by fio -----------------------------------------------------------------
+def _fio(path: str, op: str, size: int, direct: bool) -> float:
+    cmd = [
+        "fio",
+        "--name=zs_bench_checkpoint",
+        f"--filename={path}",
+        f"--rw={op}",
+        "--bs=1M",
+        f"--size={size // (1 << 20) * (1 << 20)}",
+        "--ioengine=psync",
+        f"--direct={int(direct)}",
+        "--invalidate=1",  # reads start from a cold cache
+        "--output-format=json",
+    ]
+    if op == "write" and not direct:
+        cmd.append("--end_fsync=1")  # as the checkpoint writer fsyncs each file
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"fio failed: {r.stderr.strip() or r.stdout[-500:]}")
+    job = json.loads(r.stdout[r.stdout.index("{") :])["jobs"][0]
+    return job[op]["bw_bytes"] / 1e9
+
+
+def fio_round(directory: str, size: int) -> Dict[str, float]:
+    """GB/s of one sequential write and read pass, O_DIRECT and buffered."""
+    path = os.path.join(directory, "zs_bench_checkpoint_fio.dat")
+    try:
+        return {
+            "fio_write_direct": _fio(path, "write", size, True),
+            "fio_read_direct": _fio(path, "read", size, True),
+            "fio_write_buffered": _fio(path, "write", size, False),
+            "fio_read_buffered": _fio(path, "read", size, False),
+        }
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+# --- zerostream --------------------------------------------------------------------------------
+def _single_rank_env() -> None:
+    """The launcher's variables for one local rank (initialize creates the Gloo group)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+    )
+
+
+def build_engine(params: int, offload: str, directory: str):
+    """A trained-once stage-2 engine whose optimizer state lives on `offload`."""
+    import zerostream
+
+    _single_rank_env()
+    torch.manual_seed(0)
+    layers = max(1, params // (WIDTH * WIDTH))
+    model = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)))
+    off = {"device": offload}
+    if offload == "nvme":
+        off["nvme_path"] = os.path.join(directory, "swap")
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": off},
+        "bf16": {"enabled": True},
+    }
+    engine, *_ = zerostream.initialize(model=model, config=config)
+    x = torch.randn(2, WIDTH, dtype=torch.bfloat16)
+    loss = engine(x).float().pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    return engine, layers * WIDTH * WIDTH
+
+
+def _files(directory: str) -> List[str]:
+    return [os.path.join(root, f) for root, _, names in os.walk(directory) for f in names]
+
+
+def drop_cache(directory: str) -> None:
+    """Evicts these files' pages only (they are clean after the writer's fsync)."""
+    for path in _files(directory):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def zs_round(engine, directory: str) -> Dict[str, float]:
+    ckpt = os.path.join(directory, "ckpt")
+    start = time.perf_counter()
+    engine.save_checkpoint(ckpt, tag="bench")
+    save_s = time.perf_counter() - start
+    tag = os.path.join(ckpt, "bench")
+    size = sum(os.path.getsize(f) for f in _files(tag))
+    drop_cache(tag)
+    start = time.perf_counter()
+    engine.load_checkpoint(ckpt, tag="bench")
+    load_s = time.perf_counter() - start
+    shutil.rmtree(ckpt)
+    return {
+        "bytes": size,
+        "save_gbps": size / save_s / 1e9,
+        "load_gbps": size / load_s / 1e9,
+        "save_s": save_s,
+        "load_s": load_s,
+    }
+
+
+def measure(args, offload: str) -> dict:
+    directory = os.path.join(args.path, f"zs_bench_checkpoint_{offload}")
+    os.makedirs(directory, exist_ok=True)
+    try:
+        engine, numel = build_engine(args.params, offload, directory)
+        rounds: List[Dict[str, float]] = []
+        for _ in range(args.repeats):
+            row = zs_round(engine, directory)
+            if not args.no_fio:
+                row.update(fio_round(directory, row["bytes"]))
+            rounds.append(row)
+        engine.destroy()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    out = {"offload": offload, "params": numel, "optimizer_state_bytes": 12 * numel, **med}
+    for op in ("save", "load"):
+        disk = "write" if op == "save" else "read"
+        for kind in ("direct", "buffered"):
+            fio = med.get(f"fio_{disk}_{kind}")
+            out[f"{op}_vs_fio_{kind}"] = med[f"{op}_gbps"] / fio if fio else None
+    out["rounds"] = rounds
+    return out
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def print_table(results: List[dict]) -> None:
+    print(
+        f"{'offload':8}{'op':6}{'GB':>7}{'zs GB/s':>9}{'fio direct':>12}{'ratio':>7}"
+        f"{'fio buffered':>14}{'ratio':>7}"
+    )
+    for r in results:
+        for op, disk in (("save", "write"), ("load", "read")):
+            print(
+                f"{r['offload']:8}{op:6}{r['bytes'] / 1e9:>7.2f}{_fmt(r[f'{op}_gbps']):>9}"
+                f"{_fmt(r.get(f'fio_{disk}_direct')):>12}{_fmt(r[f'{op}_vs_fio_direct']):>7}"
+                f"{_fmt(r.get(f'fio_{disk}_buffered')):>14}"
+                f"{_fmt(r[f'{op}_vs_fio_buffered']):>7}"
+            )
+
+
+def run(args) -> int:
+    if args.repeats < 1:
+        print("bench checkpoint: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    if not args.no_fio and shutil.which("fio") is None:
+        print("bench checkpoint: fio is not installed (apt-get install fio)", file=sys.stderr)
+        return 2
+    os.makedirs(args.path, exist_ok=True)
+    need = 3 * 14 * args.params  # swap files + checkpoint + fio file, with room
+    free = shutil.disk_usage(args.path).free
+    if need > free:
+        print(
+            f"bench checkpoint: about {need / 1e9:.1f} GB are needed under {args.path}; "
+            f"{free / 1e9:.1f} GB are free",
+            file=sys.stderr,
+        )
+        return 2
+    config = {
+        "path": args.path,
+        "params": args.params,
+        "offload": args.offload,
+        "repeats": args.repeats,
+        "stage": 2,
+        "dtype": "bf16",
+    }
+    if not args.json:
+        print("bench checkpoint: " + json.dumps(config))
+    results = []
+    try:
+        with stdout_to_stderr(args.json):
+            for offload in args.offload:
+                results.append(measure(args, offload))
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"bench checkpoint: {e}", file=sys.stderr)
+        return 1
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = {"config": config, "results": results, "peak_rss_bytes": peak}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print_table(results)
+    print(f"peak RSS {peak / 1e9:.2f} GB")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="zerostream bench checkpoint", description=__doc__.splitlines()[0]
+    )
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
