@@ -1,0 +1,395 @@
+"""The planner's model of one training step under one ZeRO option: the bytes each memory
+holds (per GPU, per host process, per node's NVMe) and the bytes each link moves, from
+which it gives a lower bound on the step time.
+
+It models zerostream's runtime as it is built (zero/sharded.py, stage12.py, stage3/,
+offload/), so its numbers can be checked against `zerostream bench step`
+(benchmarks/estimate.md):
+
+  per GPU, always there     params (stage 1/2: whole, model dtype; stage 3: this rank's shard
+                            plus the small "persistent" params whole); without optimizer
+                            offload the fp32 master, fp32 gradient partition, Adam moments
+                            (4 + 4 + 8 B per partition element)
+  per GPU, forward/backward activations (model.py), the reduce bucket (gradients waiting for
+                            their bucket to fill, and the bucket's concatenated copy:
+                            2 x reduce_bucket_size elements), stage 3's gathered params (the
+                            native prefetch planner's peak over the model's module trace)
+  per GPU, optimizer step   torch AdamW's temporaries (sqrt and denominator: 8 B per element
+                            on CPU, one 4 B buffer with foreach on CUDA), stage 1/2's
+                            all-gather staging when a partition exceeds allgather_bucket_size
+  per host process          offload cpu: master + gradient partitions (pinned arena) and the
+                            moments; nvme: the fp32 gradient partition and the sub-group
+                            staging (sets x 3 fp32 buffers of sub_group_size); params offloaded
+                            to cpu: the shards; to nvme: max_in_cpu of them and the staging
+  per node NVMe             nvme optimizer: fp32 master + moments, 12 B per element; nvme
+                            params: the 16-bit shards beyond max_in_cpu
+
+The peak of a memory is what is always there plus the larger of the two phases' transients.
+In backward, stage 3 releases a gathered parameter once its gradient is final, that is once
+the gradient sits in the reduce bucket: the two overlap little, so the phase takes the larger
+of them on top of the activations (measured: benchmarks/estimate.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .machine import Machine
+from .model import ModelShape
+from .units import GB, gb
+
+OPTIONS: Tuple[Tuple[int, str, str], ...] = (
+    (2, "none", "none"),
+    (2, "cpu", "none"),
+    (2, "nvme", "none"),
+    (3, "none", "none"),
+    (3, "cpu", "none"),
+    (3, "cpu", "cpu"),
+    (3, "nvme", "none"),
+    (3, "nvme", "cpu"),
+    (3, "nvme", "nvme"),
+)
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Option:
+    stage: int
+    optimizer: str  # offload_optimizer.device
+    param: str  # offload_param.device (stage 3)
+
+    @property
+    def label(self) -> str:
+        text = f"stage {self.stage}, optimizer {self.optimizer}"
+        return text + (f", params {self.param}" if self.stage == 3 else "")
+
+    @property
+    def offloads(self) -> int:
+        """How much is offloaded, to break ties between equally fast options."""
+        rank = {"none": 0, "cpu": 1, "nvme": 2}
+        return rank[self.optimizer] + rank[self.param]
+
+
+@dataclass(frozen=True)
+class Workload:
+    micro_batch: int
+    seq: int
+    grad_accum: int
+    precision: str  # fp32 | bf16 | fp16
+    checkpointing: bool
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.precision]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch on one GPU."""
+        return self.micro_batch * self.seq
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The ZeRO settings a prediction assumes, in elements (ds_config keys' units)."""
+
+    reduce_bucket_size: int
+    allgather_bucket_size: int
+    prefetch_bucket_size: int
+    max_live_parameters: int
+    max_reuse_distance: int
+    persistence_threshold: int
+    sub_group_size: int
+    optimizer_buffer_count: int
+    param_buffer_count: int
+    param_buffer_size: int
+    max_in_cpu: int
+
+
+def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
+    """What the written config sets: the bucket sizes DeepSpeed's Hugging Face integration
+    derives from the hidden size ("auto": h^2, 0.9 h^2, 10 h), DeepSpeed's defaults for the
+    stage-3 caps, sub-groups of 1e8 elements with NVMe (2 sets x 3 fp32 buffers = 2.4 GB of
+    staging per process), and every offloaded param shard on disk (max_in_cpu 0)."""
+    h = shape.hidden
+    largest = max(max(p) for _, p in shape.modules())
+    return Knobs(
+        reduce_bucket_size=h * h,
+        allgather_bucket_size=int(5e8),
+        prefetch_bucket_size=int(0.9 * h * h),
+        max_live_parameters=int(1e9),
+        max_reuse_distance=int(1e9),
+        persistence_threshold=10 * h,
+        sub_group_size=int(1e8) if option.optimizer == "nvme" else int(1e9),
+        optimizer_buffer_count=4,
+        param_buffer_count=5,
+        param_buffer_size=max(int(1e8), largest),
+        max_in_cpu=0,
+    )
+
+
+def knobs_from_config(zero) -> Knobs:
+    """The knobs of a resolved config's zero_optimization section (zerostream.config)."""
+    op, oo = zero.offload_param, zero.offload_optimizer
+    return Knobs(
+        reduce_bucket_size=zero.reduce_bucket_size,
+        allgather_bucket_size=zero.allgather_bucket_size,
+        prefetch_bucket_size=zero.stage3_prefetch_bucket_size,
+        max_live_parameters=zero.stage3_max_live_parameters,
+        max_reuse_distance=zero.stage3_max_reuse_distance,
+        persistence_threshold=zero.stage3_param_persistence_threshold,
+        sub_group_size=zero.sub_group_size,
+        optimizer_buffer_count=oo.buffer_count if oo else 4,
+        param_buffer_count=op.buffer_count if op else 5,
+        param_buffer_size=op.buffer_size if op else int(1e8),
+        max_in_cpu=op.max_in_cpu if op else int(1e9),
+    )
+
+
+@dataclass
+class Prediction:
+    option: Option
+    knobs: Knobs
+    device: Dict[str, int]  # per GPU (CPU-only: per process), always there
+    backward: Dict[str, int]  # per GPU, while forward and backward run
+    step: Dict[str, int]  # per GPU, during the optimizer step
+    host: Dict[str, int]  # per process
+    host_startup: int  # per node, while the model is built and placed
+    nvme: Dict[str, int]  # per process
+    traffic: Dict[str, float]  # bytes (cpu_adam: params) per step, per GPU or per node
+    seconds: Dict[str, float]
+    machine: Machine
+    problems: List[str] = field(default_factory=list)
+
+    @property
+    def backward_peak(self) -> int:
+        """The forward/backward transients at their peak (see the module doc)."""
+        b = dict(self.backward)
+        overlap = max(b.pop("gathered params", 0), b.pop("reduce bucket", 0))
+        return sum(b.values()) + overlap
+
+    @property
+    def device_peak(self) -> int:
+        return sum(self.device.values()) + max(self.backward_peak, sum(self.step.values()))
+
+    @property
+    def process_rss(self) -> int:
+        """Peak resident host memory of one training process (CPU-only: everything)."""
+        own = self.machine.host_overhead + sum(self.host.values())
+        return own + (self.device_peak if self.machine.cpu_only else 0)
+
+    @property
+    def host_node(self) -> int:
+        steady = self.machine.gpus_per_node * self.process_rss
+        return max(steady, self.host_startup)
+
+    @property
+    def nvme_node(self) -> int:
+        return self.machine.gpus_per_node * sum(self.nvme.values())
+
+    @property
+    def step_seconds(self) -> float:
+        return max(self.seconds.values())
+
+    @property
+    def bound_by(self) -> str:
+        return max(self.seconds, key=self.seconds.get)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
+def _gathered_elements(shape: ModelShape, knobs: Knobs) -> Tuple[int, int]:
+    """(peak gathered non-persistent elements, persistent elements) of stage 3, from the
+    runtime's own prefetch planner (zero/prefetch_schedule.h) run over the model's trace."""
+    from .. import _C
+
+    events, numels = shape.gather_trace()
+    persistent = [n < knobs.persistence_threshold for n in numels]
+    _, peak = _C.plan_prefetch(
+        events,
+        numels,
+        persistent,
+        knobs.prefetch_bucket_size,
+        knobs.max_live_parameters,
+        knobs.max_reuse_distance,
+    )
+    scale = shape.params / shape.shape_params  # an overridden count scales the shape
+    return int(peak * scale), int(sum(n for n, p in zip(numels, persistent) if p) * scale)
+
+
+def _memory(shape, work, machine, option, knobs):
+    """(device, backward, step, host, nvme, startup) byte terms; see the module doc."""
+    P, N, d = shape.params, machine.world, work.dtype_bytes
+    part = math.ceil(P / N)  # elements of this rank's partition
+    dname = "fp32" if d == 4 else "16-bit"
+    device: Dict[str, int] = {}
+    backward: Dict[str, int] = {}
+    step: Dict[str, int] = {}
+    host: Dict[str, int] = {}
+    nvme: Dict[str, int] = {}
+    persistent = 0
+    if option.stage == 3:
+        gathered, persistent = _gathered_elements(shape, knobs)
+        if option.param == "none":
+            device[f"{dname} param shard"] = d * part
+        device["persistent params"] = d * persistent
+        backward["gathered params"] = d * gathered
+    else:
+        device[f"{dname} params"] = d * P
+    states = {"fp32 master": 4 * part, "fp32 grads": 4 * part, "Adam m, v": 8 * part}
+    if option.optimizer == "none":
+        device.update(states)
+        step["AdamW temporaries"] = (8 if machine.cpu_only else 4) * part
+    elif option.optimizer == "cpu":
+        host.update(states)
+    else:
+        sets = max(2, knobs.optimizer_buffer_count // 3)
+        width = min(knobs.sub_group_size or part, part)
+        host["fp32 grads"] = 4 * part
+        host["optimizer staging"] = sets * 12 * width
+        nvme["fp32 master, Adam m, v"] = 12 * part
+    if option.stage == 3 and option.param != "none":
+        shard = d * (part - math.ceil(persistent / N))
+        if option.param == "cpu":
+            host[f"{dname} param shards"] = shard
+        else:
+            in_cpu = min(shard, d * knobs.max_in_cpu)
+            largest = math.ceil(max(max(p) for _, p in shape.modules()) / N)
+            budget = max(2 * d * largest, knobs.param_buffer_count * 2 * knobs.param_buffer_size)
+            if in_cpu:
+                host[f"{dname} param shards (max_in_cpu)"] = in_cpu
+            host["param staging"] = min(budget, knobs.param_buffer_count * d * largest)
+            nvme[f"{dname} param shards"] = shard - in_cpu
+    act = shape.activation_bytes(work.tokens, d, work.checkpointing)
+    backward["activations"] = act["layers"]
+    backward["layer backward"] = act["layer_backward"]
+    backward["logits/loss"] = act["head"]
+    if option.stage == 1:  # gradients accumulate whole, reduced once per step
+        device[f"{dname} gradient accumulator"] = d * P
+    else:
+        backward["reduce bucket"] = 2 * d * min(knobs.reduce_bucket_size, P)
+    if option.stage < 3 and N > 1 and part > knobs.allgather_bucket_size:
+        step["all-gather staging"] = d * N * knobs.allgather_bucket_size
+    # Stage 1/2 (and stage 3 without zero.Init) build the whole model in every process first.
+    startup = machine.gpus_per_node * (d * P + machine.host_overhead) if option.stage < 3 else 0
+    return device, backward, step, host, nvme, startup
+
+
+def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
+    """Bytes per optimizer step (grad_accum micro-batches): pcie per GPU each way, nvme per
+    node, collective per GPU; cpu_adam is parameters per node; flops per GPU."""
+    P, N, d, A = shape.params, machine.world, work.dtype_bytes, work.grad_accum
+    g = machine.gpus_per_node
+    part = math.ceil(P / N)
+    t = {"h2d": 0.0, "d2h": 0.0, "nvme_read": 0.0, "nvme_write": 0.0}
+    if option.optimizer != "none":
+        t["d2h"] += d * part * A  # gradient partitions to the host every micro-batch
+        if option.param == "none":
+            t["h2d"] += d * part  # the updated 16-bit partition back
+    if option.stage == 3 and option.param != "none":
+        t["h2d"] += 2 * d * part * A  # shards up for the forward and the backward gathers
+    if option.optimizer == "nvme":  # fp32 master and moments, each sub-group in and out
+        t["optimizer_nvme_read"] = t["optimizer_nvme_write"] = g * 12.0 * part
+    disk_shard = nvme.get(f"{'fp32' if d == 4 else '16-bit'} param shards", 0)
+    if disk_shard:  # shards read for the forward and the backward gathers, written after
+        t["param_nvme_read"] = g * 2.0 * disk_shard * A
+        t["param_nvme_write"] = g * float(disk_shard)
+    for way in ("read", "write"):
+        t[f"nvme_{way}"] = t.get(f"optimizer_nvme_{way}", 0.0) + t.get(f"param_nvme_{way}", 0.0)
+    passes = (A + 1) if option.stage < 3 else 3 * A  # reduce-scatters, all-gathers
+    t["collective"] = d * P * (N - 1) / N * passes
+    t["cpu_adam"] = float(g * part) if (option.optimizer != "none" or machine.cpu_only) else 0.0
+    t["flops"] = (8 if work.checkpointing else 6) * P * work.tokens * A
+    return t
+
+
+def _seconds(t: Dict[str, float], machine: Machine) -> Dict[str, float]:
+    r = machine.rate
+    coll_bw = r("collective")
+    if machine.nodes > 1:  # a ring crosses the nodes' links, shared by the node's GPUs
+        coll_bw = min(coll_bw, r("net") / machine.gpus_per_node)
+    s = {
+        "compute": t["flops"] / (r("peak_tflops") * 1e12),
+        "nvme": t["nvme_read"] / (r("nvme_read") * GB) + t["nvme_write"] / (r("nvme_write") * GB),
+        "cpu_adam": t["cpu_adam"] / (r("cpu_adam") * 1e9),
+        "collective": t["collective"] / (coll_bw * GB) if t["collective"] else 0.0,
+    }
+    if not machine.cpu_only:
+        s["pcie"] = max(t["h2d"], t["d2h"]) / (r("pcie") * GB)
+    return s
+
+
+def _largest(terms: Dict[str, int]) -> str:
+    name = max(terms, key=terms.get)
+    return f"{name} {gb(terms[name])} GB"
+
+
+def _problems(p: Prediction) -> List[str]:
+    m, out = p.machine, []
+    if not m.cpu_only and p.device_peak + m.gpu_reserve > m.gpu_mem:
+        terms = {**p.device, **p.backward}
+        out.append(
+            f"GPU {gb(p.device_peak + m.gpu_reserve)} GB > {gb(m.gpu_mem)} GB "
+            f"(largest: {_largest(terms)})"
+        )
+    if p.host_node > m.cpu_mem:
+        if p.host_startup > m.gpus_per_node * p.process_rss:
+            why = "every process builds the whole model first (stage 3 with zero.Init avoids it)"
+        else:
+            terms = dict(p.host)
+            if m.cpu_only:
+                terms.update({**p.device, **p.backward})
+            why = f"largest per process: {_largest(terms)}" if terms else "process overhead"
+        out.append(f"host {gb(p.host_node)} GB > {gb(m.cpu_mem)} GB ({why})")
+    if p.nvme_node > m.nvme:
+        out.append(f"NVMe {gb(p.nvme_node)} GB > {gb(m.nvme)} GB")
+    return out
+
+
+def predict(
+    shape: ModelShape,
+    work: Workload,
+    machine: Machine,
+    option: Option,
+    knobs: Optional[Knobs] = None,
+) -> Prediction:
+    if option.stage not in (1, 2, 3):
+        raise ValueError(f"zero_optimization.stage: the planner models 1, 2 and 3; got {option}")
+    if option.stage < 3 and option.param != "none":
+        raise ValueError("offload_param: only stage 3 offloads parameters")
+    knobs = knobs or auto_knobs(shape, option)
+    device, backward, step, host, nvme, startup = _memory(shape, work, machine, option, knobs)
+    traffic = _traffic(shape, work, machine, option, knobs, nvme)
+    p = Prediction(
+        option=option,
+        knobs=knobs,
+        device=device,
+        backward=backward,
+        step=step,
+        host=host,
+        host_startup=startup,
+        nvme=nvme,
+        traffic=traffic,
+        seconds=_seconds(traffic, machine),
+        machine=machine,
+    )
+    p.problems = _problems(p)
+    return p
+
+
+def predict_all(shape: ModelShape, work: Workload, machine: Machine) -> List[Prediction]:
+    return [predict(shape, work, machine, Option(*o)) for o in OPTIONS]
+
+
+def best(predictions: List[Prediction]) -> Optional[Prediction]:
+    """The fastest option that fits; among equally fast ones (within 1%) the one that
+    offloads least, then the lower stage."""
+    fitting = [p for p in predictions if p.fits]
+    if not fitting:
+        return None
+    fastest = min(p.step_seconds for p in fitting)
+    close = [p for p in fitting if p.step_seconds <= fastest * 1.01]
+    return min(close, key=lambda p: (p.option.offloads, p.option.stage, p.step_seconds))

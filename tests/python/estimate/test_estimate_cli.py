@@ -1,0 +1,155 @@
+"""`zerostream estimate` as a subcommand (built through add_parser, as cli.py wires it): the
+70B report says which offloads are needed and why, --json and --write-config work, rates
+say where they came from, and bad input exits 2 with a message naming the flag or key."""
+
+import argparse
+import json
+
+import pytest
+
+from zerostream.estimate import add_parser
+
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "intermediate_size": 28672,
+}
+CASE = ["--gpus", "8", "--gpu-mem", "40GB", "--nodes", "1", "--cpu-mem", "1TB", "--nvme", "4TB"]
+
+
+def _cli(argv, capsys):
+    parser = argparse.ArgumentParser(prog="zerostream")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["estimate", "--no-cache", *argv])
+    rc = args.func(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture()
+def llama(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA))
+    return str(path)
+
+
+def test_70b_report_says_which_offloads_and_why(llama, capsys):
+    rc, out, _ = _cli(["--model-config", llama, *CASE, "--seq", "4096"], capsys)
+    assert rc == 0
+    assert "68.98 B params" in out
+    assert "16-bit params 138 GB" in out and "17.2 GB per GPU -> they fit only with stage 3" in out
+    assert "1128 GB vs 1000 GB -> does not fit, so NVMe" in out
+    assert "recommended: stage 3, optimizer nvme, params none: step >= 303 s, bound by nvme" in out
+    assert "[default: one PCIe 4.0 NVMe SSD" in out  # rates say where they came from
+    assert "SW: Model with 68976M total params, 262M largest layer params." in out
+
+
+def test_params_only_with_an_assumed_shape(capsys):
+    rc, out, _ = _cli(["--params", "70B", *CASE], capsys)
+    assert rc == 0 and "assumption: shape assumed from the parameter count" in out
+    assert "recommended: stage 3, optimizer nvme" in out
+
+
+def test_json_and_written_config(llama, tmp_path, capsys):
+    out_cfg = tmp_path / "ds.json"
+    rc, out, _ = _cli(
+        ["--model-config", llama, *CASE, "--json", "--write-config", str(out_cfg)], capsys
+    )
+    assert rc == 0
+    res = json.loads(out)
+    assert len(res["options"]) == 9
+    assert res["recommended"]["label"] == "stage 3, optimizer nvme, params none"
+    assert res["written"]["ok"] and res["written"]["path"] == str(out_cfg)
+    cfg = json.loads(out_cfg.read_text())  # plain JSON without --with-comment
+    assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "nvme"
+
+
+def test_measured_rates_are_used_and_named(llama, tmp_path, capsys):
+    io = tmp_path / "io.json"
+    io.write_text(json.dumps({"read_gbps": 2.0, "write_gbps": 1.0, "backend": "io_uring"}))
+    rc, out, _ = _cli(["--model-config", llama, *CASE, "--measured", str(io), "--json"], capsys)
+    rates = json.loads(out)["machine"]["rates"]
+    assert rc == 0 and rates["nvme_read"]["value"] == 2.0
+    assert rates["nvme_write"]["source"] == f"measured: {io}"
+    rc, out, _ = _cli(
+        ["--model-config", llama, *CASE, "--measured", str(io), "--nvme-read-gbps", "7", "--json"],
+        capsys,
+    )
+    assert json.loads(out)["machine"]["rates"]["nvme_read"] == {
+        "value": 7.0,
+        "unit": "GB/s per node",
+        "source": "flag",
+    }
+
+
+def test_cpu_only_plan_of_a_gpt(tmp_path, capsys):
+    gpt = tmp_path / "gpt.json"
+    gpt.write_text(json.dumps({"n_embd": 256, "n_layer": 4, "n_head": 4, "vocab_size": 2048,
+                               "n_positions": 128}))  # fmt: skip
+    rc, out, _ = _cli(
+        ["--model-config", str(gpt), "--cpu-only", "--cpu-mem", "16GB", "--nvme", "0", "--json"],
+        capsys,
+    )
+    res = json.loads(out)
+    assert rc == 0 and res["run"]["precision"] == "fp32" and res["run"]["seq"] == 128
+    assert res["recommended"]["offload_optimizer"] == "none"  # it fits: nothing to offload
+    nvme = [o for o in res["options"] if o["offload_optimizer"] == "nvme"]
+    assert all(not o["fits"] and "NVMe" in o["problems"][0] for o in nvme)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--params", "70X"], "--params: expected a count like 70B"),
+        ([], "give the model: --params"),
+        (["--params", "7B", "--gpu-mem", "40XB"], "--gpu-mem: expected a size"),
+        (["--params", "7B", "--gpus", "0"], "--gpus"),
+        (["--params", "7B", "--micro-batch", "0"], "--micro-batch"),
+        (["--params", "7B", "--pcie-gbps", "fast"], "--pcie-gbps: expected a positive number"),
+        (["--params", "7B", "--measured", "/nonexistent.json"], "--measured: cannot read"),
+        (["--model-config", "/nonexistent.json"], "--model-config: cannot read"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_flag(argv, message, capsys):
+    rc, _, err = _cli(argv, capsys)
+    assert rc == 2 and message in err and err.startswith("zerostream estimate: error:")
+
+
+def test_bad_model_config_exits_2_naming_the_key(tmp_path, capsys):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({k: v for k, v in LLAMA.items() if k != "intermediate_size"}))
+    rc, _, err = _cli(["--model-config", str(path)], capsys)
+    assert rc == 2 and "missing key 'intermediate_size'" in err and "c.json" in err
+    gpt = tmp_path / "gpt.json"
+    gpt.write_text(json.dumps({"n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 100,
+                               "n_positions": 128}))  # fmt: skip
+    rc, _, err = _cli(["--model-config", str(gpt), "--seq", "4096"], capsys)
+    assert rc == 2 and "--seq 4096 exceeds the model's 128 learned positions" in err
+
+
+def test_bad_ds_config_exits_2_naming_the_key(tmp_path, capsys):
+    path = tmp_path / "ds.json"
+    path.write_text(
+        json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})
+    )
+    rc, _, err = _cli(["--params", "7B", "--ds-config", str(path)], capsys)
+    assert rc == 2 and "zero_optimization.offload_param.device" in err
+
+
+def test_write_config_when_nothing_fits(tmp_path, capsys):
+    rc, _, err = _cli(
+        ["--params", "70B", "--gpus", "1", "--gpu-mem", "8GB", "--cpu-mem", "64GB", "--nvme",
+         "0", "--write-config", str(tmp_path / "x.json")],
+        capsys,
+    )  # fmt: skip
+    assert rc == 2 and "no option fits" in err
+
+
+def test_argparse_rejects_a_non_integer_count(capsys):
+    with pytest.raises(SystemExit) as exc:
+        _cli(["--params", "7B", "--gpus", "eight"], capsys)
+    assert exc.value.code == 2

@@ -1,0 +1,171 @@
+"""The planner on the issue's case (Llama 2 70B on one node of 8 x 40 GB GPUs, 1 TB RAM, 4 TB
+NVMe) with every byte and second checked against arithmetic done here from bytes per
+parameter, and the recipe in configs/ pinned to what the planner writes."""
+
+import dataclasses
+import json
+import math
+import pathlib
+
+import pytest
+
+from zerostream import config
+from zerostream.estimate import (
+    Option,
+    Workload,
+    auto_knobs,
+    best,
+    build_machine,
+    from_hf_config,
+    predict,
+)
+from zerostream.estimate.plan import OPTIONS, knobs_from_config
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+RECIPE = REPO / "configs" / "llama70b_8x40gb_nvme.json"
+LLAMA2_70B = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "intermediate_size": 28672,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+P = 68_976_648_192
+PART = math.ceil(P / 8)
+
+
+def _node(**kw):
+    args = dict(gpus_per_node=8, nodes=1, gpu_mem=40 * 10**9, cpu_mem=10**12, nvme=4 * 10**12)
+    args.update(kw)
+    return build_machine(**args, use_cache=False)
+
+
+def _plan70b():
+    shape = from_hf_config(LLAMA2_70B)
+    work = Workload(micro_batch=1, seq=4096, grad_accum=1, precision="bf16", checkpointing=True)
+    machine = _node()
+    return shape, work, machine, [predict(shape, work, machine, Option(*o)) for o in OPTIONS]
+
+
+def test_70b_needs_stage3_and_nvme_for_the_optimizer():
+    _, _, _, preds = _plan70b()
+    by = {(p.option.stage, p.option.optimizer, p.option.param): p for p in preds}
+    for p in preds:
+        if p.option.stage == 2:  # 2 B x 69 B params on every GPU
+            assert not p.fits and "GPU" in p.problems[0] and "16-bit params 138 GB" in p.problems[0]
+    assert not by[(3, "none", "none")].fits  # 16 B/param / 8 GPUs = 138 GB per GPU
+    assert any("Adam m, v" in x for x in by[(3, "none", "none")].problems)
+    for param in ("none", "cpu"):  # 16 B/param = 1104 GB of host RAM > 1 TB
+        p = by[(3, "cpu", param)]
+        assert not p.fits and p.problems[0].startswith("host ")
+    rec = best(preds)
+    assert (rec.option.stage, rec.option.optimizer, rec.option.param) == (3, "nvme", "none")
+
+
+def test_70b_recommended_bytes_and_seconds_by_hand():
+    _, _, machine, preds = _plan70b()
+    rec = best(preds)
+    assert rec.device["16-bit param shard"] == 2 * PART
+    assert rec.host["fp32 grads"] == 4 * PART
+    assert rec.host["optimizer staging"] == 2 * 3 * 4 * 10**8  # 2 sets of p, m, v sub-groups
+    assert rec.nvme_node == 8 * 12 * PART  # fp32 master + exp_avg + exp_avg_sq
+    assert rec.host_node == 8 * (4 * PART + 24 * 10**8 + machine.host_overhead)
+    t = rec.traffic
+    assert t["nvme_read"] == t["nvme_write"] == 8 * 12 * PART
+    assert t["d2h"] == 2 * PART and t["h2d"] == 2 * PART
+    s = rec.seconds
+    assert s["nvme"] == pytest.approx(96 * PART / 6e9 + 96 * PART / 5e9)
+    assert s["cpu_adam"] == pytest.approx(8 * PART / 5e9)
+    assert s["pcie"] == pytest.approx(2 * PART / 25e9)
+    assert s["compute"] == pytest.approx(8 * P * 4096 / 312e12)  # recompute with checkpointing
+    assert s["collective"] == pytest.approx(3 * 2 * P * 7 / 8 / 150e9)
+    assert rec.bound_by == "nvme" and rec.step_seconds == pytest.approx(303.5, abs=0.1)
+    assert rec.device_peak + machine.gpu_reserve <= 40 * 10**9
+
+
+def test_70b_stage3_gathered_params_come_from_the_prefetch_planner():
+    shape, work, machine, _ = _plan70b()
+    knobs = auto_knobs(shape, Option(3, "nvme", "none"))
+    p = predict(shape, work, machine, Option(3, "nvme", "none"), knobs)
+    gathered = p.backward["gathered params"] // 2
+    largest_module = 32000 * 8192
+    # The planner caps live params at max_live_parameters, but a module always gathers whole.
+    assert largest_module <= gathered <= knobs.max_live_parameters + largest_module
+    small = dataclasses.replace(
+        knobs, max_live_parameters=0, prefetch_bucket_size=0, max_reuse_distance=0
+    )
+    lean = predict(shape, work, machine, Option(3, "nvme", "none"), small)
+    assert lean.backward["gathered params"] == 2 * largest_module
+
+
+def test_the_recipe_is_what_the_planner_writes(tmp_path, capsys):
+    from zerostream.estimate import main
+
+    cfg = tmp_path / "llama70b.json"
+    cfg.write_text(json.dumps(LLAMA2_70B))
+    out = tmp_path / "out.json"
+    rc = main(
+        [
+            "--model-config", str(cfg), "--gpus", "8", "--gpu-mem", "40GB", "--nodes", "1",
+            "--cpu-mem", "1TB", "--nvme", "4TB", "--micro-batch", "1", "--seq", "4096",
+            "--no-cache", "--write-config", str(out), "--with-comment",
+        ]
+    )  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert out.read_text() == RECIPE.read_text()
+    res = config.check(str(RECIPE), world_size=8)
+    assert res["ok"], res["errors"]
+    loaded = config.load(str(RECIPE), world_size=8, log=False)
+    z = loaded.zero_optimization
+    assert (z.stage, z.offload_optimizer_device, z.offload_param_device) == (3, "nvme", "none")
+    assert loaded.precision == "bf16" and loaded.train_batch_size == 8
+
+
+def test_a_model_that_fits_gets_no_offload():
+    shape = from_hf_config(
+        {
+            **LLAMA2_70B,
+            "hidden_size": 2048,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "intermediate_size": 5632,
+        }
+    )
+    work = Workload(1, 2048, 1, "bf16", True)
+    preds = [predict(shape, work, _node(gpu_mem=80 * 10**9), Option(*o)) for o in OPTIONS]
+    rec = best(preds)
+    assert (rec.option.stage, rec.option.optimizer) == (2, "none")
+    assert rec.bound_by == "compute"
+
+
+def test_config_knobs_are_used():
+    shape = from_hf_config(LLAMA2_70B)
+    cfg = config.load(
+        {"train_micro_batch_size_per_gpu": 1,
+         "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000000,
+                               "offload_optimizer": {"device": "nvme", "nvme_path": "/x",
+                                                     "buffer_count": 6},
+                               "sub_group_size": 2000000}},
+        world_size=8, log=False,
+    )  # fmt: skip
+    knobs = knobs_from_config(cfg.zero_optimization)
+    p = predict(
+        shape, Workload(1, 4096, 1, "bf16", True), _node(), Option(3, "nvme", "none"), knobs
+    )
+    assert p.backward["reduce bucket"] == 2 * 2 * 10**6
+    assert p.host["optimizer staging"] == 2 * 12 * 2 * 10**6  # max(2, 6 // 3) sets
+
+
+def test_grad_accumulation_spreads_the_per_step_traffic():
+    shape, _, machine, _ = _plan70b()
+    o = Option(3, "nvme", "none")
+    one = predict(shape, Workload(1, 4096, 1, "bf16", True), machine, o)
+    many = predict(shape, Workload(1, 4096, 64, "bf16", True), machine, o)
+    assert many.traffic["nvme_read"] == one.traffic["nvme_read"]
+    assert many.traffic["d2h"] == 64 * one.traffic["d2h"]
+    assert many.bound_by == "compute"
