@@ -26,15 +26,15 @@ echo "[lint] clang-format $(clang-format-14 --version | grep -o '[0-9][0-9.]*' |
 # --Werror makes "would reformat" fail; each place that would change is printed.
 cxx_sources | xargs -0 clang-format-14 --dry-run --Werror || status=1
 echo "[lint] $("$ruff" --version)"
-"$ruff" check python tests || status=1
-"$ruff" format --check python tests || status=1
+"$ruff" check python tests examples || status=1
+"$ruff" format --check python tests examples || status=1
 
 if [ "$status" -ne 0 ]; then
   cat >&2 <<MSG
 [lint] failed. The formatters apply layout, ruff --fix what it can (imports, whitespace);
 the remaining ruff findings need an edit:
   find csrc zero offload tests/cpp -type f \\( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \\) -print0 | xargs -0 clang-format-14 -i
-  $ruff check --fix python tests && $ruff format python tests
+  $ruff check --fix python tests examples && $ruff format python tests examples
 MSG
 fi
 exit "$status"

@@ -186,6 +186,13 @@ void feature_rules(Resolution& r, int64_t stage) {
   if ((low == "onebitadam" || low == "zerooneadam" || low == "onebitlamb") && stage > 0)
     r.errors.push_back("optimizer.type: \"" + type + "\" is not compatible with ZeRO (stage " +
                        std::to_string(stage) + ")");
+  // DeepSpeed 0.19 pads each parameter in its stage 1/2 flat buffer to 16 bytes when asked;
+  // zerostream's flat layout is its own, and checkpoints are re-cut by parameter name on load,
+  // so DeepSpeed's padded checkpoints load either way.
+  if (r.at("zero_optimization.parameter_alignment") == true)
+    r.warnings.push_back(
+        "zero_optimization.parameter_alignment: accepted; zerostream keeps its own flat "
+        "layout (checkpoints saved by DeepSpeed with or without it load the same)");
   // Sections of DeepSpeed features that zerostream accepts but does not implement.
   for (const Key& k : root_schema().keys) {
     if (k.kind != Kind::kAny || k.deprecation != Deprecation::kNone) continue;

@@ -83,6 +83,7 @@ struct Schema {
         B("round_robin_gradients", false),
         B("load_from_fp32_weights", true),
         B("elastic_checkpoint", false),
+        B("parameter_alignment", false),
         Sec("offload_optimizer", &offload_optimizer).allow_null().lazy(),
         Sec("offload_param", &offload_param).allow_null().lazy(),
         U("sub_group_size", 1000000000),

@@ -9,7 +9,7 @@ import sys
 
 from . import __version__
 
-_BENCHES = ("io", "optim", "step", "capacity")
+_BENCHES = ("io", "optim", "step", "capacity", "checkpoint")
 
 
 def _config_check(args) -> int:
@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError:
             pass
         p.set_defaults(func=_bench)
+
+    from . import estimate
+
+    estimate.add_parser(sub)
     return parser
 
 

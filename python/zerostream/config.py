@@ -166,6 +166,7 @@ class ZeroConfig:
     round_robin_gradients: bool
     load_from_fp32_weights: bool
     elastic_checkpoint: bool
+    parameter_alignment: bool
     offload_optimizer: Optional[OffloadOptimizerConfig]
     offload_param: Optional[OffloadParamConfig]
     sub_group_size: (

@@ -75,11 +75,8 @@ UNIVERSAL_WRONG = {"rr": "param_slice_mappings ignore the round-robin order"}
 
 
 def zs_config(case, world):
-    """The DeepSpeed run's ds_config, as a user keeps it (parameter_alignment dropped:
-    zerostream's config schema does not know the key)."""
-    cfg = ds_run.config(case[0], case[1], world, case[2])
-    cfg["zero_optimization"].pop("parameter_alignment", None)
-    return cfg
+    """The DeepSpeed run's ds_config, unchanged, as the user keeps it."""
+    return ds_run.config(case[0], case[1], world, case[2])
 
 
 # --- per-parameter views of a checkpoint -------------------------------------------------------

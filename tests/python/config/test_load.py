@@ -300,3 +300,22 @@ def test_accepted_key_paths_are_pinned():
     """Adding or removing an accepted key is deliberate: update accepted_key_paths.txt too."""
     pinned = (HERE / "accepted_key_paths.txt").read_text().split()
     assert sorted(_C.accepted_key_paths()) == sorted(pinned)
+
+
+def test_parameter_alignment_is_accepted_with_a_warning_saying_what_it_means():
+    """DeepSpeed 0.19's zero_optimization.parameter_alignment (16-byte padding of each
+    parameter in its stage 1/2 flat buffer): a DeepSpeed user's config keeps working, and the
+    warning says zerostream's layout does not change (its checkpoints reshard by name)."""
+    cfg = config.load(
+        {"train_batch_size": 2, "zero_optimization": {"stage": 2, "parameter_alignment": True}},
+        world_size=1,
+        log=False,
+    )
+    (warning,) = [w for w in cfg.warnings if "parameter_alignment" in w]
+    assert "zero_optimization.parameter_alignment: accepted" in warning
+    off = config.load(
+        {"train_batch_size": 2, "zero_optimization": {"stage": 2, "parameter_alignment": False}},
+        world_size=1,
+        log=False,
+    )
+    assert off.warnings == ()
