@@ -10,6 +10,7 @@ import importlib.util
 import os
 import pathlib
 import sys
+import tempfile
 
 import pytest
 
@@ -25,6 +26,10 @@ def _load_c_variant(path: str) -> None:
     sys.modules["zerostream._C"] = module  # `from . import _C` in zerostream finds it here
     spec.loader.exec_module(module)
 
+
+# Benchmarks run by tests leave their results here (inherited by spawned ranks and
+# subprocesses), not in the user's ~/.cache/zerostream that `zerostream estimate` reads.
+os.environ.setdefault("ZEROSTREAM_CACHE_DIR", tempfile.mkdtemp(prefix="zs-test-cache-"))
 
 if os.environ.get("ZS_LOAD_C_FROM"):
     _load_c_variant(os.environ["ZS_LOAD_C_FROM"])

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+from typing import Optional
 
 
 @contextlib.contextmanager
@@ -26,3 +28,34 @@ def stdout_to_stderr(enabled: bool = True):
         sys.stdout = saved_obj
         os.dup2(saved_fd, 1)
         os.close(saved_fd)
+
+
+def cache_dir() -> str:
+    """Where benchmarks leave their latest result for `zerostream estimate` to use as this
+    machine's rates: $ZEROSTREAM_CACHE_DIR, else ~/.cache/zerostream."""
+    return os.environ.get("ZEROSTREAM_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "zerostream"
+    )
+
+
+def remember(name: str, result: dict) -> Optional[str]:
+    """Writes `result` as <cache_dir>/bench-<name>.json (whole or not at all: a temporary file
+    renamed over it) and returns the path; a cache that cannot be written costs a note on
+    stderr, never the benchmark."""
+    root = cache_dir()
+    path = os.path.join(root, f"bench-{name}.json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(root, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(
+            f"bench {name}: could not save the result for zerostream estimate: {exc}",
+            file=sys.stderr,
+        )
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return None
+    return path

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
-from zerostream.bench import stdout_to_stderr
+from zerostream.bench import remember, stdout_to_stderr
 from zerostream.offload import io as zio
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -356,6 +356,7 @@ def run(args) -> int:
             os.unlink(path)
     out["config"] = config
     out["notes"] = notes + [w for w in zio.warnings_emitted()]
+    remember("io", out)  # this machine's disk rates for `zerostream estimate`
     if args.json:
         print(json.dumps(out))
         return 0

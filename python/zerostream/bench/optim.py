@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from zerostream import _C
-from zerostream.bench import stdout_to_stderr
+from zerostream.bench import remember, stdout_to_stderr
 from zerostream.bench.optim_model import MODELS, print_model_table, run_model
 from zerostream.ops.adagrad import cpu_adagrad_step
 from zerostream.ops.adam import cpu_adam_step
@@ -436,6 +436,8 @@ def run(args) -> int:
 
 
 def _emit(args, res: Dict, print_table: Callable[[Dict], None]) -> None:
+    if "params_per_s" in res:  # this machine's CPU Adam rate for `zerostream estimate`
+        remember("optim", res)
     if args.json:
         print(json.dumps(res, indent=2))
     else:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from typing import Dict, Optional
 
+from . import remember
 from .gpt import SIZES, GPTShape
 from .step_worker import MARK
 
@@ -247,6 +248,8 @@ def _print_table(res: dict) -> None:
 
 def run(args) -> int:
     res = measure(args)
+    if "error" not in res["peers"].get("zerostream", {}):
+        remember("step", res)  # this machine's swap-link rates for `zerostream estimate`
     if args.json:
         print(json.dumps(res, indent=2))
     else:

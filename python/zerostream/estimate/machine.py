@@ -5,8 +5,8 @@ machine, or a documented default) and the planner prints that source beside it.
 Measurements are the JSON objects `zerostream bench io --json`, `zerostream bench optim
 --json` (or its --json-out file) and `zerostream bench step --json` print. They are read
 from --measured FILE and from the cache directory $ZEROSTREAM_CACHE_DIR (default
-~/.cache/zerostream), files bench-io.json, bench-optim.json, bench-step.json, e.g.
-`zerostream bench io --path /local_nvme --json > ~/.cache/zerostream/bench-io.json`.
+~/.cache/zerostream), files bench-io.json, bench-optim.json, bench-step.json, which each
+benchmark writes there after every run (`zerostream bench io --path /local_nvme` is enough).
 """
 
 from __future__ import annotations
@@ -134,10 +134,10 @@ def load_measurements(paths: Iterable[str], required: bool) -> Dict[str, Rate]:
 
 
 def cache_files() -> List[str]:
-    root = os.environ.get("ZEROSTREAM_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "zerostream"
-    )
-    return [os.path.join(root, name) for name in CACHE_FILES]
+    """The result files `zerostream bench io|optim|step` leave behind (bench.remember)."""
+    from ..bench import cache_dir
+
+    return [os.path.join(cache_dir(), name) for name in CACHE_FILES]
 
 
 def build_machine(

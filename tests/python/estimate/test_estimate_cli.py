@@ -6,18 +6,10 @@ import argparse
 import json
 
 import pytest
+from hf_configs import LLAMA2_70B as LLAMA
 
 from zerostream.estimate import add_parser
 
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 8192,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 32000,
-    "intermediate_size": 28672,
-}
 CASE = ["--gpus", "8", "--gpu-mem", "40GB", "--nodes", "1", "--cpu-mem", "1TB", "--nvme", "4TB"]
 
 

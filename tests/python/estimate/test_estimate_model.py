@@ -4,21 +4,12 @@ flag or the key."""
 
 import pytest
 import torch
+from hf_configs import LLAMA2_70B
 
 from zerostream.bench.gpt import GPT, GPTShape
 from zerostream.estimate import assumed_shape, from_hf_config
 from zerostream.estimate.units import parse_count, parse_size
 
-LLAMA2_70B = {
-    "model_type": "llama",
-    "hidden_size": 8192,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 32000,
-    "intermediate_size": 28672,
-    "tie_word_embeddings": False,
-}
 GPT2_SMALL = {  # Hugging Face's gpt2 config.json (n_inner null: 4 x n_embd)
     "model_type": "gpt2",
     "n_embd": 768,

@@ -8,6 +8,7 @@ import math
 import pathlib
 
 import pytest
+from hf_configs import LLAMA2_70B
 
 from zerostream import config
 from zerostream.estimate import (
@@ -23,17 +24,6 @@ from zerostream.estimate.plan import OPTIONS, knobs_from_config
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 RECIPE = REPO / "configs" / "llama70b_8x40gb_nvme.json"
-LLAMA2_70B = {
-    "model_type": "llama",
-    "hidden_size": 8192,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 32000,
-    "intermediate_size": 28672,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
 P = 68_976_648_192
 PART = math.ceil(P / 8)
 
