@@ -1,0 +1,33 @@
+"""`zerostream bench checkpoint`: save and load of a real ZeRO-2 optimizer state timed against
+fio on the same directory in the same run (benchmarks/checkpoint.md). Checks what it reports
+against arithmetic of its own: 12 bytes of fp32 state per parameter, GB/s = bytes / seconds,
+ratios = ours / fio's."""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.timeout(240)
+def test_bench_checkpoint_reports_consistent_rates_against_fio(tmp_path):
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed (scripts/setup.sh installs it)")
+    out = subprocess.run(
+        [sys.executable, "-m", "zerostream.cli", "bench", "checkpoint", "--path", str(tmp_path),
+         "--params", "17M", "--repeats", "1", "--json"],
+        capture_output=True, text=True, timeout=220, check=True, env=dict(os.environ),
+    )  # fmt: skip
+    res = json.loads(out.stdout)
+    assert [r["offload"] for r in res["results"]] == ["cpu", "nvme"]
+    for r in res["results"]:
+        assert r["optimizer_state_bytes"] == 12 * r["params"] and r["params"] >= 16_777_216
+        assert r["bytes"] > r["optimizer_state_bytes"]  # plus the bf16 model file
+        for op, fio in (("save", "fio_write_direct"), ("load", "fio_read_direct")):
+            assert math.isclose(r[f"{op}_gbps"], r["bytes"] / r[f"{op}_s"] / 1e9, rel_tol=1e-6)
+            assert r[fio] > 0
+            assert math.isclose(r[f"{op}_vs_fio_direct"], r[f"{op}_gbps"] / r[fio], rel_tol=1e-6)
