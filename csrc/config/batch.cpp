@@ -18,6 +18,20 @@ struct Slot {
   bool was_auto = false;
 };
 
+// micro x accumulation x world, or an error naming the keys when it overflows 64 bits
+// (9223372036854775807 x 2 must not come out as a small positive batch).
+std::optional<int64_t> product(Resolution& r, int64_t micro, int64_t gas, int64_t world) {
+  int64_t a = 0, b = 0;
+  if (__builtin_mul_overflow(micro, gas, &a) || __builtin_mul_overflow(a, world, &b)) {
+    r.errors.push_back(std::string(kMicro) + " " + std::to_string(micro) + " * " + kGas + " " +
+                       std::to_string(gas) + " * data-parallel world size " +
+                       std::to_string(world) + ": the product (" + kTrain +
+                       ") does not fit in a 64-bit integer");
+    return std::nullopt;
+  }
+  return b;
+}
+
 Slot read(Resolution& r, const char* key, const std::optional<int64_t>& from_run) {
   Slot s{key, std::nullopt, false};
   auto it = r.origins.find(key);
@@ -72,13 +86,15 @@ void resolve_batch(Resolution& r, const RunContext& c) {
   } else if (tb.value && gas.value) {
     mb.value = *tb.value / w / *gas.value;
   } else if (mb.value && gas.value) {
-    tb.value = *mb.value * *gas.value * w;
+    tb.value = product(r, *mb.value, *gas.value, w);
+    if (!tb.value) return;
   } else if (tb.value) {
     gas.value = 1;
     mb.value = *tb.value / w;
   } else if (mb.value) {
     gas.value = 1;
-    tb.value = *mb.value * w;
+    tb.value = product(r, *mb.value, 1, w);
+    if (!tb.value) return;
   } else {
     const std::string msg = std::string(kTrain) + ", " + kMicro +
                             ": either train_batch_size or train_micro_batch_size_per_gpu "
@@ -102,7 +118,9 @@ void resolve_batch(Resolution& r, const RunContext& c) {
       return;
     }
   }
-  if (*tb.value != *mb.value * *gas.value * w) {
+  const std::optional<int64_t> expected = product(r, *mb.value, *gas.value, w);
+  if (!expected) return;
+  if (*tb.value != *expected) {
     r.errors.push_back(std::string(kTrain) + ": " + std::to_string(*tb.value) +
                        " != train_micro_batch_size_per_gpu " + std::to_string(*mb.value) +
                        " * gradient_accumulation_steps " + std::to_string(*gas.value) +

@@ -17,6 +17,7 @@ class Reader {
   Reader(std::string_view text, std::string source) : s_(text), source_(std::move(source)) {}
 
   Json document() {
+    if (s_.substr(0, 3) == "\xEF\xBB\xBF") i_ = 3;  // a UTF-8 byte-order mark (Windows editors)
     skip_space();
     if (at_end()) fail("the file is empty; expected a JSON object");
     Json root = value();
@@ -31,6 +32,15 @@ class Reader {
   std::string source_;
   size_t i_ = 0;
   std::vector<std::string> path_;
+  int depth_ = 0;
+  // ds_config files nest about 4 levels; deep nesting is hostile input that would otherwise
+  // overflow the stack of this recursive reader.
+  static constexpr int kMaxDepth = 64;
+
+  void enter() {
+    if (++depth_ > kMaxDepth)
+      fail("nested deeper than " + std::to_string(kMaxDepth) + " levels of objects and lists");
+  }
 
   bool at_end() const { return i_ >= s_.size(); }
   char peek() const { return at_end() ? '\0' : s_[i_]; }
@@ -86,18 +96,24 @@ class Reader {
   }
 
   Json object() {
+    enter();
     ++i_;  // '{'
     Json obj = Json::object();
+    // ordered_json's operator[] searches its vector: keys are appended directly (duplicates
+    // are found by `seen`), so an object of n keys reads in O(n log n), not O(n^2).
+    auto& members = obj.get_ref<Json::object_t&>();
     std::set<std::string> seen;
     skip_space();
     if (peek() == '}') {
       ++i_;
+      --depth_;
       return obj;
     }
     while (true) {
       skip_space();
       if (peek() == '}') {  // trailing comma, as hjson allows
         ++i_;
+        --depth_;
         return obj;
       }
       if (peek() != '"') fail("expected a quoted key or '}'");
@@ -111,13 +127,15 @@ class Reader {
       ++i_;
       skip_space();
       path_.push_back(key);
-      obj[key] = value();
+      Json v = value();
+      members.emplace_back(key, std::move(v));
       path_.pop_back();
       skip_space();
       if (peek() == ',') {
         ++i_;
       } else if (peek() == '}') {
         ++i_;
+        --depth_;
         return obj;
       } else {
         path_.push_back(key);
@@ -127,12 +145,14 @@ class Reader {
   }
 
   Json array() {
+    enter();
     ++i_;  // '['
     Json arr = Json::array();
     while (true) {
       skip_space();
       if (peek() == ']') {
         ++i_;
+        --depth_;
         return arr;
       }
       path_.push_back("[" + std::to_string(arr.size()) + "]");

@@ -77,9 +77,16 @@ void offload_rules(Resolution& r, int64_t stage) {
     const std::string base = std::string("zero_optimization.") + which;
     if (!r.at(base).is_object()) continue;
     const std::string device = str(r, base + ".device");
-    if (device == "nvme" && r.at(base + ".nvme_path").is_null())
+    const Json& path = r.at(base + ".nvme_path");
+    if (device == "nvme" && path.is_null())
       r.errors.push_back(base + ".nvme_path: required when " + base +
                          ".device is \"nvme\" (a directory on the NVMe drive)");
+    // An empty path would put swap files in the current directory; a NUL byte would be cut
+    // off silently by every system call that takes the path.
+    if (path.is_string() && path.get_ref<const std::string&>().empty())
+      r.errors.push_back(base + ".nvme_path: empty; give a directory on the NVMe drive");
+    if (path.is_string() && path.get_ref<const std::string&>().find('\0') != std::string::npos)
+      r.errors.push_back(base + ".nvme_path: contains a NUL byte (\\u0000); not a usable path");
   }
   const std::string param_device = str(r, "zero_optimization.offload_param.device");
   if (!param_device.empty() && param_device != "none" && stage != 3)

@@ -75,7 +75,12 @@ std::optional<Json> coerce(const Key& k, const Json& v, const std::string& path,
       Json out = v;
       if (k.kind == Kind::kInt) {
         if (!v.is_number_integer()) {
-          if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.2e18) {
+          if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) > 9.2e18) {
+            err = path + ": expected an integer; got " + show(v) +
+                  " (out of the 64-bit integer range)";
+            return std::nullopt;
+          }
+          if (!std::isfinite(d) || d != std::floor(d)) {
             err = path + ": expected an integer; got " + show(v) + " (it has a fractional part)";
             return std::nullopt;
           }
@@ -194,7 +199,19 @@ class Walker {
  private:
   Resolution& r_;
 
+  // Past this many unknown keys the rest are counted, not spelled out (a generated file with
+  // 80,000 stray keys must give a readable error, quickly).
+  static constexpr int kUnknownKeysListed = 20;
+  int unknown_keys_ = 0;
+
   void unknown_key(const Section& spec, const std::string& name, const std::string& path) {
+    if (++unknown_keys_ > kUnknownKeysListed) {
+      auto& out = spec.strict ? r_.errors : r_.warnings;
+      const std::string more = "more unknown keys than the " + std::to_string(kUnknownKeysListed) +
+                               " listed; the rest (from " + path + " on) are not listed";
+      if (unknown_keys_ == kUnknownKeysListed + 1) out.push_back(more);
+      return;
+    }
     std::vector<std::string> names;
     for (const Key& k : spec.keys) {
       names.push_back(k.name);
