@@ -5,6 +5,7 @@ zero_force_ds_cpu_optimizer false."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable, List, Optional
 
 import torch
@@ -136,7 +137,7 @@ def optimizer_maker(
     if client is not None:
         if isinstance(client, torch.optim.Optimizer):
             check_client_optimizer(client, cfg)
-            cls, defaults = type(client), dict(client.defaults)
+            cls, defaults = type(client), _constructor_kwargs(type(client), client.defaults)
             own = [id(p) for g in client.param_groups for p in g["params"]]
 
             def rebind(inner):
@@ -162,6 +163,20 @@ def optimizer_maker(
     if cfg.optimizer is None:
         return None
     return _from_config(cfg)
+
+
+def _constructor_kwargs(cls: type, defaults: dict) -> dict:
+    """The client's settings its constructor takes back. `defaults` can hold more than the
+    constructor accepts (torch's AdamW records decoupled_weight_decay=True, which
+    AdamW.__init__ does not take); the extra keys still reach the rebuilt optimizer through
+    the param groups, which carry every key of the client's groups."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):  # a C-implemented or odd constructor: pass them all
+        return dict(defaults)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(defaults)
+    return {k: v for k, v in defaults.items() if k in params}
 
 
 def client_groups(client, groups: List[dict]) -> List[dict]:
