@@ -50,7 +50,10 @@ def config_text(config: Any) -> Tuple[str, str]:
             raise ValueError(f"DeepSpeed config dict is not JSON-serializable: {exc}") from exc
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
-        if os.path.isfile(path):
+        if os.path.isdir(path):
+            raise ValueError(f"DeepSpeed config {path!r} is a directory, not a config file")
+        # Regular files and what reads like one: /dev/stdin, pipes, <(process substitution).
+        if os.path.exists(path):
             with open(path, "r", encoding="utf-8") as f:
                 return f.read(), path
         if isinstance(config, str):

@@ -176,6 +176,16 @@ class ZeroEngine(torch.nn.Module):
                     self.lr_scheduler.step(**(lr_kwargs or {}))
             else:
                 self.skipped_steps += 1
+                if not self._config.fp16.enabled and self.global_rank == 0:
+                    # fp16's loss scaler logs its own overflow; bf16 and fp32 have no scale
+                    # to lower, so a skip there means the gradients themselves are bad.
+                    logger.warning(
+                        "step %d skipped: the gradients hold inf or NaN (%s has no loss scale "
+                        "to lower); %d steps skipped so far",
+                        self.global_steps + 1,
+                        self._config.precision,
+                        self.skipped_steps,
+                    )
             self._step_applied = applied
             self.global_steps += 1
             self.global_samples += self.train_batch_size()

@@ -2,6 +2,8 @@
 with an error naming the key, or is read as the user meant, never a crash or a wrong value."""
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -73,3 +75,15 @@ def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
     path = tmp_path / "bom.json"
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"train_batch_size": 4}).encode())
     assert config.load(str(path), world_size=2, log=False).train_batch_size == 4
+
+
+def test_config_from_stdin_or_a_pipe_and_a_directory_named_as_such(tmp_path):
+    read = subprocess.run(
+        [sys.executable, "-c", "from zerostream import config; "
+         "print(config.load('/dev/stdin', world_size=2, log=False).train_batch_size)"],
+        input=json.dumps({"train_micro_batch_size_per_gpu": 3}), capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    assert read.stdout.strip().splitlines()[-1] == "6"
+    msg = _errors(str(tmp_path))
+    assert f"DeepSpeed config {str(tmp_path)!r} is a directory, not a config file" in msg
