@@ -111,7 +111,7 @@ def check(
             "tree": {},
             "resolved": {},
         }
-    return _C.check_config(
+    result = _C.check_config(
         text,
         os.path.basename(source),
         _context(
@@ -126,6 +126,27 @@ def check(
             total_num_steps=total_num_steps,
         ),
     )
+    if result["ok"]:
+        # What initialize() builds from the config is checked by building it (one code path:
+        # a config check passes what initialize accepts). Sections with "auto" values are
+        # left to the run that fills them (Hugging Face Trainer fills total_num_steps).
+        from .optim_factory import dry_build
+
+        skip = tuple(
+            section
+            for section in ("optimizer", "scheduler")
+            if any(
+                path.startswith(section + ".") and entry["source"] == "auto"
+                for path, entry in result["resolved"].items()
+            )
+        )
+        tree = dict(result["tree"])
+        tree.pop("bfloat16", None)
+        errors, warns = dry_build(_build(DeepSpeedConfig, tree), skip)
+        result["errors"] = list(result["errors"]) + errors
+        result["warnings"] = list(result["warnings"]) + warns
+        result["ok"] = not result["errors"]
+    return result
 
 
 # --- the typed tree -----------------------------------------------------------------------------
