@@ -286,21 +286,36 @@ def test_prescale_and_predivide_average_the_same_gradients():
 def bf16_overflow_flag_worker(rank, world):
     """bf16.check_grad_overflow: true (default) skips a non-finite step; false lets it through,
     as DeepSpeed does."""
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("zerostream").addHandler(handler)
     out = {}
     for check in (True, False):
+        records.clear()
         engine, *_ = _engine(_base(1, bf16={"enabled": True, "check_grad_overflow": check}))
         loss = engine(torch.randn(2, 8).bfloat16()) * float("inf")
         engine.backward(loss)
         engine.step()
-        out[check] = (engine.was_step_applied(), engine.skipped_steps)
+        skips = [m for m in records if "skipped" in m]
+        out[check] = (engine.was_step_applied(), engine.skipped_steps, skips)
     return out
 
 
 @pytest.mark.multirank
-def test_bf16_check_grad_overflow_is_honoured():
-    out = run_ranks(bf16_overflow_flag_worker, 2)[0]
-    assert out[True] == (False, 1)
-    assert out[False] == (True, 0)
+def test_bf16_check_grad_overflow_is_honoured_and_a_skip_is_logged():
+    out = run_ranks(bf16_overflow_flag_worker, 2)
+    assert out[0][True][:2] == (False, 1)
+    assert out[0][False] == (True, 0, [])
+    # bf16 has no loss scaler to log the overflow, so the engine says why the step was skipped
+    # (once, on rank 0).
+    assert out[0][True][2] == [
+        "step 1 skipped: the gradients hold inf or NaN (bf16 has no loss scale to lower); "
+        "1 steps skipped so far"
+    ]
+    assert out[1][True][2] == []
 
 
 def param_groups_worker(rank, world, use_callable):
