@@ -44,3 +44,20 @@ def compat_dir() -> pathlib.Path:
             f"checkout, not with zerostream)"
         )
     return path
+
+
+@pytest.fixture(scope="module")
+def one_rank_process_group():
+    """A one-rank Gloo group in this process for in-process engine tests (a free port, so
+    parallel runs on one machine do not collide); destroyed after the module."""
+    import torch
+
+    from multirank import free_port
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+        LOCAL_RANK="0",
+    )  # fmt: skip
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

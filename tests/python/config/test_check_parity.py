@@ -2,13 +2,10 @@
 check builds the config's optimizer and LR scheduler the way initialize does, so a config it
 passes does not fail at initialize, and the error is the same text."""
 
-import os
-
 import pytest
 import torch
 
 import zerostream
-from multirank import free_port
 from zerostream import config
 
 
@@ -41,15 +38,7 @@ GOOD = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_rank_group():
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-        LOCAL_RANK="0",
-    )  # fmt: skip
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_process_group")
 
 
 def _initialize_error(cfg):

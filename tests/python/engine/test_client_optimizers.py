@@ -4,13 +4,10 @@ AdamW records a `decoupled_weight_decay` default its constructor does not take),
 like plain PyTorch with the same class. One rank, so stage 1/2 partitions are the whole flat
 buffer and elementwise optimizers must agree with per-tensor torch to rounding."""
 
-import os
-
 import pytest
 import torch
 
 import zerostream
-from multirank import free_port
 
 # Elementwise update rules: the same on a flat partition as on each tensor.
 ELEMENTWISE = [
@@ -46,15 +43,7 @@ def _kwargs(name):
     return kw
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_rank_group():
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-        LOCAL_RANK="0",
-    )  # fmt: skip
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_process_group")
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
