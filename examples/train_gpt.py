@@ -144,7 +144,8 @@ def load_config(args) -> dict:
         cfg["train_micro_batch_size_per_gpu"] = args.micro_batch
     if args.grad_accum:
         cfg["gradient_accumulation_steps"] = args.grad_accum
-    cfg.pop("train_batch_size", None) if (args.micro_batch or args.grad_accum) else None
+    if args.micro_batch or args.grad_accum:  # the batch rule derives it from the new values
+        cfg.pop("train_batch_size", None)
     if args.lr is not None:
         cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})["params"]["lr"] = args.lr
     zero = cfg.get("zero_optimization", {})

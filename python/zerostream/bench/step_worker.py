@@ -36,13 +36,7 @@ class _Engine:
 
     def telemetry(self) -> Dict[str, Dict[str, float]]:
         t = getattr(self.engine, "telemetry", None)
-        if t is None:
-            return {}
-        return {
-            "seconds": dict(t.seconds),
-            "bytes": dict(t.bytes),
-            "tier_seconds": dict(t.tier_seconds),
-        }
+        return {} if t is None else t.snapshot()
 
 
 class _Torch:

@@ -169,12 +169,17 @@ def arena_totals() -> dict:
     process (the engine's swap buffers, staging, the aio handle's): what a run's summary
     reports as host-arena memory. The peaks are per arena, so their sum bounds the true
     simultaneous peak from above."""
-    totals = {"arenas": 0, "budget": 0, "in_use": 0, "peak": 0}
-    for arena in list(_LIVE_ARENAS):
-        s = arena.stats()
-        totals["arenas"] += 1
-        for key in ("budget", "in_use", "peak"):
-            totals[key] += int(s[key])
+    return _summed_stats(_LIVE_ARENAS, "arenas", ("budget", "in_use", "peak"))
+
+
+def _summed_stats(objects, count_key: str, keys: tuple) -> dict:
+    """{count_key: how many, key: the sum of each object's stats()[key]}."""
+    live = list(objects)
+    totals = {count_key: len(live), **{k: 0 for k in keys}}
+    for obj in live:
+        s = obj.stats()
+        for k in keys:
+            totals[k] += int(s[k])
     return totals
 
 
@@ -256,13 +261,7 @@ class SwapStore:
 def store_totals() -> dict:
     """Bytes of live tensors (`used`) and the swap files' sizes (`files`, grown ahead of use)
     over the swap stores open in this process."""
-    totals = {"stores": 0, "used_bytes": 0, "file_bytes": 0}
-    for store in list(_OPEN_STORES):
-        s = store.stats()
-        totals["stores"] += 1
-        totals["used_bytes"] += int(s["used_bytes"])
-        totals["file_bytes"] += int(s["file_bytes"])
-    return totals
+    return _summed_stats(_OPEN_STORES, "stores", ("used_bytes", "file_bytes"))
 
 
 def set_io_fault(spec: Optional[str]) -> None:
