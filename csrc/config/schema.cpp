@@ -241,8 +241,9 @@ struct Schema {
         S("output_file", nullptr)}};
     torch_autocast = {"torch_autocast", false, false, {
         B("enabled", false), S("dtype", nullptr), A("lower_precision_safe_modules")}};
-    zerostream = {"zerostream", true, true, {B("verify_swap_checksums", false),
-                                             U("cpu_optimizer_threads", 0)}};
+    zerostream = {"zerostream", true, true, {B("verify_swap_checksums", true),
+                                             U("cpu_optimizer_threads", 0),
+                                             U("max_consecutive_skipped_steps", 50)}};
 
     root = {"", false, true, {
         I("train_batch_size", nullptr).greater_than_zero(),

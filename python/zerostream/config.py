@@ -368,6 +368,9 @@ class FlopsProfilerConfig:
 class ZeroStreamExtConfig:
     verify_swap_checksums: bool
     cpu_optimizer_threads: int  # 0: the default of zerostream/ops/threads.py
+    # A run whose steps are all skipped (inf/NaN gradients) this many times in a row stops
+    # with an error instead of "training" on; 0 never stops.
+    max_consecutive_skipped_steps: int
 
 
 @dataclass(frozen=True)
