@@ -39,9 +39,16 @@ void check_inputs(const std::vector<int64_t>& param_numel, const std::vector<uin
                   const PrefetchKnobs& knobs) {
   ZS_CHECK_VALUE(param_numel.size() == persistent.size(), "prefetch plan: ", param_numel.size(),
                  " parameter sizes but ", persistent.size(), " persistence flags");
-  for (size_t p = 0; p < param_numel.size(); ++p)
+  // L never holds more than every parameter once, so a total that fits keeps `live` exact.
+  int64_t total = 0;
+  for (size_t p = 0; p < param_numel.size(); ++p) {
     ZS_CHECK_VALUE(param_numel[p] >= 0, "prefetch plan: parameter ", p,
                    " has a negative numel: ", param_numel[p]);
+    ZS_CHECK_VALUE(!__builtin_add_overflow(total, param_numel[p], &total),
+                   "prefetch plan: the parameters hold more than 2^63 - 1 elements in all "
+                   "(parameter ",
+                   p, " has ", param_numel[p], ")");
+  }
   const std::pair<const char*, int64_t> named[] = {
       {"stage3_prefetch_bucket_size", knobs.prefetch_bucket_size},
       {"stage3_max_live_parameters", knobs.max_live_parameters},
@@ -69,7 +76,12 @@ FlatTrace flatten(const std::vector<TraceEvent>& trace, const std::vector<int64_
       f.event_of.push_back(i);
       event_numel += param_numel[p];
     }
-    f.numel_before.push_back(f.numel_before.back() + event_numel);
+    // A parameter counts once per event that lists it, so this sum can pass the total above.
+    int64_t before = 0;
+    ZS_CHECK_VALUE(!__builtin_add_overflow(f.numel_before.back(), event_numel, &before),
+                   "prefetch plan: the trace gathers more than 2^63 - 1 elements by event ", i,
+                   "; reuse distances would not be exact");
+    f.numel_before.push_back(before);
   }
   f.begin.push_back(f.ids.size());
   // One backward scan; ids are unique within an event, so the entry seen last is a later event's.

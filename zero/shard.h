@@ -15,6 +15,10 @@ struct ShardRange {
 // Stage 3: each parameter of `numel` elements is split on its own into ceil(numel / world)
 // elements per rank; rank r holds [r*k, (r+1)*k), zero-padded at the end
 // (DeepSpeed's layout, which zero_to_fp32 reads).
+//
+// All three functions throw zs::ValueError naming the argument for numel < 0, world < 1,
+// rank outside [0, world), alignment < 1, or a padded size beyond int64 (see Note [Shard
+// arguments] in shard.cpp); every returned range then lies in [0, padded size].
 ShardRange stage3_param_shard(int64_t numel, int world, int rank);
 
 // Stages 1/2: a flat group of `numel` elements is padded to a multiple of

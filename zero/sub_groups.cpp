@@ -22,7 +22,9 @@ std::vector<SubGroup> plan_sub_groups(const std::vector<int64_t>& partition_nume
     if (n == 0) continue;
     std::vector<int64_t> cuts;
     if (sub_group_size > 0) {
-      for (int64_t at = 0; at < n; at += sub_group_size) cuts.push_back(at);
+      // Step by what is left, not `at += sub_group_size`: for a partition near INT64_MAX that
+      // sum wrapped negative and the loop never ended.
+      for (int64_t at = 0; at < n; at += std::min(sub_group_size, n - at)) cuts.push_back(at);
     } else {
       cuts = param_starts[g];
       cuts.push_back(0);

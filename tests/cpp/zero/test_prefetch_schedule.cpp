@@ -214,6 +214,23 @@ TEST(PrefetchSchedule, BadInputNamesTheProblem) {
             std::string::npos);
 }
 
+// Sums of element counts past INT64_MAX wrapped negative: `live` and the reuse distances
+// silently went wrong (signed overflow, undefined behaviour).
+TEST(PrefetchSchedule, ElementSumsBeyondInt64AreErrors) {
+  const int64_t half = int64_t{1} << 62;
+  const std::vector<uint8_t> two(2, 0);
+  EXPECT_EQ(error_of({}, {half, half}, two, {}),
+            "prefetch plan: the parameters hold more than 2^63 - 1 elements in all (parameter 1 "
+            "has 4611686018427387904)");
+  EXPECT_EQ(error_of({{0}, {0}, {0}}, {half}, {0}, {kNoLimit, kNoLimit, kNoLimit}),
+            "prefetch plan: the trace gathers more than 2^63 - 1 elements by event 1; reuse "
+            "distances would not be exact");
+  // Up to the limit the plan is exact: one parameter of 2^62 - 1 elements listed twice.
+  const PrefetchPlan p = plan({{0}, {0}}, {half - 1}, {kNoLimit, kNoLimit, kNoLimit});
+  EXPECT_EQ(p.peak_live, half - 1);
+  EXPECT_TRUE(p.events[0].release.empty());
+}
+
 // The rules of Note [Prefetch plan] as written, rescanning the trace for every question.
 PrefetchPlan reference_plan(const std::vector<TraceEvent>& trace, const Ids& numel,
                             const std::vector<uint8_t>& persistent, const PrefetchKnobs& k) {

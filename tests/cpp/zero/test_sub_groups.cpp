@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "common/check.h"
 #include "zero/sub_groups.h"
 
@@ -61,6 +63,19 @@ TEST(SubGroups, BadInputNamesTheProblem) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("zero_optimization.sub_group_size"), std::string::npos);
   }
+}
+
+// `at += sub_group_size` wrapped negative past INT64_MAX: the loop never ended (and grew
+// its vector until memory ran out).
+TEST(SubGroups, CutsNearInt64MaxEndAtThePartition) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const std::vector<int64_t> numels = {kMax};
+  const auto plan = plan_sub_groups(numels, {}, int64_t{1} << 62);
+  expect_tiling(plan, numels);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[1].begin, int64_t{1} << 62);
+  EXPECT_EQ(plan[1].end, kMax);
+  EXPECT_EQ(plan_sub_groups(numels, {}, kMax).size(), 1u);
 }
 
 }  // namespace
