@@ -21,7 +21,8 @@ namespace zs::offload {
 struct SwapStore::Entry {
   Extent extent;
   int64_t bytes = 0;
-  uint32_t crc = 0;
+  uint32_t crc = 0;        // of the latest write, set when it lands (guarded by mu_)
+  uint64_t write_seq = 0;  // numbers the writes, so a late callback of an older one is dropped
   IoRequestPtr last_write;
   std::vector<IoRequestPtr> inflight;  // this tensor's requests not yet waited for by free()
 
@@ -176,7 +177,6 @@ IoTicket SwapStore::write(uint64_t id, const void* buf, int64_t bytes) {
     resize = it != entries_.end() && it->second->bytes != bytes;
   }
   if (resize) free(id);
-  const uint32_t crc = config_.verify_checksums ? crc32c(buf, static_cast<size_t>(bytes)) : 0;
   std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<Entry>& slot = entries_[id];
   if (!slot) {
@@ -190,9 +190,21 @@ IoTicket SwapStore::write(uint64_t id, const void* buf, int64_t bytes) {
     e->bytes = bytes;
     slot = e;
   }
-  slot->crc = crc;
+  std::function<void(IoRequest&)> checksum;
+  if (config_.verify_checksums) {
+    // The CRC is taken on the I/O thread once the write landed (the caller may not touch
+    // the buffer before its ticket completes), so the step's thread never pays for it.
+    const uint64_t seq = ++slot->write_seq;
+    std::weak_ptr<Entry> weak = slot;
+    checksum = [this, weak, seq](IoRequest& r) {
+      const uint32_t crc = crc32c(r.buf, static_cast<size_t>(r.length));
+      std::lock_guard<std::mutex> guard(mu_);
+      if (auto e = weak.lock(); e && e->write_seq == seq) e->crc = crc;
+    };
+  }
   IoTicket t = engine_.submit(IoOp::kWrite, files_[static_cast<size_t>(slot->extent.file)],
-                              const_cast<void*>(buf), bytes, slot->extent.offset);
+                              const_cast<void*>(buf), bytes, slot->extent.offset,
+                              std::move(checksum));
   slot->last_write = t.request();
   slot->track(t.request());
   return t;
@@ -219,7 +231,11 @@ IoTicket SwapStore::read(uint64_t id, void* buf, int64_t bytes) {
   }
   std::function<void(IoRequest&)> verify;
   if (config_.verify_checksums) {
-    const uint32_t expected = e->crc;
+    uint32_t expected = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      expected = e->crc;
+    }
     const Extent ext = e->extent;
     verify = [expected, ext, id](IoRequest& r) {
       const uint32_t got = crc32c(r.buf, static_cast<size_t>(r.length));

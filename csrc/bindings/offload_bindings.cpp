@@ -7,6 +7,8 @@
 #include <cerrno>
 
 #include "bindings/bindings.h"
+#include "common/check.h"
+#include "offload/crc32c.h"
 #include "offload/fault_injection.h"
 #include "offload/host_arena.h"
 #include "offload/io_engine.h"
@@ -282,6 +284,15 @@ void bind_testing(py::module_& m) {
   m.def("_clear_io_fault", &clear_io_fault);
   m.def("_io_faults_injected", &io_faults_injected);
   m.def("warnings_emitted", &warnings_emitted);
+  m.def(
+      "crc32c",
+      [](uintptr_t ptr, int64_t nbytes, uint32_t crc) {
+        ZS_CHECK_VALUE(nbytes >= 0, "crc32c: nbytes must be >= 0; got ", nbytes);
+        return crc32c(reinterpret_cast<const void*>(ptr), static_cast<size_t>(nbytes), crc);
+      },
+      py::arg("ptr"), py::arg("nbytes"), py::arg("crc") = 0,
+      py::call_guard<py::gil_scoped_release>(),
+      "The swap store's checksum of nbytes at ptr (bench io times it)");
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ from .telemetry import StepTelemetry
 from .unsupported import refuse_unsupported
 from .zero.factory import build_zero_optimizer, stage_class
 from .zero.protocol import RunState, StageContext, TrainingState
+from .zero.skips import SkipGuard
 
 logger = logging.getLogger("zerostream")
 
@@ -77,6 +78,14 @@ class ZeroEngine(torch.nn.Module):
         self.optimizer = build_zero_optimizer(ctx, groups, client=optimizer)
         self.basic_optimizer = self.optimizer.optimizer if self.optimizer is not None else None
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
+        self._skips = SkipGuard(
+            self.optimizer,
+            precision=cfg.precision,
+            limit=cfg.zerostream.max_consecutive_skipped_steps,
+            fp16=cfg.fp16.enabled,
+            group=dp_group,
+            world=self.dp_world_size,
+        )
         if cfg.zero_optimization.round_robin_gradients and cfg.zero_stage in (1, 2):
             logger.warning(
                 "zero_optimization.round_robin_gradients: zerostream partitions "
@@ -172,20 +181,12 @@ class ZeroEngine(torch.nn.Module):
             self.telemetry.steps += 1
             self.loss_scaler.update_scale(not applied)
             if applied:
+                self._skips.applied()
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step(**(lr_kwargs or {}))
             else:
                 self.skipped_steps += 1
-                if not self._config.fp16.enabled and self.global_rank == 0:
-                    # fp16's loss scaler logs its own overflow; bf16 and fp32 have no scale
-                    # to lower, so a skip there means the gradients themselves are bad.
-                    logger.warning(
-                        "step %d skipped: the gradients hold inf or NaN (%s has no loss scale "
-                        "to lower); %d steps skipped so far",
-                        self.global_steps + 1,
-                        self._config.precision,
-                        self.skipped_steps,
-                    )
+                self._skips.skipped(self.global_steps + 1, self.skipped_steps)
             self._step_applied = applied
             self.global_steps += 1
             self.global_samples += self.train_batch_size()

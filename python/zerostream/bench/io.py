@@ -156,6 +156,86 @@ class DeepSpeedRunner:
         return self.w.size / (time.perf_counter() - start) / 1e9
 
 
+class StoreRunner:
+    """The swap store as the optimizer drives it: tensors of STORE_CHUNK bytes through a ring
+    of STORE_RING buffers (a buffer is reused once its request finished), with or without
+    zerostream.verify_swap_checksums, so the checksums' cost is what a run pays."""
+
+    STORE_CHUNK = 64 << 20
+    STORE_RING = 4
+
+    def __init__(self, w: Workload, backend: str, checksums: bool):
+        chunk = min(self.STORE_CHUNK, w.size)
+        self.count = max(1, w.size // chunk)
+        self.bytes = self.count * chunk
+        self.engine = zio.IoEngine(
+            block_size=w.block, queue_depth=w.depth, threads=w.threads, backend=backend
+        )
+        self.arena = zio.HostArena(self.STORE_RING * zio.arena_bytes(chunk))
+        self.ring = [self.arena.empty(chunk) for _ in range(self.STORE_RING)]
+        for i, b in enumerate(self.ring):
+            b.fill_(i + 1)
+        name = "bench-crc" if checksums else "bench"
+        root = os.path.dirname(w.path)
+        self.store = zio.SwapStore(
+            self.engine, root, name=name, verify_checksums=checksums, grow_bytes=0
+        )
+        self._pass("write")  # lay the extents out once: timed passes overwrite
+
+    def _pass(self, op: str) -> None:
+        submit = self.store.read if op == "read" else self.store.write
+        pending: list = [None] * self.STORE_RING
+        for i in range(self.count):
+            k = i % self.STORE_RING
+            if pending[k] is not None:
+                pending[k].wait()
+            pending[k] = submit(i, self.ring[k])
+        for t in pending:
+            if t is not None:
+                t.wait()
+
+    def run(self, op: str) -> float:
+        start = time.perf_counter()
+        self._pass(op)
+        return self.bytes / (time.perf_counter() - start) / 1e9
+
+    def close(self) -> None:
+        directory = self.store.directory  # <root>/zerostream/rank0/<name>
+        self.store.close()
+        for d in (os.path.dirname(directory), os.path.dirname(os.path.dirname(directory))):
+            try:
+                os.rmdir(d)  # only when empty: a run may share the path
+            except OSError:
+                pass
+
+
+def checksum_cost(w: Workload, ops: list[str], loops: int, backend: str) -> dict:
+    """Swap-store bandwidth with and without checksums, alternating, and the CRC32C rate of
+    one core over a buffer; cost = 1 - with / without (the docs promise <= 5%)."""
+    runners = {False: StoreRunner(w, backend, False), True: StoreRunner(w, backend, True)}
+    try:
+        samples = {(c, op): [] for c in runners for op in ops}
+        for loop in range(loops):
+            for op in ops:
+                for c in (loop % 2 == 0, loop % 2 == 1):
+                    samples[(c, op)].append(runners[c].run(op))
+        buf = runners[True].ring[0]
+        start = time.perf_counter()
+        zio.crc32c(buf)
+        crc_rate = buf.numel() / (time.perf_counter() - start) / 1e9
+    finally:
+        for r in runners.values():
+            r.close()
+    out = {"crc32c_gbps_one_core": round(crc_rate, 3)}
+    for op in ops:
+        plain = statistics.median(samples[(False, op)])
+        crc = statistics.median(samples[(True, op)])
+        out[f"store_{op}_gbps"] = round(plain, 4)
+        out[f"store_{op}_checksummed_gbps"] = round(crc, 4)
+        out[f"checksum_cost_{op}"] = round(1 - crc / plain, 4)
+    return out
+
+
 def fio_command(w: Workload, op: str) -> list[str]:
     per_job = w.size // w.threads // w.block * w.block
     return [
@@ -348,6 +428,7 @@ def run(args) -> int:
                         args.register_buffers,
                     )
                 )
+                out["checksums"] = checksum_cost(w, ops, args.loops, args.backend)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"bench io: {e}", file=sys.stderr)
         return 1
@@ -365,6 +446,16 @@ def run(args) -> int:
         print(json.dumps({"aio": out["aio"]}, indent=2))
     else:
         print_table(out, ops)
+        c = out["checksums"]
+        print(
+            "swap store, zerostream.verify_swap_checksums on vs off: "
+            + "  ".join(
+                f"{op} {c[f'store_{op}_checksummed_gbps']:.3f} vs {c[f'store_{op}_gbps']:.3f}"
+                f" GB/s (cost {100 * c[f'checksum_cost_{op}']:.1f}%)"
+                for op in ops
+            )
+            + f"; CRC32C {c['crc32c_gbps_one_core']:.1f} GB/s on one core"
+        )
     for n in out["notes"]:
         print(f"note: {n}")
     return 0

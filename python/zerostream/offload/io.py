@@ -264,6 +264,13 @@ def store_totals() -> dict:
     return _summed_stats(_OPEN_STORES, "stores", ("used_bytes", "file_bytes"))
 
 
+def crc32c(tensor: torch.Tensor, crc: int = 0) -> int:
+    """The CRC32C the swap store keeps per extent (zerostream.verify_swap_checksums), over a
+    contiguous CPU tensor's bytes."""
+    ptr, nbytes = tensor_span(tensor, "crc32c")
+    return _N.crc32c(ptr, nbytes, int(crc))
+
+
 def set_io_fault(spec: Optional[str]) -> None:
     """Test only: make the Nth I/O attempt fail (``"3:EIO"``) or complete short (``"2:short"``).
 

@@ -262,6 +262,13 @@ class SwappedAdam:
         self.store.close()
 
     # --- inspection ------------------------------------------------------------------------------
+    def sub_group_at(self, group: int, element: int) -> SubGroup:
+        """The sub-group holding `element` of param group `group`'s partition."""
+        for s in self.sub_groups:
+            if s.group == group and s.lo <= element < s.hi:
+                return s
+        raise IndexError(f"param group {group} has no element {element} in this partition")
+
     def write_state(self, group: int, lo: int, values: torch.Tensor, kind: str = "param") -> None:
         """Overwrites elements [lo, lo + len(values)) of `group`'s `kind` on NVMe (a weight
         changed outside the optimizer, e.g. by GatheredParameters, or a checkpoint being

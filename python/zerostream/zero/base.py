@@ -11,6 +11,7 @@ import torch
 from .. import comm
 from ..precision import unscale_and_clip_coef
 from .protocol import StageContext
+from .skips import first_non_finite
 
 _NORM_CHUNK = 1 << 24  # elements squared at once: bounds the temporary of a huge partition
 
@@ -98,6 +99,24 @@ class ZeroOptimizerBase:
     def _load_scaler_state(self, state: dict) -> None:
         self.loss_scaler.load_state_dict(state["loss_scaler"])
         self.overflow = bool(state.get("overflow", False))
+
+    # --- health ---------------------------------------------------------------------------------
+    def non_finite_state(self) -> Optional[str]:
+        """What in this rank's fp32 weights or optimizer state holds inf/NaN, or None (asked
+        after a skipped step, zero/skips.py). This default walks the inner optimizer's params
+        and their state tensors; the offloaded stages override it where state is on NVMe."""
+        found = []
+        for g, group in enumerate(self.optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                named = {"fp32 weights": p, **self.optimizer.state.get(p, {})}
+                for kind, value in named.items():
+                    at = first_non_finite(value) if torch.is_tensor(value) else -1
+                    if at >= 0:
+                        what = kind if kind == "fp32 weights" else f"optimizer state {kind!r}"
+                        found.append(f"the {what} of param group {g}, tensor {i} (first at {at})")
+        if not found:
+            return None
+        return "; ".join(found) + " hold inf/NaN"
 
     # --- the step's shared arithmetic ------------------------------------------------------------
     def _norm_and_overflow(self, grads: Iterable[torch.Tensor], partitioned: bool) -> float:

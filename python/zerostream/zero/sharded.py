@@ -20,6 +20,7 @@ import torch
 from ..ops._cpu_optimizer import CPUOptimizerBase
 from .base import ZeroOptimizerBase
 from .protocol import StageContext
+from .skips import first_non_finite
 
 
 def _numel(partition) -> int:
@@ -140,6 +141,26 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.optimizer.step()
         for part, master in zip(partitions, self.masters):
             part.copy_(master)
+
+    def non_finite_state(self) -> Optional[str]:
+        """With offload_optimizer nvme the fp32 state is on disk: reading it all back after
+        every skip would cost a whole optimizer pass, so the 16-bit partitions, which every
+        update rewrites from the fp32 weights (and which NaN moments turn NaN at once), are
+        checked in memory and a finding is traced to its sub-group and swap file."""
+        if self.swapper is None:
+            return super().non_finite_state()
+        for g, part in enumerate(self.local_partitions()):
+            at = first_non_finite(_values(part))
+            if at < 0:
+                continue
+            s = self.swapper.sub_group_at(g, at)
+            path, offset, _ = self.swapper.store.extent_of(3 * s.index)
+            return (
+                f"the weights updated from sub-group {s.index} (param group {g}, partition "
+                f"elements [{s.lo}, {s.hi}), first inf/NaN at element {at}) hold inf/NaN; its "
+                f"fp32 state is in {path} at offset {offset}"
+            )
+        return None
 
     def _zero_partition_grads(self) -> None:
         for g in self.grads:

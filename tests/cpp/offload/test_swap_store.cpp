@@ -177,5 +177,17 @@ TEST(offload_Crc32c, MatchesTheStandardCheckValueOnBothPaths) {
   EXPECT_EQ(chained, crc32c(data.data(), data.size()));
 }
 
+TEST(offload_Crc32c, ThreeStreamsAgreeWithTheTableAtEveryBlockBoundary) {
+  // Sizes around the short (3 x 256) and long (3 x 8192) blocks of Note [Three CRC streams],
+  // from unaligned starts, chained from a nonzero CRC.
+  auto data = testing::random_bytes(3 * 24576 + 64, 11);
+  for (size_t start : {0, 1, 5}) {
+    for (size_t n : {0, 1, 7, 8, 767, 768, 769, 1543, 24575, 24576, 24577, 49160, 73728}) {
+      const unsigned char* p = data.data() + start;
+      EXPECT_EQ(crc32c(p, n, 0x1234u), crc32c_portable(p, n, 0x1234u)) << start << " " << n;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zs::offload

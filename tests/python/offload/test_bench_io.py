@@ -48,6 +48,15 @@ def test_json_has_the_documented_keys_and_ratios(tmp_path, capsys):
             out["read_gbps"] / out["fio_read_gbps"], rel=1e-3
         )
     assert not (tmp_path / "zs_bench_io.dat").exists()  # cleaned up
+    # The checksums' cost: the swap store with and without them, on the same workload.
+    c = out["checksums"]
+    for op in ("read", "write"):
+        assert c[f"store_{op}_gbps"] > 0 and c[f"store_{op}_checksummed_gbps"] > 0
+        assert c[f"checksum_cost_{op}"] == pytest.approx(
+            1 - c[f"store_{op}_checksummed_gbps"] / c[f"store_{op}_gbps"], abs=1e-3
+        )
+    assert c["crc32c_gbps_one_core"] > 0.1
+    assert not (tmp_path / "zerostream").exists()  # the stores' files are gone too
 
 
 def test_sweep_prints_an_aio_block(tmp_path, capsys):
