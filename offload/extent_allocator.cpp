@@ -1,5 +1,6 @@
 #include "offload/extent_allocator.h"
 
+#include <cstdint>
 #include <iterator>
 
 #include "common/check.h"
@@ -12,9 +13,15 @@ ExtentAllocator::ExtentAllocator(int files, int64_t align)
   ZS_CHECK_VALUE(align > 0, "swap store: alignment must be positive; got ", align);
 }
 
-ExtentAllocator::Plan ExtentAllocator::plan(int64_t bytes) const {
+int64_t ExtentAllocator::reserved_bytes(int64_t bytes) const {
   ZS_CHECK_VALUE(bytes > 0, "swap store: extent size must be positive; got ", bytes);
-  const int64_t need = (bytes + align_ - 1) / align_ * align_;
+  ZS_CHECK_VALUE(bytes <= INT64_MAX - align_, "swap store: extent size ", bytes,
+                 " bytes is beyond what a file can hold");
+  return (bytes + align_ - 1) / align_ * align_;
+}
+
+ExtentAllocator::Plan ExtentAllocator::plan(int64_t bytes) const {
+  const int64_t need = reserved_bytes(bytes);
   Plan best;
   int64_t best_len = 0;
   for (size_t f = 0; f < files_.size(); ++f) {

@@ -27,6 +27,9 @@ class ExtentAllocator {
   // Best fit among free ranges; otherwise extends the file whose end is lowest (using
   // its free tail if it has one), which spreads data over the files.
   Plan plan(int64_t bytes) const;
+  // What an extent of `bytes` reserves: `bytes` rounded up to the alignment (the function
+  // plan() uses, so a preflight that sums it predicts the files' growth exactly).
+  int64_t reserved_bytes(int64_t bytes) const;
   void commit(const Plan& plan);
   // Returns the range to the free list, merged with free neighbours.
   void release(const Extent& extent);

@@ -39,12 +39,20 @@ struct SwapStore::Entry {
 namespace {
 
 void make_dirs(const std::string& path) {
-  for (size_t pos = 1; pos <= path.size(); ++pos) {
-    if (pos != path.size() && path[pos] != '/') continue;
-    const std::string prefix = path.substr(0, pos);
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw_io_error("create swap directory", prefix, 0, 0, errno);
+  // Another rank's store may remove an empty parent (close() below) between two mkdirs:
+  // ENOENT then means "start again from the top", a few times.
+  for (int attempt = 0;; ++attempt) {
+    bool vanished = false;
+    for (size_t pos = 1; pos <= path.size() && !vanished; ++pos) {
+      if (pos != path.size() && path[pos] != '/') continue;
+      const std::string prefix = path.substr(0, pos);
+      if (::mkdir(prefix.c_str(), 0755) == 0 || errno == EEXIST) continue;
+      if (errno != ENOENT || attempt == 8) {
+        throw_io_error("create swap directory", prefix, 0, 0, errno);
+      }
+      vanished = true;
     }
+    if (!vanished) return;
   }
 }
 
@@ -69,11 +77,13 @@ void drain(const std::vector<IoRequestPtr>& reqs) {
 SwapStore::SwapStore(const SwapStoreConfig& config, IoEngine& engine)
     : config_(config),
       engine_(engine),
-      alloc_(config.files, config.align > 0 ? config.align : engine.config().block_size) {
+      alloc_(config.files, config.align > 0 ? config.align : kDirectAlign) {
   ZS_CHECK_VALUE(!config.nvme_path.empty(), "swap store: nvme_path is empty");
+  ZS_CHECK_VALUE(
+      config.align == 0 || (config.align >= kDirectAlign && config.align <= (int64_t{1} << 30) &&
+                            (config.align & (config.align - 1)) == 0),
+      "swap store: alignment must be a power of two in [4096, 1 GiB]; got ", config.align);
   ZS_CHECK_VALUE(config.rank >= 0, "swap store: rank must be >= 0; got ", config.rank);
-  ZS_CHECK_VALUE(alloc_.align() % kDirectAlign == 0, "swap store: alignment ", alloc_.align(),
-                 " is not a multiple of ", kDirectAlign);
   ZS_CHECK_VALUE(config.grow_bytes >= 0, "swap store: grow_bytes must be >= 0");
   dir_ = config.nvme_path + "/zerostream/rank" + std::to_string(config.rank) + "/" + config.name;
   make_dirs(dir_);
@@ -111,7 +121,12 @@ void SwapStore::close() {
   files_.clear();
   for (int k = 0; k < n; ++k) ::unlink(file_path(k).c_str());
   lock_.release();
-  ::rmdir(dir_.c_str());  // only if empty: another store of this rank may share nothing else
+  // <nvme_path>/zerostream/rank<R>/<name>, then its parents, each only if empty (another
+  // store or rank may still use them); nvme_path itself is the user's.
+  std::string d = dir_;
+  for (int level = 0; level < 3 && ::rmdir(d.c_str()) == 0; ++level) {
+    d = d.substr(0, d.find_last_of('/'));
+  }
 }
 
 std::string SwapStore::file_path(int file) const {
@@ -124,32 +139,67 @@ void SwapStore::grow_file(int file, int64_t new_end, uint64_t id, int64_t bytes)
   const IoFilePtr& f = files_[static_cast<size_t>(file)];
   const int64_t cur = f->size();
   if (new_end <= cur) return;
-  // Preallocate a step ahead so the file grows rarely; near a full disk ask only for
-  // what this tensor needs.
+  const int fd = f->buffered_fd();
+  // A failed fallocate may keep the blocks it took and move the file's end (ext4 does):
+  // shrink back, so a failure leaves the disk as it was.
+  auto preallocate = [&](int64_t end) {
+    if (::fallocate(fd, 0, cur, end - cur) == 0) return 0;
+    const int e = errno;
+    if (::ftruncate(fd, cur) != 0) {
+      warn_once("shrink:" + f->path(), "swap store: could not shrink " + f->path() + " back to " +
+                                           std::to_string(cur) +
+                                           " bytes after a failed preallocation");
+    }
+    return e;
+  };
+  // Preallocate a step ahead so the file grows rarely; near a full disk ask only for what
+  // this tensor needs, and when even that is more than the free space, ask for nothing:
+  // the error is the same and no blocks are taken and given back.
+  const int64_t free = free_space(dir_);
   const int64_t step = std::max(new_end, cur + config_.grow_bytes);
-  int rc = ::fallocate(f->buffered_fd(), 0, cur, step - cur);
-  int err = rc == 0 ? 0 : errno;
-  if (rc != 0 && err == ENOSPC && step > new_end) {
-    rc = ::fallocate(f->buffered_fd(), 0, cur, new_end - cur);
-    err = rc == 0 ? 0 : errno;
+  int err = 0;
+  if (free >= 0 && new_end - cur > free) {
+    err = ENOSPC;
+  } else {
+    err = (free >= 0 && step - cur > free) ? ENOSPC : preallocate(step);
+    if (err != 0 && step > new_end && (err == ENOSPC || err == EDQUOT || err == EFBIG)) {
+      err = preallocate(new_end);
+    }
+    if (err == EOPNOTSUPP) {
+      warn_once("fallocate:" + dir_, "swap store: the filesystem of " + dir_ +
+                                         " cannot preallocate (fallocate: EOPNOTSUPP); "
+                                         "out-of-space will show up at write time");
+      err = ::ftruncate(fd, new_end) == 0 ? 0 : errno;
+    }
   }
-  if (rc != 0 && err == EOPNOTSUPP) {
-    warn_once("fallocate:" + dir_, "swap store: the filesystem of " + dir_ +
-                                       " cannot preallocate (fallocate: EOPNOTSUPP); "
-                                       "out-of-space will show up at write time");
-    rc = ::ftruncate(f->buffered_fd(), new_end);
-    err = rc == 0 ? 0 : errno;
-  }
-  if (rc == 0) return;
+  if (err == 0) return;
   std::ostringstream os;
-  os << "swap store out of space: tensor " << id << " needs " << bytes << " bytes ("
-     << (new_end - cur) << " more bytes of " << f->path() << ", growing it from " << cur << " to "
-     << new_end << " bytes); the filesystem at " << dir_ << " has " << free_space(dir_)
-     << " bytes free: " << std::strerror(err) << " (errno " << err
-     << "). Tensors already stored are intact. Free space or point nvme_path at a larger "
-     << "device.";
+  const bool no_space = err == ENOSPC || err == EDQUOT;
+  os << (no_space ? "swap store out of space" : "swap store cannot grow its file") << ": tensor "
+     << id << " needs " << bytes << " bytes (" << (new_end - cur) << " more bytes of " << f->path()
+     << ", growing it from " << cur << " to " << new_end << " bytes)";
+  if (no_space) {
+    os << "; the filesystem at " << dir_ << " has " << free_space(dir_) << " bytes free";
+  } else if (err == EFBIG) {
+    os << "; the file would pass the largest file size the filesystem at " << dir_ << " allows";
+  }
+  os << ": " << std::strerror(err) << " (errno " << err << "). Tensors already stored are intact. "
+     << (no_space ? "Free space or point nvme_path at a larger device."
+                  : "Point nvme_path at another filesystem.");
   throw IoError(os.str(), err);
 }
+
+int64_t SwapStore::bytes_needed(const std::vector<int64_t>& sizes) const {
+  int64_t total = 0;
+  for (int64_t b : sizes) {
+    const int64_t r = alloc_.reserved_bytes(b);
+    ZS_CHECK_VALUE(total <= INT64_MAX - r, "swap store: the tensors' sizes overflow 64 bits");
+    total += r;
+  }
+  return total;
+}
+
+int64_t SwapStore::free_bytes_on_disk() const { return free_space(dir_); }
 
 Extent SwapStore::allocate(uint64_t id, int64_t bytes) {
   // Caller holds mu_: plan, grow, commit form one step so a failed grow changes nothing.

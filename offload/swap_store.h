@@ -32,7 +32,7 @@ struct SwapStoreConfig {
   int rank = 0;
   std::string name = "swap";
   int files = 4;
-  int64_t align = 0;                       // extent alignment; 0: the engine's block size
+  int64_t align = 0;  // extent alignment, a power of two in [4 KiB, 1 GiB]; 0: 4 KiB (O_DIRECT)
   int64_t grow_bytes = int64_t{64} << 20;  // preallocation step per file
   bool verify_checksums = false;           // zerostream.verify_swap_checksums (extension key)
 };
@@ -64,6 +64,12 @@ class SwapStore {
   IoTicket read(uint64_t id, void* buf, int64_t bytes);
   // Returns the extent to the free list once the tensor's own requests are finished.
   void free(uint64_t id);
+
+  // Bytes the files grow by to hold tensors of `sizes` bytes (each rounded to the alignment):
+  // what a preflight compares with the free space before anything is written.
+  int64_t bytes_needed(const std::vector<int64_t>& sizes) const;
+  // Free bytes on the filesystem of the store's directory (statvfs f_bavail * f_frsize).
+  int64_t free_bytes_on_disk() const;
 
   bool contains(uint64_t id) const;
   int64_t size_of(uint64_t id) const;  // stored bytes; throws ValueError when unknown

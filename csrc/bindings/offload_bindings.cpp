@@ -264,6 +264,8 @@ void bind_store(py::module_& m) {
       .def("close", &SwapStore::close, py::call_guard<py::gil_scoped_release>(),
            "Waits for requests in flight, deletes the files and gives up the directory.")
       .def("contains", &SwapStore::contains, py::arg("id"))
+      .def("bytes_needed", &SwapStore::bytes_needed, py::arg("sizes"))
+      .def("free_bytes_on_disk", &SwapStore::free_bytes_on_disk)
       .def("size_of", &SwapStore::size_of, py::arg("id"))
       .def(
           "extent_of",

@@ -49,15 +49,23 @@ def compat_dir() -> pathlib.Path:
 @pytest.fixture(scope="module")
 def one_rank_process_group():
     """A one-rank Gloo group in this process for in-process engine tests (a free port, so
-    parallel runs on one machine do not collide); destroyed after the module."""
+    parallel runs on one machine do not collide); destroyed after the module, and the
+    launcher variables put back, so subprocesses of later tests do not inherit its port."""
     import torch
 
     from multirank import free_port
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-        LOCAL_RANK="0",
-    )  # fmt: skip
+    env = {
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+        "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+    }  # fmt: skip
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     yield
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

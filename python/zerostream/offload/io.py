@@ -16,6 +16,7 @@ I/O is over (see Note [Buffer lifetime] in ``csrc/bindings/offload_bindings.cpp`
 from __future__ import annotations
 
 import atexit
+import errno
 import weakref
 from typing import TYPE_CHECKING, Optional
 
@@ -243,6 +244,28 @@ class SwapStore:
     def __contains__(self, tensor_id: int) -> bool:
         return self._store.contains(int(tensor_id))
 
+    def bytes_needed(self, sizes) -> int:
+        """Bytes the files grow by to hold tensors of `sizes` bytes (the allocator's rounding)."""
+        return self._store.bytes_needed([int(s) for s in sizes])
+
+    def require_space(self, sizes, key: str, sharing: int = 1) -> None:
+        """Preflight: raises OSError(ENOSPC) naming `key`, the bytes needed and the bytes free
+        when tensors of `sizes` bytes (times `sharing` ranks writing to the same filesystem)
+        do not fit, before anything is written."""
+        need = self.bytes_needed(sizes)
+        total = need * max(1, int(sharing))
+        free = self._store.free_bytes_on_disk()
+        if free < 0 or total <= free:
+            return
+        ranks = f" ({sharing} ranks on this host x {need} bytes)" if sharing > 1 else ""
+        raise OSError(
+            errno.ENOSPC,
+            f"{key}: the swap files under {self.directory} need {total} bytes{ranks} and the "
+            f"filesystem has {free} bytes free ({total / 2**30:.2f} GiB needed, "
+            f"{free / 2**30:.2f} GiB free); nothing was written. Free space, point {key} at a "
+            f"larger device, or use more nodes.",
+        )
+
     def size_of(self, tensor_id: int) -> int:
         return self._store.size_of(int(tensor_id))
 
@@ -256,6 +279,21 @@ class SwapStore:
     @property
     def directory(self) -> str:
         return self._store.directory
+
+
+def ranks_on_this_host() -> int:
+    """How many ranks of this job run on this host (and so write to one nvme_path's disk):
+    torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE, Open MPI's; 1 when none is set."""
+    import os
+
+    for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        try:
+            n = int(os.environ.get(var, "") or 0)
+        except ValueError:
+            continue
+        if n > 0:
+            return n
+    return 1
 
 
 def store_totals() -> dict:

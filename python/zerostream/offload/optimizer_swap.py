@@ -21,7 +21,7 @@ import torch
 
 from .. import _C
 from ..ops.adam import cpu_adam_step
-from .io import HostArena, IoEngine, SwapStore, arena_bytes, io_config_for
+from .io import HostArena, IoEngine, SwapStore, arena_bytes, io_config_for, ranks_on_this_host
 
 if TYPE_CHECKING:
     from ..config import AioConfig, OptimizerConfig, ZeroConfig, ZeroStreamExtConfig
@@ -110,7 +110,17 @@ class SwappedAdam:
         self.bytes_read = self.bytes_written = 0
         self.wait_seconds = 0.0
         self._say_if_dram_would_do(sum(self.numels) * 12)
-        self._write_initial_state(sources)
+        try:
+            # Every sub-group's three fp32 extents, before a byte is written.
+            self.store.require_space(
+                [4 * (s.hi - s.lo) for s in self.sub_groups for _ in _KINDS],
+                "zero_optimization.offload_optimizer.nvme_path",
+                sharing=ranks_on_this_host(),
+            )
+            self._write_initial_state(sources)
+        except BaseException:
+            self.store.close()  # its files and directory go; the disk is as it was
+            raise
 
     # --- setup -----------------------------------------------------------------------------------
     def _fit_sub_group_size(self, sub_group_size: int, sets: int) -> int:

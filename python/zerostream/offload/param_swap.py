@@ -21,7 +21,7 @@ import torch
 
 from ..telemetry import NULL_TELEMETRY
 from ..zero.stage3.param import ZeroParam
-from .io import HostArena, IoEngine, SwapStore, arena_bytes
+from .io import HostArena, IoEngine, SwapStore, arena_bytes, ranks_on_this_host
 
 logger = logging.getLogger("zerostream")
 
@@ -59,6 +59,25 @@ class ParamSwapper:
         self.reads = self.writes = 0
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
         self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
+
+    def require_space(self, params, world: int, persistence_threshold: int) -> None:
+        """Preflight before a model's shards are swapped out: the shards that will go to disk
+        (params above the persistence threshold, past the first max_in_cpu elements), with
+        the store's rounding, against the free space. A lower bound, so it never refuses a
+        run that fits; the store still names the tensor if a later write finds no room."""
+        sizes, in_cpu = [], self.in_cpu_numel
+        for p in params:
+            if p.numel() <= persistence_threshold:
+                continue
+            shard = -(-p.numel() // max(1, world))
+            if in_cpu + shard <= self.max_in_cpu:
+                in_cpu += shard
+                continue
+            sizes.append(shard * p.element_size())
+        if sizes:
+            self.store.require_space(
+                sizes, "zero_optimization.offload_param.nvme_path", sharing=ranks_on_this_host()
+            )
 
     def _host(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A page-locked staging buffer. When the arena is full, reads issued ahead land

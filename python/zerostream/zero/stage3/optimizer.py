@@ -94,12 +94,22 @@ def _swapper_for(module: torch.nn.Module, ctx: StageContext) -> Optional[ParamSw
             return swapper
     from ...offload.io import io_config_for
 
-    return ParamSwapper(
+    swapper = ParamSwapper(
         zero.offload_param,
         io_config_for(ctx.config.aio),
         rank=comm.get_rank(),
         verify_checksums=ctx.config.zerostream.verify_swap_checksums,
     )
+    try:
+        swapper.require_space(
+            [p for p in module.parameters() if zero_param_of(p) is None],
+            ctx.world,
+            zero.stage3_param_persistence_threshold,
+        )
+    except OSError:
+        swapper.store.close()
+        raise
+    return swapper
 
 
 class Stage3Optimizer(ShardedOptimizerBase):
