@@ -59,11 +59,33 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.swapper = make_swapped(partitions, options, param_starts)
             self.masters, inner = [], self.swapper.hyper
         else:
+            if self.offload_device != "none" or ctx.device.type == "cpu":
+                self._require_host_memory(ctx, sum(_numel(p) for p in partitions))
             self.masters, self.grads = self._allocate(partitions, zero.offload_optimizer)
             inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])
             for m, gr in zip(self.masters, self.grads):
                 m.grad = gr
         ZeroOptimizerBase.__init__(self, inner, ctx)
+
+    def _require_host_memory(self, ctx: StageContext, numel: int) -> None:
+        """Host-memory preflight (offload/host_memory.py): fp32 masters and gradients (8
+        bytes an element) and Adam's two moments (8 more, made at the first step) of this
+        rank's partition, times the ranks of this host, which allocate the same."""
+        from ..offload.host_memory import require_host_memory_everywhere
+        from ..offload.io import ranks_on_this_host
+
+        local = ranks_on_this_host()
+        where = "offload_optimizer cpu" if self.offload_device != "none" else "host memory"
+        require_host_memory_everywhere(
+            16 * numel * local,
+            f"the fp32 optimizer state in {where} ({numel} elements per rank x 16 bytes"
+            f"{f' x {local} ranks on this host' if local > 1 else ''})",
+            'Set zero_optimization.offload_optimizer.device to "nvme" (with nvme_path) to '
+            "keep it on disk, or spread the model over more ranks or nodes.",
+            group=ctx.group,
+            world=ctx.world,
+            device=ctx.device,
+        )
 
     def _allocate(self, partitions: List[torch.Tensor], offload):
         """fp32 master and gradient partitions: on the partitions' device, or in the host

@@ -1,0 +1,151 @@
+"""Host-memory preflight (reliability item 5): before an offloaded optimizer allocates its fp32
+state in host memory, the bytes it will need are compared with what this process may still
+use, so a model that does not fit fails with both numbers and what to change, instead of being
+killed by the OOM killer with no message.
+
+What the process may use is the smaller of the kernel's MemAvailable (/proc/meminfo) and the
+room left under its cgroup's memory limit (v2: memory.max - memory.current of its cgroup and
+every ancestor; v1: memory.limit_in_bytes - memory.usage_in_bytes). The environment variable
+ZEROSTREAM_HOST_MEMORY_LIMIT (bytes, or a size such as "64G") replaces that reading: for
+tests, and for a user who knows better (another job will need the memory).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+ENV = "ZEROSTREAM_HOST_MEMORY_LIMIT"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def mem_available(meminfo: str = "/proc/meminfo") -> Optional[int]:
+    """MemAvailable in bytes, or None where the kernel does not say."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    value, unit = line.split()[1:3]
+                    return int(value) * (1024 if unit.lower() == "kb" else 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return None if value >= 1 << 60 else value  # v1 writes "no limit" as a huge number
+
+
+def cgroup_room(
+    proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup"
+) -> Optional[int]:
+    """Bytes left under this process's cgroup memory limit (the tightest of its cgroup and
+    its ancestors), or None when no limit applies or none can be read."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # v2: walk up from the process's cgroup to the root
+            d = os.path.join(root, path.lstrip("/"))
+            while True:
+                limit = _read_int(os.path.join(d, "memory.max"))
+                used = _read_int(os.path.join(d, "memory.current"))
+                if limit is not None:
+                    rooms.append(limit - (used or 0))
+                if os.path.normpath(d) == os.path.normpath(root):
+                    break
+                d = os.path.dirname(d)
+        elif "memory" in controllers.split(","):  # v1
+            base = os.path.join(root, "memory")
+            for d in (os.path.join(base, path.lstrip("/")), base):
+                limit = _read_int(os.path.join(d, "memory.limit_in_bytes"))
+                used = _read_int(os.path.join(d, "memory.usage_in_bytes"))
+                if limit is not None:
+                    rooms.append(limit - (used or 0))
+                    break
+    return max(0, min(rooms)) if rooms else None
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in _UNITS else (t, "")
+    try:
+        value = int(float(num) * _UNITS[unit])
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{ENV}: expected bytes or a size like 64G; got {text!r}")
+    return value
+
+
+def usable_host_bytes() -> Tuple[Optional[int], str]:
+    """(bytes this process may still allocate, where the number comes from); None when
+    nothing can be read (the preflight then stays out of the way)."""
+    override = os.environ.get(ENV)
+    if override:
+        return parse_size(override), ENV
+    available, room = mem_available(), cgroup_room()
+    if room is not None and (available is None or room < available):
+        return room, "the cgroup memory limit"
+    return available, "MemAvailable"
+
+
+def require_host_memory(need: int, what: str, advice: str) -> None:
+    """Raises MemoryError naming `what`, the bytes needed, the bytes usable and `advice`
+    when `need` is more than this process may allocate."""
+    usable, source = usable_host_bytes()
+    if usable is None or need <= usable:
+        return
+    raise MemoryError(
+        f"{what} needs {need / 2**30:.2f} GiB of host memory ({need} bytes) and this process "
+        f"may use {usable / 2**30:.2f} GiB ({usable} bytes, from {source}); nothing was "
+        f"allocated. {advice}"
+    )
+
+
+def require_host_memory_everywhere(
+    need: int, what: str, advice: str, *, group, world: int, device
+) -> None:
+    """require_host_memory on every rank of `group` before any of them allocates: the
+    verdicts are all-reduced (which also keeps a rank from allocating while another is still
+    reading MemAvailable), so every rank raises and none waits in a collective."""
+    import torch
+
+    from .. import comm
+
+    error: Optional[MemoryError] = None
+    try:
+        require_host_memory(need, what, advice)
+    except MemoryError as e:
+        error = e
+    rank = comm.get_rank()
+    short = rank if error is not None else -1
+    if world > 1:
+        flag = torch.tensor([short + 1], dtype=torch.int64, device=device)
+        comm.all_reduce(flag, op=comm.ReduceOp.MAX, group=group)
+        short = int(flag.item()) - 1
+    if error is not None:
+        raise MemoryError(f"[rank {rank}] {error}")
+    if short >= 0:
+        raise MemoryError(
+            f"[rank {rank}] stopping: global rank {short} does not have the host memory its "
+            f"{what} needs (its error gives the numbers)"
+        )
