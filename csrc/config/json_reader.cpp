@@ -1,11 +1,13 @@
 #include "config/json_reader.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 #include <vector>
 
 #include "common/check.h"
+#include "config/text_util.h"
 
 namespace zs::config {
 namespace {
@@ -18,6 +20,7 @@ class Reader {
 
   Json document() {
     if (s_.substr(0, 3) == "\xEF\xBB\xBF") i_ = 3;  // a UTF-8 byte-order mark (Windows editors)
+    check_utf8();
     skip_space();
     if (at_end()) fail("the file is empty; expected a JSON object");
     Json root = value();
@@ -36,10 +39,54 @@ class Reader {
   // ds_config files nest about 4 levels; deep nesting is hostile input that would otherwise
   // overflow the stack of this recursive reader.
   static constexpr int kMaxDepth = 64;
+  // Python's json.dumps writes float("nan") and float("inf") of a dict config this way.
+  static constexpr const char* kNoInfinity =
+      "expected a JSON value, got NaN or Infinity, which JSON does not have (give a finite "
+      "number)";
 
   void enter() {
     if (++depth_ > kMaxDepth)
       fail("nested deeper than " + std::to_string(kMaxDepth) + " levels of objects and lists");
+  }
+
+  // Python hands over valid UTF-8; C++ callers may not. Strings that are not UTF-8 would make
+  // nlohmann's dump() throw (in messages) and Python's str() fail, far from the cause.
+  void check_utf8() {
+    const size_t start = i_;
+    while (i_ < s_.size()) {
+      const auto b = static_cast<unsigned char>(s_[i_]);
+      // RFC 3629: the length from the lead byte, and the range of the second byte that rules
+      // out overlong forms, surrogates (ED A0..BF) and code points past U+10FFFF.
+      size_t n = 1;
+      unsigned lo = 0x80, hi = 0xBF;
+      if (b < 0x80) {
+        n = 1;
+      } else if (b >= 0xC2 && b <= 0xDF) {
+        n = 2;
+      } else if (b >= 0xE0 && b <= 0xEF) {
+        n = 3;
+        if (b == 0xE0) lo = 0xA0;
+        if (b == 0xED) hi = 0x9F;
+      } else if (b >= 0xF0 && b <= 0xF4) {
+        n = 4;
+        if (b == 0xF0) lo = 0x90;
+        if (b == 0xF4) hi = 0x8F;
+      } else {
+        n = 0;
+      }
+      bool ok = n > 0 && i_ + n <= s_.size();
+      for (size_t k = 1; ok && k < n; ++k) {
+        const auto c = static_cast<unsigned char>(s_[i_ + k]);
+        ok = k == 1 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xBF);
+      }
+      if (!ok) {
+        static const char* hex = "0123456789ABCDEF";
+        fail(std::string("not UTF-8: byte 0x") + hex[b >> 4] + hex[b & 0xF] +
+             " does not start a valid character (save the file as UTF-8)");
+      }
+      i_ += n;
+    }
+    i_ = start;
   }
 
   bool at_end() const { return i_ >= s_.size(); }
@@ -49,7 +96,7 @@ class Reader {
     if (path_.empty()) return "(top level)";
     std::string out;
     for (const std::string& part : path_) {
-      if (!out.empty() && part[0] != '[') out += '.';
+      if (!out.empty() && (part.empty() || part[0] != '[')) out += '.';
       out += part;
     }
     return out;
@@ -119,14 +166,14 @@ class Reader {
       if (peek() != '"') fail("expected a quoted key or '}'");
       std::string key = string();
       if (!seen.insert(key).second) {
-        path_.push_back(key);
-        fail("duplicate key \"" + key + "\" (DeepSpeed rejects duplicate keys too)");
+        path_.push_back(key_text(key));
+        fail("duplicate key \"" + key_text(key) + "\" (DeepSpeed rejects duplicate keys too)");
       }
       skip_space();
-      if (peek() != ':') fail("expected ':' after key \"" + key + "\"");
+      if (peek() != ':') fail("expected ':' after key \"" + key_text(key) + "\"");
       ++i_;
       skip_space();
-      path_.push_back(key);
+      path_.push_back(key_text(key));
       Json v = value();
       members.emplace_back(key, std::move(v));
       path_.pop_back();
@@ -138,7 +185,7 @@ class Reader {
         --depth_;
         return obj;
       } else {
-        path_.push_back(key);
+        path_.push_back(key_text(key));
         fail("expected ',' or '}' after this value");
       }
     }
@@ -203,6 +250,25 @@ class Reader {
     return v;
   }
 
+  // The character of a \uXXXX escape (i_ just past the 'u'), a UTF-16 surrogate pair read
+  // as one. A surrogate on its own is no character: Python's json lets it through, but
+  // encoded it is not UTF-8, and Python could not take the string back (UnicodeDecodeError).
+  unsigned code_point() {
+    const size_t escape = i_ - 2;
+    const unsigned cp = hex4();
+    const bool high = cp >= 0xD800 && cp < 0xDC00, low = cp >= 0xDC00 && cp < 0xE000;
+    if (!high && !low) return cp;
+    if (high && s_.substr(i_, 2) == "\\u") {
+      i_ += 2;
+      const unsigned lo = hex4();
+      if (lo >= 0xDC00 && lo < 0xE000) return 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+    }
+    const std::string text(s_.substr(escape, 6));
+    i_ = escape;
+    fail("\\u escape " + text + " is half of a UTF-16 surrogate pair without its other half " +
+         "(not a character)");
+  }
+
   std::string string() {
     ++i_;  // opening quote
     std::string out;
@@ -227,13 +293,7 @@ class Reader {
         case 'r': out += '\r'; break;
         case 't': out += '\t'; break;
         case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00 && s_.substr(i_, 2) == "\\u") {
-            i_ += 2;
-            const unsigned lo = hex4();
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          append_utf8(out, cp);
+          append_utf8(out, code_point());
           break;
         }
         default: fail(std::string("unknown escape \\") + e);
@@ -257,6 +317,10 @@ class Reader {
       }
     }
     const std::string text(s_.substr(start, i_ - start));
+    if (text == "-" && s_.substr(i_, 8) == "Infinity") {
+      i_ = start;
+      fail(kNoInfinity);
+    }
     char* end = nullptr;
     errno = 0;
     if (integral) {
@@ -265,7 +329,16 @@ class Reader {
     }
     errno = 0;
     const double d = std::strtod(text.c_str(), &end);
-    if (end != text.c_str() + text.size() || text == "-") fail("malformed number " + text);
+    if (end != text.c_str() + text.size() || text == "-") {
+      i_ = start;
+      fail("malformed number " + clip(text, 64));
+    }
+    // Beyond the double range strtod gives infinity, which nlohmann prints as null: a message
+    // would then say "got null". Integers beyond int64 (finite here) are checked by key.
+    if (std::isinf(d)) {
+      i_ = start;
+      fail("number " + clip(text, 64) + " is beyond the 64-bit float range (about 1.8e308)");
+    }
     return Json(d);
   }
 
@@ -286,7 +359,8 @@ class Reader {
     if (w == "True" || w == "False" || w == "None")
       fail("expected a JSON value, got the Python literal " + w +
            " (JSON spells it true, false or null)");
-    fail("expected a JSON value, got the bare word " + w +
+    if (w == "NaN" || w == "Infinity") fail(kNoInfinity);
+    fail("expected a JSON value, got the bare word " + key_text(w) +
          " (an unfilled template placeholder? quote it or replace it with a value)");
   }
 };

@@ -13,8 +13,10 @@ namespace zs::config {
 using Json = nlohmann::ordered_json;
 
 // Parses `text` (named `source` in messages). Throws zs::ValueError naming the key path,
-// line and column for: syntax errors, duplicate keys (DeepSpeed rejects them too) and bare
-// words such as unfilled template placeholders (`"enabled": FP16_ENABLE`).
+// line and column for: syntax errors, duplicate keys (DeepSpeed rejects them too), bare
+// words such as unfilled template placeholders (`"enabled": FP16_ENABLE`), NaN and
+// Infinity, numbers beyond the double range, text that is not UTF-8 and \u escapes of half
+// a surrogate pair (so every string read is UTF-8, as Python needs it).
 // Integers stay integers; numbers with a fraction or exponent become doubles.
 Json read_json_text(std::string_view text, const std::string& source);
 

@@ -183,9 +183,18 @@ void max_grad_norm_rule(Resolution& r) {
   }
 }
 
+// `section.enabled` of a pass-through section, null when absent. Json::value("enabled", false)
+// threw nlohmann's type_error (a RuntimeError in Python) when the file had a string there.
+const Json& enabled_of(const Json& section) {
+  static const Json kAbsent;
+  if (!section.is_object()) return kAbsent;
+  const auto it = section.find("enabled");
+  return it == section.end() ? kAbsent : *it;
+}
+
 void feature_rules(Resolution& r, int64_t stage) {
   const Json& amp = r.at("amp");
-  if (amp.is_object() && amp.value("enabled", false) == true && stage > 0)
+  if (enabled_of(amp) == true && stage > 0)
     r.errors.push_back("amp.enabled: Apex AMP and ZeRO are not compatible (stage " +
                        std::to_string(stage) + "); use fp16 or bf16 instead");
   const std::string type = str(r, "optimizer.type");
@@ -204,7 +213,7 @@ void feature_rules(Resolution& r, int64_t stage) {
   for (const Key& k : root_schema().keys) {
     if (k.kind != Kind::kAny || k.deprecation != Deprecation::kNone) continue;
     const Json& v = r.at(k.name);
-    if (v.is_null() || (v.is_object() && v.value("enabled", true) == false)) continue;
+    if (v.is_null() || enabled_of(v) == false) continue;
     r.warnings.push_back(k.name +
                          ": accepted for compatibility, but zerostream does not "
                          "implement this DeepSpeed feature; it has no effect");

@@ -405,17 +405,21 @@ std::vector<std::string> accepted_key_paths() {
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
   const std::string w = lower(word);
+  // Close enough to be a typo: a few edits, relative to the word's length.
+  const size_t limit = std::max<size_t>(2, w.size() / 4);
   std::string best;
   size_t best_d = SIZE_MAX;
   for (const std::string& c : candidates) {
+    // The distance is at least the difference in length: skipping those that cannot be within
+    // `limit` keeps a megabyte key from costing seconds per candidate (the answer is the same).
+    const size_t gap = w.size() > c.size() ? w.size() - c.size() : c.size() - w.size();
+    if (gap > limit) continue;
     const size_t d = edit_distance(w, lower(c));
     if (d < best_d) {
       best_d = d;
       best = c;
     }
   }
-  // Close enough to be a typo: a few edits, relative to the word's length.
-  const size_t limit = std::max<size_t>(2, w.size() / 4);
   return best_d <= limit ? best : "";
 }
 

@@ -18,7 +18,12 @@ const char* origin_name(Origin origin) {
   return "?";
 }
 
-std::string show(const Json& v) { return v.dump(); }
+// A value as quoted in messages, clipped (Note [Message sizes] in text_util.h). `replace`:
+// a string that is not UTF-8 (only C++ callers can build one) is shown, not thrown on.
+std::string show(const Json& v) {
+  constexpr size_t kShownBytes = 200;
+  return clip(v.dump(-1, ' ', false, Json::error_handler_t::replace), kShownBytes);
+}
 
 std::string dotted(const std::string& prefix, const std::string& key) {
   return prefix.empty() ? key : prefix + "." + key;
@@ -154,7 +159,7 @@ class Walker {
         dest;  // canonical -> (key, given name)
     for (auto it = in.begin(); it != in.end(); ++it) {
       const std::string& name = it.key();
-      const std::string path = dotted(prefix, name);
+      const std::string path = dotted(prefix, key_text(name));  // for messages only
       const Key* k = spec.find(name);
       if (k == nullptr) {
         unknown_key(spec, name, path);
@@ -207,8 +212,10 @@ class Walker {
   void unknown_key(const Section& spec, const std::string& name, const std::string& path) {
     if (++unknown_keys_ > kUnknownKeysListed) {
       auto& out = spec.strict ? r_.errors : r_.warnings;
-      const std::string more = "more unknown keys than the " + std::to_string(kUnknownKeysListed) +
-                               " listed; the rest (from " + path + " on) are not listed";
+      const std::string more = (spec.path.empty() ? std::string("(top level)") : spec.path) +
+                               ": more unknown keys than the " +
+                               std::to_string(kUnknownKeysListed) + " listed; the rest (from " +
+                               path + " on) are not listed";
       if (unknown_keys_ == kUnknownKeysListed + 1) out.push_back(more);
       return;
     }

@@ -78,5 +78,70 @@ TEST(JsonReader, StructuralErrors) {
   EXPECT_NE(error_of(R"({"a": 1 /* open)").find("unterminated /* comment"), std::string::npos);
 }
 
+// What the config fuzz (tests/python/config/test_fuzz.py) found in the reader.
+
+void expect_error(const std::string& text, const std::string& part, const std::string& where) {
+  const std::string e = error_of(text);
+  EXPECT_NE(e.find(part), std::string::npos) << "text: " << text << "\nerror: " << e;
+  EXPECT_NE(e.find(where), std::string::npos) << "text: " << text << "\nerror: " << e;
+}
+
+// A lone surrogate was encoded as bytes that are not UTF-8 (Python's str() of the value and
+// nlohmann's dump() in messages then failed), and a high surrogate before a non-surrogate
+// escape became one wrong code point (U+11841 for \ud83d\u0041).
+TEST(JsonReader, SurrogatesComeInPairs) {
+  const std::string lone = "is half of a UTF-16 surrogate pair without its other half";
+  expect_error(R"({"a": "x\ud800"})", "a: \\u escape \\ud800 " + lone, "(line 1, column 9)");
+  expect_error(R"({"a": "\udfff\ud800"})", "\\u escape \\udfff", "(line 1, column 8)");
+  expect_error(R"({"a": "\ud83d\u0041"})", "\\u escape \\ud83d", "(line 1, column 8)");
+  expect_error(R"({"a": "\ud83d"})", "\\u escape \\ud83d", "(line 1, column 8)");
+  expect_error(R"({"\ud800": 1})", "(top level): \\u escape \\ud800", "column 3");
+  EXPECT_EQ(read_json_text(R"({"a": "\ud83d\ude80"})", "f.json")["a"], "\xF0\x9F\x9A\x80");
+}
+
+// Text that is not UTF-8 can only come from C++ callers (Python hands over str).
+TEST(JsonReader, TextMustBeUtf8) {
+  expect_error("{\"a\": \"\xFF\"}", "not UTF-8: byte 0xFF", "(line 1, column 8)");
+  expect_error("{\"a\": \"\xC0\xAF\"}", "byte 0xC0", "column 8");          // overlong '/'
+  expect_error("{\"a\": \"\xED\xA0\x80\"}", "byte 0xED", "column 8");      // a surrogate
+  expect_error("{\"a\": \"\xF4\x90\x80\x80\"}", "byte 0xF4", "column 8");  // past U+10FFFF
+  expect_error("{\"a\": \"\xE2\x82\"}", "byte 0xE2", "column 8");          // cut short
+  expect_error("# \x80\n{}", "byte 0x80", "(line 1, column 3)");           // comments too
+  const Json j = read_json_text("\xEF\xBB\xBF{\"a\": \"\xC3\xA9\xE2\x82\xAC\xF0\x9F\x9A\x80\"}",
+                                "f");
+  EXPECT_EQ(j["a"], "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x9A\x80");
+}
+
+// json.dumps writes float("nan") and float("inf") as NaN, Infinity and -Infinity: they were
+// "an unfilled template placeholder?" and "malformed number -".
+TEST(JsonReader, NaNAndInfinityAreNamed) {
+  const std::string what = "expected a JSON value, got NaN or Infinity, which JSON does not have";
+  for (const char* v : {"NaN", "Infinity", "-Infinity"})
+    expect_error(std::string(R"({"lr": )") + v + "}", "lr: " + what, "(line 1, column 8)");
+}
+
+// strtod's infinity for 1e999 was kept, and nlohmann prints it as null: "got null".
+TEST(JsonReader, NumbersBeyondTheDoubleRangeAreErrors) {
+  expect_error(R"({"lr": 1e999})", "lr: number 1e999 is beyond the 64-bit float range",
+               "(line 1, column 8)");
+  expect_error(R"({"lr": -1e999})", "number -1e999", "column 8");
+  expect_error("{\"lr\": " + std::string(400, '9') + "}", "is beyond the 64-bit float range",
+               "column 8");
+  EXPECT_EQ(read_json_text(R"({"lr": 1e-400})", "f")["lr"], 0.0);  // underflow is zero
+  EXPECT_EQ(read_json_text(R"({"lr": 1e308})", "f")["lr"], 1e308);
+}
+
+// A NUL in a key ended Python's copy of the message; huge words and keys were quoted whole.
+TEST(JsonReader, KeysAndWordsInMessagesAreEscapedAndClipped) {
+  expect_error(std::string("{\"a\0b\": 1, \"a\0b\": 2}", 20),
+               "a\\u0000b: duplicate key \"a\\u0000b\"", "line 1");
+  const std::string e = error_of("{\"" + std::string(100000, 'k') +
+                                 "\": " + std::string(100000, 'x') + "}");
+  EXPECT_LT(e.size(), 400u) << e.substr(0, 400);
+  EXPECT_NE(e.find("... (a key of 100000 bytes): expected a JSON value, got the bare word xxx"),
+            std::string::npos)
+      << e.substr(0, 400);
+}
+
 }  // namespace
 }  // namespace zs::config

@@ -105,6 +105,22 @@ TEST(Rules, AmpAndOneBitOptimizersAreNotCompatibleWithZero) {
                "optimizer.type: \"OneBitAdam\" is not compatible with ZeRO");
 }
 
+// Json::value("enabled", false) threw nlohmann's type_error (a RuntimeError out of load) for
+// a non-boolean "enabled" in a pass-through section. Found by tests/python/config/test_fuzz.py.
+TEST(Rules, NonBooleanEnabledInPassThroughSectionsIsNoCrash) {
+  for (const char* section : {"amp", "curriculum_learning", "elasticity"}) {
+    for (const char* enabled : {R"("yes")", "1", "[]", "{}", "null"}) {
+      SCOPED_TRACE(std::string(section) + ".enabled " + enabled);
+      const Resolution r = testing::check(std::string(R"({"train_batch_size": 8, ")") + section +
+                                          R"(": {"enabled": )" + enabled + "}}");
+      EXPECT_OK(r);
+    }
+  }
+  EXPECT_ERROR(testing::check(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1},
+                                  "amp": {"enabled": true}})"),
+               "amp.enabled: Apex AMP and ZeRO are not compatible");
+}
+
 TEST(Optimizer, TypesAndParameters) {
   const Resolution adam = check(cfg(R"("optimizer": {"type": "Adam", "params": {"lr": 0.01}})"));
   EXPECT_OK(adam);

@@ -218,6 +218,45 @@ TEST(Extensions, AioBackendAndChecksums) {
                "zerostream.verify: unknown key");
 }
 
+// Note [Message sizes]: a megabyte value, a 100,000-key object or a megabyte key is quoted
+// as a prefix with its size, not whole. Found by tests/python/config/test_fuzz.py.
+TEST(Messages, HugeValuesAndKeysAreClipped) {
+  std::string wide = "{";
+  for (int i = 0; i < 100000; ++i) wide += (i ? ", \"k" : "\"k") + std::to_string(i) + "\": 1";
+  wide += "}";
+  const std::string big(1000000, 'x');
+  for (const std::string& text :
+       {R"({"train_batch_size": ")" + big + "\"}", R"({"train_batch_size": )" + wide + "}",
+        R"({"train_batch_size": 8, "zero_optimization": {")" + big + "\": 1}}"}) {
+    const Resolution r = testing::check(text);
+    ASSERT_EQ(r.errors.size(), 1u);
+    EXPECT_LT(r.errors[0].size(), 1500u) << r.errors[0].substr(0, 300);
+    EXPECT_TRUE(r.errors[0].find(" bytes in all)") != std::string::npos ||
+                r.errors[0].find("(a key of 1000000 bytes): unknown key") != std::string::npos)
+        << r.errors[0].substr(0, 300);
+  }
+  // The 200-byte cut falls inside the é (bytes 199 and 200 of the quoted value): it is left
+  // out whole, so the message stays UTF-8.
+  const std::string accents = R"({"train_batch_size": ")" + std::string(198, 'a') + "\xC3\xA9" +
+                              std::string(1000, 'a') + "\"}";
+  const std::string e = testing::check(accents).errors.at(0);
+  EXPECT_NE(e.find(R"(got ")" + std::string(198, 'a') + "... (1202 bytes in all)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Messages, ManyUnknownKeysEndWithTheSectionPath) {
+  std::string zero = "{";
+  for (int i = 0; i < 25; ++i)
+    zero += (i ? ", \"bogus_" : "\"bogus_") + std::to_string(i) + "\": 1";
+  const Resolution r = testing::check(R"({"train_batch_size": 8, "zero_optimization": )" + zero +
+                                      "}}");
+  EXPECT_EQ(r.errors.size(), 21u);
+  EXPECT_ERROR(r,
+               "zero_optimization: more unknown keys than the 20 listed; the rest (from "
+               "zero_optimization.bogus_20 on) are not listed");
+}
+
 TEST(AcceptedKeys, IncludeEveryAliasAndNestedSection) {
   const std::vector<std::string> keys = accepted_key_paths();
   for (const char* k : {"zero_optimization.offload_param.nvme_path",
