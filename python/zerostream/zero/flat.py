@@ -15,6 +15,8 @@ import torch
 
 from .. import _C
 
+_INT64_MAX = 2**63 - 1
+
 
 @dataclass(frozen=True)
 class ParamSlot:
@@ -43,10 +45,20 @@ class FlatGroup:
             self.slots.append(ParamSlot(p, offset, p.numel()))
             offset += p.numel()
         self.numel = offset
+        if self.numel > _INT64_MAX:
+            # The sum is a Python int; past int64 the binding would fail with a TypeError about
+            # argument types. Bad sizes below that are ValueErrors from zero/shard.cpp.
+            raise ValueError(
+                f"a flat group of {len(params)} parameters holds {self.numel} elements, more "
+                f"than a 64-bit element count ({_INT64_MAX})"
+            )
         self.padded_numel = _C.stage12_padded_numel(self.numel, world)
         # Every rank's (begin, numel, valid) from the one native function (zero/shard.h).
         self.ranges = [_C.stage12_partition(self.numel, world, r) for r in range(world)]
-        self.partition_begin, self.partition_numel, self.partition_valid = self.ranges[rank]
+        # Asked of the native function, not indexed: ranges[-1] would take the last rank's
+        # partition for rank -1 instead of the ValueError naming the rank.
+        own = _C.stage12_partition(self.numel, world, rank)
+        self.partition_begin, self.partition_numel, self.partition_valid = own
         self._begins = [begin for begin, _, _ in self.ranges]
         self.buffer = torch.zeros(self.padded_numel, dtype=params[0].dtype, device=params[0].device)
         with torch.no_grad():
