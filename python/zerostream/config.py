@@ -41,6 +41,28 @@ def _from_python(config: Mapping) -> dict:
     return config
 
 
+MAX_DEPTH = 64  # the text reader's limit (csrc/config/json_reader.cpp); DeepSpeed uses ~5
+
+
+def _too_deep(config: Mapping) -> str:
+    """The message for a dict nested past MAX_DEPTH, naming the key path where it does (found
+    iteratively: the dict may be deeper than Python's recursion limit)."""
+    stack = [(config, [])]
+    while stack:
+        node, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            shown = ".".join(path[:6]) + f"... ({len(path)} keys)"
+            return (
+                f"DeepSpeed config dict: nested deeper than {MAX_DEPTH} levels of objects and "
+                f"lists at key path {shown} (DeepSpeed configs use about 5)"
+            )
+        items = node.items() if isinstance(node, Mapping) else enumerate(node)
+        for k, v in items:
+            if isinstance(v, (Mapping, list, tuple)):
+                stack.append((v, path + [str(k)]))
+    return f"DeepSpeed config dict: nested deeper than {MAX_DEPTH} levels of objects and lists"
+
+
 def config_text(config: Any) -> Tuple[str, str]:
     """Returns (JSON text, source name) for a dict, a file path or URL-safe base64 text."""
     if isinstance(config, Mapping):
@@ -48,6 +70,8 @@ def config_text(config: Any) -> Tuple[str, str]:
             return json.dumps(_from_python(config)), "<dict>"
         except (TypeError, ValueError) as exc:
             raise ValueError(f"DeepSpeed config dict is not JSON-serializable: {exc}") from exc
+        except RecursionError:
+            raise ValueError(_too_deep(config)) from None
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if os.path.isdir(path):
