@@ -261,3 +261,16 @@ def test_state_summary_says_where_the_state_lives_with_telemetry_on_or_off():
         assert summary["optimizer_state_numel"]["exp_avg"] == summary["fp32_master_numel"]
         if telemetry is not None:
             assert telemetry.seconds["reduce"] > 0
+
+
+@pytest.mark.parametrize(("world", "rank"), [(2, -1), (2, 2), (0, 0)])
+def test_a_flat_group_names_a_bad_rank_or_world(world, rank):
+    params = [torch.nn.Parameter(torch.zeros(10)), torch.nn.Parameter(torch.zeros(7))]
+    with pytest.raises(ValueError, match=r"(rank|world) must be"):
+        FlatGroup(params, world, rank)
+
+
+def test_a_flat_group_past_int64_elements_is_a_value_error():
+    huge = torch.nn.Parameter(torch.empty(2**62, dtype=torch.uint8, device="meta"), False)
+    with pytest.raises(ValueError, match=r"more than a 64-bit element count"):
+        FlatGroup([huge, huge, huge], 2, 0)
