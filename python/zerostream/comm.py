@@ -21,6 +21,12 @@ from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed
 
 from .accelerator import get_accelerator
 
+if dist.is_available():
+    try:  # before any group exists: see Note [A process group that outlives its destruction]
+        import torch.distributed.nn.functional  # noqa: F401
+    except ImportError:
+        pass
+
 logger = logging.getLogger("zerostream")
 
 
@@ -111,8 +117,8 @@ def init_distributed(
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(**kwargs)
     # Scripts written for DeepSpeed rarely destroy the group; one left to interpreter
-    # teardown can abort the process after training finished ("terminate called without an
-    # active exception" from a backend thread), so the group zerostream made goes first.
+    # teardown can abort the process after training finished, so the group zerostream made
+    # goes first (Note [A process group that outlives its destruction]).
     atexit.register(_destroy_at_exit)
     if verbose:
         logger.info(
@@ -121,6 +127,22 @@ def init_distributed(
             dist.get_rank(),
             dist.get_world_size(),
         )
+
+
+# Note [A process group that outlives its destruction]
+#   A Gloo group's worker threads drop each finished collective's work, and with it the last
+#   reference to tensors that have Python objects: that decref takes the GIL. If the process
+#   reaches interpreter finalization first (a script whose last collective is a few
+#   milliseconds before its end), the worker's take_gil() calls pthread_exit, whose forced
+#   unwind crosses the work's noexcept destructor: std::terminate, "terminate called without
+#   an active exception", SIGABRT after training finished (about 1 run in 30 of a two-rank
+#   stage-2 script; upstream: pytorch/pytorch#179291, #190489). Destroying the group at exit
+#   joins those threads while Python is whole, but only if nothing else holds the group:
+#   torch.distributed.nn.functional evaluates `group=group.WORLD` defaults when imported,
+#   and torch imports it lazily (building any torch optimizer imports torch._dynamo, which
+#   imports it). Imported after init_process_group, its defaults hold the default group for
+#   good and destroy_process_group leaves the threads running into finalization. So comm
+#   imports it first, while group.WORLD is still None.
 
 
 def _destroy_at_exit() -> None:

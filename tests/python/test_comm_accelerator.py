@@ -149,3 +149,43 @@ def test_zero_api_on_params_that_are_not_partitioned():
     zerostream.zero.register_external_parameter(model, model.weight)
     with pytest.raises(RuntimeError, match="torch.nn.Parameter"):
         zerostream.zero.register_external_parameter(model, torch.ones(1))
+
+
+_GLOO_THREADS_AFTER_EXIT_HOOK = """
+import os, torch
+from zerostream import comm
+
+def gloo_threads():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            names.append(f.read().strip())
+    return sum(n.startswith("pt_gloo") for n in names)
+
+comm.init_distributed()
+assert comm.get_backend() == "gloo"
+before = gloo_threads()
+torch.optim.Adam(torch.nn.Linear(2, 2).parameters())  # imports torch._dynamo, as a run does
+comm.all_reduce(torch.ones(2))
+comm._destroy_at_exit()
+print(before, gloo_threads())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_group_destroyed_at_exit_takes_its_backend_threads_with_it():
+    # Note [A process group that outlives its destruction]: Gloo threads still running at
+    # interpreter finalization could abort a finished run (SIGABRT, exit 134).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
+    env.pop("MASTER_PORT", None)
+    out = subprocess.run(
+        [sys.executable, "-c", _GLOO_THREADS_AFTER_EXIT_HOOK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert before > 0  # the check sees Gloo's threads at all
+    assert after == 0
