@@ -136,11 +136,14 @@ class Stage2Reducer(_Reducer):
 
     def after_backward(self) -> None:
         self.flush()
+        pending, self._pending = self._pending, []
         with self.telemetry.phase("reduce"):
-            for work, finish in self._pending:
+            # comm's handles fail from wait() named: this rank, the collective and the rank
+            # that stopped answering. The list is dropped even then, so a failed step leaves
+            # no work behind to be waited on twice.
+            for work, finish in pending:
                 work.wait()
                 finish()
-        self._pending.clear()
 
     def at_boundary(self) -> None:
         pass
