@@ -3,7 +3,8 @@
 One place for: process-group setup from launcher environments (torchrun, the zerostream and
 deepspeed launchers, SLURM, Open MPI), Gloo fallbacks for the tensor collectives it lacks, and
 errors that start with the rank and name the rank that stopped answering (a peer that died
-shows up here first), from synchronous calls and from the work handles of asynchronous ones.
+shows up here first; the records behind that live in peers.py), from synchronous calls and
+from the work handles of asynchronous ones.
 """
 
 from __future__ import annotations
@@ -11,19 +12,16 @@ from __future__ import annotations
 import atexit
 import datetime
 import functools
-import json
 import logging
 import math
 import os
-import socket
-import sys
-import time
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed.comm does)
 
+from . import peers
 from .accelerator import get_accelerator
 
 if dist.is_available():
@@ -126,7 +124,7 @@ def init_distributed(
     # goes first (Note [A process group that outlives its destruction]).
     atexit.register(_destroy_at_exit)
     # Registered after, so it runs before the group (and its store) goes.
-    _register_peer()
+    peers.register()
     if verbose:
         logger.info(
             "zerostream: process group ready: backend=%s rank=%d world_size=%d",
@@ -157,155 +155,6 @@ def _destroy_at_exit() -> None:
         try:
             dist.destroy_process_group()
         except Exception:  # teardown is best effort; the run's results are already out
-            pass
-
-
-# --- who stopped answering ----------------------------------------------------------------------
-
-# Note [Naming the rank that stopped answering]
-#   A collective that fails because a peer died says only "Connection closed by peer
-#   [addr]:port" (Gloo) or that it timed out; the rank behind the address is not named. So
-#   each rank leaves in the default group's store, at init, which process it is (pid, host,
-#   start time, pid namespace) and, when its Python exits, that it exited and why (an uncaught
-#   exception, or its program ended). On a failure the survivor reads those records and names
-#   the ranks that left one, or whose process is gone where it shares this machine's pid
-#   namespace (/proc: no such pid, a zombie, or the pid reused by a later process): a rank
-#   killed by a signal leaves no exit record, its process is the evidence. Ranks on other
-#   machines without an exit record stay unnamed. The lookups run under a short store timeout,
-#   so a dead store costs seconds, not the collectives' timeout; a dead store means the
-#   process hosting it is gone (rank 0's, unless the launcher's agent hosts it). Nothing here
-#   holds the store or the group in a global (Note [A process group that outlives its
-#   destruction]).
-
-_PEER_KEY = "zerostream/peer/{}"
-_EXIT_KEY = "zerostream/exit/{}"
-_STORE_PROBE_TIMEOUT = datetime.timedelta(seconds=5)
-_SETTLE_S = 0.5  # a peer whose sockets just closed may take a moment to become a zombie
-_uncaught: Optional[str] = None  # what this rank's excepthook last reported
-
-
-def _proc_stat(pid) -> Optional[Tuple[str, str]]:
-    """(state, start time in clock ticks since boot) of /proc/<pid>/stat, None if absent."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 on; the name may hold spaces
-    return fields[0], fields[19]
-
-
-def _pid_namespace() -> Optional[str]:
-    """Which pid namespace of which boot this process lives in: processes with the same value
-    see each other's pids. None where /proc cannot tell."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:
-        return None
-
-
-def _default_store():
-    return dist.distributed_c10d._get_default_store()
-
-
-def _register_peer() -> None:
-    """Leaves this rank's identity in the default store and arranges for its exit to be
-    recorded there (Note [Naming the rank that stopped answering])."""
-    if dist.get_world_size() == 1:
-        return
-    stat = _proc_stat("self")
-    identity = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "pidns": _pid_namespace(),
-        "start": stat[1] if stat else None,
-    }
-    try:
-        _default_store().set(_PEER_KEY.format(dist.get_rank()), json.dumps(identity))
-    except Exception as exc:  # a store that cannot set: failures just stay unnamed
-        logger.debug("zerostream: rank identity not stored: %s", exc)
-        return
-    hook = sys.excepthook
-    if not (isinstance(hook, functools.partial) and hook.func is _remember_uncaught):
-        sys.excepthook = functools.partial(_remember_uncaught, hook)
-    atexit.register(_record_exit, dist.get_rank())
-
-
-def _remember_uncaught(previous, kind, value, tb) -> None:
-    # Python calls the hook for an uncaught exception, and so do launchers that catch the
-    # script's exception to report it (zerostream's, torchrun's error handler).
-    global _uncaught
-    _uncaught = f"uncaught {kind.__name__}: {value}"
-    previous(kind, value, tb)
-
-
-def _record_exit(rank: int) -> None:
-    """atexit: tells the peers that this rank's Python is exiting, and why."""
-    if not dist.is_initialized():
-        return  # the script destroyed the group itself; peers fall back to the pid
-    try:
-        store = _default_store()
-        store.set_timeout(_STORE_PROBE_TIMEOUT)
-        store.set(_EXIT_KEY.format(rank), (_uncaught or "its program ended")[:300])
-    except Exception:  # the store may be gone already (its host exited first)
-        pass
-
-
-def _peer_fate(store, rank: int, here: Optional[str]) -> Optional[str]:
-    """'rank 1 (pid 7 on host h) has exited (...)' when the store or /proc shows the rank is
-    gone, else None (alive, or elsewhere without an exit record)."""
-    peer = None
-    if store.check([_PEER_KEY.format(rank)]):
-        peer = json.loads(store.get(_PEER_KEY.format(rank)))
-    who = f"rank {rank}" + (f" (pid {peer['pid']} on host {peer['host']})" if peer else "")
-    if store.check([_EXIT_KEY.format(rank)]):
-        return f"{who} has exited ({store.get(_EXIT_KEY.format(rank)).decode(errors='replace')})"
-    if peer is None or here is None or peer["pidns"] != here:
-        return None
-    stat = _proc_stat(peer["pid"])
-    if stat is None or stat[0] in ("Z", "X") or stat[1] != peer["start"]:
-        return f"{who} is gone: its process ended without exiting Python (killed, or crashed)"
-    return None
-
-
-def _store_address(store) -> str:
-    while hasattr(store, "underlying_store"):
-        store = store.underlying_store
-    return f" at {store.host}:{store.port}" if isinstance(store, dist.TCPStore) else ""
-
-
-def who_stopped_answering() -> str:
-    """What the store and /proc say about peers that are gone, as clauses ending in '; ', or
-    '' when nothing is known (Note [Naming the rank that stopped answering])."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return ""
-    me, world, here = dist.get_rank(), dist.get_world_size(), _pid_namespace()
-    try:
-        store = _default_store()
-        saved = store.timeout
-    except Exception:
-        return ""
-    deadline = time.monotonic() + _SETTLE_S
-    try:
-        store.set_timeout(_STORE_PROBE_TIMEOUT)
-        while True:
-            gone = [f for r in range(world) if r != me and (f := _peer_fate(store, r, here))]
-            if gone or time.monotonic() > deadline:
-                return "".join(f"{g}; " for g in gone)
-            time.sleep(0.1)
-    except Exception as exc:
-        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        return (
-            f"the process group's store{_store_address(store)} is unreachable "
-            f"({type(exc).__name__}), so its host, "
-            f"{'the launcher agent' if agent else 'rank 0'}, has likely exited; "
-        )
-    finally:
-        try:
-            store.set_timeout(saved)
-        except Exception:
             pass
 
 
@@ -363,7 +212,7 @@ def get_backend(group=None) -> str:
 
 def _failure(op: str, exc: BaseException) -> RuntimeError:
     # A ValueError is a bad argument, checked before anything was sent: no peer to look for.
-    gone = "" if isinstance(exc, ValueError) else who_stopped_answering()
+    gone = "" if isinstance(exc, ValueError) else peers.who_stopped_answering()
     return RuntimeError(f"[rank {get_rank()}] {op} failed: {gone}{exc}")
 
 
