@@ -75,13 +75,18 @@ def killed_peer_worker(rank, world):
     return {"overlapped": overlapped, "handle": handle, "waited": waited, "sync": sync}
 
 
-@pytest.mark.timeout(120)
-def test_survivor_names_itself_the_collective_and_the_killed_rank():
-    rank0, rank1 = run_ranks(killed_peer_worker, 2, timeout=100, expect_failure=True)
-    assert rank1 == ("missing", "exit code -9")
+def _survivor_result(worker, rank1_fate: str):
+    """Runs `worker` on two ranks where rank 1 dies as `rank1_fate` says; rank 0's result."""
+    rank0, rank1 = run_ranks(worker, 2, timeout=100, expect_failure=True)
+    assert rank1 == ("missing", rank1_fate)
     status, payload = rank0
     assert status == "ok", payload
-    out = torch.load(io.BytesIO(payload))
+    return torch.load(io.BytesIO(payload))
+
+
+@pytest.mark.timeout(120)
+def test_survivor_names_itself_the_collective_and_the_killed_rank():
+    out = _survivor_result(killed_peer_worker, "exit code -9")
     gone = (
         r"rank 1 \(pid \d+ on host [^)]+\) is gone: its process ended without exiting "
         r"Python \(killed, or crashed\); "
@@ -144,11 +149,7 @@ def uncaught_exception_worker(rank, world):
 
 @pytest.mark.timeout(120)
 def test_a_peer_that_exited_through_python_is_named_with_its_reason():
-    rank0, rank1 = run_ranks(uncaught_exception_worker, 2, timeout=100, expect_failure=True)
-    assert rank1 == ("missing", "exit code 1")
-    status, payload = rank0
-    assert status == "ok", payload
-    message = torch.load(io.BytesIO(payload))
+    message = _survivor_result(uncaught_exception_worker, "exit code 1")
     assert re.match(
         r"\[rank 0\] all_reduce failed: rank 1 \(pid \d+ on host [^)]+\) has exited "
         r"\(uncaught ValueError: boom-rank-1\); ",
