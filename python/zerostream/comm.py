@@ -158,6 +158,23 @@ def _destroy_at_exit() -> None:
             pass
 
 
+def first_failed_rank(failed: bool, *, group, world: int, device) -> int:
+    """The highest global rank of `group` for which `failed` is true, or -1. Every rank calls
+    it at the same point, so a check that fails on one rank (a preflight, a health check)
+    stops them all together instead of leaving the others waiting in the next collective."""
+    mine = get_rank() if failed else -1
+    if world <= 1:
+        return mine
+    flag = torch.tensor([mine + 1], dtype=torch.int64, device=device)
+    all_reduce(flag, op=ReduceOp.MAX, group=group)
+    return _host_int(flag) - 1
+
+
+def _host_int(t: torch.Tensor) -> int:
+    """first_failed_rank's one device-to-host read (the device audit test counts it)."""
+    return int(t.item())
+
+
 # --- queries ------------------------------------------------------------------------------------
 
 

@@ -28,21 +28,18 @@ import torch
 from zerostream.bench import remember, stdout_to_stderr
 from zerostream.offload import io as zio
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 CHUNK_BYTES = 256 << 20  # one request per chunk; the engine splits it into blocks
 
 
 def parse_size(text: str) -> int:
-    """'4G', '1M', '512K', '1048576' -> bytes (binary units, as fio and ds_io use)."""
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    num, unit = (t[:-1], t[-1]) if t and t[-1] in _UNITS else (t, "")
+    """'4G', '1M', '512K', '1048576' -> bytes (zio.parse_bytes), positive, for argparse."""
     try:
-        value = int(float(num) * _UNITS[unit])
+        value = zio.parse_bytes(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a size like 4G, 1M or 4096; got {text!r}"
-        ) from None
-    if value <= 0:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a size like 4G, 1M or 4096; got {text!r}")
+    if value == 0:
         raise argparse.ArgumentTypeError(f"size must be positive; got {text!r}")
     return value
 
@@ -200,13 +197,7 @@ class StoreRunner:
         return self.bytes / (time.perf_counter() - start) / 1e9
 
     def close(self) -> None:
-        directory = self.store.directory  # <root>/zerostream/rank0/<name>
-        self.store.close()
-        for d in (os.path.dirname(directory), os.path.dirname(os.path.dirname(directory))):
-            try:
-                os.rmdir(d)  # only when empty: a run may share the path
-            except OSError:
-                pass
+        self.store.close()  # its files and the empty directories it made
 
 
 def checksum_cost(w: Workload, ops: list[str], loops: int, backend: str) -> dict:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 from typing import Optional, Tuple
 
+from .io import parse_bytes
+
 ENV = "ZEROSTREAM_HOST_MEMORY_LIMIT"
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def mem_available(meminfo: str = "/proc/meminfo") -> Optional[int]:
@@ -84,24 +85,12 @@ def cgroup_room(
     return max(0, min(rooms)) if rooms else None
 
 
-def parse_size(text: str) -> int:
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    num, unit = (t[:-1], t[-1]) if t and t[-1] in _UNITS else (t, "")
-    try:
-        value = int(float(num) * _UNITS[unit])
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{ENV}: expected bytes or a size like 64G; got {text!r}")
-    return value
-
-
 def usable_host_bytes() -> Tuple[Optional[int], str]:
     """(bytes this process may still allocate, where the number comes from); None when
     nothing can be read (the preflight then stays out of the way)."""
     override = os.environ.get(ENV)
     if override:
-        return parse_size(override), ENV
+        return parse_bytes(override, ENV), ENV
     available, room = mem_available(), cgroup_room()
     if room is not None and (available is None or room < available):
         return room, "the cgroup memory limit"
@@ -121,19 +110,12 @@ def require_host_memory(need: int, what: str, advice: str) -> None:
     )
 
 
-def _host_int(t) -> int:
-    """The preflight's one device-to-host read, at setup (the device audit test counts it)."""
-    return int(t.item())
-
-
 def require_host_memory_everywhere(
     need: int, what: str, advice: str, *, group, world: int, device
 ) -> None:
     """require_host_memory on every rank of `group` before any of them allocates: the
     verdicts are all-reduced (which also keeps a rank from allocating while another is still
     reading MemAvailable), so every rank raises and none waits in a collective."""
-    import torch
-
     from .. import comm
 
     error: Optional[MemoryError] = None
@@ -141,12 +123,8 @@ def require_host_memory_everywhere(
         require_host_memory(need, what, advice)
     except MemoryError as e:
         error = e
+    short = comm.first_failed_rank(error is not None, group=group, world=world, device=device)
     rank = comm.get_rank()
-    short = rank if error is not None else -1
-    if world > 1:
-        flag = torch.tensor([short + 1], dtype=torch.int64, device=device)
-        comm.all_reduce(flag, op=comm.ReduceOp.MAX, group=group)
-        short = _host_int(flag) - 1
     if error is not None:
         raise MemoryError(f"[rank {rank}] {error}")
     if short >= 0:

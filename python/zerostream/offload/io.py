@@ -281,25 +281,29 @@ class SwapStore:
         return self._store.directory
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(text: str, what: str = "size") -> int:
+    """'4G', '1M', '512K', '1.5G', '1048576' -> bytes (binary units, as fio, ds_io and
+    DeepSpeed's aio keys use); ValueError naming `what` otherwise."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in _UNITS else (t, "")
+    try:
+        value = int(float(num) * _UNITS[unit])
+    except (ValueError, OverflowError):
+        value = -1
+    if value < 0:
+        raise ValueError(f"{what}: expected bytes or a size like 64G, 1M or 4096; got {text!r}")
+    return value
+
+
 def ranks_on_this_host() -> int:
-    """How many ranks of this job run on this host (and so write to one nvme_path's disk):
-    torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE, Open MPI's; 1 when none is set."""
-    import os
+    """How many ranks of this job run on this host (and so write to one nvme_path's disk and
+    share its memory): the launcher's count that ops/threads.py also divides the cores by."""
+    from ..ops.threads import local_ranks
 
-    for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-        try:
-            n = int(os.environ.get(var, "") or 0)
-        except ValueError:
-            continue
-        if n > 0:
-            return n
-    return 1
-
-
-def store_totals() -> dict:
-    """Bytes of live tensors (`used`) and the swap files' sizes (`files`, grown ahead of use)
-    over the swap stores open in this process."""
-    return _summed_stats(_OPEN_STORES, "stores", ("used_bytes", "file_bytes"))
+    return local_ranks()[0]
 
 
 def crc32c(tensor: torch.Tensor, crc: int = 0) -> int:

@@ -45,7 +45,8 @@ def _positive_int(name: str, text: str) -> int:
     return value
 
 
-def _local_ranks() -> Tuple[int, str]:
+def local_ranks() -> Tuple[int, str]:
+    """(ranks of this job on this host, the variable that said so; "" when none did)."""
     for name in _LOCAL_SIZE_VARS:
         text = os.environ.get(name)
         if text:
@@ -74,7 +75,7 @@ def _resolve_from_env() -> Tuple[int, str]:
     text = os.environ.get("ZS_OPTIM_THREADS")
     if text:
         return _positive_int("ZS_OPTIM_THREADS", text), "ZS_OPTIM_THREADS"
-    ranks, ranks_var = _local_ranks()
+    ranks, ranks_var = local_ranks()
     omp = os.environ.get("OMP_NUM_THREADS")
     if omp:
         first = omp.split(",")[0].strip()  # a nested list "4,2": the outer level

@@ -76,11 +76,9 @@ class SkipGuard:
         check = getattr(self.optimizer, "non_finite_state", None)
         found: Optional[str] = check() if check is not None else None
         rank = comm.get_rank()
-        culprit = rank if found else -1
-        if self.world > 1:
-            flag = torch.tensor([culprit + 1], dtype=torch.int64, device=_device(self.optimizer))
-            comm.all_reduce(flag, op=comm.ReduceOp.MAX, group=self.group)
-            culprit = int(flag.item()) - 1
+        culprit = comm.first_failed_rank(
+            found is not None, group=self.group, world=self.world, device=_device(self.optimizer)
+        )
         if culprit < 0:
             return
         if found:

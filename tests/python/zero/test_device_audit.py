@@ -19,7 +19,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from zerostream import comm
 from zerostream.config import load
-from zerostream.offload import host_memory
 from zerostream.precision import make_loss_scaler
 from zerostream.zero.base import ZeroOptimizerBase
 from zerostream.zero.factory import build_zero_optimizer, stage_class
@@ -48,7 +47,7 @@ def gpu_world(monkeypatch):
     monkeypatch.setattr(ZeroOptimizerBase, "_host_scalar", lambda self, t: reads.append(t) or 1.0)
     # The host-memory preflight's verdict, all-reduced at setup (on the GPU: the fake NCCL
     # above checks), is read once; nobody is short here.
-    monkeypatch.setattr(host_memory, "_host_int", lambda t: 0)
+    monkeypatch.setattr(comm, "_host_int", lambda t: 0)
     with FakeTensorMode(allow_non_fake_inputs=True):
         yield reads
 
