@@ -306,6 +306,12 @@ def ranks_on_this_host() -> int:
     return local_ranks()[0]
 
 
+def store_totals() -> dict:
+    """Bytes of live tensors (`used`) and the swap files' sizes (`files`, grown ahead of use)
+    over the swap stores open in this process."""
+    return _summed_stats(_OPEN_STORES, "stores", ("used_bytes", "file_bytes"))
+
+
 def crc32c(tensor: torch.Tensor, crc: int = 0) -> int:
     """The CRC32C the swap store keeps per extent (zerostream.verify_swap_checksums), over a
     contiguous CPU tensor's bytes."""
