@@ -11,9 +11,13 @@ import subprocess
 import sys
 
 import pytest
+import zerostream
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 COMPAT_SRC = REPO / "python" / "deepspeed_compat"
+# The zerostream this test run imported (installed under scripts/test.sh): a clean clone's
+# python/zerostream has no built _C, so the checkout must not shadow it in subprocesses.
+ZS_SITE = pathlib.Path(zerostream.__file__).resolve().parents[1]
 
 
 def _copy_sources(dest: pathlib.Path) -> pathlib.Path:
@@ -44,10 +48,10 @@ def compat_site(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def compat_env(compat_site) -> dict:
-    """Environment for a subprocess that imports the installed `deepspeed` and this
-    checkout's zerostream."""
+    """Environment for a subprocess that imports the installed `deepspeed` and the zerostream
+    this test run imported."""
     env = dict(os.environ)
-    paths = [str(compat_site), str(REPO / "python"), str(REPO / "tests" / "python")]
+    paths = [str(compat_site), str(ZS_SITE), str(REPO / "tests" / "python")]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)

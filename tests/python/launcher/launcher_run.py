@@ -1,6 +1,7 @@
 """Runs `python -m zerostream.launcher ...` as a user would: a real launcher process, its real
-ranks, this checkout's zerostream on PYTHONPATH and no launcher variables inherited from the
-test run."""
+ranks, the zerostream this test run imported (the installed package under scripts/test.sh, the
+checkout's python/ in a developer loop) on PYTHONPATH and no launcher variables inherited from
+the test run."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
+import zerostream
+
 HERE = pathlib.Path(__file__).resolve().parent
-REPO = HERE.parents[2]
+# Where the imported zerostream lives: a clean clone's python/ has no built _C, so putting the
+# checkout first would shadow the installed package the test run is testing.
+ZS_SITE = pathlib.Path(zerostream.__file__).resolve().parents[1]
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_")
 LAUNCH_TIMEOUT_S = 110  # under the tests' pytest-timeout, so a hang reports its output
 
@@ -22,7 +27,7 @@ def clean_env(**extra: str) -> Dict[str, str]:
     env.pop("OMP_NUM_THREADS", None)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        [str(ZS_SITE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     return {**env, **extra}
 
