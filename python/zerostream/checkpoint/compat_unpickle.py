@@ -129,14 +129,15 @@ class ForbiddenGlobalError(ValueError):
     class; nothing in the file was executed."""
 
 
-def load(path: str, mmap: bool = False) -> Any:
+def load(path: str, mmap: bool = False, map_location: str = "cpu") -> Any:
     """torch.load of `path` onto the CPU with weights_only=True plus DeepSpeed's stand-ins,
-    returned as plain data. Raises ForbiddenGlobalError naming the file and the global(s)
-    when the file pickles anything else; other failures propagate (files.load_file names
-    the file)."""
+    returned as plain data (`map_location="meta"`: the structure only, each storage's file
+    offset in its `_checkpoint_offset`). Raises ForbiddenGlobalError naming the file and
+    the global(s) when the file pickles anything else; other failures propagate
+    (files.load_file names the file)."""
     try:
         with torch.serialization.safe_globals(_safe_globals()):
-            value = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            value = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         unsafe = _unsafe_globals(path)
         if not unsafe:

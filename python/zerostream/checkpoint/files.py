@@ -28,11 +28,13 @@ import os
 import shutil
 import signal
 import zlib
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
 
-from . import compat_unpickle
+if TYPE_CHECKING:
+    from ..offload import io as zio
+from . import compat_unpickle, stream
 
 MANIFEST = "zerostream_manifest.json"
 LATEST = "latest"
@@ -84,16 +86,34 @@ def _with_path(exc: OSError, action: str, path: str) -> OSError:
     return OSError(exc.errno, f"checkpoint: cannot {action} {path}: {exc.strerror or exc}")
 
 
-def save_file(obj: Any, path: str) -> Dict[str, int]:
-    """torch.save(obj) to `path` durably: written to `path.partial`, fsynced, renamed.
-    Returns {"bytes", "crc32"} for the manifest. On any error the partial file is removed
-    and the OSError names the path."""
+def _engine() -> "zio.IoEngine":
+    """The I/O engine checkpoint files stream through (one per process, made on first use)."""
+    global _ENGINE
+    if _ENGINE is None:
+        from ..offload import io as zio
+
+        _ENGINE = zio.IoEngine()
+    return _ENGINE
+
+
+_ENGINE = None
+
+
+def save_file(obj: Any, path: str) -> Dict[str, Any]:
+    """torch.save(obj) to `path` durably: written to `path.partial` (streamed through the I/O
+    engine where this torch can: stream.py, Note [Streamed checkpoint files]), fsynced,
+    renamed. Returns the file's manifest entry. On any error the partial file is removed and
+    the OSError names the path."""
     tmp = path + ".partial"
     writer = None
     try:
         with open(tmp, "wb") as f:
-            writer = _HashingWriter(f)
-            torch.save(obj, writer)
+            if stream.AVAILABLE:
+                entry = stream.write_file(obj, f, tmp, _engine())
+            else:
+                writer = _HashingWriter(f)
+                torch.save(obj, writer)
+                entry = {"bytes": writer.size, "crc32": writer.crc}
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -103,7 +123,7 @@ def save_file(obj: Any, path: str) -> Dict[str, int]:
         if cause is not None:
             raise _with_path(cause, "write", path) from exc
         raise
-    return {"bytes": writer.size, "crc32": writer.crc}
+    return entry
 
 
 def save_text(text: str, path: str) -> None:
@@ -205,11 +225,16 @@ def read_manifest(directory: str) -> Optional[Dict[str, Dict[str, int]]]:
 
 
 def verify_file(path: str, manifest: Optional[Dict[str, Dict[str, int]]]) -> None:
-    """Raises ValueError naming `path` when its size or CRC-32 differs from the manifest."""
+    """Raises ValueError naming `path` when its size or checksums differ from the manifest:
+    a streamed file's headers and pickle here, its tensors as they are read (stream.py);
+    an older file's CRC-32 over all of it."""
     if manifest is None:
         return
     entry = manifest.get(os.path.basename(path))
     if entry is None:
+        return
+    if "ranges" in entry:
+        stream.verify_headers(path, entry)
         return
     size = os.path.getsize(path)
     if size != entry["bytes"]:
@@ -230,17 +255,25 @@ def verify_file(path: str, manifest: Optional[Dict[str, Dict[str, int]]]) -> Non
 
 def load_file(path: str, manifest=None) -> Any:
     """torch.load of one checkpoint file onto the CPU (weights only, DeepSpeed's pickled
-    classes read as plain data: compat_unpickle.py), checked against the manifest; every
-    failure names the file."""
+    classes read as plain data: compat_unpickle.py), its tensors read through the I/O
+    engine (stream.py), checked against the manifest; every failure names the file."""
     if not os.path.isfile(path):
         raise FileNotFoundError(errno.ENOENT, "checkpoint file is missing", path)
     verify_file(path, manifest)
+    entry = (manifest or {}).get(os.path.basename(path))
     try:
+        if stream.AVAILABLE and _is_zip(path):
+            return stream.read_file(path, entry, _engine())
         return compat_unpickle.load(path)
-    except compat_unpickle.ForbiddenGlobalError:
+    except (compat_unpickle.ForbiddenGlobalError, stream.ChecksumError):
         raise
     except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
         raise ValueError(
             f"checkpoint file {path} cannot be read ({type(exc).__name__}: {exc}); it is "
             f"truncated, corrupted or not a torch checkpoint"
         ) from exc
+
+
+def _is_zip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"

@@ -319,6 +319,11 @@ def crc32c(tensor: torch.Tensor, crc: int = 0) -> int:
     return _N.crc32c(ptr, nbytes, int(crc))
 
 
+def crc32c_at(ptr: int, nbytes: int, crc: int = 0) -> int:
+    """crc32c() over `nbytes` at address `ptr` (a buffer that is not a tensor)."""
+    return _N.crc32c(int(ptr), int(nbytes), int(crc))
+
+
 def set_io_fault(spec: Optional[str]) -> None:
     """Test only: make the Nth I/O attempt fail (``"3:EIO"``) or complete short (``"2:short"``).
 

@@ -11,6 +11,7 @@
 
 import errno
 import filecmp
+import json
 import os
 import shutil
 import subprocess
@@ -96,6 +97,15 @@ def bad_files(rank, world, root):
     with open(optim, "wb") as f:
         f.write(original[:-200] + bytes(b ^ 0xFF for b in original[-200:-100]) + original[-100:])
     attempt("corrupted")
+    # One flipped byte inside the largest tensor's bytes (a payload range of the manifest).
+    with open(os.path.join(tag, MANIFEST)) as f:
+        ranges = json.load(f)["files"][os.path.basename(optim)]["ranges"]
+    start, end, _, _ = max((r for r in ranges if r[3]), key=lambda r: r[1] - r[0])
+    damaged = bytearray(original)
+    damaged[(start + end) // 2] ^= 0x01
+    with open(optim, "wb") as f:
+        f.write(damaged)
+    attempt("corrupted_payload")
     os.rename(os.path.join(tag, MANIFEST), os.path.join(tag, MANIFEST + ".away"))
     with open(optim, "r+b") as f:
         f.truncate(len(original) // 2)
@@ -120,7 +130,8 @@ def test_bad_files_are_named(tmp_path):
     messages, optim = run_ranks(bad_files, 1, str(tmp_path), timeout=120)[0]
     assert messages["none"] == (None, None)
     assert optim in messages["truncated"] and "truncated" in messages["truncated"]
-    assert optim in messages["corrupted"] and "CRC-32" in messages["corrupted"]
+    assert optim in messages["corrupted"] and "CRC32C" in messages["corrupted"]
+    assert optim in messages["corrupted_payload"] and "CRC32C" in messages["corrupted_payload"]
     assert (
         optim in messages["truncated_unchecked"]
         and "cannot be read" in messages["truncated_unchecked"]

@@ -1,0 +1,325 @@
+"""Checkpoint files whose tensor bytes move through the offload I/O engine.
+
+Note [Streamed checkpoint files]
+  A checkpoint file is torch's zip format, so torch.load alone reads it (DeepSpeed's tools,
+  a user's script). torch.save cannot write one fast: it hands each tensor's bytes to a
+  Python file object, which goes through the page cache, and it computes the zip CRC-32 on
+  the calling thread. Here a file is written in two passes:
+
+  1. torch.save of the object with every tensor replaced by a placeholder of its shape and
+     dtype (untouched memory, never read), under torch.serialization.skip_data, with
+     `storage_alignment` 4096 and the zip CRC off (torch.utils.serialization.config). torch
+     writes the pickle, the zip headers and the central directory, and leaves each
+     tensor's bytes as a gap starting on a 4 KiB boundary. The writer below records the
+     CRC32C of every range torch writes.
+  2. torch.load(map_location="meta") of that file gives each storage's offset, and the I/O
+     engine writes the tensors' bytes there: O_DIRECT for whole blocks, the buffered
+     descriptor for a record's unaligned tail (offload/README.md, "Guarantees"), from the
+     live tensors themselves (no copy), or chunk by chunk from a source that streams them
+     (a swap store's sub-groups, a device tensor through a staging buffer). Each
+     payload's CRC32C is taken while its writes are in flight.
+
+  Then fsync and rename (files.py, Note [Crash-safe checkpoints]). The manifest entry of the
+  file lists its ranges, [start, end, crc32c, is_payload], covering every byte. Reading
+  reverses it: the non-payload ranges (headers and pickle, small) are checked first, so a
+  damaged file is named before anything is unpickled; torch.load(map_location="meta")
+  gives the structure and offsets; each storage is read by the engine into memory (or
+  streamed straight into its destination by a caller) and checked against its range.
+
+  The zip's own CRC fields are zero, as torch writes them with compute_crc32 off; torch.load
+  does not check them. The manifest is what guards the bytes. Files without ranges in the
+  manifest (older zerostream checkpoints, DeepSpeed's) are read through the same engine
+  path, checked by whatever their manifest holds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import deque
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+try:
+    from torch.utils.serialization import config as _ser_config
+except ImportError:  # older torch
+    _ser_config = None
+
+from ..offload import io as zio
+from . import compat_unpickle
+
+# torch 2.5+ has skip_data; storage_alignment came later. Older torch: files.py's plain path.
+AVAILABLE = hasattr(torch.serialization, "skip_data") and hasattr(
+    getattr(_ser_config, "save", None), "storage_alignment"
+)
+ALIGN = 4096
+CHUNK_BYTES = 64 << 20  # staging chunk for sources that are not contiguous CPU tensors
+DEPTH = 2  # chunks of a streamed source in flight
+
+
+# --- payload sources ---------------------------------------------------------------------------
+class ChunkedSource:
+    """A tensor's bytes produced in order, chunk by chunk, without the whole tensor in memory.
+    `chunks()` yields contiguous CPU tensors; a yielded chunk may be overwritten once DEPTH
+    more have been asked for (the writer waits for its write before that)."""
+
+    def __init__(self, shape, dtype: torch.dtype, chunks: Callable[[], Iterator[torch.Tensor]]):
+        self.shape, self.dtype, self.chunks = torch.Size(shape), dtype, chunks
+
+
+def _tensor_chunks(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """A non-contiguous or device tensor through DEPTH rotating staging buffers."""
+    flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+    per = max(1, CHUNK_BYTES // max(1, flat.element_size()))
+    pin = flat.device.type == "cuda"
+    bufs = [
+        torch.empty(min(per, flat.numel()), dtype=flat.dtype, pin_memory=pin)
+        for _ in range(DEPTH)
+    ]
+    for i, lo in enumerate(range(0, flat.numel(), per)):
+        n = min(per, flat.numel() - lo)
+        buf = bufs[i % DEPTH][:n]
+        buf.copy_(flat[lo : lo + n])
+        yield buf
+
+
+def _byte_view(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
+
+
+def _direct(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.is_contiguous()
+
+
+def _placeholder(shape, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor torch.save describes but, under skip_data, never reads: its pages stay
+    untouched (no memory) unless deterministic mode fills fresh tensors."""
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        return torch.empty(shape, dtype=dtype)
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+def _swap_in_placeholders(obj: Any, sources: Dict[int, Tuple[torch.Tensor, Any]], memo: dict):
+    """`obj` with each tensor and ChunkedSource replaced by a placeholder; `sources` maps the
+    placeholder storage's id to (placeholder, what fills it). Tensors with the same storage
+    and geometry (tied weights) share one placeholder, as torch.save shares their storage."""
+    if isinstance(obj, ChunkedSource) or torch.is_tensor(obj):
+        if torch.is_tensor(obj):
+            t = obj.detach()
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride())
+            key = (*key, t.dtype, str(t.device)) if t.untyped_storage().data_ptr() else id(obj)
+        else:
+            t, key = obj, id(obj)
+        if key not in memo:
+            ph = _placeholder(t.shape, t.dtype)
+            memo[key] = ph
+            sources[id(ph.untyped_storage())] = (ph, t)
+        return memo[key]
+    if isinstance(obj, dict):
+        return type(obj)((k, _swap_in_placeholders(v, sources, memo)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        items = [_swap_in_placeholders(v, sources, memo) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return obj
+
+
+def _pair_offsets(saved: Any, loaded: Any, out: Dict[int, int]) -> None:
+    """Walks the placeholder object and its meta-loaded twin together: placeholder storage
+    id -> the file offset of its bytes."""
+    if torch.is_tensor(saved):
+        out[id(saved.untyped_storage())] = loaded.untyped_storage()._checkpoint_offset
+    elif isinstance(saved, dict):
+        for k, v in saved.items():
+            _pair_offsets(v, loaded[k], out)
+    elif isinstance(saved, (list, tuple)) and not isinstance(saved, torch.Size):
+        for a, b in zip(saved, loaded):
+            _pair_offsets(a, b, out)
+
+
+def _crc_of_bytes(data, crc: int = 0) -> int:
+    """CRC32C of a bytes-like object (read-only ones too, as torch's writer passes)."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    return zio.crc32c_at(arr.ctypes.data, arr.nbytes, crc) if arr.nbytes else crc
+
+
+# --- writing -----------------------------------------------------------------------------------
+class _RangeWriter:
+    """The file object torch.save writes through: the bytes go to `f`, and every contiguous
+    run of them gets its CRC32C; seeks (the gaps skip_data leaves) end a run."""
+
+    def __init__(self, f):
+        self.f, self.pos = f, 0
+        self.ranges: List[List[int]] = []  # [start, end, crc32c]
+        self.error: Optional[OSError] = None  # torch's zip writer rewraps it as RuntimeError
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        if not self.ranges or self.ranges[-1][1] != self.pos:
+            self.ranges.append([self.pos, self.pos, 0])
+        run = self.ranges[-1]
+        run[2] = _crc_of_bytes(view, run[2])
+        try:
+            self.f.write(view)
+        except OSError as exc:
+            self.error = exc
+            raise
+        self.pos += view.nbytes
+        run[1] = self.pos
+        return view.nbytes
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.pos = offset if whence == os.SEEK_SET else self.pos + offset
+        self.f.seek(self.pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def write_file(obj: Any, f, path: str, engine: "zio.IoEngine") -> Dict[str, Any]:
+    """Writes `obj` into the open, empty file `f` (at `path`) as Note [Streamed checkpoint
+    files] describes; returns its manifest entry {"bytes", "ranges"}. The caller fsyncs."""
+    sources: Dict[int, Tuple[torch.Tensor, Any]] = {}
+    shell = _swap_in_placeholders(obj, sources, {})
+    writer = _RangeWriter(f)
+    with torch.serialization.skip_data(), _ser_config.patch(
+        {"save.storage_alignment": ALIGN, "save.compute_crc32": False}
+    ):
+        try:
+            torch.save(shell, writer)
+        except RuntimeError as exc:
+            if writer.error is not None:
+                raise writer.error from exc
+            raise
+    f.flush()
+    offsets: Dict[int, int] = {}
+    _pair_offsets(shell, torch.load(path, map_location="meta", weights_only=True), offsets)
+    ranges = [r + [0] for r in writer.ranges]
+    for sid, (ph, src) in sources.items():
+        nbytes = ph.numel() * ph.element_size()
+        if nbytes:
+            start = offsets[sid]
+            ranges.append([start, start + nbytes, _write_payload(engine, path, start, src), 1])
+    engine.wait_all()
+    ranges.sort()
+    return {"bytes": writer.pos, "ranges": ranges}
+
+
+def _write_payload(engine: "zio.IoEngine", path: str, offset: int, src: Any) -> int:
+    """Queues the writes of one payload at `offset`; returns its CRC32C."""
+    if torch.is_tensor(src) and _direct(src):
+        data = _byte_view(src.detach())
+        engine.write(data, path, offset)  # the live tensor itself; waited by wait_all
+        return zio.crc32c(data)
+    chunks = src.chunks() if isinstance(src, ChunkedSource) else _tensor_chunks(src.detach())
+    crc, pos, pending = 0, offset, deque()
+    for chunk in chunks:
+        data = _byte_view(chunk)
+        pending.append(engine.write(data, path, pos))
+        crc = zio.crc32c(data, crc)
+        pos += data.numel()
+        if len(pending) >= DEPTH:  # the producer reuses this chunk's buffer next
+            pending.popleft().wait()
+    for ticket in pending:
+        ticket.wait()
+    return crc
+
+
+# --- reading -----------------------------------------------------------------------------------
+class ChecksumError(ValueError):
+    pass
+
+
+def _range_of(entry: Optional[dict], start: int, end: int) -> Optional[List[int]]:
+    ranges = (entry or {}).get("ranges")
+    if not ranges:
+        return None
+    i = bisect.bisect_left(ranges, [start])
+    if i < len(ranges) and ranges[i][0] == start and ranges[i][1] == end:
+        return ranges[i]
+    return None
+
+
+def verify_headers(path: str, entry: dict) -> None:
+    """Checks the size and the non-payload ranges (zip headers, pickle) of a streamed file."""
+    size = os.path.getsize(path)
+    if size != entry["bytes"]:
+        raise ChecksumError(
+            f"checkpoint file {path} is truncated or overwritten: {size} bytes, the manifest "
+            f"written with it says {entry['bytes']}"
+        )
+    with open(path, "rb") as f:
+        for start, end, crc, payload in entry["ranges"]:
+            if payload:
+                continue
+            f.seek(start)
+            data = f.read(end - start)
+            got = _crc_of_bytes(data)
+            if got != crc:
+                raise ChecksumError(_damaged(path, start, end, got, crc))
+
+
+def _damaged(path: str, start: int, end: int, got: int, want: int) -> str:
+    return (
+        f"checkpoint file {path} is corrupted: bytes [{start}, {end}) have CRC32C {got:#010x}, "
+        f"the manifest written with it says {want:#010x}"
+    )
+
+
+def _aligned_bytes(nbytes: int) -> torch.Tensor:
+    """nbytes of memory starting on a 4 KiB boundary, so the engine reads straight into it."""
+    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
+    skip = (-raw.data_ptr()) % ALIGN
+    return raw[skip : skip + nbytes]
+
+
+def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine") -> Any:
+    """The object in `path`, every tensor read by the engine into CPU memory and checked
+    against `entry`'s ranges when it has them."""
+    structure = compat_unpickle.load(path, map_location="meta")
+    storages: Dict[int, torch.UntypedStorage] = {}
+    pending: List[Tuple[torch.Tensor, int, Optional[List[int]]]] = []
+
+    def real(t: torch.Tensor) -> torch.Tensor:
+        meta = t.untyped_storage()
+        sid = id(meta)
+        if sid not in storages:
+            nbytes = meta.nbytes()
+            buf = _aligned_bytes(nbytes)
+            if nbytes:
+                start = meta._checkpoint_offset
+                engine.read(buf, path, start)
+                pending.append((buf, start, _range_of(entry, start, start + nbytes)))
+            storages[sid] = buf
+        buf = storages[sid]
+        out = torch.empty(0, dtype=t.dtype)
+        at = buf.storage_offset() // t.element_size() + t.storage_offset()
+        return out.set_(buf.untyped_storage(), at, t.shape, t.stride())
+
+    obj = _map_tensors(structure, real)
+    engine.wait_all()
+    for buf, start, want in pending:
+        if want is not None:
+            got = zio.crc32c(buf)
+            if got != want[2]:
+                raise ChecksumError(_damaged(path, start, want[1], got, want[2]))
+    return obj
+
+
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if torch.is_tensor(obj):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        items = [_map_tensors(v, fn) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return obj
