@@ -75,8 +75,7 @@ def _tensor_chunks(t: torch.Tensor) -> Iterator[torch.Tensor]:
     per = max(1, CHUNK_BYTES // max(1, flat.element_size()))
     pin = flat.device.type == "cuda"
     bufs = [
-        torch.empty(min(per, flat.numel()), dtype=flat.dtype, pin_memory=pin)
-        for _ in range(DEPTH)
+        torch.empty(min(per, flat.numel()), dtype=flat.dtype, pin_memory=pin) for _ in range(DEPTH)
     ]
     for i, lo in enumerate(range(0, flat.numel(), per)):
         n = min(per, flat.numel() - lo)
@@ -190,8 +189,9 @@ def write_file(obj: Any, f, path: str, engine: "zio.IoEngine") -> Dict[str, Any]
     sources: Dict[int, Tuple[torch.Tensor, Any]] = {}
     shell = _swap_in_placeholders(obj, sources, {})
     writer = _RangeWriter(f)
-    with torch.serialization.skip_data(), _ser_config.patch(
-        {"save.storage_alignment": ALIGN, "save.compute_crc32": False}
+    with (
+        torch.serialization.skip_data(),
+        _ser_config.patch({"save.storage_alignment": ALIGN, "save.compute_crc32": False}),
     ):
         try:
             torch.save(shell, writer)

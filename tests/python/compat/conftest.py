@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+
 import zerostream
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
