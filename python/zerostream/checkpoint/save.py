@@ -20,7 +20,7 @@ import torch
 
 from .. import comm
 from ..zero.stage3.param import zero_param_of
-from . import files, layout
+from . import files, layout, stream
 
 if TYPE_CHECKING:
     from ..engine import ZeroEngine
@@ -33,7 +33,11 @@ RESERVED_CLIENT_KEYS = ("checkpoint_parallel_dimensions",)
 def _cpu(value: Any) -> Any:
     """`value` with every tensor detached onto the CPU (plain containers kept). A view of a
     larger storage (a partition inside the host arena or a flat buffer) is copied out:
-    torch.save writes a tensor's whole storage."""
+    torch.save writes a tensor's whole storage. The streamed writer (stream.py) needs none
+    of that: it writes views and device tensors as they are, each as its own storage, so
+    nothing is copied whole into host memory."""
+    if stream.AVAILABLE:
+        return value
     if torch.is_tensor(value):
         t = value.detach()
         if t.device.type != "cpu" or t.untyped_storage().nbytes() != t.numel() * t.element_size():
@@ -54,11 +58,11 @@ def _frozen_state(engine: "ZeroEngine", groups: List[List[torch.nn.Parameter]]):
         shapes[name] = layout.full_shape(p)
         zp = zero_param_of(p)
         if zp is None:
-            fragments[name] = p.detach().to("cpu", copy=True)
+            fragments[name] = _cpu(p.detach())
         elif zp.shard is None:  # offload_param nvme: the shard is read back from disk
-            fragments[name] = zp.partitioner.swapper.read(zp).to("cpu", copy=True)
+            fragments[name] = zp.partitioner.swapper.read(zp).cpu()
         else:
-            fragments[name] = zp.shard.detach().to("cpu", copy=True)
+            fragments[name] = _cpu(zp.shard.detach())
     return shapes, fragments
 
 
@@ -180,7 +184,9 @@ def save_checkpoint(
         if stage > 0 and engine.optimizer is not None:
             name = layout.optim_states_name(dp_rank, engine.bfloat16_enabled())
             optim = {
-                "optimizer_state_dict": _cpu(engine.optimizer.state_dict()),
+                "optimizer_state_dict": _cpu(
+                    engine.optimizer.state_dict(streamed=stream.AVAILABLE)
+                ),
                 "ds_config": engine.config,
                 "ds_version": layout.DS_LAYOUT_VERSION,
             }

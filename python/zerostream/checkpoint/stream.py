@@ -60,13 +60,13 @@ DEPTH = 2  # chunks of a streamed source in flight
 
 
 # --- payload sources ---------------------------------------------------------------------------
-class ChunkedSource:
-    """A tensor's bytes produced in order, chunk by chunk, without the whole tensor in memory.
-    `chunks()` yields contiguous CPU tensors; a yielded chunk may be overwritten once DEPTH
-    more have been asked for (the writer waits for its write before that)."""
-
-    def __init__(self, shape, dtype: torch.dtype, chunks: Callable[[], Iterator[torch.Tensor]]):
-        self.shape, self.dtype, self.chunks = torch.Size(shape), dtype, chunks
+def is_source(obj: Any) -> bool:
+    """A streamed source: an object with `shape`, `dtype` and `chunks()`, which yields the
+    bytes in order as contiguous CPU tensors without the whole tensor in memory (e.g. an
+    NVMe-offloaded optimizer state, offload/optimizer_swap.py SwapStateSource). A yielded
+    chunk may be overwritten once DEPTH more have been asked for: the writer waits for its
+    write before that."""
+    return not torch.is_tensor(obj) and hasattr(obj, "chunks") and hasattr(obj, "shape")
 
 
 def _tensor_chunks(t: torch.Tensor) -> Iterator[torch.Tensor]:
@@ -104,10 +104,10 @@ def _placeholder(shape, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _swap_in_placeholders(obj: Any, sources: Dict[int, Tuple[torch.Tensor, Any]], memo: dict):
-    """`obj` with each tensor and ChunkedSource replaced by a placeholder; `sources` maps the
+    """`obj` with each tensor and source (is_source) replaced by a placeholder; `sources` maps the
     placeholder storage's id to (placeholder, what fills it). Tensors with the same storage
     and geometry (tied weights) share one placeholder, as torch.save shares their storage."""
-    if isinstance(obj, ChunkedSource) or torch.is_tensor(obj):
+    if is_source(obj) or torch.is_tensor(obj):
         if torch.is_tensor(obj):
             t = obj.detach()
             key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride())
@@ -219,7 +219,7 @@ def _write_payload(engine: "zio.IoEngine", path: str, offset: int, src: Any) -> 
         data = _byte_view(src.detach())
         engine.write(data, path, offset)  # the live tensor itself; waited by wait_all
         return zio.crc32c(data)
-    chunks = src.chunks() if isinstance(src, ChunkedSource) else _tensor_chunks(src.detach())
+    chunks = src.chunks() if is_source(src) else _tensor_chunks(src.detach())
     crc, pos, pending = 0, offset, deque()
     for chunk in chunks:
         data = _byte_view(chunk)

@@ -39,6 +39,36 @@ class SubGroup:
     index: int  # position in the step order; swap ids are 3 * index + kind
 
 
+class SwapStateSource:
+    """One group's partition of one state kind, produced sub-group by sub-group from the
+    swap store through the swapper's staging buffers (a checkpoint/stream.py source: a
+    yielded chunk stays valid until the staging buffers come round again, more than the
+    writer's DEPTH chunks later)."""
+
+    def __init__(self, swapper: "SwappedAdam", group: int, kind: str, numel: int = -1):
+        self.swapper, self.group, self.kind = swapper, group, _KINDS.index(kind)
+        numel = swapper.numels[group] if numel < 0 else numel
+        self.shape, self.dtype = torch.Size([numel]), torch.float32
+
+    def __getitem__(self, index: slice) -> "SwapStateSource":
+        """`source[:n]`: its first n elements (a partition without its alignment padding)."""
+        if not isinstance(index, slice) or index.start or index.step not in (None, 1):
+            raise TypeError("a swap state source takes only [:n]")
+        n = self.shape[0] if index.stop is None else min(index.stop, self.shape[0])
+        return SwapStateSource(self.swapper, self.group, _KINDS[self.kind], n)
+
+    def chunks(self):
+        sw, end = self.swapper, self.shape[0]
+        bufs = [b for triple in sw.buffers for b in triple]
+        for i, s in enumerate(x for x in sw.sub_groups if x.group == self.group):
+            if s.lo >= end:
+                return
+            buf = bufs[i % len(bufs)][: s.hi - s.lo]
+            sw._wait([sw.store.read(3 * s.index + self.kind, buf)])
+            sw.bytes_read += buf.numel() * 4
+            yield buf[: min(s.hi, end) - s.lo]
+
+
 class _HyperParams(torch.optim.Optimizer):
     """Holds the param groups' hyperparameters (lr, betas, ...) for LR schedulers and
     checkpoints; the update itself is done by SwappedAdam."""
@@ -309,15 +339,21 @@ class SwappedAdam:
                 out[s.lo : s.hi].copy_(buf)
         return out
 
-    def state_dict(self) -> dict:
+    def state_source(self, group: int, kind: str = "param") -> "SwapStateSource":
+        """Group `group`'s partition of `kind` as a source the checkpoint writer streams
+        sub-group by sub-group (checkpoint/stream.py), never whole in memory."""
+        return SwapStateSource(self, group, kind)
+
+    def state_dict(self, streamed: bool = False) -> dict:
         """The state as torch's Adam lays it out (one "param" per group: its flat
-        partition), read back from NVMe."""
+        partition), read back from NVMe (`streamed`: as sources, state_source())."""
+        read = self.state_source if streamed else self.read_state
         return {
             "state": {
                 g: {
                     "step": self.steps[g],
-                    "exp_avg": self.read_state(g, "exp_avg"),
-                    "exp_avg_sq": self.read_state(g, "exp_avg_sq"),
+                    "exp_avg": read(g, "exp_avg"),
+                    "exp_avg_sq": read(g, "exp_avg_sq"),
                 }
                 for g in range(len(self.numels))
                 if self.steps[g] > 0

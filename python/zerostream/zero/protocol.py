@@ -101,7 +101,10 @@ class ZeroOptimizer(Protocol):
 
     def zero_grad(self, set_to_none: bool = True) -> None: ...
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self, streamed: bool = False) -> dict:
+        """This rank's optimizer state (DeepSpeed's layout for the stage). `streamed`: state
+        that lives on disk may come as sources the checkpoint writer streams (objects with
+        `shape`, `dtype` and `chunks()`, checkpoint/stream.py) instead of whole tensors."""
 
     def load_state_dict(self, state: dict) -> None: ...
 

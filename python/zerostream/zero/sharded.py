@@ -193,18 +193,19 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         return self.masters
 
     # --- checkpoint state and inspection ---------------------------------------------------------
-    def _fp32_partitions(self) -> List[torch.Tensor]:
+    def _fp32_partitions(self, streamed: bool = False) -> List[torch.Tensor]:
         """This rank's fp32 master partition of each group (read back from the swap store
-        with offload_optimizer nvme); the live tensors otherwise, as torch's state_dict
-        returns them."""
+        with offload_optimizer nvme, or a source streaming it when `streamed`); the live
+        tensors otherwise, as torch's state_dict returns them."""
         if self.swapper is not None:
-            return [self.swapper.read_state(g) for g in range(len(self.grads))]
+            read = self.swapper.state_source if streamed else self.swapper.read_state
+            return [read(g) for g in range(len(self.grads))]
         return [m.detach() for m in self.masters]
 
-    def _inner_state_dict(self) -> dict:
+    def _inner_state_dict(self, streamed: bool = False) -> dict:
         """The inner optimizer's state_dict: one "param" per group, its flat partition."""
         if self.swapper is not None:
-            return self.swapper.state_dict()
+            return self.swapper.state_dict(streamed)
         return self.optimizer.state_dict()
 
     def _check_loadable(self, state: dict, stages: tuple) -> None:

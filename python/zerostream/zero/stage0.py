@@ -97,7 +97,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 m.grad = None
 
     # --- checkpoint state -------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self, streamed: bool = False) -> dict:
         state = {
             "zero_stage": 0,
             **self._scaler_state(),

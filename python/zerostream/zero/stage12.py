@@ -120,15 +120,15 @@ class PartitionedOptimizer(ShardedOptimizerBase):
         return [[s.param for s in f.slots] for f in self.flat_groups]
 
     # --- checkpoint state and inspection ---------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self, streamed: bool = False) -> dict:
         """This rank's optimizer state in DeepSpeed's stage 1/2 layout (reference §3.3):
         `single_partition_of_fp32_groups` holds the fp32 partitions without the alignment
         padding, which is what zero_to_fp32 concatenates over ranks."""
-        masters = self._fp32_partitions()
+        masters = self._fp32_partitions(streamed)
         return {
             "zero_stage": self.stage,
             **self._scaler_state(),
-            "base_optimizer_state": self._inner_state_dict(),
+            "base_optimizer_state": self._inner_state_dict(streamed),
             "single_partition_of_fp32_groups": [
                 m[: f.partition_valid] for m, f in zip(masters, self.flat_groups)
             ],

@@ -246,15 +246,15 @@ class Stage3Optimizer(ShardedOptimizerBase):
         return [[zp.param for zp in zps] for zps in self.groups]
 
     # --- checkpoint state and inspection ---------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self, streamed: bool = False) -> dict:
         """This rank's optimizer state in DeepSpeed's stage-3 layout (reference §3.3): per
         group, the fp32 flat partition of its params' shards, each ceil(numel/world)
         elements, concatenated in `param_shapes` order."""
         return {
             "zero_stage": 3,
             **self._scaler_state(),
-            "optimizer_state_dict": self._inner_state_dict(),
-            "fp32_flat_groups": self._fp32_partitions(),
+            "optimizer_state_dict": self._inner_state_dict(streamed),
+            "fp32_flat_groups": self._fp32_partitions(streamed),
             "partition_count": self.world,
         }
 
