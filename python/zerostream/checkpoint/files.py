@@ -253,17 +253,18 @@ def verify_file(path: str, manifest: Optional[Dict[str, Dict[str, int]]]) -> Non
         )
 
 
-def load_file(path: str, manifest=None) -> Any:
+def load_file(path: str, manifest=None, lazy: bool = False) -> Any:
     """torch.load of one checkpoint file onto the CPU (weights only, DeepSpeed's pickled
     classes read as plain data: compat_unpickle.py), its tensors read through the I/O
-    engine (stream.py), checked against the manifest; every failure names the file."""
+    engine (stream.py), checked against the manifest; every failure names the file.
+    `lazy`: large tensors stay in the file as stream.FileTensor (read by their consumer)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(errno.ENOENT, "checkpoint file is missing", path)
     verify_file(path, manifest)
     entry = (manifest or {}).get(os.path.basename(path))
     try:
         if stream.AVAILABLE and _is_zip(path):
-            return stream.read_file(path, entry, _engine())
+            return stream.read_file(path, entry, _engine(), lazy=lazy)
         return compat_unpickle.load(path)
     except (compat_unpickle.ForbiddenGlobalError, stream.ChecksumError):
         raise

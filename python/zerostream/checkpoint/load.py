@@ -59,8 +59,8 @@ class Checkpoint:
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
 
-    def load(self, name: str) -> Any:
-        return files.load_file(self.path(name), self.manifest)
+    def load(self, name: str, lazy: bool = False) -> Any:
+        return files.load_file(self.path(name), self.manifest, lazy=lazy)
 
     def optim_file(self, dp_rank: int, bf16: bool) -> str:
         for name in layout.optim_states_candidates(dp_rank, bf16):
@@ -189,7 +189,10 @@ def _zero_state(
     if saved_world == engine.dp_world_size:
         name = ckpt.optim_file(dp_rank, engine.bfloat16_enabled())
         where = ckpt.path(name)
-        state = migrate.zero_state(ckpt.load(name)["optimizer_state_dict"], engine, where)
+        # lazy: the optimizer streams its large tensors from the file into their places.
+        state = migrate.zero_state(
+            ckpt.load(name, lazy=True)["optimizer_state_dict"], engine, where
+        )
         if migrate.same_layout(sd, state, engine, saved_world):
             return migrate.with_param_groups(state, engine, where)
     return reshard.optimizer_state(ckpt, sd, engine, saved_world)

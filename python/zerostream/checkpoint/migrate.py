@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 import torch
 
+from . import stream
+
 if TYPE_CHECKING:
     from ..engine import ZeroEngine
 
@@ -105,7 +107,8 @@ def zero_state(state: dict, engine: "ZeroEngine", where: str) -> dict:
             raise ValueError(f"load_checkpoint: {where} has no {key!r}")
     key = inner_key(out["zero_stage"])
     if isinstance(out[key], list):
-        out[key] = _elastic_inner(out[key], out.get("base_optimizer_state_step"), opt, where)
+        inner = stream.materialize(out[key])
+        out[key] = _elastic_inner(inner, out.get("base_optimizer_state_step"), opt, where)
         out[NO_HYPERPARAMETERS] = True
     return out
 
@@ -266,7 +269,8 @@ def same_layout(sd: dict, state: dict, engine: "ZeroEngine", saved_world: int) -
         if len(group["params"]) != 1:
             return False
         st = inner["state"].get(group["params"][0], {})
-        if any(torch.is_tensor(v) and v.dim() > 0 and v.numel() != numels[g] for v in st.values()):
+        tensors = [v for v in st.values() if torch.is_tensor(v) or isinstance(v, stream.FileTensor)]
+        if any(v.dim() > 0 and v.numel() != numels[g] for v in tensors):
             return False
     return True
 

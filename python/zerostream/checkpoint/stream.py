@@ -281,18 +281,109 @@ def _aligned_bytes(nbytes: int) -> torch.Tensor:
     return raw[skip : skip + nbytes]
 
 
-def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine") -> Any:
+LAZY_BYTES = 1 << 20  # read_file(lazy=True) leaves contiguous tensors this big in the file
+
+
+class FileTensor:
+    """A contiguous tensor whose bytes are still in a checkpoint file (read_file(lazy=True)):
+    a consumer reads it piece by piece into its own memory (read_into), so a large state
+    never sits whole in host memory beside its destination. Reads that cover it in order
+    are checked against its manifest range; `materialize()` gives an ordinary tensor."""
+
+    def __init__(self, path, offset, dtype, shape, engine, want: Optional[List[int]]):
+        self.path, self.offset, self.dtype, self.shape = path, offset, dtype, torch.Size(shape)
+        self.engine, self.want = engine, want  # want: [start, end, crc32c, 1] of its storage
+        self._next = 0 if want is not None and want[0] == offset else -1
+        self._crc = 0
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def read_into(self, dst: torch.Tensor, lo: int = 0) -> torch.Tensor:
+        """Elements [lo, lo + dst.numel()) of the flattened tensor into `dst` (cast to its
+        dtype)."""
+        n = dst.numel()
+        if lo < 0 or lo + n > self.numel():
+            raise IndexError(f"{self.path}: elements [{lo}, {lo + n}) of {self.numel()}")
+        direct = dst.dtype == self.dtype and _direct(dst)
+        buf = dst if direct else _aligned_bytes(n * self.element_size()).view(self.dtype)
+        data, elem = _byte_view(buf), self.element_size()
+        # Every chunk queued at once; each is checked while the later ones are still read.
+        start = self.offset + lo * elem
+        steps = range(0, data.numel(), CHUNK_BYTES)
+        tickets = [self.engine.read(data[o : o + CHUNK_BYTES], self.path, start + o) for o in steps]
+        for o, ticket in zip(steps, tickets):
+            ticket.wait()
+            self._check(lo + o // elem, data[o : o + CHUNK_BYTES])
+        if not direct:
+            dst.copy_(buf.view_as(dst) if dst.is_contiguous() else buf.view(dst.shape))
+        return dst
+
+    def _check(self, lo: int, data: torch.Tensor) -> None:
+        if self._next != lo:  # out of order: this pass is not checked
+            self._next = -1
+            return
+        self._crc = zio.crc32c(data, self._crc)
+        self._next += data.numel() // self.element_size()
+        if self._next == self.numel():
+            self._next = -1
+            if self._crc != self.want[2]:
+                start, end = self.want[0], self.want[1]
+                raise ChecksumError(_damaged(self.path, start, end, self._crc, self.want[2]))
+
+    def materialize(self) -> torch.Tensor:
+        return self.read_into(torch.empty(self.shape, dtype=self.dtype))
+
+
+def copy_into(dst: torch.Tensor, src: Any) -> torch.Tensor:
+    """dst.copy_(src) where src may be a FileTensor (read straight into dst)."""
+    if isinstance(src, FileTensor):
+        return src.read_into(dst.view(-1) if dst.is_contiguous() else dst)
+    return dst.copy_(src)
+
+
+def materialize(obj: Any) -> Any:
+    """`obj` with every FileTensor read into an ordinary tensor."""
+    if isinstance(obj, FileTensor):
+        return obj.materialize()
+    if isinstance(obj, dict):
+        return type(obj)((k, materialize(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        items = [materialize(v) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return obj
+
+
+def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine", lazy: bool = False) -> Any:
     """The object in `path`, every tensor read by the engine into CPU memory and checked
-    against `entry`'s ranges when it has them."""
+    against `entry`'s ranges when it has them. `lazy`: contiguous tensors of at least
+    LAZY_BYTES that own their storage stay in the file as FileTensors."""
     structure = compat_unpickle.load(path, map_location="meta")
     storages: Dict[int, torch.UntypedStorage] = {}
     pending: List[Tuple[torch.Tensor, int, Optional[List[int]]]] = []
 
-    def real(t: torch.Tensor) -> torch.Tensor:
+    def real(t: torch.Tensor) -> Any:
         meta = t.untyped_storage()
         sid = id(meta)
+        nbytes = meta.nbytes()
+        if (
+            lazy
+            and nbytes >= LAZY_BYTES
+            and t.is_contiguous()
+            and t.storage_offset() == 0
+            and t.numel() * t.element_size() == nbytes
+            and sid not in storages
+        ):
+            start = meta._checkpoint_offset
+            want = _range_of(entry, start, start + nbytes)
+            return FileTensor(path, start, t.dtype, t.shape, engine, want)
         if sid not in storages:
-            nbytes = meta.nbytes()
             buf = _aligned_bytes(nbytes)
             if nbytes:
                 start = meta._checkpoint_offset

@@ -324,7 +324,11 @@ class SwappedAdam:
             if (a, b) != (s.lo, s.hi):
                 self._wait([self.store.read(3 * s.index + k, buf[:n])])
                 self.bytes_read += 4 * n
-            buf[a - s.lo : b - s.lo].copy_(values[a - lo : b - lo])
+            piece = buf[a - s.lo : b - s.lo]
+            if hasattr(values, "read_into"):  # a checkpoint FileTensor, read piece by piece
+                values.read_into(piece, a - lo)
+            else:
+                piece.copy_(values[a - lo : b - lo])
             self._wait([self.store.write(3 * s.index + k, buf[:n])])
             self.bytes_written += 4 * n
 
@@ -366,7 +370,9 @@ class SwappedAdam:
 
     def load_state_dict(self, state: dict, masters: List[torch.Tensor]) -> None:
         """Writes a saved state (state_dict()'s layout, or torch Adam's) and the fp32
-        masters back to NVMe; groups without saved moments restart them at zero."""
+        masters back to NVMe, sub-group by sub-group (values may be checkpoint FileTensors,
+        read straight from the file; shorter ones are zero padded); groups without saved
+        moments restart them at zero."""
         saved_groups = state["param_groups"]
         if len(saved_groups) != len(self.numels):
             raise ValueError(
@@ -377,12 +383,19 @@ class SwappedAdam:
             group.update({k: v for k, v in saved.items() if k != "params"})
             st = state["state"].get(saved["params"][0], {})
             self.steps[g] = int(st.get("step", 0))
-            self.write_state(g, 0, masters[g], "param")
-            for kind in ("exp_avg", "exp_avg_sq"):
-                values = st.get(kind)
+            for kind, values in (
+                ("param", masters[g]),
+                ("exp_avg", st.get("exp_avg")),
+                ("exp_avg_sq", st.get("exp_avg_sq")),
+            ):
                 if values is None:
                     values = torch.zeros(self.numels[g])
-                self.write_state(g, 0, values.float().reshape(-1), kind)
+                elif not hasattr(values, "read_into"):
+                    values = values.float().reshape(-1)
+                self.write_state(g, 0, values, kind)
+                if values.numel() < self.numels[g]:
+                    n = values.numel()
+                    self.write_state(g, n, torch.zeros(self.numels[g] - n), kind)
 
     def stats(self) -> dict:
         """Plain data: traffic, the store's directory and every sub-group's extents

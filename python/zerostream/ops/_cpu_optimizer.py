@@ -262,5 +262,8 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         for pid, p in zip(saved_ids, params):
             for key, value in state_dict["state"].get(pid, {}).items():
-                if isinstance(value, torch.Tensor) and key != "step":
+                if hasattr(value, "read_into"):  # a checkpoint FileTensor: read in once
+                    fresh = torch.empty(value.shape, dtype=torch.float32)
+                    self.state[p][key] = value.read_into(fresh)
+                elif isinstance(value, torch.Tensor) and key != "step":
                     self.state[p][key] = value.detach().to(torch.float32).clone().contiguous()

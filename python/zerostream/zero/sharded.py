@@ -225,27 +225,44 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
 
     def _load_partitions(self, saved: List[torch.Tensor], inner: dict) -> None:
         """Restores the fp32 masters (`saved`, one flat partition per group; shorter ones are
-        zero padded) and the inner optimizer state, and rewrites the 16-bit partitions."""
+        zero padded) and the inner optimizer state, and rewrites the 16-bit partitions.
+        Values may be checkpoint FileTensors (checkpoint/stream.py): the masters and, with
+        offload_optimizer nvme, the moments are then read from the file straight into the
+        host arena or sub-group by sub-group into the swap store, never whole in memory."""
+        from ..checkpoint import stream
+
         numels = [_numel(p) for p in self.local_partitions()]
         if len(saved) != len(numels) or any(t.numel() > n for t, n in zip(saved, numels)):
             raise ValueError(
                 f"optimizer state partitions have {[t.numel() for t in saved]} elements; "
                 f"this model's have {numels}"
             )
-        padded = []
-        for t, n in zip(saved, numels):
-            t = t.float().reshape(-1)
-            if t.numel() < n:
-                t = torch.cat([t, t.new_zeros(n - t.numel())])
-            padded.append(t)
         with torch.no_grad():
             if self.swapper is not None:
-                self.swapper.load_state_dict(inner, padded)
-            else:
-                for m, t in zip(self.masters, padded):
-                    m.copy_(t)
-                self.optimizer.load_state_dict(inner)
-            self._write_partitions(padded)
+                self.swapper.load_state_dict(inner, saved)
+                self._write_partitions_from_swap()
+                return
+            for m, t in zip(self.masters, saved):
+                stream.copy_into(m[: t.numel()], t if hasattr(t, "read_into") else t.reshape(-1))
+                m[t.numel() :].zero_()
+            if not isinstance(self.optimizer, CPUOptimizerBase):  # it reads FileTensors itself
+                inner = stream.materialize(inner)
+            self.optimizer.load_state_dict(inner)
+            self._write_partitions(self.masters)
+
+    def _write_partitions_from_swap(self) -> None:
+        """The 16-bit partitions from the fp32 masters in the swap store, sub-group by
+        sub-group (offload_optimizer nvme)."""
+        for g, part in enumerate(self.local_partitions()):
+            lo = 0
+            for chunk in self.swapper.state_source(g).chunks():
+                hi = lo + chunk.numel()
+                if hasattr(part, "staging"):  # a stage-3 ShardSink writes to disk
+                    part.staging(lo, hi).copy_(chunk)
+                    part.commit(lo, hi)
+                else:
+                    part[lo:hi].copy_(chunk)
+                lo = hi
 
     def _write_partitions(self, fp32: List[torch.Tensor]) -> None:
         """The 16-bit partitions from fp32 values (a stage-3 ShardSink writes to disk)."""

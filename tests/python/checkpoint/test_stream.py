@@ -1,0 +1,124 @@
+"""Streamed checkpoint files (checkpoint/stream.py, Note [Streamed checkpoint files]): what
+torch.load alone reads back, where the bytes are in the file, streamed sources, and lazy
+reads checked against the manifest."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from zerostream.checkpoint import files, stream
+
+pytestmark = pytest.mark.skipif(not stream.AVAILABLE, reason="this torch has no skip_data")
+
+
+def sample():
+    big = torch.randn(300_000)
+    return {
+        "big": big,
+        "view": big[1000:3000],  # a view of a larger storage: saved as its own storage
+        "tied": [big, big],
+        "bf16": torch.randn(513, dtype=torch.bfloat16),
+        "ints": torch.arange(7),
+        "empty": torch.empty(0),
+        "transposed": torch.randn(40, 30).t(),
+        "step": 5,
+        "nested": {"t": (1, torch.ones(3))},
+    }
+
+
+def assert_same(a, b):
+    for k in ("big", "view", "bf16", "ints", "empty", "transposed"):
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    assert torch.equal(a["tied"][1], b["big"]) and a["step"] == 5
+    assert torch.equal(a["nested"]["t"][1], b["nested"]["t"][1])
+
+
+def test_torch_alone_reads_it_and_the_manifest_covers_every_byte(tmp_path):
+    obj = sample()
+    path = str(tmp_path / "f.pt")
+    entry = files.save_file(obj, path)
+    assert entry["bytes"] == os.path.getsize(path)
+    ranges = entry["ranges"]
+    assert ranges[0][0] == 0 and ranges[-1][1] == entry["bytes"]
+    # Every byte is in exactly one range, except the zero gaps torch leaves before a payload
+    # to align it (inside skipped spans), which nothing reads.
+    for (a0, a1, _, _), (b0, _, _, _) in zip(ranges, ranges[1:]):
+        assert a1 <= b0
+    payloads = [r for r in ranges if r[3]]
+    assert all(start % stream.ALIGN == 0 for start, _, _, _ in payloads)
+    # The largest payload is the big tensor's bytes, verbatim, at its offset on disk.
+    start, end, _, _ = max(payloads, key=lambda r: r[1] - r[0])
+    with open(path, "rb") as f:
+        f.seek(start)
+        raw = f.read(end - start)
+    assert raw == obj["big"].numpy().tobytes()
+    # A process that never imports zerostream: plain torch.load, weights only.
+    code = (
+        "import sys, torch; d = torch.load(sys.argv[1], weights_only=True); "
+        "print(float(d['big'].sum()), d['view'].untyped_storage().nbytes(), "
+        "d['tied'][0].data_ptr() == d['tied'][1].data_ptr())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, path], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert float(out[0]) == pytest.approx(float(obj["big"].sum()), rel=1e-5)
+    assert out[1] == str(2000 * 4) and out[2] == "True"
+    assert_same(torch.load(path, weights_only=True), obj)
+    assert_same(files.load_file(path, {"f.pt": entry}), obj)
+
+
+class ReusedBufferSource:
+    """A source whose chunks all come through one small buffer, as the NVMe swap store's
+    staging buffers do: the file must still hold every chunk's own bytes."""
+
+    def __init__(self, values: torch.Tensor, chunk: int):
+        self.values, self.chunk = values, chunk
+        self.shape, self.dtype = values.shape, values.dtype
+        self.buffers = [torch.empty(chunk, dtype=values.dtype) for _ in range(stream.DEPTH)]
+        self.yielded = 0
+
+    def chunks(self):
+        for i, lo in enumerate(range(0, self.values.numel(), self.chunk)):
+            piece = self.values[lo : lo + self.chunk]
+            buf = self.buffers[i % stream.DEPTH][: piece.numel()]
+            buf.copy_(piece)
+            self.yielded += 1
+            yield buf
+
+
+def test_a_streamed_source_is_written_chunk_by_chunk(tmp_path):
+    values = torch.randn(1_000_003)
+    source = ReusedBufferSource(values, 65_536)
+    path = str(tmp_path / "s.pt")
+    entry = files.save_file({"state": {"exp_avg": source}, "n": 1}, path)
+    assert source.yielded == 16
+    back = files.load_file(path, {"s.pt": entry})
+    assert torch.equal(back["state"]["exp_avg"], values)
+
+
+def test_lazy_reads_are_checked_and_a_damaged_payload_is_named(tmp_path):
+    values = torch.randn(1 << 20)  # 4 MiB: above LAZY_BYTES
+    path = str(tmp_path / "l.pt")
+    entry = files.save_file({"m": values, "small": torch.ones(4)}, path)
+    manifest = {"l.pt": entry}
+    lazy = files.load_file(path, manifest, lazy=True)
+    assert isinstance(lazy["m"], stream.FileTensor) and torch.is_tensor(lazy["small"])
+    out = torch.empty(1 << 20)
+    for lo in range(0, 1 << 20, 300_000):  # in order, odd piece sizes
+        n = min(300_000, (1 << 20) - lo)
+        lazy["m"].read_into(out[lo : lo + n], lo)
+    assert torch.equal(out, values)
+    start, end, _, _ = max((r for r in entry["ranges"] if r[3]), key=lambda r: r[1] - r[0])
+    with open(path, "r+b") as f:
+        f.seek((start + end) // 2)
+        byte = f.read(1)
+        f.seek((start + end) // 2)
+        f.write(bytes([byte[0] ^ 0x10]))
+    lazy = files.load_file(path, manifest, lazy=True)
+    with pytest.raises(ValueError, match=r"l\.pt is corrupted: bytes \["):
+        lazy["m"].materialize()
+    with pytest.raises(ValueError, match=r"l\.pt is corrupted"):
+        files.load_file(path, manifest)
