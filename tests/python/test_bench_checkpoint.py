@@ -31,3 +31,6 @@ def test_bench_checkpoint_reports_consistent_rates_against_fio(tmp_path):
             assert math.isclose(r[f"{op}_gbps"], r["bytes"] / r[f"{op}_s"] / 1e9, rel_tol=1e-6)
             assert r[fio] > 0
             assert math.isclose(r[f"{op}_vs_fio_direct"], r[f"{op}_gbps"] / r[fio], rel_tol=1e-6)
+            # The state streams (checkpoint/stream.py): neither save nor load holds a whole
+            # copy of it beside the run's own (the unstreamed path took >= 8 bytes/param).
+            assert 0 <= r[f"{op}_extra_rss"] < r["optimizer_state_bytes"] / 2, (op, r)

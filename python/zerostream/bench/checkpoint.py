@@ -155,17 +155,48 @@ def drop_cache(directory: str) -> None:
             os.close(fd)
 
 
+def _memory_status() -> Dict[str, int]:
+    """VmRSS and VmHWM (peak) of this process, in bytes; {} where /proc has no such lines."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _reset_peak() -> bool:
+    """Restarts VmHWM from the current RSS (Linux: clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _timed_with_peak(fn) -> tuple:
+    """(seconds, bytes the RSS peaked above where it started; None where unmeasurable)."""
+    base = _memory_status().get("VmRSS")
+    can = base is not None and _reset_peak()
+    start = time.perf_counter()
+    fn()
+    took = time.perf_counter() - start
+    peak = _memory_status().get("VmHWM") if can else None
+    return took, (max(0, peak - base) if peak is not None else None)
+
+
 def zs_round(engine, directory: str) -> Dict[str, float]:
     ckpt = os.path.join(directory, "ckpt")
-    start = time.perf_counter()
-    engine.save_checkpoint(ckpt, tag="bench")
-    save_s = time.perf_counter() - start
+    save_s, save_rss = _timed_with_peak(lambda: engine.save_checkpoint(ckpt, tag="bench"))
     tag = os.path.join(ckpt, "bench")
     size = sum(os.path.getsize(f) for f in _files(tag))
     drop_cache(tag)
-    start = time.perf_counter()
-    engine.load_checkpoint(ckpt, tag="bench")
-    load_s = time.perf_counter() - start
+    load_s, load_rss = _timed_with_peak(lambda: engine.load_checkpoint(ckpt, tag="bench"))
     shutil.rmtree(ckpt)
     return {
         "bytes": size,
@@ -173,6 +204,9 @@ def zs_round(engine, directory: str) -> Dict[str, float]:
         "load_gbps": size / load_s / 1e9,
         "save_s": save_s,
         "load_s": load_s,
+        # How far above the run's own memory the RSS peaked during each (bytes).
+        "save_extra_rss": save_rss,
+        "load_extra_rss": load_rss,
     }
 
 
@@ -190,7 +224,11 @@ def measure(args, offload: str) -> dict:
         engine.destroy()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    med = {
+        k: statistics.median(r[k] for r in rounds)
+        for k in rounds[0]
+        if all(r[k] is not None for r in rounds)
+    }
     out = {"offload": offload, "params": numel, "optimizer_state_bytes": 12 * numel, **med}
     for op in ("save", "load"):
         disk = "write" if op == "save" else "read"
@@ -205,10 +243,14 @@ def _fmt(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _gb(n):
+    return None if n is None else n / 1e9
+
+
 def print_table(results: List[dict]) -> None:
     print(
         f"{'offload':8}{'op':6}{'GB':>7}{'zs GB/s':>9}{'fio direct':>12}{'ratio':>7}"
-        f"{'fio buffered':>14}{'ratio':>7}"
+        f"{'fio buffered':>14}{'ratio':>7}{'extra RSS GB':>14}"
     )
     for r in results:
         for op, disk in (("save", "write"), ("load", "read")):
@@ -217,6 +259,7 @@ def print_table(results: List[dict]) -> None:
                 f"{_fmt(r.get(f'fio_{disk}_direct')):>12}{_fmt(r[f'{op}_vs_fio_direct']):>7}"
                 f"{_fmt(r.get(f'fio_{disk}_buffered')):>14}"
                 f"{_fmt(r[f'{op}_vs_fio_buffered']):>7}"
+                f"{_fmt(_gb(r.get(f'{op}_extra_rss'))):>14}"
             )
 
 
