@@ -45,8 +45,8 @@ def test_torch_alone_reads_it_and_the_manifest_covers_every_byte(tmp_path):
     assert ranges[0][0] == 0 and ranges[-1][1] == entry["bytes"]
     # Every byte is in exactly one range, except the zero gaps torch leaves before a payload
     # to align it (inside skipped spans), which nothing reads.
-    for (a0, a1, _, _), (b0, _, _, _) in zip(ranges, ranges[1:]):
-        assert a1 <= b0
+    for (_, a_end, _, _), (b_start, _, _, _) in zip(ranges, ranges[1:]):
+        assert a_end <= b_start
     payloads = [r for r in ranges if r[3]]
     assert all(start % stream.ALIGN == 0 for start, _, _, _ in payloads)
     # The largest payload is the big tensor's bytes, verbatim, at its offset on disk.
