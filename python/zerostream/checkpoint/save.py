@@ -60,7 +60,7 @@ def _frozen_state(engine: "ZeroEngine", groups: List[List[torch.nn.Parameter]]):
         if zp is None:
             fragments[name] = _cpu(p.detach())
         elif zp.shard is None:  # offload_param nvme: the shard is read back from disk
-            fragments[name] = zp.partitioner.swapper.read(zp).cpu()
+            fragments[name] = zp.partitioner.swapper.read(zp)
         else:
             fragments[name] = _cpu(zp.shard.detach())
     return shapes, fragments

@@ -293,6 +293,7 @@ class FileTensor:
     def __init__(self, path, offset, dtype, shape, engine, want: Optional[List[int]]):
         self.path, self.offset, self.dtype, self.shape = path, offset, dtype, torch.Size(shape)
         self.engine, self.want = engine, want  # want: [start, end, crc32c, 1] of its storage
+        self._elem = torch.empty((), dtype=dtype).element_size()
         self._next = 0 if want is not None and want[0] == offset else -1
         self._crc = 0
 
@@ -303,7 +304,7 @@ class FileTensor:
         return len(self.shape)
 
     def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self._elem
 
     def read_into(self, dst: torch.Tensor, lo: int = 0) -> torch.Tensor:
         """Elements [lo, lo + dst.numel()) of the flattened tensor into `dst` (cast to its
@@ -342,10 +343,11 @@ class FileTensor:
 
 
 def copy_into(dst: torch.Tensor, src: Any) -> torch.Tensor:
-    """dst.copy_(src) where src may be a FileTensor (read straight into dst)."""
+    """dst.copy_(src) where src may be a FileTensor (read straight into dst); a tensor is
+    copied by element order (its shape may differ)."""
     if isinstance(src, FileTensor):
         return src.read_into(dst.view(-1) if dst.is_contiguous() else dst)
-    return dst.copy_(src)
+    return dst.copy_(src.reshape(dst.shape))
 
 
 def materialize(obj: Any) -> Any:

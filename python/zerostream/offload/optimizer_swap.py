@@ -309,7 +309,9 @@ class SwappedAdam:
                 return s
         raise IndexError(f"param group {group} has no element {element} in this partition")
 
-    def write_state(self, group: int, lo: int, values: torch.Tensor, kind: str = "param") -> None:
+    def write_state(
+        self, group: int, lo: int, values: torch.Tensor, kind: str = "param", then=None
+    ) -> None:
         """Overwrites elements [lo, lo + len(values)) of `group`'s `kind` on NVMe (a weight
         changed outside the optimizer, e.g. by GatheredParameters, or a checkpoint being
         loaded), sub-group by sub-group; partly covered sub-groups are read first."""
@@ -329,6 +331,8 @@ class SwappedAdam:
                 values.read_into(piece, a - lo)
             else:
                 piece.copy_(values[a - lo : b - lo])
+            if then is not None:  # the whole sub-group's new values, before they go out
+                then(group, s.lo, s.hi, buf[:n])
             self._wait([self.store.write(3 * s.index + k, buf[:n])])
             self.bytes_written += 4 * n
 
@@ -368,11 +372,12 @@ class SwappedAdam:
             ],
         }
 
-    def load_state_dict(self, state: dict, masters: List[torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict, masters: List[torch.Tensor], then=None) -> None:
         """Writes a saved state (state_dict()'s layout, or torch Adam's) and the fp32
         masters back to NVMe, sub-group by sub-group (values may be checkpoint FileTensors,
         read straight from the file; shorter ones are zero padded); groups without saved
-        moments restart them at zero."""
+        moments restart them at zero. `then(group, lo, hi, values)` sees each sub-group's
+        masters as they are written (the caller's 16-bit partitions, without a second read)."""
         saved_groups = state["param_groups"]
         if len(saved_groups) != len(self.numels):
             raise ValueError(
@@ -392,10 +397,11 @@ class SwappedAdam:
                     values = torch.zeros(self.numels[g])
                 elif not hasattr(values, "read_into"):
                     values = values.float().reshape(-1)
-                self.write_state(g, 0, values, kind)
+                after = then if kind == "param" else None
+                self.write_state(g, 0, values, kind, after)
                 if values.numel() < self.numels[g]:
                     n = values.numel()
-                    self.write_state(g, n, torch.zeros(self.numels[g] - n), kind)
+                    self.write_state(g, n, torch.zeros(self.numels[g] - n), kind, after)
 
     def stats(self) -> dict:
         """Plain data: traffic, the store's directory and every sub-group's extents

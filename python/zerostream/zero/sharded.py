@@ -33,6 +33,15 @@ def _values(partition):
     return partition.materialize() if hasattr(partition, "materialize") else partition
 
 
+def _write_piece(partition, lo: int, hi: int, values: torch.Tensor) -> None:
+    """Elements [lo, hi) of a local 16-bit partition (a stage-3 ShardSink writes to disk)."""
+    if hasattr(partition, "staging"):
+        partition.staging(lo, hi).copy_(values)
+        partition.commit(lo, hi)
+    else:
+        partition[lo:hi].copy_(values)
+
+
 class ShardedOptimizerBase(ZeroOptimizerBase):
     """fp32 masters, fp32 gradient partitions and the inner optimizer over this rank's local
     16-bit partitions (`self.local_partitions()`, one tensor per param group)."""
@@ -239,30 +248,18 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             )
         with torch.no_grad():
             if self.swapper is not None:
-                self.swapper.load_state_dict(inner, saved)
-                self._write_partitions_from_swap()
+                parts = self.local_partitions()
+                self.swapper.load_state_dict(
+                    inner, saved, then=lambda g, lo, hi, v: _write_piece(parts[g], lo, hi, v)
+                )
                 return
             for m, t in zip(self.masters, saved):
-                stream.copy_into(m[: t.numel()], t if hasattr(t, "read_into") else t.reshape(-1))
+                stream.copy_into(m[: t.numel()], t)
                 m[t.numel() :].zero_()
             if not isinstance(self.optimizer, CPUOptimizerBase):  # it reads FileTensors itself
                 inner = stream.materialize(inner)
             self.optimizer.load_state_dict(inner)
             self._write_partitions(self.masters)
-
-    def _write_partitions_from_swap(self) -> None:
-        """The 16-bit partitions from the fp32 masters in the swap store, sub-group by
-        sub-group (offload_optimizer nvme)."""
-        for g, part in enumerate(self.local_partitions()):
-            lo = 0
-            for chunk in self.swapper.state_source(g).chunks():
-                hi = lo + chunk.numel()
-                if hasattr(part, "staging"):  # a stage-3 ShardSink writes to disk
-                    part.staging(lo, hi).copy_(chunk)
-                    part.commit(lo, hi)
-                else:
-                    part[lo:hi].copy_(chunk)
-                lo = hi
 
     def _write_partitions(self, fp32: List[torch.Tensor]) -> None:
         """The 16-bit partitions from fp32 values (a stage-3 ShardSink writes to disk)."""
