@@ -58,6 +58,8 @@ class ZeroEngine(torch.nn.Module):
         self._step_applied = False
         self._boundary_override: Optional[bool] = None
         self._in_no_sync = False
+        # Set when a load_checkpoint failed after it began to overwrite state (load.py).
+        self._incomplete_load: Optional[str] = None
         self.loss_scaler = make_loss_scaler(cfg.fp16)
         self.telemetry = StepTelemetry()
         self._run = RunState()
@@ -123,7 +125,12 @@ class ZeroEngine(torch.nn.Module):
         return build_scheduler(sched.type, self.optimizer, dict(sched.params))
 
     # --- training loop --------------------------------------------------------------------------
+    def _require_consistent(self, what: str) -> None:
+        if self._incomplete_load is not None:
+            raise RuntimeError(f"{what}: {self._incomplete_load}")
+
     def forward(self, *args, **kwargs):
+        self._require_consistent("forward")
         if self._config.fp16.enabled and self._config.fp16.auto_cast:
 
             def cast(x):
@@ -151,6 +158,7 @@ class ZeroEngine(torch.nn.Module):
         """Scales the loss (accumulation and fp16 loss scale), runs autograd and starts the
         gradient reductions. Returns loss / gradient_accumulation_steps, as DeepSpeed does."""
         self._require_optimizer("backward")
+        self._require_consistent("backward")
         if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
             raise ValueError("backward: expected a scalar loss tensor with a grad_fn")
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
@@ -165,6 +173,7 @@ class ZeroEngine(torch.nn.Module):
         """Applies the optimizer at the accumulation boundary only: reduce, unscale, clip, step,
         and the LR schedule unless the step overflowed (then it is skipped)."""
         self._require_optimizer("step")
+        self._require_consistent("step")
         if self._in_no_sync:
             raise RuntimeError("step: no step is allowed inside no_sync()")
         boundary = self.is_gradient_accumulation_boundary()
@@ -326,6 +335,7 @@ class ZeroEngine(torch.nn.Module):
         crash-safely; `latest` is replaced last. All ranks must call it."""
         from .checkpoint import save_checkpoint
 
+        self._require_consistent("save_checkpoint")
         return save_checkpoint(
             self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters
         )

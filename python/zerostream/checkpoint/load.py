@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -125,7 +125,7 @@ def _write_stage3_params(
     engine: "ZeroEngine", full: Dict[str, torch.Tensor], every: bool = True
 ) -> None:
     """The shards of the params in `full` (whole fp32 values); with `every`, a param it
-    lacks is reported. Persistent params are re-gathered after."""
+    lacks is reported. Persistent params are re-gathered by _publish."""
     missing = []
     for name, p in engine.module.named_parameters():
         zp = zero_param_of(p)
@@ -140,10 +140,6 @@ def _write_stage3_params(
             zp.partitioner.write_shard(zp, value.to(device=zp.device, dtype=zp.dtype))
     if missing and every:
         logger.warning("load_checkpoint: no saved values for %s; they keep their weights", missing)
-    runtime = runtime_of(engine.module)
-    if runtime is not None:
-        runtime.part.release_all()
-        runtime.part.refresh_gathered()
 
 
 def _load_stage3_module(
@@ -221,12 +217,101 @@ def load_checkpoint(
     custom_load_fn: Optional[Callable] = None,
 ) -> Tuple[Optional[str], Optional[dict]]:
     """(path of the model-states file, client_state), or (None, None) when there is
-    nothing to load. All ranks must call it."""
+    nothing to load. All ranks must call it; see Note [A load that fails part way]."""
     if tag is None:
         tag = _latest_tag(load_dir)
         if tag is None:
             return None, None
-    ckpt = Checkpoint(files.resolve_tag_dir(load_dir, str(tag)))
+    where = os.path.join(load_dir, str(tag))
+    touched: List[bool] = [False]
+    error: Optional[BaseException] = None
+    result: Tuple[Optional[str], Optional[dict]] = (None, None)
+    try:
+        result = _load_local(
+            engine,
+            files.resolve_tag_dir(load_dir, str(tag)),
+            touched,
+            load_module_strict,
+            load_optimizer_states and not load_module_only,
+            load_lr_scheduler_states,
+            load_module_only,
+            custom_load_fn,
+        )
+    except BaseException as exc:  # every rank must hear of it before any gathers
+        error = exc
+    outcomes = _outcomes(engine, error is not None, touched[0])
+    failed = [r for r, (bad, _) in enumerate(outcomes) if bad]
+    if failed:
+        if any(changed for _, changed in outcomes):
+            engine._incomplete_load = (
+                f"load_checkpoint({where!r}) failed on rank(s) {failed} after it had begun "
+                f"to overwrite the weights and optimizer state, so this engine holds a mix of "
+                f"the checkpoint and its earlier state; load a checkpoint again (the files on "
+                f"disk were not changed) or build a new engine"
+            )
+        if error is not None:
+            raise error
+        raise RuntimeError(
+            f"load_checkpoint: rank(s) {failed} could not load their part of {where}"
+            + ("; see the error on that rank" if len(failed) == 1 else "")
+        )
+    if touched[0]:
+        _publish(engine, load_optimizer_states and not load_module_only)
+    engine._incomplete_load = None
+    comm.barrier()
+    return result
+
+
+# Note [A load that fails part way]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Large tensors are read straight from the files into the engine's partitions (stream.py),
+# and each is checked against the manifest as it is read, so a damaged payload is found
+# after earlier ones were already copied in. Reading every file twice (check, then load)
+# would halve the load's bandwidth. Instead a load runs in two halves:
+# - the local half reads and writes this rank's state only, with no collective, and records
+#   whether it began to overwrite anything (`touched`);
+# - all ranks then exchange (failed, touched); when any failed, every rank raises (naming
+#   the ranks) instead of entering the collective half and waiting on a peer that left, and
+#   if any state was overwritten the engine refuses forward/backward/step/save until a load
+#   succeeds (engine._incomplete_load), so a half-loaded model never trains or is saved;
+# - else the collective half gathers the loaded partitions into every rank's weights.
+# A failure before anything was overwritten (no checkpoint, another model's shapes, a
+# damaged header) leaves the engine as it was and usable.
+
+
+def _outcomes(engine: "ZeroEngine", failed: bool, touched: bool) -> List[Tuple[bool, bool]]:
+    """(failed, touched) of every rank."""
+    if engine.world_size == 1:
+        return [(failed, touched)]
+    outcomes: List[Any] = [None] * engine.world_size
+    comm.all_gather_object(outcomes, (failed, touched))
+    return [tuple(o) for o in outcomes]
+
+
+def _publish(engine: "ZeroEngine", with_optimizer: bool) -> None:
+    """The collective half: every rank's weights from the partitions it loaded."""
+    if engine.zero_optimization_stage() == 3:
+        runtime = runtime_of(engine.module)
+        if runtime is not None:
+            runtime.part.release_all()
+            runtime.part.refresh_gathered()
+    elif with_optimizer and engine.optimizer is not None:
+        engine.optimizer.publish_loaded()
+
+
+def _load_local(
+    engine: "ZeroEngine",
+    tag_dir: str,
+    touched: List[bool],
+    strict: bool,
+    want_optimizer: bool,
+    load_lr_scheduler_states: bool,
+    load_module_only: bool,
+    custom_load_fn: Optional[Callable],
+) -> Tuple[Optional[str], Optional[dict]]:
+    """This rank's half of load_checkpoint: no collective. touched[0] turns True just
+    before the first write into the engine's state."""
+    ckpt = Checkpoint(tag_dir)
     stage = engine.zero_optimization_stage()
     dp_rank = comm.get_rank(engine.dp_process_group)
     model_name = layout.model_states_name(stage, dp_rank)
@@ -241,22 +326,23 @@ def load_checkpoint(
     check_model(ckpt, model_name, sd, engine)
     saved_world = int(sd.get("dp_world_size", engine.dp_world_size))
     opt = engine.optimizer
-    want_optimizer = load_optimizer_states and not load_module_only and opt is not None
+    want_optimizer = want_optimizer and opt is not None
     lr_unsaved = False
 
+    touched[0] = True
     if stage < 3:
-        _load_module(engine, sd, load_module_strict, custom_load_fn)
+        _load_module(engine, sd, strict, custom_load_fn)
     else:
-        _load_stage3_module(engine, ckpt, sd, load_module_strict, custom_load_fn, want_optimizer)
+        _load_stage3_module(engine, ckpt, sd, strict, custom_load_fn, want_optimizer)
 
     if want_optimizer:
         if stage == 0:
             if sd.get("optimizer") is not None:
-                where = ckpt.path(model_name)
-                opt.load_state_dict(migrate.stage0_state(sd["optimizer"], engine, where))
+                path = ckpt.path(model_name)
+                opt.load_state_dict(migrate.stage0_state(sd["optimizer"], engine, path))
         else:
             state = _zero_state(ckpt, sd, engine, dp_rank, saved_world)
-            opt.load_state_dict(state)
+            opt.load_state_dict(state, publish=False)
             lr_unsaved = bool(state.get(migrate.NO_HYPERPARAMETERS))
     elif opt is not None and stage < 3:
         # fp32 masters from the weights just loaded, as DeepSpeed does (at stage 3 the
@@ -280,5 +366,4 @@ def load_checkpoint(
         engine.skipped_steps = int(sd.get("skipped_steps", 0))
         deepspeed_states = ENGINE_KEYS
     client_state = {k: v for k, v in sd.items() if k not in deepspeed_states}
-    comm.barrier()
     return ckpt.path(model_name), client_state

@@ -106,7 +106,12 @@ class ZeroOptimizer(Protocol):
         that lives on disk may come as sources the checkpoint writer streams (objects with
         `shape`, `dtype` and `chunks()`, checkpoint/stream.py) instead of whole tensors."""
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict, publish: bool = True) -> None:
+        """Restores this rank's state (local work only when `publish` is False: the caller
+        then calls publish_loaded() once every rank has loaded, see checkpoint/load.py)."""
+
+    def publish_loaded(self) -> None:
+        """The collective half of a load: every rank's weights from the loaded partitions."""
 
     def refresh_masters(self) -> None:
         """fp32 masters from the weights (a checkpoint loaded without optimizer state)."""

@@ -107,7 +107,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
             state["fp32_masters"] = [m.detach().clone() for m in self.masters]
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, publish: bool = True) -> None:
         if state.get("zero_stage") != 0:
             raise ValueError(
                 f"optimizer state is from ZeRO stage {state.get('zero_stage')!r}; "
@@ -120,6 +120,9 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 for p, m, saved in zip(self.params, self.masters, state["fp32_masters"]):
                     m.copy_(saved)
                     p.copy_(m)
+
+    def publish_loaded(self) -> None:
+        """Nothing: every rank loaded whole weights."""
 
     def refresh_masters(self) -> None:
         """The fp32 masters from the weights (a checkpoint loaded without optimizer state)."""

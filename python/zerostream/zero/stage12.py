@@ -136,12 +136,17 @@ class PartitionedOptimizer(ShardedOptimizerBase):
             "group_paddings": [f.partition_numel - f.partition_valid for f in self.flat_groups],
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, publish: bool = True) -> None:
         self._check_loadable(state, (1, 2))
         self._load_partitions(
             state["single_partition_of_fp32_groups"], state["base_optimizer_state"]
         )
         self._load_scaler_state(state)
+        if publish:
+            self.publish_loaded()
+
+    def publish_loaded(self) -> None:
+        """Every rank's whole 16-bit weights from the partitions just loaded (all-gather)."""
         self._publish()
 
     def state_summary(self) -> dict:

@@ -143,6 +143,75 @@ def test_bad_files_are_named(tmp_path):
     assert "'tok.weight'" in messages["other_model"] and "(64, 48)" in messages["other_model"]
 
 
+def fail_part_way(rank, world, root):
+    """Rank 1's optimizer file has one flipped byte inside its largest payload, which the
+    load finds only after copying most of it into the engine (a lazy read)."""
+    import torch.distributed as dist
+
+    from zerostream.checkpoint.files import MANIFEST
+
+    ckpt = os.path.join(root, "ckpt")
+    engine = build(CASE, world, root, d=160)  # partitions over 1 MiB: read lazily
+    train(engine, rank, world, 0, 2)
+    engine.save_checkpoint(ckpt, tag="good")
+    after_save = train(engine, rank, world, 2, 2)
+    optim = os.path.join(ckpt, "good", "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    if rank == 1:
+        with open(os.path.join(ckpt, "good", MANIFEST)) as f:
+            ranges = json.load(f)["files"][os.path.basename(optim)]["ranges"]
+        start, end, _, _ = max((r for r in ranges if r[3]), key=lambda r: r[1] - r[0])
+        assert end - start >= 1 << 20, (start, end)
+        with open(optim, "r+b") as f:
+            f.seek(end - 1)
+            last = f.read(1)
+            f.seek(end - 1)
+            f.write(bytes([last[0] ^ 0x01]))
+    dist.barrier()
+    out = {}
+    try:
+        engine.load_checkpoint(ckpt)
+        out["load"] = "loaded"
+    except (ValueError, RuntimeError) as exc:
+        out["load"] = f"{type(exc).__name__}: {exc}"
+    for what in ("step", "forward", "save"):
+        try:
+            if what == "step":
+                engine.step()
+            elif what == "forward":
+                train(engine, rank, world, 2, 1)
+            else:
+                engine.save_checkpoint(ckpt, tag="half")
+            out[what] = "ran"
+        except RuntimeError as exc:
+            out[what] = str(exc)
+    if rank == 1:
+        with open(optim, "r+b") as f:  # repaired: the same load now succeeds
+            f.seek(end - 1)
+            f.write(last)
+    dist.barrier()
+    engine.load_checkpoint(ckpt)
+    out["resumed"] = train(engine, rank, world, 2, 2)
+    out["uninterrupted"] = after_save
+    out["listing"] = sorted(os.listdir(ckpt))
+    return out, optim
+
+
+def test_a_load_that_fails_part_way_names_the_rank_and_fences_the_engine(tmp_path):
+    results = run_ranks(fail_part_way, 2, str(tmp_path), timeout=150)
+    (first, optim), (second, _) = results
+    assert optim in second["load"] and "CRC32C" in second["load"], second["load"]
+    # rank 0 loaded its own part, hears of rank 1 instead of waiting in the all-gather
+    assert first["load"].startswith("RuntimeError") and "rank(s) [1]" in first["load"], first
+    for out in (first, second):
+        for what in ("step", "forward", "save"):
+            assert (
+                "failed on rank(s) [1]" in out[what] and "load a checkpoint again" in out[what]
+            ), (what, out[what])
+        assert "half" not in out["listing"] and ".half.partial" not in out["listing"]
+        # once repaired, the load succeeds and the run continues exactly
+        assert out["resumed"] == out["uninterrupted"], out
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     image, mnt = tmp_path / "disk.img", tmp_path / "mnt"

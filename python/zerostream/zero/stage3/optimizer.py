@@ -258,10 +258,15 @@ class Stage3Optimizer(ShardedOptimizerBase):
             "partition_count": self.world,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, publish: bool = True) -> None:
         self._check_loadable(state, (3,))
         self._load_partitions(state["fp32_flat_groups"], state["optimizer_state_dict"])
         self._load_scaler_state(state)
+        if publish:
+            self.publish_loaded()
+
+    def publish_loaded(self) -> None:
+        """Gathered copies (persistent params) re-gathered from the loaded shards."""
         self.part.release_all()
         self.part.refresh_gathered()
 
