@@ -34,3 +34,14 @@ def test_bench_checkpoint_reports_consistent_rates_against_fio(tmp_path):
             # The state streams (checkpoint/stream.py): neither save nor load holds a whole
             # copy of it beside the run's own (the unstreamed path took >= 8 bytes/param).
             assert 0 <= r[f"{op}_extra_rss"] < r["optimizer_state_bytes"] / 2, (op, r)
+        # With nvme the save reads the whole state from the swap files and the load writes
+        # it back (counted by the swapper); the disk-work ratio prices those bytes at fio's.
+        swap = r["optimizer_state_bytes"] if r["offload"] == "nvme" else 0
+        assert r["save_swap_bytes"] == swap and r["load_swap_bytes"] == swap, r
+        read, write = r["fio_read_direct"] * 1e9, r["fio_write_direct"] * 1e9
+        fio_save = swap / read + r["bytes"] / write
+        fio_load = r["bytes"] / read + swap / write
+        assert math.isclose(r["save_vs_fio_disk"], fio_save / r["save_s"], rel_tol=1e-6)
+        assert math.isclose(r["load_vs_fio_disk"], fio_load / r["load_s"], rel_tol=1e-6)
+        # The bf16 weights are read straight into the module too: a load holds no second copy.
+        assert r["load_extra_rss"] < r["params"], r

@@ -10,6 +10,9 @@ the disk and other users of the machine keep their cache), `load_checkpoint`. Be
 fio writes and reads a file of the checkpoint's size in the same directory: O_DIRECT (the
 disk) and buffered with a final fsync / a cold cache (the kernel path torch.save and
 torch.load take). Figures are medians; ratios are zerostream over fio (STYLE.md item 15).
+With nvme offload a save also reads the state from the swap files and a load writes it back,
+on the same disk: "vs disk work" compares with fio moving all those bytes (checkpoint and
+swap) at its O_DIRECT rates.
 
     zerostream bench checkpoint --path /nvme/tmp --params 250M --offload cpu nvme
 """
@@ -26,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -190,16 +193,29 @@ def _timed_with_peak(fn) -> tuple:
     return took, (max(0, peak - base) if peak is not None else None)
 
 
+def _swap_bytes(engine) -> tuple:
+    """(read, written) bytes of the optimizer's swap store so far; (0, 0) without one."""
+    swapper = getattr(engine.optimizer, "swapper", None)
+    return (swapper.bytes_read, swapper.bytes_written) if swapper is not None else (0, 0)
+
+
 def zs_round(engine, directory: str) -> Dict[str, float]:
     ckpt = os.path.join(directory, "ckpt")
+    before = _swap_bytes(engine)
     save_s, save_rss = _timed_with_peak(lambda: engine.save_checkpoint(ckpt, tag="bench"))
+    middle = _swap_bytes(engine)
     tag = os.path.join(ckpt, "bench")
     size = sum(os.path.getsize(f) for f in _files(tag))
     drop_cache(tag)
     load_s, load_rss = _timed_with_peak(lambda: engine.load_checkpoint(ckpt, tag="bench"))
+    after = _swap_bytes(engine)
     shutil.rmtree(ckpt)
     return {
         "bytes": size,
+        # With nvme offload a save also reads the state from the swap files, and a load
+        # writes it back to them: bytes the same disk moves besides the checkpoint's.
+        "save_swap_bytes": middle[0] - before[0],
+        "load_swap_bytes": after[1] - middle[1],
         "save_gbps": size / save_s / 1e9,
         "load_gbps": size / load_s / 1e9,
         "save_s": save_s,
@@ -235,8 +251,24 @@ def measure(args, offload: str) -> dict:
         for kind in ("direct", "buffered"):
             fio = med.get(f"fio_{disk}_{kind}")
             out[f"{op}_vs_fio_{kind}"] = med[f"{op}_gbps"] / fio if fio else None
+        out[f"{op}_vs_fio_disk"] = _vs_disk_work(med, op)
     out["rounds"] = rounds
     return out
+
+
+def _vs_disk_work(med: dict, op: str) -> Optional[float]:
+    """fio's time for all the bytes the disk moves in `op` (checkpoint and swap, O_DIRECT,
+    one direction after the other: together they share the disk) over zerostream's time.
+    With cpu offload it equals the plain O_DIRECT ratio."""
+    write, read = med.get("fio_write_direct"), med.get("fio_read_direct")
+    if not write or not read:
+        return None
+    swap = med.get(f"{op}_swap_bytes", 0)
+    if op == "save":  # the state read from swap, the checkpoint written
+        fio_s = swap / read / 1e9 + med["bytes"] / write / 1e9
+    else:  # the checkpoint read, the state written to swap
+        fio_s = med["bytes"] / read / 1e9 + swap / write / 1e9
+    return fio_s / med[f"{op}_s"]
 
 
 def _fmt(v) -> str:
@@ -249,14 +281,16 @@ def _gb(n):
 
 def print_table(results: List[dict]) -> None:
     print(
-        f"{'offload':8}{'op':6}{'GB':>7}{'zs GB/s':>9}{'fio direct':>12}{'ratio':>7}"
-        f"{'fio buffered':>14}{'ratio':>7}{'extra RSS GB':>14}"
+        f"{'offload':8}{'op':6}{'GB':>7}{'swap GB':>9}{'zs GB/s':>9}{'fio direct':>12}"
+        f"{'ratio':>7}{'vs disk work':>14}{'fio buffered':>14}{'ratio':>7}{'extra RSS GB':>14}"
     )
     for r in results:
         for op, disk in (("save", "write"), ("load", "read")):
             print(
-                f"{r['offload']:8}{op:6}{r['bytes'] / 1e9:>7.2f}{_fmt(r[f'{op}_gbps']):>9}"
+                f"{r['offload']:8}{op:6}{r['bytes'] / 1e9:>7.2f}"
+                f"{_fmt(_gb(r.get(f'{op}_swap_bytes'))):>9}{_fmt(r[f'{op}_gbps']):>9}"
                 f"{_fmt(r.get(f'fio_{disk}_direct')):>12}{_fmt(r[f'{op}_vs_fio_direct']):>7}"
+                f"{_fmt(r[f'{op}_vs_fio_disk']):>14}"
                 f"{_fmt(r.get(f'fio_{disk}_buffered')):>14}"
                 f"{_fmt(r[f'{op}_vs_fio_buffered']):>7}"
                 f"{_fmt(_gb(r.get(f'{op}_extra_rss'))):>14}"

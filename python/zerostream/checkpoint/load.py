@@ -15,7 +15,7 @@ import torch
 from .. import comm
 from ..zero.stage3.optimizer import runtime_of
 from ..zero.stage3.param import zero_param_of
-from . import files, layout, migrate, reshard
+from . import files, layout, migrate, reshard, stream
 
 if TYPE_CHECKING:
     from ..engine import ZeroEngine
@@ -96,11 +96,47 @@ def check_model(ckpt: Checkpoint, name: str, sd: dict, engine: "ZeroEngine") -> 
 
 
 def _load_module(engine: "ZeroEngine", sd: dict, strict: bool, custom_load_fn) -> None:
-    """Stages 0-2: the whole weights from the model-states file."""
+    """Stages 0-2: the whole weights from the model-states file. Its large tensors are
+    FileTensors read straight into the module's own (stream.py), so the weights are never
+    in memory twice; the rest goes through load_state_dict."""
+    saved = sd["module"]
     if custom_load_fn is not None:
-        custom_load_fn(src=sd["module"], dst=engine.module)
+        custom_load_fn(src=stream.materialize(saved), dst=engine.module)
         return
-    engine.module.load_state_dict(sd["module"], strict=strict)
+    module = engine.module
+    own = module.state_dict(keep_vars=True)
+    lazy = {k: v for k, v in saved.items() if isinstance(v, stream.FileTensor) and k in own}
+    for key, src in lazy.items():
+        dst = own[key]
+        if tuple(src.shape) != tuple(dst.shape):
+            raise RuntimeError(
+                f"load_checkpoint: {key!r} has shape {tuple(src.shape)} in the checkpoint and "
+                f"{tuple(dst.shape)} in the model"
+            )
+        with torch.no_grad():
+            stream.copy_into(dst.data, src)
+    rest = {k: v for k, v in saved.items() if k not in lazy}
+    result = module.load_state_dict(stream.materialize(rest), strict=False)
+    unexpected = list(result.unexpected_keys)
+    missing = [k for k in result.missing_keys if k not in lazy]
+    if strict and (missing or unexpected):
+        raise RuntimeError(
+            f"load_checkpoint: the checkpoint's module state does not match the model "
+            f"(missing keys {missing}, unexpected keys {unexpected}); pass "
+            f"load_module_strict=False to load what matches"
+        )
+
+
+def _load_module_from_stage3(
+    engine: "ZeroEngine", ckpt: Checkpoint, sd: dict, strict: bool, custom_load_fn
+) -> None:
+    """Stages 0-2 from a stage-3 checkpoint: the whole weights consolidated from every
+    rank's fp32 partitions (cast to the module's dtype by load_state_dict), the buffers
+    from the model file."""
+    saved = sd["module"]
+    buffers = {n: saved[n] for n in sd.get("buffer_names", []) if n in saved}
+    full = {**reshard.consolidated_fp32(ckpt.dir), **buffers}
+    _load_module(engine, {"module": full}, strict, custom_load_fn)
 
 
 def _load_stage3_buffers(engine: "ZeroEngine", sd: dict, strict: bool) -> None:
@@ -143,17 +179,28 @@ def _write_stage3_params(
 
 
 def _load_stage3_module(
-    engine: "ZeroEngine", ckpt: Checkpoint, sd: dict, strict: bool, custom_load_fn, with_optim
+    engine: "ZeroEngine",
+    ckpt: Checkpoint,
+    sd: dict,
+    strict: bool,
+    custom_load_fn,
+    with_optim: bool,
+    saved_stage: int,
 ) -> None:
     """Stage 3: buffers from the model file; trained params from the optimizer partitions
     when those are loaded next (else from the consolidated fp32 weights); frozen params
-    from this rank's file, or re-cut from every rank's when the world size changed."""
+    from this rank's file, or re-cut from every rank's when the world size changed, or
+    (a stage 1/2 checkpoint) from its whole weights."""
     _load_stage3_buffers(engine, sd, strict)
     saved_world = int(sd.get("dp_world_size", engine.dp_world_size))
     if custom_load_fn is not None:
         custom_load_fn(src=reshard.consolidated_fp32(ckpt.dir), dst=engine.module)
     elif not with_optim:
         _write_stage3_params(engine, reshard.consolidated_fp32(ckpt.dir))
+    elif saved_stage < 3:  # whole 16-bit weights; the trained ones are then overwritten
+        params = dict(engine.module.named_parameters())
+        saved = {n: v for n, v in sd["module"].items() if n in params}
+        _write_stage3_params(engine, saved, every=False)
     elif saved_world == engine.dp_world_size:
         _load_stage3_frozen(engine, sd)
     else:
@@ -299,6 +346,26 @@ def _publish(engine: "ZeroEngine", with_optimizer: bool) -> None:
         engine.optimizer.publish_loaded()
 
 
+def _model_file(ckpt: Checkpoint, stage: int, dp_rank: int) -> Optional[str]:
+    """The model-states file this rank reads: its own layout's, else the other layout's
+    (a checkpoint saved at another stage, or a stage-3 one saved by fewer ranks)."""
+    names = [layout.model_states_name(stage, dp_rank), layout.model_states_name(3, 0)]
+    if stage == 3:
+        names.append(layout.model_states_name(0, 0))
+    for name in names:
+        if os.path.isfile(ckpt.path(name)):
+            return name
+    return None
+
+
+def _saved_stage(name: str, sd: dict) -> int:
+    """3 for per-rank model files, 1 (for 1 or 2) when the file lists the optimizer's
+    parameter groups, else 0 (reference §3.2: stage 0 writes no param_shapes)."""
+    if name != layout.model_states_name(0, 0):
+        return 3
+    return 1 if sd.get("param_shapes") else 0
+
+
 def _load_local(
     engine: "ZeroEngine",
     tag_dir: str,
@@ -314,26 +381,38 @@ def _load_local(
     ckpt = Checkpoint(tag_dir)
     stage = engine.zero_optimization_stage()
     dp_rank = comm.get_rank(engine.dp_process_group)
-    model_name = layout.model_states_name(stage, dp_rank)
-    if stage == 3 and not os.path.isfile(ckpt.path(model_name)):
-        model_name = layout.model_states_name(3, 0)  # resharding from fewer ranks
-    if not os.path.isfile(ckpt.path(model_name)):
+    model_name = _model_file(ckpt, stage, dp_rank)
+    if model_name is None:  # DeepSpeed's answer too: a warning and (None, None)
         logger.warning(
-            "load_checkpoint: %s does not exist; nothing was loaded", ckpt.path(model_name)
+            "load_checkpoint: %s has no model-states file (%s); nothing was loaded",
+            ckpt.dir,
+            layout.model_states_name(stage, dp_rank),
         )
         return None, None
-    sd = ckpt.load(model_name)
+    # lazy: a stage 0-2 module's weights are read straight into it (_load_module).
+    sd = ckpt.load(model_name, lazy=stage < 3)
+    sd = {k: v if k == "module" else stream.materialize(v) for k, v in sd.items()}
     check_model(ckpt, model_name, sd, engine)
     saved_world = int(sd.get("dp_world_size", engine.dp_world_size))
+    saved_stage = _saved_stage(model_name, sd)
     opt = engine.optimizer
     want_optimizer = want_optimizer and opt is not None
+    if want_optimizer and (saved_stage == 0) != (stage == 0):
+        raise ValueError(
+            f"load_checkpoint: {ckpt.dir} was saved at ZeRO stage "
+            f"{'0' if saved_stage == 0 else '1-3'} and this run is stage {stage}; optimizer "
+            f"state moves between stages 1, 2 and 3 only. Pass load_optimizer_states=False "
+            f"to load the weights alone (nothing was loaded)"
+        )
     lr_unsaved = False
 
     touched[0] = True
-    if stage < 3:
+    if stage < 3 and saved_stage == 3:
+        _load_module_from_stage3(engine, ckpt, sd, strict, custom_load_fn)
+    elif stage < 3:
         _load_module(engine, sd, strict, custom_load_fn)
     else:
-        _load_stage3_module(engine, ckpt, sd, strict, custom_load_fn, want_optimizer)
+        _load_stage3_module(engine, ckpt, sd, strict, custom_load_fn, want_optimizer, saved_stage)
 
     if want_optimizer:
         if stage == 0:

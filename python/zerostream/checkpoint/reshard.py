@@ -1,6 +1,7 @@
 """Re-cutting ZeRO optimizer partitions: a checkpoint of N data-parallel ranks into this run's
 M, or one whose flat groups are laid out otherwise than this run's (DeepSpeed's
-round_robin_gradients order, parameter_alignment padding, stage-3 sub-groups; migrate.py).
+round_robin_gradients order, parameter_alignment padding, stage-3 sub-groups; migrate.py;
+a stage 1/2 checkpoint into a stage-3 run and the reverse).
 
 Every kind of optimizer state (fp32 master, exp_avg, exp_avg_sq, Adagrad's sum) is
 elementwise over the flatten order, so re-cutting is: rebuild each parameter's whole value
@@ -167,12 +168,7 @@ def optimizer_state(ckpt: "Checkpoint", sd: dict, engine: "ZeroEngine", saved_wo
         migrate.zero_state(ckpt.load(n)["optimizer_state_dict"], engine, ckpt.path(n))
         for n in names
     ]
-    saved_stage = states[0]["zero_stage"]
-    if (saved_stage == 3) != (stage == 3):
-        raise ValueError(
-            f"checkpoint {ckpt.dir} holds ZeRO stage {saved_stage} optimizer state; this run "
-            f"is stage {stage} (stages 1 and 2 share a layout, stage 3 does not)"
-        )
+    saved_stage = states[0]["zero_stage"]  # 1/2 and 3 differ in layout: either re-cuts
     ranks = [_saved_groups(s, ckpt.path(n)) for s, n in zip(states, names)]
     shapes = sd["param_shapes"]
     if len(shapes) != len(ranks[0]):

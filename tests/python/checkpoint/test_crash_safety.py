@@ -212,6 +212,52 @@ def test_a_load_that_fails_part_way_names_the_rank_and_fences_the_engine(tmp_pat
         assert out["resumed"] == out["uninterrupted"], out
 
 
+def disagree_on_tag(rank, world, root, mode):
+    import logging
+
+    from ckpt_run import config
+    from tiny_gpt import TinyGPT
+
+    import zerostream
+
+    cfg = config(CASE, world, root)
+    cfg["checkpoint"] = {"tag_validation": mode}
+    engine, *_ = zerostream.initialize(model=TinyGPT(), config=cfg)
+    train(engine, rank, world, 0, 1)
+    ckpt = os.path.join(root, "ckpt")
+    engine.save_checkpoint(ckpt, tag="same")  # agreeing ranks pass under any mode
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("zerostream").addHandler(handler)
+    outcome = "passed"
+    try:
+        if mode == "Fail":
+            engine.save_checkpoint(ckpt, tag=f"mine{rank}")
+        else:  # Warn: the check alone (saving on would write two half checkpoints)
+            from zerostream.checkpoint.save import _validate_tag
+
+            _validate_tag(engine, f"mine{rank}")
+    except ValueError as exc:
+        outcome = str(exc)
+    warnings = [r.getMessage() for r in records if "disagree" in r.getMessage()]
+    return outcome, warnings, sorted(os.listdir(ckpt))
+
+
+@pytest.mark.parametrize("mode", ["Fail", "Warn"])
+def test_ranks_saving_under_different_tags(tmp_path, mode):
+    results = run_ranks(disagree_on_tag, 2, str(tmp_path), mode, timeout=120)
+    for outcome, warnings, listing in results:
+        assert "same" in listing and not any(n.startswith(("mine", ".mine")) for n in listing)
+        if mode == "Fail":
+            assert "ranks disagree on the checkpoint tag" in outcome, outcome
+            assert "rank 0: 'mine0'" in outcome and "rank 1: 'mine1'" in outcome
+            assert "tag_validation is Fail" in outcome and not warnings
+        else:
+            assert outcome == "passed" and len(warnings) == 1, warnings
+            assert "rank 0: 'mine0', rank 1: 'mine1'" in warnings[0]
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     image, mnt = tmp_path / "disk.img", tmp_path / "mnt"
