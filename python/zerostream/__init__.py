@@ -10,10 +10,11 @@ import logging
 import os
 from typing import Optional
 
-from . import comm, moe, ops, zero
+from . import comm, moe, ops, utils, zero
 from ._version import __version__
 from .accelerator import get_accelerator
 from .comm import init_distributed
+from .on_device import OnDevice
 
 # Like DeepSpeed's logger: visible by default (warnings about the config, progress lines every
 # steps_per_print), level from ZS_LOG_LEVEL; a script that configures logging itself can
@@ -34,7 +35,9 @@ __all__ = [
     "comm",
     "moe",
     "ops",
+    "utils",
     "zero",
+    "OnDevice",
     "get_accelerator",
     "__version__",
 ]

@@ -159,14 +159,9 @@ class ZeroEngine(torch.nn.Module):
         gradient reductions. Returns loss / gradient_accumulation_steps, as DeepSpeed does."""
         self._require_optimizer("backward")
         self._require_consistent("backward")
-        if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
-            raise ValueError("backward: expected a scalar loss tensor with a grad_fn")
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
-        with self._phase(TrainingState.BACKWARD):
-            with self.telemetry.phase("backward"):
-                scaled = loss.float() * (self.loss_scaler.loss_scale / gas)
-                scaled.backward(retain_graph=retain_graph)
-            self.optimizer.after_backward()
+        # The optimizer runs it in the BACKWARD phase (the one path for optimizer.backward).
+        self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
         return loss.detach() / gas
 
     def step(self, lr_kwargs: Optional[dict] = None) -> None:

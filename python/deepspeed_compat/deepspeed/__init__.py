@@ -29,7 +29,7 @@ from .accelerator import get_accelerator
 from .runtime import zero
 from .runtime.config import DeepSpeedConfig
 from .runtime.engine import DeepSpeedEngine
-from .utils import log_dist, logger
+from .utils import OnDevice, log_dist, logger
 
 # `deepspeed.zero` is `deepspeed.runtime.zero`, as in DeepSpeed; registered so that
 # `from deepspeed.zero import Init` works as well as attribute access.
@@ -72,6 +72,7 @@ __all__ = [
     "get_accelerator",
     "log_dist",
     "logger",
+    "OnDevice",
     "moe",
     "ops",
     "runtime",

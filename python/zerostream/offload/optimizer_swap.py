@@ -336,6 +336,21 @@ class SwappedAdam:
             self._wait([self.store.write(3 * s.index + k, buf[:n])])
             self.bytes_written += 4 * n
 
+    def read_range(self, group: int, lo: int, hi: int, kind: str = "param") -> torch.Tensor:
+        """Elements [lo, hi) of group `group`'s partition of `kind`, reading only the
+        sub-groups they touch (one parameter's state, zero/param_access.py)."""
+        k = _KINDS.index(kind)
+        out = torch.empty(hi - lo, dtype=torch.float32)
+        buf = self.buffers[0][0]
+        for s in self.sub_groups:
+            a, b = max(lo, s.lo), min(hi, s.hi)
+            if s.group != group or a >= b:
+                continue
+            self._wait([self.store.read(3 * s.index + k, buf[: s.hi - s.lo])])
+            self.bytes_read += 4 * (s.hi - s.lo)
+            out[a - lo : b - lo].copy_(buf[a - s.lo : b - s.lo])
+        return out
+
     def read_state(self, group: int, kind: str = "param") -> torch.Tensor:
         """Group `group`'s whole partition of `kind` read back from NVMe (tests, checkpoints)."""
         k = _KINDS.index(kind)

@@ -10,7 +10,7 @@ import torch
 
 from .. import comm
 from ..precision import unscale_and_clip_coef
-from .protocol import StageContext
+from .protocol import StageContext, TrainingState
 from .skips import first_non_finite
 
 _NORM_CHUNK = 1 << 24  # elements squared at once: bounds the temporary of a huge partition
@@ -37,6 +37,10 @@ class ZeroOptimizerBase:
         self.check_overflow = ctx.check_overflow
         self.overflow = False
         self._global_grad_norm: Optional[torch.Tensor] = None
+        # A backward ran since the last step or zero_grad: gradients are held (what the
+        # param helpers read, Note [Param access semantics] in zero/param_access.py).
+        self.holding_grads = False
+        self.param_access = None  # set by zero/param_access.register
 
     # --- the module ------------------------------------------------------------------------
     @classmethod
@@ -61,6 +65,28 @@ class ZeroOptimizerBase:
 
     def after_forward(self) -> None:
         pass
+
+    # --- backward ------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """DeepSpeed's ZeRO `optimizer.backward(loss, retain_graph=False)`: the loss times
+        the loss scale, not divided by gradient_accumulation_steps (DeepSpeed's
+        engine.backward divides before calling it; engine.backward does both here)."""
+        self.run_backward(loss, self.loss_scaler.loss_scale, retain_graph)
+
+    def run_backward(self, loss: torch.Tensor, factor: float, retain_graph: bool = False) -> None:
+        """Autograd of `loss * factor` in the BACKWARD phase (the stage's hooks check it),
+        then the stage's gradient hand-off (Note [Stage seam])."""
+        if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
+            raise ValueError("backward: expected a scalar loss tensor with a grad_fn")
+        run = self.ctx.run
+        previous, run.state = run.state, TrainingState.BACKWARD
+        try:
+            with self.telemetry.phase("backward"):
+                (loss.float() * factor).backward(retain_graph=retain_graph)
+            self.after_backward()
+        finally:
+            run.state = previous
+        self.holding_grads = True
 
     def _comm(self, tensor: torch.Tensor, seconds: float) -> None:
         """Counts a collective's payload for the per-step report."""

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 from .. import comm
 from ..optim_factory import client_groups, optimizer_maker
+from . import param_access
 from .protocol import StageContext, ZeroOptimizer
 from .stage0 import ReplicatedOptimizer
 from .stage3.optimizer import Stage3Optimizer
@@ -36,16 +37,20 @@ def build_zero_optimizer(
     cls = stage_class(stage)
     groups = client_groups(client, param_groups)
     if stage > 0 and cfg.zero_optimization.offload_optimizer_device == "nvme":
-        return cls(ctx, groups, None, make_swapped=_nvme_adam(ctx, client))
-    make = optimizer_maker(client, cfg, groups)
-    if make is None:
-        if stage in (1, 2):
-            raise ValueError(
-                f"zero_optimization.stage {stage} requires an optimizer: give "
-                f'one in the config\'s "optimizer" section or to initialize()'
-            )
-        return None
-    return cls(ctx, groups, make)
+        opt = cls(ctx, groups, None, make_swapped=_nvme_adam(ctx, client))
+    else:
+        make = optimizer_maker(client, cfg, groups)
+        if make is None:
+            if stage in (1, 2):
+                raise ValueError(
+                    f"zero_optimization.stage {stage} requires an optimizer: give "
+                    f'one in the config\'s "optimizer" section or to initialize()'
+                )
+            return None
+        opt = cls(ctx, groups, make)
+    # deepspeed.utils.safe_get_full_fp32_param and friends find the optimizer of a param.
+    param_access.register(opt, [p for g in groups for p in g["params"]])
+    return opt
 
 
 def _nvme_adam(ctx: StageContext, client):

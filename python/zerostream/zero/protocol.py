@@ -4,7 +4,8 @@ owns, and the one context object every stage is built from.
 Note [Stage seam]
   Per micro-step the engine calls, in this order:
     before_forward() -> module forward -> after_forward()
-    -> autograd (the stage's hooks run here, phase BACKWARD) -> after_backward()
+    -> run_backward(loss, factor): autograd (the stage's hooks run here, phase BACKWARD)
+       then after_backward()
   and at the accumulation boundary step() (which reduces what is still unreduced, unscales,
   clips and updates) followed by zero_grad(). prepare_module() runs once, before the
   optimizer is built, because where parameters live is the stage's decision (under
@@ -91,6 +92,12 @@ class ZeroOptimizer(Protocol):
     def before_forward(self) -> None: ...
 
     def after_forward(self) -> None: ...
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """DeepSpeed's optimizer.backward: run_backward scaled by the loss scale only."""
+
+    def run_backward(self, loss: torch.Tensor, factor: float, retain_graph: bool = False) -> None:
+        """Autograd of loss * factor in the BACKWARD phase, then after_backward()."""
 
     def after_backward(self) -> None:
         """loss.backward() returned: finish this micro-step's gradient hand-off."""

@@ -90,6 +90,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         return ok
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self.holding_grads = False
         for p in self.params:
             p.grad = None
         if self.masters is not None:

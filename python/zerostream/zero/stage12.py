@@ -110,6 +110,7 @@ class PartitionedOptimizer(ShardedOptimizerBase):
         self._comm(flat.buffer, time.perf_counter() - start)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self.holding_grads = False
         self._zero_partition_grads()
         for f in self.flat_groups:
             for s in f.slots:

@@ -71,7 +71,8 @@ def engine_surface(stage):
     engine.step()
     norm = engine.get_global_grad_norm()
     wanted = ["param_groups", "state", "dp_process_group", "_global_grad_norm", "state_dict"]
-    wanted += ["load_state_dict", "zero_grad", "step"] + (["bit16_groups"] if stage else [])
+    wanted += ["load_state_dict", "zero_grad", "step", "backward"]
+    wanted += {0: [], 1: ["bit16_groups"], 2: ["bit16_groups"], 3: ["fp16_groups"]}[stage]
     facts = {
         "missing_optimizer_attributes": [a for a in wanted if not hasattr(opt, a)],
         "norm_attribute_is_engines": opt._global_grad_norm is norm,

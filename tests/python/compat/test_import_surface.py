@@ -81,6 +81,24 @@ REQUIRED = [
     ).split()
 ]
 
+# DeepSpeed's own exports that training code reaches for, beyond the tools' uses (the
+# docs/compat.md rows for the param helpers, OnDevice and the memory estimators).
+EXPORTS = [
+    "deepspeed.OnDevice",
+    "deepspeed.utils.OnDevice",
+    "deepspeed.utils.init_on_device.OnDevice",
+    "deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs_all_live",
+    "deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs_all_cold",
+    "deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs_all_live",
+    "deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs_all_cold",
+] + [
+    f"deepspeed.utils{module}.safe_{verb}_{scope}_{what}"
+    for module in ("", ".tensor_fragment")
+    for verb in ("get", "set")
+    for scope in ("full", "local")
+    for what in ("fp32_param", "optimizer_state", "grad")
+]
+
 
 def test_the_scan_finds_each_kind_of_use_and_nothing_else():
     """The reader itself, on a source with every kind of use and lookalikes that are not."""
@@ -122,7 +140,7 @@ def test_every_name_the_tools_and_scripts_use_resolves(compat_env, tmp_path):
     assert not stale, f"NOT_NEEDED lists names the tools no longer use: {stale}"
 
     todo = {(u.path, u.kind, u.root) for u in uses if u.path not in NOT_NEEDED}
-    todo |= {(path, "from", path) for path in REQUIRED + REQUIRED_REFUSED}
+    todo |= {(path, "from", path) for path in REQUIRED + EXPORTS + REQUIRED_REFUSED}
     spec = tmp_path / "uses.json"
     spec.write_text(json.dumps(sorted(todo)))
     done = run_python([str(HERE / "surface_check.py"), str(spec)], compat_env, timeout=300)

@@ -1,4 +1,6 @@
-"""`deepspeed.utils`: the logger, log_dist, process-group getters (groups) and zero_to_fp32.
+"""`deepspeed.utils`: the logger, log_dist, process-group getters (groups), zero_to_fp32,
+OnDevice and the parameter-level accessors of ZeRO state (safe_get_full_fp32_param, ...;
+tensor_fragment).
 
 `logger` is zerostream's logger, so a tool that sets DeepSpeed's log level (Hugging Face
 Trainer does, from its own) sets zerostream's.
@@ -14,7 +16,22 @@ import torch
 from zerostream import comm
 
 from .._unsupported import Z3_LEAF_MODULES, unsupported
-from . import groups, zero_to_fp32
+from . import groups, init_on_device, tensor_fragment, zero_to_fp32
+from .init_on_device import OnDevice
+from .tensor_fragment import (
+    safe_get_full_fp32_param,
+    safe_get_full_grad,
+    safe_get_full_optimizer_state,
+    safe_get_local_fp32_param,
+    safe_get_local_grad,
+    safe_get_local_optimizer_state,
+    safe_set_full_fp32_param,
+    safe_set_full_grad,
+    safe_set_full_optimizer_state,
+    safe_set_local_fp32_param,
+    safe_set_local_grad,
+    safe_set_local_optimizer_state,
+)
 
 logger = logging.getLogger("zerostream")
 
@@ -52,7 +69,22 @@ def z3_leaf_module(model: torch.nn.Module) -> bool:
 
 __all__ = [
     "groups",
+    "init_on_device",
+    "tensor_fragment",
     "zero_to_fp32",
+    "OnDevice",
+    "safe_get_full_fp32_param",
+    "safe_get_full_grad",
+    "safe_get_full_optimizer_state",
+    "safe_get_local_fp32_param",
+    "safe_get_local_grad",
+    "safe_get_local_optimizer_state",
+    "safe_set_full_fp32_param",
+    "safe_set_full_grad",
+    "safe_set_full_optimizer_state",
+    "safe_set_local_fp32_param",
+    "safe_set_local_grad",
+    "safe_set_local_optimizer_state",
     "logger",
     "log_dist",
     "set_z3_leaf_modules",

@@ -223,6 +223,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
         return applied
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self.holding_grads = False
         self._zero_partition_grads()
         for zps in self.groups:
             for zp in zps:
@@ -244,6 +245,13 @@ class Stage3Optimizer(ShardedOptimizerBase):
     @property
     def bit16_groups(self) -> List[List[torch.nn.Parameter]]:
         return [[zp.param for zp in zps] for zps in self.groups]
+
+    @property
+    def fp16_groups(self) -> List[List[torch.nn.Parameter]]:
+        """DeepSpeed's stage-3 name for the parameters of each group (DeepSpeed lists one
+        per sub-group of sub_group_size elements; zerostream's groups are the param groups,
+        what DeepSpeed's default sub_group_size of 1e9 gives for models below that)."""
+        return self.bit16_groups
 
     # --- checkpoint state and inspection ---------------------------------------------------------
     def state_dict(self, streamed: bool = False) -> dict:
