@@ -128,13 +128,19 @@ def _load_module(engine: "ZeroEngine", sd: dict, strict: bool, custom_load_fn) -
 
 
 def _load_module_from_stage3(
-    engine: "ZeroEngine", ckpt: Checkpoint, sd: dict, strict: bool, custom_load_fn
+    engine: "ZeroEngine", ckpt: Checkpoint, sd: dict, strict: bool, custom_load_fn, with_optim
 ) -> None:
-    """Stages 0-2 from a stage-3 checkpoint: the whole weights consolidated from every
-    rank's fp32 partitions (cast to the module's dtype by load_state_dict), the buffers
-    from the model file."""
+    """Stages 0-2 from a stage-3 checkpoint: the buffers from the model file; the weights
+    consolidated from every rank's fp32 partitions (cast to the module's dtype by
+    load_state_dict), or, when the optimizer state is loaded next (it writes the trained
+    weights), the frozen ones only: the optimizer files are then read once."""
     saved = sd["module"]
     buffers = {n: saved[n] for n in sd.get("buffer_names", []) if n in saved}
+    if with_optim and custom_load_fn is None:
+        saved_world = int(sd.get("dp_world_size", engine.dp_world_size))
+        frozen = {**reshard.frozen_fp32(ckpt, saved_world), **buffers}
+        _load_module(engine, {"module": frozen}, strict=False, custom_load_fn=None)
+        return
     full = {**reshard.consolidated_fp32(ckpt.dir), **buffers}
     _load_module(engine, {"module": full}, strict, custom_load_fn)
 
@@ -408,7 +414,7 @@ def _load_local(
 
     touched[0] = True
     if stage < 3 and saved_stage == 3:
-        _load_module_from_stage3(engine, ckpt, sd, strict, custom_load_fn)
+        _load_module_from_stage3(engine, ckpt, sd, strict, custom_load_fn, want_optimizer)
     elif stage < 3:
         _load_module(engine, sd, strict, custom_load_fn)
     else:

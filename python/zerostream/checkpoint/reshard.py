@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Dict, List, Tuple
 import torch
 
 from .. import _C
-from . import files, layout, migrate
+from . import files, layout, migrate, stream
+from .slices import ReadPlan, Slice
 from .zero_to_fp32 import fp32_state_dict_of_dir, merge_frozen
 
 if TYPE_CHECKING:
@@ -46,11 +47,19 @@ def frozen_fp32(ckpt: "Checkpoint", saved_world: int) -> Dict[str, torch.Tensor]
     return out
 
 
+# Note [Streamed re-cut]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# Every rank's optimizer file is opened lazily (its large tensors stay FileTensors), whole
+# values by name are only Slices naming ranges of them (slices.py), and this rank's new
+# partitions are planned from those ranges and filled by one ordered, CRC-checked pass over
+# each saved tensor it needs. So a re-cut holds this rank's partitions and one 64 MiB
+# scratch buffer, not the saved state of every rank, and reads only the tensors it needs.
+
 # --- saved partitions -> whole values by parameter name ----------------------------------------
-Values = Dict[str, Dict[str, torch.Tensor]]  # name -> kind ("fp32", "exp_avg", ...) -> flat
+Values = Dict[str, Dict[str, Slice]]  # name -> kind ("fp32", "exp_avg", ...) -> its elements
 
 
-def _saved_groups(state: dict, where: str) -> List[Tuple[Dict[str, torch.Tensor], dict, dict]]:
+def _saved_groups(state: dict, where: str) -> List[Tuple[Dict[str, Slice], dict, dict]]:
     """One rank's saved (sub)groups in flatten order: (elementwise tensors by kind, the inner
     state's other entries such as `step`, the param group's hyperparameters). DeepSpeed's
     stage 3 lists every sub-group of a param group under that group's `params`."""
@@ -65,15 +74,15 @@ def _saved_groups(state: dict, where: str) -> List[Tuple[Dict[str, torch.Tensor]
     out = []
     for (pid, pg), master in zip(slots, masters):
         st = inner["state"].get(pid, {})
-        tensors = {"fp32": master.reshape(-1)}
-        tensors.update({k: v.reshape(-1) for k, v in st.items() if _elementwise(v)})
+        tensors = {"fp32": Slice.of(master)}
+        tensors.update({k: Slice.of(v) for k, v in st.items() if _elementwise(v)})
         scalars = {k: v for k, v in st.items() if not _elementwise(v)}
         out.append((tensors, scalars, pg))
     return out
 
 
 def _elementwise(value) -> bool:
-    return torch.is_tensor(value) and value.dim() > 0
+    return isinstance(value, stream.FileTensor) or (torch.is_tensor(value) and value.dim() > 0)
 
 
 def _stage12_values(ranks, shapes, paddings, where) -> Values:
@@ -89,11 +98,11 @@ def _stage12_values(ranks, shapes, paddings, where) -> Values:
             parts = [r[g][0].get(kind) for r in ranks]
             if any(p is None for p in parts):
                 continue  # a moment some rank never had: it restarts at zero
-            whole = torch.cat(parts)
+            whole = Slice.cat(parts)
             offset = 0
             for (name, shape), pad in zip(group.items(), pads):
                 n = torch.Size(shape).numel()
-                if offset + n > whole.numel():
+                if offset + n > whole.numel:
                     raise ValueError(
                         f"checkpoint {where}: group {g}'s {kind} ends before parameter "
                         f"{name!r}; the files are not one checkpoint"
@@ -112,39 +121,39 @@ def _stage3_values(ranks, shapes, world: int, where) -> Values:
     for kind in kinds:
         flats = []
         for r in ranks:
-            pieces = [t.get(kind, torch.zeros(t["fp32"].numel())) for t, _, _ in r]
-            flats.append(torch.cat(pieces) if pieces else torch.empty(0))
+            pieces = [t.get(kind, Slice.zeros(t["fp32"].numel)) for t, _, _ in r]
+            flats.append(Slice.cat(pieces))
         offset = 0
         for name, n in names:
             shard = math.ceil(n / world)
-            if offset + shard > flats[0].numel():
+            if offset + shard > flats[0].numel:
                 raise ValueError(
                     f"checkpoint {where}: the {kind} partitions end before parameter "
                     f"{name!r}; the files are not one checkpoint"
                 )
-            values[name][kind] = torch.cat([f[offset : offset + shard] for f in flats])[:n]
+            values[name][kind] = Slice.cat([f[offset : offset + shard] for f in flats])[:n]
             offset += shard
     return values
 
 
 # --- whole values -> this rank's partitions ------------------------------------------------------
-def _stage12_cut(whole: torch.Tensor, world: int, rank: int) -> torch.Tensor:
-    begin, size, valid = _C.stage12_partition(whole.numel(), world, rank)
+def _stage12_cut(whole: Slice, world: int, rank: int, plan: ReadPlan) -> torch.Tensor:
+    begin, size, valid = _C.stage12_partition(whole.numel, world, rank)
     out = torch.zeros(size, dtype=torch.float32)
-    out[:valid].copy_(whole[begin : begin + valid])
+    whole[begin : begin + valid].read_into(out[:valid], plan)
     return out
 
 
-def _stage3_cut(params: List[torch.Tensor], world: int, rank: int) -> torch.Tensor:
-    pieces = []
-    for value in params:
-        shard = math.ceil(value.numel() / world)
-        piece = torch.zeros(shard, dtype=torch.float32)
-        lo, hi = rank * shard, min(value.numel(), (rank + 1) * shard)
+def _stage3_cut(params: List[Slice], world: int, rank: int, plan: ReadPlan) -> torch.Tensor:
+    shards = [math.ceil(value.numel / world) for value in params]
+    out = torch.zeros(sum(shards), dtype=torch.float32)
+    at = 0
+    for value, shard in zip(params, shards):
+        lo, hi = rank * shard, min(value.numel, (rank + 1) * shard)
         if hi > lo:
-            piece[: hi - lo].copy_(value[lo:hi])
-        pieces.append(piece)
-    return torch.cat(pieces) if pieces else torch.empty(0)
+            value[lo:hi].read_into(out[at : at + hi - lo], plan)
+        at += shard
+    return out
 
 
 def _check_names(saved: List[str], ours: List[str], where: str) -> None:
@@ -164,8 +173,8 @@ def optimizer_state(ckpt: "Checkpoint", sd: dict, engine: "ZeroEngine", saved_wo
     stage = engine.zero_optimization_stage()
     bf16 = engine.bfloat16_enabled()
     names = [ckpt.optim_file(r, bf16) for r in range(saved_world)]
-    states = [
-        migrate.zero_state(ckpt.load(n)["optimizer_state_dict"], engine, ckpt.path(n))
+    states = [  # lazy: see Note [Streamed re-cut]
+        migrate.zero_state(ckpt.load(n, lazy=True)["optimizer_state_dict"], engine, ckpt.path(n))
         for n in names
     ]
     saved_stage = states[0]["zero_stage"]  # 1/2 and 3 differ in layout: either re-cuts
@@ -187,22 +196,23 @@ def optimizer_state(ckpt: "Checkpoint", sd: dict, engine: "ZeroEngine", saved_wo
 
     new, rank = engine.dp_world_size, engine.optimizer.rank
     masters, inner_state, hypers = [], {}, []
+    plan = ReadPlan()
     for g, group in enumerate(ours):
         _, scalars, hyper = ranks[0][group_of[next(iter(group))]]
         kinds = set().union(*(values[n].keys() for n in group))
         cut = {}
         for kind in kinds:
-            parts = [values[n].get(kind, torch.zeros(values[n]["fp32"].numel())) for n in group]
-            parts = [p.float() for p in parts]
+            parts = [values[n].get(kind, Slice.zeros(values[n]["fp32"].numel)) for n in group]
             cut[kind] = (
-                _stage3_cut(parts, new, rank)
+                _stage3_cut(parts, new, rank, plan)
                 if stage == 3
-                else _stage12_cut(torch.cat(parts), new, rank)
+                else _stage12_cut(Slice.cat(parts), new, rank, plan)
             )
         masters.append(cut.pop("fp32"))
         if cut or scalars:
             inner_state[g] = {**scalars, **cut}
         hypers.append({**hyper, "params": [g]})
+    plan.run()
     inner = {
         "state": inner_state,
         "param_groups": migrate.param_groups(hypers, engine.optimizer.param_groups, ckpt.dir),

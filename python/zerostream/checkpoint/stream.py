@@ -274,7 +274,7 @@ def _damaged(path: str, start: int, end: int, got: int, want: int) -> str:
     )
 
 
-def _aligned_bytes(nbytes: int) -> torch.Tensor:
+def aligned_bytes(nbytes: int) -> torch.Tensor:
     """nbytes of memory starting on a 4 KiB boundary, so the engine reads straight into it."""
     raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
     skip = (-raw.data_ptr()) % ALIGN
@@ -313,7 +313,7 @@ class FileTensor:
         if lo < 0 or lo + n > self.numel():
             raise IndexError(f"{self.path}: elements [{lo}, {lo + n}) of {self.numel()}")
         direct = dst.dtype == self.dtype and _direct(dst)
-        buf = dst if direct else _aligned_bytes(n * self.element_size()).view(self.dtype)
+        buf = dst if direct else aligned_bytes(n * self.element_size()).view(self.dtype)
         data, elem = _byte_view(buf), self.element_size()
         # Every chunk queued at once; each is checked while the later ones are still read.
         start = self.offset + lo * elem
@@ -386,7 +386,7 @@ def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine", lazy: bo
             want = _range_of(entry, start, start + nbytes)
             return FileTensor(path, start, t.dtype, t.shape, engine, want)
         if sid not in storages:
-            buf = _aligned_bytes(nbytes)
+            buf = aligned_bytes(nbytes)
             if nbytes:
                 start = meta._checkpoint_offset
                 engine.read(buf, path, start)

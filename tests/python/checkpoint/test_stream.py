@@ -122,3 +122,47 @@ def test_lazy_reads_are_checked_and_a_damaged_payload_is_named(tmp_path):
         lazy["m"].materialize()
     with pytest.raises(ValueError, match=r"l\.pt is corrupted"):
         files.load_file(path, manifest)
+
+
+def test_a_read_plan_fills_slices_in_one_checked_pass(tmp_path, monkeypatch):
+    from zerostream.checkpoint import slices
+
+    monkeypatch.setattr(slices, "SCRATCH_BYTES", 1 << 20)  # several scratch passes
+    a, b = torch.randn(700_000), torch.randn(500_000, dtype=torch.float64)
+    small = torch.arange(10, dtype=torch.float32)
+    path = str(tmp_path / "p.pt")
+    entry = files.save_file({"a": a, "b": b, "small": small}, path)
+    manifest = {"p.pt": entry}
+
+    def planned(lazy, lo, hi):
+        whole = slices.Slice.cat(
+            [slices.Slice.of(lazy["a"]), slices.Slice.zeros(5), slices.Slice.of(lazy["small"])]
+        )
+        out = torch.full((hi - lo,), float("nan"))
+        plan = slices.ReadPlan()
+        whole[lo:hi].read_into(out, plan)
+        plan.run()
+        return out
+
+    lazy = files.load_file(path, manifest, lazy=True)
+    assert isinstance(lazy["a"], stream.FileTensor) and isinstance(lazy["b"], stream.FileTensor)
+    reference = torch.cat([a, torch.zeros(5), small])
+    for lo, hi in ((0, reference.numel()), (123_457, 699_999), (699_990, 700_012)):
+        assert torch.equal(planned(lazy, lo, hi), reference[lo:hi]), (lo, hi)
+    # One flipped byte in `a` outside the wanted range is still found (the pass checks the
+    # whole tensor); one in `b`, which nothing wants, is never read.
+    ranges = sorted((r for r in entry["ranges"] if r[3]), key=lambda r: r[1] - r[0])
+    (b_start, _, _, _), (a_start, a_end, _, _) = ranges[-1], ranges[-2]
+    assert a_end - a_start == a.numel() * 4
+    for damaged, where in (("b", b_start + 8), ("a", a_end - 4)):
+        with open(path, "r+b") as f:
+            f.seek(where)
+            byte = f.read(1)
+            f.seek(where)
+            f.write(bytes([byte[0] ^ 0x01]))
+        lazy = files.load_file(path, manifest, lazy=True)
+        if damaged == "b":  # unread, so the plan succeeds
+            assert torch.equal(planned(lazy, 10, 20), reference[10:20])
+        else:
+            with pytest.raises(ValueError, match=r"p\.pt is corrupted: bytes \["):
+                planned(lazy, 10, 20)
