@@ -25,6 +25,8 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         self.predivide = cfg.gradient_predivide_factor
         self.params = [p for g in param_groups for p in g["params"]]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
+        if ctx.device.type == "cpu":
+            self._require_host_memory(ctx)
         self.masters = None
         inner = param_groups
         if self.mixed:
@@ -38,6 +40,28 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 for g in param_groups
             ]
         super().__init__(make_optimizer(inner), ctx)
+
+    def _require_host_memory(self, ctx: StageContext) -> None:
+        """Host-memory preflight (offload/host_memory.py) when "device" memory is host
+        memory: every rank holds the whole optimizer state, which is Adam's two fp32
+        moments (8 bytes an element) plus, in fp16/bf16, the fp32 masters and their
+        gradients (8 more), times the ranks of this host."""
+        from ..offload.host_memory import require_host_memory_everywhere
+        from ..offload.io import ranks_on_this_host
+
+        numel = sum(p.numel() for p in self.params)
+        per = 16 if self.mixed else 8
+        local = ranks_on_this_host()
+        require_host_memory_everywhere(
+            per * numel * local,
+            f"the optimizer state of ZeRO stage 0, whole on every rank ({numel} elements "
+            f"per rank x {per} bytes{f' x {local} ranks on this host' if local > 1 else ''})",
+            "Set zero_optimization.stage to 1, 2 or 3 to partition it over the ranks "
+            '(with offload_optimizer "nvme" to keep it on disk), or use fewer ranks per host.',
+            group=ctx.group,
+            world=ctx.world,
+            device=ctx.device,
+        )
 
     def after_backward(self) -> None:
         pass

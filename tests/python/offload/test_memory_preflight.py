@@ -117,6 +117,35 @@ def test_an_optimizer_state_that_does_not_fit_fails_with_both_numbers(monkeypatc
 
 
 @pytest.mark.usefixtures("one_rank_process_group")
+@pytest.mark.parametrize("bf16,per", [(False, 8), (True, 16)])
+def test_a_stage0_state_that_does_not_fit_in_host_memory_is_refused(monkeypatch, bf16, per):
+    """Stage 0 on the CPU path: the whole state on every rank, in host memory."""
+    numel = sum(p.numel() for p in MLP().parameters())
+
+    def initialize():
+        torch.manual_seed(0)
+        model = MLP().to(torch.bfloat16) if bf16 else MLP()
+        cfg = {
+            "train_micro_batch_size_per_gpu": 2,
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 0},
+            "bf16": {"enabled": bf16},
+        }
+        return zerostream.initialize(model=model, config=cfg)
+
+    monkeypatch.setenv(hm.ENV, str(per * numel - 1))
+    with pytest.raises(MemoryError) as err:
+        initialize()
+    msg = str(err.value)
+    assert f"ZeRO stage 0, whole on every rank ({numel} elements per rank x {per} bytes)" in msg
+    assert f"needs {per * numel / 2**30:.2f} GiB of host memory ({per * numel} bytes)" in msg
+    assert f"({per * numel - 1} bytes, from {hm.ENV})" in msg and "zero_optimization.stage" in msg
+    monkeypatch.setenv(hm.ENV, str(per * numel))  # exactly enough
+    engine, *_ = initialize()
+    assert engine.zero_optimization_stage() == 0
+
+
+@pytest.mark.usefixtures("one_rank_process_group")
 def test_ranks_of_one_host_are_counted_together(monkeypatch):
     numel = sum(p.numel() for p in MLP().parameters())
     monkeypatch.setenv(hm.ENV, str(16 * numel * 3))  # room for three ranks' state, not four
