@@ -58,8 +58,6 @@ class ZeroEngine(torch.nn.Module):
         self._step_applied = False
         self._boundary_override: Optional[bool] = None
         self._in_no_sync = False
-        # Set when a load_checkpoint failed after it began to overwrite state (load.py).
-        self._incomplete_load: Optional[str] = None
         self.loss_scaler = make_loss_scaler(cfg.fp16)
         self.telemetry = StepTelemetry()
         self._run = RunState()
@@ -125,9 +123,18 @@ class ZeroEngine(torch.nn.Module):
         return build_scheduler(sched.type, self.optimizer, dict(sched.params))
 
     # --- training loop --------------------------------------------------------------------------
+    @property
+    def _incomplete_load(self) -> Optional[str]:
+        """Set when a load_checkpoint failed after it began to overwrite state (load.py);
+        kept in the run state, so the optimizer's own backward refuses too."""
+        return self._run.inconsistent
+
+    @_incomplete_load.setter
+    def _incomplete_load(self, why: Optional[str]) -> None:
+        self._run.inconsistent = why
+
     def _require_consistent(self, what: str) -> None:
-        if self._incomplete_load is not None:
-            raise RuntimeError(f"{what}: {self._incomplete_load}")
+        self._run.require_consistent(what)
 
     def forward(self, *args, **kwargs):
         self._require_consistent("forward")

@@ -79,6 +79,7 @@ class ZeroOptimizerBase:
         if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
             raise ValueError("backward: expected a scalar loss tensor with a grad_fn")
         run = self.ctx.run
+        run.require_consistent("backward")
         previous, run.state = run.state, TrainingState.BACKWARD
         try:
             with self.telemetry.phase("backward"):

@@ -44,6 +44,13 @@ class RunState:
 
     def __init__(self) -> None:
         self.state = TrainingState.IDLE
+        # Why the engine's state cannot be trained on (a load_checkpoint that failed part
+        # way, checkpoint/load.py); None when it can.
+        self.inconsistent: Optional[str] = None
+
+    def require_consistent(self, what: str) -> None:
+        if self.inconsistent is not None:
+            raise RuntimeError(f"{what}: {self.inconsistent}")
 
     def require(self, *allowed: TrainingState, what: str) -> None:
         if self.state not in allowed:

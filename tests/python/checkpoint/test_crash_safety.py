@@ -18,6 +18,7 @@ import subprocess
 
 import pytest
 from ckpt_run import build, train
+from tiny_gpt import make_batches
 
 from multirank import run_ranks
 
@@ -173,14 +174,17 @@ def fail_part_way(rank, world, root):
         out["load"] = "loaded"
     except (ValueError, RuntimeError) as exc:
         out["load"] = f"{type(exc).__name__}: {exc}"
-    for what in ("step", "forward", "save"):
+    for what in ("step", "forward", "save", "optimizer.backward"):
         try:
             if what == "step":
                 engine.step()
             elif what == "forward":
                 train(engine, rank, world, 2, 1)
-            else:
+            elif what == "save":
                 engine.save_checkpoint(ckpt, tag="half")
+            else:  # DeepSpeed's optimizer-level backward is fenced too
+                xs, ys = make_batches(1, 2)
+                engine.optimizer.backward(engine.module(xs[0], ys[0]))
             out[what] = "ran"
         except RuntimeError as exc:
             out[what] = str(exc)
@@ -203,7 +207,7 @@ def test_a_load_that_fails_part_way_names_the_rank_and_fences_the_engine(tmp_pat
     # rank 0 loaded its own part, hears of rank 1 instead of waiting in the all-gather
     assert first["load"].startswith("RuntimeError") and "rank(s) [1]" in first["load"], first
     for out in (first, second):
-        for what in ("step", "forward", "save"):
+        for what in ("step", "forward", "save", "optimizer.backward"):
             assert (
                 "failed on rank(s) [1]" in out[what] and "load a checkpoint again" in out[what]
             ), (what, out[what])
