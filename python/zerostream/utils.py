@@ -4,33 +4,7 @@ works: the parameter-level accessors of ZeRO state (zero/param_access.py, see No
 access semantics] there) and OnDevice (on_device.py)."""
 
 from .on_device import OnDevice
-from .zero.param_access import (
-    safe_get_full_fp32_param,
-    safe_get_full_grad,
-    safe_get_full_optimizer_state,
-    safe_get_local_fp32_param,
-    safe_get_local_grad,
-    safe_get_local_optimizer_state,
-    safe_set_full_fp32_param,
-    safe_set_full_grad,
-    safe_set_full_optimizer_state,
-    safe_set_local_fp32_param,
-    safe_set_local_grad,
-    safe_set_local_optimizer_state,
-)
+from .zero import param_access
+from .zero.param_access import *  # noqa: F403  (the safe_get/set_* accessors)
 
-__all__ = [
-    "OnDevice",
-    "safe_get_full_fp32_param",
-    "safe_get_full_grad",
-    "safe_get_full_optimizer_state",
-    "safe_get_local_fp32_param",
-    "safe_get_local_grad",
-    "safe_get_local_optimizer_state",
-    "safe_set_full_fp32_param",
-    "safe_set_full_grad",
-    "safe_set_full_optimizer_state",
-    "safe_set_local_fp32_param",
-    "safe_set_local_grad",
-    "safe_set_local_optimizer_state",
-]
+__all__ = ["OnDevice", *param_access.__all__]

@@ -115,9 +115,11 @@ def _load_module(engine: "ZeroEngine", sd: dict, strict: bool, custom_load_fn) -
             )
         with torch.no_grad():
             stream.copy_into(dst.data, src)
-    rest = {k: v for k, v in saved.items() if k not in lazy}
+    # Large tensors the model has no place for are reported, never read.
+    unread = [k for k, v in saved.items() if isinstance(v, stream.FileTensor) and k not in own]
+    rest = {k: v for k, v in saved.items() if k not in lazy and k not in unread}
     result = module.load_state_dict(stream.materialize(rest), strict=False)
-    unexpected = list(result.unexpected_keys)
+    unexpected = list(result.unexpected_keys) + unread
     missing = [k for k in result.missing_keys if k not in lazy]
     if strict and (missing or unexpected):
         raise RuntimeError(
@@ -203,9 +205,10 @@ def _load_stage3_module(
         custom_load_fn(src=reshard.consolidated_fp32(ckpt.dir), dst=engine.module)
     elif not with_optim:
         _write_stage3_params(engine, reshard.consolidated_fp32(ckpt.dir))
-    elif saved_stage < 3:  # whole 16-bit weights; the trained ones are then overwritten
+    elif saved_stage < 3:  # the frozen ones from its whole weights (the optimizer's next)
         params = dict(engine.module.named_parameters())
-        saved = {n: v for n, v in sd["module"].items() if n in params}
+        trained = {n for group in sd.get("param_shapes") or [] for n in group}
+        saved = {n: v for n, v in sd["module"].items() if n in params and n not in trained}
         _write_stage3_params(engine, saved, every=False)
     elif saved_world == engine.dp_world_size:
         _load_stage3_frozen(engine, sd)

@@ -5,7 +5,9 @@ per rank, only its own partitions: a few ranges of the saved ranks' tensors. A `
 such ranges without reading them (pieces of FileTensors, plain tensors or zeros), and
 `Slice.read_into(dst, plan)` records where each range must land. `ReadPlan.run()` then reads
 each saved tensor that anything needs once, front to back, through one bounded scratch
-buffer, so its CRC32C is checked as on any load and memory holds only the destinations.
+buffer, so its CRC32C is checked as on any load and memory holds only the destinations (a
+tensor with no manifest range, as in DeepSpeed's files, has nothing to check: only its
+wanted ranges are read).
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ class ReadPlan:
         order = sorted(self._wanted.values(), key=lambda e: (e[0].path, e[0].offset))
         for src, wants in order:
             wants.sort(key=lambda w: w[0])
+            if src.want is None:  # no manifest range to check: read only what is wanted
+                for first, dst in wants:
+                    src.read_into(dst, first)
+                continue
             per = max(1, SCRATCH_BYTES // src.element_size())
             if scratch is None:
                 scratch = stream.aligned_bytes(SCRATCH_BYTES)

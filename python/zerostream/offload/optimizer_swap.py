@@ -353,14 +353,7 @@ class SwappedAdam:
 
     def read_state(self, group: int, kind: str = "param") -> torch.Tensor:
         """Group `group`'s whole partition of `kind` read back from NVMe (tests, checkpoints)."""
-        k = _KINDS.index(kind)
-        out = torch.empty(self.numels[group], dtype=torch.float32)
-        for s in self.sub_groups:
-            if s.group == group:
-                buf = self.buffers[0][0][: s.hi - s.lo]
-                self.store.read(3 * s.index + k, buf).wait()
-                out[s.lo : s.hi].copy_(buf)
-        return out
+        return self.read_range(group, 0, self.numels[group], kind)
 
     def state_source(self, group: int, kind: str = "param") -> "SwapStateSource":
         """Group `group`'s partition of `kind` as a source the checkpoint writer streams

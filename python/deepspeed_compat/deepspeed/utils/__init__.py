@@ -18,20 +18,7 @@ from zerostream import comm
 from .._unsupported import Z3_LEAF_MODULES, unsupported
 from . import groups, init_on_device, tensor_fragment, zero_to_fp32
 from .init_on_device import OnDevice
-from .tensor_fragment import (
-    safe_get_full_fp32_param,
-    safe_get_full_grad,
-    safe_get_full_optimizer_state,
-    safe_get_local_fp32_param,
-    safe_get_local_grad,
-    safe_get_local_optimizer_state,
-    safe_set_full_fp32_param,
-    safe_set_full_grad,
-    safe_set_full_optimizer_state,
-    safe_set_local_fp32_param,
-    safe_set_local_grad,
-    safe_set_local_optimizer_state,
-)
+from .tensor_fragment import *  # noqa: F403  (the safe_get/set_* accessors)
 
 logger = logging.getLogger("zerostream")
 
@@ -73,18 +60,7 @@ __all__ = [
     "tensor_fragment",
     "zero_to_fp32",
     "OnDevice",
-    "safe_get_full_fp32_param",
-    "safe_get_full_grad",
-    "safe_get_full_optimizer_state",
-    "safe_get_local_fp32_param",
-    "safe_get_local_grad",
-    "safe_get_local_optimizer_state",
-    "safe_set_full_fp32_param",
-    "safe_set_full_grad",
-    "safe_set_full_optimizer_state",
-    "safe_set_local_fp32_param",
-    "safe_set_local_grad",
-    "safe_set_local_optimizer_state",
+    *tensor_fragment.__all__,
     "logger",
     "log_dist",
     "set_z3_leaf_modules",
