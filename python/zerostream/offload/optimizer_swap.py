@@ -267,35 +267,40 @@ class SwappedAdam:
         p, m, v = (buf[: s.hi - s.lo] for buf in self.buffers[slot])
         group = self.hyper.param_groups[s.group]
         sink = partitions[s.group]
-        # A stage-3 ShardSink (shards in the param swap store) takes the piece through a
-        # staging tensor it then writes out.
+        # A stage-3 ShardSink (shards in the param swap store) takes the sub-group through a
+        # staging tensor it then writes out; a DeviceSink (offload/copy_stage.py) takes it in
+        # pieces of one staging slot, each crossing to the device while the next is stepped.
         staged = hasattr(sink, "staging")
-        target = sink.staging(s.lo, s.hi) if staged else sink[s.lo : s.hi]
-        fused_copy = (
-            target
-            if target.dtype in (torch.bfloat16, torch.float16) and target.device.type == "cpu"
-            else None
-        )
-        cpu_adam_step(
-            p,
-            grads[s.group][s.lo : s.hi],
-            m,
-            v,
-            lr=group["lr"],
-            betas=group["betas"],
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            step=self.steps[s.group],
-            bias_correction=group.get("bias_correction", True),
-            adamw_mode=self.adamw_mode,
-            grad_scale=grad_scale,
-            param_copy=fused_copy,
-            threads=self.threads,
-        )
-        if fused_copy is None:
-            target.copy_(p)
-        if staged:
-            sink.commit(s.lo, s.hi)
+        piece = getattr(sink, "piece", s.hi - s.lo)
+        for lo in range(s.lo, s.hi, piece):
+            hi = min(lo + piece, s.hi)
+            target = sink.staging(lo, hi) if staged else sink[lo:hi]
+            fused_copy = (
+                target
+                if target.dtype in (torch.bfloat16, torch.float16) and target.device.type == "cpu"
+                else None
+            )
+            a, b = lo - s.lo, hi - s.lo
+            cpu_adam_step(
+                p[a:b],
+                grads[s.group][lo:hi],
+                m[a:b],
+                v[a:b],
+                lr=group["lr"],
+                betas=group["betas"],
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                step=self.steps[s.group],
+                bias_correction=group.get("bias_correction", True),
+                adamw_mode=self.adamw_mode,
+                grad_scale=grad_scale,
+                param_copy=fused_copy,
+                threads=self.threads,
+            )
+            if fused_copy is None:
+                target.copy_(p[a:b])
+            if staged:
+                sink.commit(lo, hi)
 
     def close(self) -> None:
         """Deletes the optimizer state's swap files (the run is over)."""

@@ -248,6 +248,40 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                     it.state["step"] += 1
         return loss
 
+    @torch.no_grad()
+    def step_in_pieces(self, piece: int, grad_scale: float, copy_to, done) -> None:
+        """step(grad_scale=...) cut into pieces of at most `piece` elements of each param,
+        for a caller that hands each piece on while the next one is updated (the copy stage,
+        offload/copy_stage.py): copy_to(gi, pi, lo, hi) returns a 16-bit buffer the kernel
+        writes the updated values into in the same pass (or None); done(gi, pi, lo, hi)
+        runs after each piece. The kernel is elementwise, so the result is step()'s, bit for
+        bit, and every param's step count still advances once."""
+        if piece < 1:
+            raise ValueError(f"step_in_pieces: piece must be >= 1; got {piece}")
+        for gi, group in enumerate(self.param_groups):
+            self._check_group(group)
+            stepped = []
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                self._check_param(gi, pi, p)
+                state = self.state[p]
+                if len(state) == 0:
+                    self._init_state(p, state)
+                p32 = state.get("fp32_param", p.data).view(-1)
+                grad = p.grad.contiguous().view(-1)
+                flat = {n: state[n].view(-1) for n in self._state_names}
+                for lo in range(0, p32.numel(), piece):
+                    hi = min(lo + piece, p32.numel())
+                    views = {n: t[lo:hi] for n, t in flat.items()}
+                    views["step"] = state["step"]
+                    item = StepItem(p32[lo:hi], grad[lo:hi], views, copy_to(gi, pi, lo, hi), gi, pi)
+                    self._group_step(group, [item], float(grad_scale))
+                    done(gi, pi, lo, hi)
+                stepped.append(state)
+            for state in stepped:
+                state["step"] += 1
+
     def _check_group(self, group: dict) -> None:
         pass
 

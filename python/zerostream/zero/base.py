@@ -155,8 +155,9 @@ class ZeroOptimizerBase:
         else:
             total = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         if partitioned and self.ctx.world > 1:
-            # The collective runs where the partitions are (NCCL: the GPU, even offloaded).
-            total = total.to(self.ctx.device)
+            # The collective runs on the run's device (NCCL: the GPU, even offloaded); a
+            # scalar summed on the host goes up without the host waiting for the stream.
+            total = total.to(self.ctx.device, non_blocking=True)
             comm.all_reduce(total, group=self.dp_process_group)
         return self._host_scalar(total)
 

@@ -17,6 +17,16 @@ Note [Stage-2 bucket reduction]
   last bucket of a model smaller than reduce_bucket_size, or large buckets) is
   reduce-scattered, half the bytes of an all-reduce; a bucket owned by one rank is
   all-reduced, as DeepSpeed's use_multi_rank_bucket_allreduce does.
+
+Note [Gradients to an offloaded partition]
+  With offload_optimizer the fp32 gradient partitions are in host memory. A reduced bucket
+  (its reduce-scatter output, or the span of an all-reduced bucket holding this rank's
+  pieces) is handed to the copy stage (offload/copy_stage.py) in the gradients' own dtype:
+  it crosses on the download lane while backward goes on, and is added into the fp32
+  partitions on the host when it has landed, so accumulation over micro-steps stays fp32
+  and exact. after_backward (stage 2) and at_boundary (stage 1) drain the stage: the step
+  never reads a partition with a bucket still in flight. Before, each bucket was a
+  synchronous device-to-host copy through pageable memory (the stall of issue 11).
 """
 
 from __future__ import annotations
@@ -57,9 +67,12 @@ def choose_collective(widest: int, numel: int, world: int) -> str:
 
 
 class _Reducer:
-    def __init__(self, flat_groups: List[FlatGroup], targets: List[torch.Tensor], ctx):
+    def __init__(self, flat_groups: List[FlatGroup], targets: List[torch.Tensor], ctx, stage=None):
         self.flat_groups = flat_groups
         self.targets = targets
+        # With the optimizer offloaded, reduced gradients reach the host partitions through
+        # the copy stage (Note [Gradients to an offloaded partition]).
+        self.stage = stage
         self.group = ctx.group
         self.world = ctx.world
         self.rank = ctx.rank
@@ -80,12 +93,45 @@ class _Reducer:
     def summary(self) -> dict:
         return {"collectives": dict(self.collectives)}
 
+    def _land(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
+        """Adds this rank's pieces of `source` into its fp32 partitions: directly, or, with
+        a copy stage, once the span of `source` holding them has crossed to the host in its
+        own dtype (widened there by the add)."""
+        if self.stage is None:
+            self._add(source, pieces, relative)
+            return
+        if not pieces:
+            return
+        if relative:
+            lo, hi = 0, sum(p.hi - p.lo for p in pieces)
+        else:
+            lo, hi = min(p.lo for p in pieces), max(p.hi for p in pieces)
+        self.stage.to_host(source[lo:hi], functools.partial(self._add_landed, pieces, relative, lo))
+
+    def _add_landed(self, pieces, relative: bool, base: int, at: int, chunk: torch.Tensor):
+        """The overlap of each piece with a landed chunk (source elements [base + at, ...))."""
+        c_lo, c_hi = base + at, base + at + chunk.numel()
+        pos = 0
+        for p in pieces:
+            n = p.hi - p.lo
+            s_lo = pos if relative else p.lo
+            pos += n
+            a, b = max(s_lo, c_lo), min(s_lo + n, c_hi)
+            if a < b:
+                off = p.part_lo + a - s_lo
+                self.targets[p.group][off : off + b - a].add_(chunk[a - c_lo : b - c_lo])
+
+    def drain(self) -> None:
+        """Every gradient handed to the copy stage has reached the partitions."""
+        if self.stage is not None:
+            self.stage.drain()
+
 
 class Stage1Reducer(_Reducer):
     """Accumulates local gradients; one reduce-scatter per group per optimizer step."""
 
-    def __init__(self, flat_groups, targets, ctx):
-        super().__init__(flat_groups, targets, ctx)
+    def __init__(self, flat_groups, targets, ctx, stage=None):
+        super().__init__(flat_groups, targets, ctx, stage)
         self.local = [torch.zeros_like(f.buffer) for f in flat_groups]
 
     def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
@@ -101,17 +147,21 @@ class Stage1Reducer(_Reducer):
                 # On the gradients' device: NCCL needs both sides there (GPU data-path issue).
                 out = torch.empty(flat.partition_numel, dtype=local.dtype, device=local.device)
                 self._timed("reduce_scatter", local, comm.reduce_scatter_tensor, out, local)
+            else:
+                out = local[flat.partition_begin : flat.partition_begin + flat.partition_numel]
+            if self.stage is None:
                 target.add_(out.to(target.device, torch.float32))
             else:
-                target.add_(local.to(target.device, torch.float32))
+                self._land(out, [Piece(0, out.numel(), gi, 0)], relative=True)
+                self.drain()  # `local` is zeroed next
             local.zero_()
 
 
 class Stage2Reducer(_Reducer):
     """Bucketed reduction during backward; see Note [Stage-2 bucket reduction]."""
 
-    def __init__(self, flat_groups, targets, ctx):
-        super().__init__(flat_groups, targets, ctx)
+    def __init__(self, flat_groups, targets, ctx, stage=None):
+        super().__init__(flat_groups, targets, ctx, stage)
         zero = ctx.config.zero_optimization
         self.bucket_size = zero.reduce_bucket_size
         self.overlap = zero.overlap_comm
@@ -144,6 +194,7 @@ class Stage2Reducer(_Reducer):
             for work, finish in pending:
                 work.wait()
                 finish()
+            self.drain()
 
     def at_boundary(self) -> None:
         pass
@@ -169,7 +220,7 @@ class Stage2Reducer(_Reducer):
         flat = torch.cat([g for _, _, g in bucket]) if len(bucket) > 1 else bucket[0][2]
         pieces = self.owner_pieces(bucket)
         if self.world == 1:
-            self._add(flat, pieces[self.rank], relative=False)
+            self._land(flat, pieces[self.rank], relative=False)
             return
         widest = widest_owner(pieces)
         if choose_collective(widest, flat.numel(), self.world) == "reduce_scatter":
@@ -177,7 +228,7 @@ class Stage2Reducer(_Reducer):
         else:
             flat = flat if len(bucket) > 1 else flat.clone()  # never reduce into param.grad
             work = self._timed("all_reduce", flat, comm.all_reduce, flat, async_op=self.overlap)
-            finish = functools.partial(self._add, flat, pieces[self.rank], relative=False)
+            finish = functools.partial(self._land, flat, pieces[self.rank], relative=False)
         if work is None:
             finish()
         else:
@@ -199,7 +250,7 @@ class Stage2Reducer(_Reducer):
             staging,
             async_op=self.overlap,
         )
-        return work, functools.partial(self._add, out, pieces[self.rank], relative=True)
+        return work, functools.partial(self._land, out, pieces[self.rank], relative=True)
 
     def _add(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
         """Adds this rank's pieces into its fp32 partitions; `relative`: `source` holds the

@@ -42,6 +42,31 @@ def _write_piece(partition, lo: int, hi: int, values: torch.Tensor) -> None:
         partition[lo:hi].copy_(values)
 
 
+_FUSED_COPY = (torch.bfloat16, torch.float16)  # the dtypes the CPU kernels write in-pass
+
+
+def _piece(sink, stage) -> int:
+    """Elements per hand-off piece: a copy-stage slot of the partition's dtype."""
+    return sink.piece if hasattr(sink, "piece") else max(1, _numel(sink))
+
+
+def _hand_on(sink, lo: int, hi: int, master: torch.Tensor, staged: bool) -> None:
+    """Elements [lo, hi) of a partition from their updated fp32 master values. `staged`:
+    the CPU kernel already wrote a 16-bit DeviceSink's piece into its staging buffer."""
+    from ..offload.copy_stage import DeviceSink
+
+    device = isinstance(sink, DeviceSink)
+    if device and staged and sink.dtype in _FUSED_COPY:
+        sink.commit(lo, hi)
+    elif device and sink.dtype == master.dtype:
+        sink.upload(lo, hi, master)  # straight from the page-locked arena
+    elif hasattr(sink, "staging"):  # a DeviceSink, or a stage-3 ShardSink (param swap)
+        sink.staging(lo, hi).copy_(master)
+        sink.commit(lo, hi)
+    else:
+        sink[lo:hi].copy_(master)
+
+
 class ShardedOptimizerBase(ZeroOptimizerBase):
     """fp32 masters, fp32 gradient partitions and the inner optimizer over this rank's local
     16-bit partitions (`self.local_partitions()`, one tensor per param group)."""
@@ -62,6 +87,13 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         zero = ctx.config.zero_optimization
         self.offload_device = zero.offload_optimizer_device
         self.swapper = None
+        # Offloaded: gradients go down and updated weights up through the copy stage
+        # (offload/copy_stage.py; its CPU twin on a machine without a GPU).
+        self.copy_stage = None
+        if self.offload_device != "none":
+            from ..offload.copy_stage import CopyStage
+
+            self.copy_stage = CopyStage(ctx.device, pin=zero.offload_optimizer.pin_memory)
         if make_swapped is not None:
             # offload_optimizer nvme: the fp32 state lives in the swap store from the start.
             self.grads = self._allocate_grads([_numel(p) for p in partitions], zero)
@@ -148,8 +180,38 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         return factor is not None
 
     def _update(self, factor: float) -> None:
-        """Steps this rank's partitions and writes them into the 16-bit partitions."""
-        partitions = self.local_partitions()
+        """Steps this rank's partitions and writes them into the 16-bit partitions; with the
+        copy stage, piece by piece, each piece's upload crossing while the next is stepped."""
+        partitions = self._sinks(self.local_partitions())
+        try:
+            self._update_into(partitions, factor)
+        finally:
+            if self.copy_stage is not None:
+                self.copy_stage.fence()
+                self._count_copies()
+
+    def _sinks(self, partitions: list) -> list:
+        """The partitions the update writes: one on the compute device is written through
+        the copy stage (a DeviceSink); a host one (offload_param cpu) or a stage-3 ShardSink
+        as it is."""
+        stage = self.copy_stage
+        if stage is None:
+            return partitions
+        from ..offload.copy_stage import DeviceSink
+
+        return [
+            DeviceSink(p, stage) if torch.is_tensor(p) and p.device == stage.device else p
+            for p in partitions
+        ]
+
+    def _count_copies(self) -> None:
+        """The copy stage's bytes since the last count, into telemetry (the PCIe link)."""
+        stats, seen = self.copy_stage.stats, getattr(self, "_copies_seen", {})
+        for key, tier in (("d2h_bytes", "d2h"), ("h2d_bytes", "h2d")):
+            self.telemetry.moved(tier, stats[key] - seen.get(key, 0), 0.0)
+        self._copies_seen = dict(stats)
+
+    def _update_into(self, partitions: list, factor: float) -> None:
         if self.swapper is not None:
             before = (
                 self.swapper.bytes_read,
@@ -163,6 +225,22 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.telemetry.moved("nvme_write", self.swapper.bytes_written - before[1], took)
             self.telemetry.add_seconds("swap_wait", self.swapper.wait_seconds - before[2])
             return
+        from ..offload.copy_stage import DeviceSink
+
+        if isinstance(self.optimizer, CPUOptimizerBase) and self.copy_stage is not None:
+            # The unscale/clip factor folded into the kernel's one pass, which writes each
+            # piece's 16-bit copy straight into the copy stage's staging.
+            def copy_to(gi, pi, lo, hi):
+                sink = partitions[gi]
+                fused = isinstance(sink, DeviceSink) and sink.dtype in _FUSED_COPY
+                return sink.staging(lo, hi) if fused else None
+
+            def done(gi, pi, lo, hi):
+                _hand_on(partitions[gi], lo, hi, self.masters[gi][lo:hi], staged=True)
+
+            piece = min((_piece(p, self.copy_stage) for p in partitions), default=1)
+            self.optimizer.step_in_pieces(piece, factor, copy_to, done)
+            return
         if isinstance(self.optimizer, CPUOptimizerBase):
             self.optimizer.step(grad_scale=factor)  # folded into the kernel's one pass
         else:
@@ -170,8 +248,11 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 for g in self.grads:
                     g.mul_(factor)
             self.optimizer.step()
-        for part, master in zip(partitions, self.masters):
-            part.copy_(master)
+        for sink, master in zip(partitions, self.masters):
+            step = _piece(sink, self.copy_stage)
+            for lo in range(0, master.numel(), step):
+                hi = min(lo + step, master.numel())
+                _hand_on(sink, lo, hi, master[lo:hi], staged=False)
 
     def non_finite_state(self) -> Optional[str]:
         """With offload_optimizer nvme the fp32 state is on disk: reading it all back after

@@ -46,7 +46,7 @@ class PartitionedOptimizer(ShardedOptimizerBase):
             make_optimizer,
             make_swapped,
         )
-        self.reducer = _REDUCERS[self.stage](self.flat_groups, self.grads, ctx)
+        self.reducer = _REDUCERS[self.stage](self.flat_groups, self.grads, ctx, self.copy_stage)
         self._slot_of: Dict[torch.nn.Parameter, Tuple[int, ParamSlot]] = {}
         for gi, flat in enumerate(self.flat_groups):
             for slot in flat.slots:

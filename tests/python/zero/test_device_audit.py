@@ -11,14 +11,24 @@ counted, and returns a fixed value, since fake tensors hold no data.
 This is the test that would have caught the GPU data-path issue's stage-1 crash (the
 reduce-scatter output was allocated on the CPU) and the norm all-reduce of an offloaded run
 running on a CPU tensor.
+
+With the optimizer offloaded, the copy stage's CUDA lanes run against a recording stand-in
+for torch.cuda's streams and events (FakeCuda), and every copy between the devices is
+watched (CopyAudit): none may be synchronous, each must run on a side stream, the host may
+wait once per step for the gradients to land, and the updated weights must be fenced into
+the compute stream before the all-gather reads them.
 """
+
+import contextlib
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from zerostream import comm
 from zerostream.config import load
+from zerostream.offload import copy_stage
 from zerostream.precision import make_loss_scaler
 from zerostream.zero.base import ZeroOptimizerBase
 from zerostream.zero.factory import build_zero_optimizer, stage_class
@@ -27,21 +37,126 @@ from zerostream.zero.protocol import RunState, StageContext, TrainingState
 CUDA = torch.device("cuda", 0)
 
 
-def _nccl_like(name):
+class _Event:
+    """An event that completes only when the host waits on it or on one depending on it."""
+
+    def __init__(self, cuda):
+        self.cuda, self.deps, self.done = cuda, set(), False
+
+    def record(self, stream):
+        self.deps = set(stream.deps)
+        stream.deps.add(self)
+        self.cuda.log.append(("record", stream.name))
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.cuda.host_syncs += 1
+        for e in self.deps | {self}:
+            e.done = True
+
+
+class _Stream:
+    def __init__(self, name):
+        self.name, self.deps = name, set()
+
+    def wait_stream(self, other):
+        self.deps |= other.deps
+
+    def wait_event(self, event):
+        self.deps |= event.deps | {event}
+
+
+class FakeCuda:
+    """copy_stage.TorchCuda's calls, recorded: streams carry the set of events their queued
+    work depends on, so an event is complete once the host has waited on it or a later one."""
+
+    def __init__(self):
+        self.log, self.host_syncs, self.lanes = [], 0, []
+        self.compute = self.current = _Stream("compute")
+
+    def new_stream(self):
+        self.lanes.append(_Stream(f"lane{len(self.lanes)}"))
+        return self.lanes[-1]
+
+    def current_stream(self):
+        return self.compute
+
+    @contextlib.contextmanager
+    def use(self, stream):
+        before, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def new_event(self):
+        return _Event(self)
+
+    def keep_alive(self, tensor, stream):
+        self.log.append(("keep_alive", stream.name))
+
+
+class CopyAudit(TorchDispatchMode):
+    """Every copy between the CPU and the (fake) GPU: synchronous ones, and the stream each
+    asynchronous one was queued on."""
+
+    def __init__(self, cuda):
+        super().__init__()
+        self.cuda, self.sync, self.on_stream = cuda, [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.copy_.default:
+            dst, src = args[0], args[1]
+            blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+            if dst.device.type != src.device.type:
+                what = f"copy_ {src.device} -> {dst.device} {tuple(src.shape)}"
+                self._crossing(blocking, what, src.numel())
+        elif func is torch.ops.aten._to_copy.default and kwargs.get("device") is not None:
+            if torch.device(kwargs["device"]).type != args[0].device.type:
+                blocking = not kwargs.get("non_blocking", False)
+                what = f"to {args[0].device} -> {kwargs['device']}"
+                self._crossing(blocking, what, args[0].numel())
+        return func(*args, **kwargs)
+
+    def _crossing(self, blocking, what, numel):
+        if blocking:
+            self.sync.append(what)
+        else:
+            self.on_stream.append((self.cuda.current.name, numel))
+
+
+def _nccl_like(name, cuda):
     def collective(*tensors, **kwargs):
         for t in tensors:
             if torch.is_tensor(t) and t.device.type != "cuda":
                 raise RuntimeError(f"{name}: NCCL needs CUDA tensors; got one on {t.device}")
+        if name == "all_gather_into_tensor":
+            # It reads the updated partitions: every upload queued so far must be ordered
+            # before it on the compute stream.
+            uploads = [e for lane in cuda.lanes[1:] for e in lane.deps]  # lane0 is the download
+            missing = [e for e in uploads if e not in cuda.compute.deps]
+            if missing:
+                raise RuntimeError(f"all_gather before {len(missing)} uploads were fenced")
         return None
 
     return collective
 
 
 @pytest.fixture
-def gpu_world(monkeypatch):
+def fake_cuda(monkeypatch):
+    cuda = FakeCuda()
+    monkeypatch.setattr(copy_stage, "lanes_for", lambda device: copy_stage.CudaLanes(cuda))
+    return cuda
+
+
+@pytest.fixture
+def gpu_world(monkeypatch, fake_cuda):
     """Two pretend ranks whose collectives insist on CUDA tensors; counts host reads."""
     for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast"):
-        monkeypatch.setattr(comm, name, _nccl_like(name))
+        monkeypatch.setattr(comm, name, _nccl_like(name, fake_cuda))
     monkeypatch.setattr(comm, "get_global_rank", lambda group, rank: rank)
     reads = []
     monkeypatch.setattr(ZeroOptimizerBase, "_host_scalar", lambda self, t: reads.append(t) or 1.0)
@@ -70,7 +185,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("stage,offload,precision", CASES)
-def test_the_optimizer_path_keeps_collectives_on_the_gpu(gpu_world, stage, offload, precision):
+def test_the_optimizer_path_keeps_collectives_on_the_gpu(
+    gpu_world, fake_cuda, stage, offload, precision
+):
     zero = {"stage": stage, "reduce_bucket_size": 100, "allgather_bucket_size": 64}
     if offload != "none":
         zero["offload_optimizer"] = {"device": offload}
@@ -102,15 +219,32 @@ def test_the_optimizer_path_keeps_collectives_on_the_gpu(gpu_world, stage, offlo
         [{"params": list(model.parameters())}],
         client=lambda groups: torch.optim.AdamW(groups, foreach=False),
     )
-    for _ in range(2):
-        ctx.run.state = TrainingState.BACKWARD
-        for p in reversed(list(model.parameters())):
-            p.grad = torch.ones_like(p)
-            if stage > 0:
-                opt._on_grad(p)  # the post-accumulate-grad hook the stage registered
-        opt.after_backward()
-        ctx.run.state = TrainingState.STEP
-        assert opt.step()
-        ctx.run.state = TrainingState.IDLE
+    audit = CopyAudit(fake_cuda)
+    with audit:
+        for _ in range(2):
+            ctx.run.state = TrainingState.BACKWARD
+            for p in reversed(list(model.parameters())):
+                p.grad = torch.ones_like(p)
+                if stage > 0:
+                    opt._on_grad(p)  # the post-accumulate-grad hook the stage registered
+            opt.after_backward()
+            ctx.run.state = TrainingState.STEP
+            assert opt.step()
+            ctx.run.state = TrainingState.IDLE
     assert len(gpu_world) == 2, "one host read per step (the global squared norm)"
     assert all(p.device == CUDA for p in model.parameters())
+    assert audit.sync == [], "no synchronous copy between the host and the GPU"
+    if offload == "none":
+        assert audit.on_stream == [] and fake_cuda.host_syncs == 0
+        return
+    # Gradients went down and weights came up, every copy on a side stream; only the
+    # squared-norm scalar, summed on the host, goes up on the compute stream for the
+    # all-reduce (once a step).
+    stats = opt.copy_stage.stats
+    assert stats["d2h_bytes"] > 0 and stats["h2d_bytes"] > 0
+    laned = [(s, n) for s, n in audit.on_stream if s != "compute"]
+    assert [n for s, n in audit.on_stream if s == "compute"] == [1, 1]
+    assert stats["copies"] == len(laned)
+    # The host waited once per step, for the gradients to land; the uploads it never waited
+    # for (the all-gather stand-in checked they were fenced into the compute stream).
+    assert fake_cuda.host_syncs == stats["host_waits"] == 2

@@ -169,7 +169,9 @@ class Stage3Optimizer(ShardedOptimizerBase):
         options = [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
         self._init_state(ctx, self.flat16, options, starts, make_optimizer, make_swapped)
         self.slots = slots
-        self.reducer = Stage3Reducer(slots, self.grads, zero.reduce_bucket_size, ctx)
+        self.reducer = Stage3Reducer(
+            slots, self.grads, zero.reduce_bucket_size, ctx, self.copy_stage
+        )
         self._hooks = [
             zp.param.register_post_accumulate_grad_hook(self._on_grad)
             for zps in self.groups
@@ -210,11 +212,13 @@ class Stage3Optimizer(ShardedOptimizerBase):
 
     def after_backward(self) -> None:
         self.reducer.flush()
+        self.reducer.drain()
         self.coord.end_backward()
 
     def step(self) -> bool:
         with self.telemetry.phase("reduce"):
             self.reducer.flush()
+            self.reducer.drain()
         self.part.release_all()
         applied = self._average_and_update()
         if applied:

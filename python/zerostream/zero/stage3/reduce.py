@@ -10,6 +10,7 @@ world*S elements leaves each rank its S elements, in the order of its gradient p
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from typing import Dict, List, Tuple
@@ -27,10 +28,13 @@ class Stage3Reducer:
         targets: List[torch.Tensor],
         bucket_size: int,
         ctx,
+        stage=None,
     ):
         """`slots[ds_id]` = (group, offset of the param's shard in that group's partition);
-        `targets` the fp32 gradient partitions."""
-        self.slots, self.targets = slots, targets
+        `targets` the fp32 gradient partitions; `stage` the copy stage that takes reduced
+        shards to host partitions (Note [Gradients to an offloaded partition] in
+        zero/grad_reduce.py)."""
+        self.slots, self.targets, self.stage = slots, targets, stage
         self.bucket_size = max(1, bucket_size)
         self.world, self.group, self.device = ctx.world, ctx.group, ctx.device
         self.telemetry = ctx.telemetry
@@ -87,14 +91,30 @@ class Stage3Reducer:
             )
         else:
             out = flat
-        out = out.to(self.targets[0].device, dtype=torch.float32)
-        off = 0
+        spans, off = [], 0  # (where in `out`, group, where in its partition, elements)
         for zp, _ in items:
             group, at = self.slots[zp.ds_id]
-            k = zp.shard_numel
-            self.targets[group][at : at + k].add_(out[off : off + k])
-            off += k
+            spans.append((off, group, at, zp.shard_numel))
+            off += zp.shard_numel
+        if self.stage is not None:
+            self.stage.to_host(out, functools.partial(self._add, spans))
+        else:
+            self._add(spans, 0, out.to(self.targets[0].device, dtype=torch.float32))
         self.reduced_numel += sum(zp.numel for zp, _ in items)
+
+    def _add(self, spans, at: int, chunk: torch.Tensor) -> None:
+        """Adds the spans' overlap with `chunk` (elements [at, ...) of the reduced shards)."""
+        end = at + chunk.numel()
+        for off, group, part_at, k in spans:
+            a, b = max(off, at), min(off + k, end)
+            if a < b:
+                lo = part_at + a - off
+                self.targets[group][lo : lo + b - a].add_(chunk[a - at : b - at])
+
+    def drain(self) -> None:
+        """Every reduced shard handed to the copy stage has reached the partitions."""
+        if self.stage is not None:
+            self.stage.drain()
 
     def summary(self) -> dict:
         return {"collectives": dict(self.collectives), "reduced_numel": self.reduced_numel}

@@ -1,0 +1,124 @@
+"""The copy stage's CPU twin (offload/copy_stage.py): chunking, slot reuse, the order in which
+landed downloads are consumed, uploads, and when the host has to wait. The same code runs the
+GPU's lanes; test_device_audit.py checks those lanes' streams and events."""
+
+import pytest
+import torch
+
+from zerostream.offload.copy_stage import CopyStage, DeviceSink, HostLanes
+from zerostream.ops.adagrad import DeepSpeedCPUAdagrad
+from zerostream.ops.adam import DeepSpeedCPUAdam
+from zerostream.ops.lion import DeepSpeedCPULion
+
+SLOT = 4096  # bytes: 1024 fp32 or 2048 bf16 elements a slot
+
+
+class SlowLanes(HostLanes):
+    """Copies that land only when the host waits for them (or a later one on the lane)."""
+
+    def __init__(self):
+        self.waited = []
+        self.seq = 0
+        self.done_upto = {False: 0, True: 0}
+
+    def copy(self, dst, src, upload):
+        dst.copy_(src)
+        self.seq += 1
+        return (upload, self.seq)
+
+    def ready(self, event):
+        return event[1] <= self.done_upto[event[0]]
+
+    def host_wait(self, event):
+        self.waited.append(event)
+        self.done_upto[event[0]] = max(self.done_upto[event[0]], event[1])
+
+
+def test_a_download_larger_than_a_slot_lands_in_order_and_whole():
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2)
+    src = torch.randn(5000)  # 5 chunks of at most 1024 through 2 slots
+    seen = []
+    stage.to_host(src, lambda lo, chunk: seen.append((lo, chunk.clone())))
+    stage.drain()
+    assert [lo for lo, _ in seen] == [0, 1024, 2048, 3072, 4096]
+    # Each chunk was consumed before its slot took the next one: the values are the source's.
+    assert torch.equal(torch.cat([c for _, c in seen]), src)
+    assert stage.stats["d2h_bytes"] == src.numel() * 4 and stage.stats["copies"] == 5
+
+
+def test_consumers_run_only_once_their_copy_has_landed_and_the_host_waits_for_a_slot():
+    lanes = SlowLanes()
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=3, lanes=lanes)
+    src = torch.arange(6 * 2048, dtype=torch.bfloat16)  # 6 chunks through 3 slots
+    consumed = []
+    stage.to_host(src, lambda lo, chunk: consumed.append(lo))
+    # Chunks 3..5 each needed a slot back: the host waited for chunks 0, 1, 2 in turn and
+    # consumed exactly those; the last three are still in flight.
+    assert [e[1] for e in lanes.waited] == [1, 2, 3]
+    assert consumed == [0, 2048, 4096]
+    stage.drain()
+    # One wait on the lane's last copy lands the rest: consumed in the order queued.
+    assert [e[1] for e in lanes.waited] == [1, 2, 3, 6]
+    assert consumed == [0, 2048, 4096, 6144, 8192, 10240]
+    assert stage.stats["host_waits"] == 4
+
+
+def test_uploads_through_staging_and_straight_from_host_memory():
+    lanes = SlowLanes()
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2, lanes=lanes)
+    dst = torch.zeros(3000, dtype=torch.bfloat16)
+    sink = DeviceSink(dst, stage)
+    assert sink.piece == 2048
+    values = torch.randn(3000)
+    for lo in range(0, 3000, sink.piece):
+        hi = min(lo + sink.piece, 3000)
+        sink.staging(lo, hi).copy_(values[lo:hi])
+        sink.commit(lo, hi)
+    assert torch.equal(dst, values.to(torch.bfloat16))
+    # Two slots, two pieces: nobody waited; fence() orders them on the device, not the host.
+    stage.fence()
+    assert lanes.waited == []
+    dst32 = torch.zeros(10)
+    DeviceSink(dst32, stage).upload(2, 7, values[:5])
+    assert torch.equal(dst32[2:7], values[:5]) and dst32[:2].eq(0).all()
+    assert stage.stats["h2d_bytes"] == 3000 * 2 + 5 * 4
+    stage.drain()  # the host waits once per lane, on its last copy
+    assert stage.stats["host_waits"] == 1
+
+
+def test_a_staging_request_larger_than_a_slot_is_refused_with_both_sizes():
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2)
+    with pytest.raises(ValueError, match=r"4096 elements of torch.float32 exceed a slot \(1024\)"):
+        stage.staging(4096, torch.float32)
+
+
+@pytest.mark.parametrize("cls", [DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion])
+def test_stepping_in_pieces_is_bitwise_the_whole_step(cls):
+    torch.manual_seed(0)
+    sizes = [3000, 17, 1024]
+    whole = [torch.randn(n) for n in sizes]
+    pieces = [p.clone() for p in whole]
+    a, b = cls(whole, lr=1e-2), cls(pieces, lr=1e-2)
+    copies = [torch.zeros(n, dtype=torch.bfloat16) for n in sizes]
+    calls = []
+    for _ in range(3):
+        for p, q in zip(whole, pieces):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        a.step(grad_scale=0.5)
+        calls.clear()
+        b.step_in_pieces(
+            1000,
+            0.5,
+            lambda gi, pi, lo, hi: copies[pi][lo:hi],
+            lambda gi, pi, lo, hi: calls.append((pi, lo, hi)),
+        )
+        assert calls[:4] == [(0, 0, 1000), (0, 1000, 2000), (0, 2000, 3000), (1, 0, 17)]
+    for p, q, c in zip(whole, pieces, copies):
+        assert torch.equal(p, q)
+        assert torch.equal(c, q.to(torch.bfloat16))  # the fused 16-bit copy of each piece
+    for p, q in zip(whole, pieces):
+        sa, sb = a.state[p], b.state[q]
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            assert torch.equal(torch.as_tensor(sa[k]), torch.as_tensor(sb[k])), k
