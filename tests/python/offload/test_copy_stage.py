@@ -122,3 +122,46 @@ def test_stepping_in_pieces_is_bitwise_the_whole_step(cls):
         assert sa.keys() == sb.keys()
         for k in sa:
             assert torch.equal(torch.as_tensor(sa[k]), torch.as_tensor(sb[k])), k
+
+
+def test_a_consumer_thread_lands_downloads_in_order_off_the_queuing_thread():
+    import threading
+    import time
+
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2, consumer_thread=True)
+    src = torch.randn(5 * 1024)
+    seen, threads = [], set()
+
+    def consume(lo, chunk):
+        time.sleep(0.02)  # slower than the queuing: the queuing thread must wait for slots
+        threads.add(threading.get_ident())
+        seen.append((lo, chunk.clone()))
+
+    stage.to_host(src, consume)
+    stage.drain()
+    assert [lo for lo, _ in seen] == [0, 1024, 2048, 3072, 4096]
+    assert torch.equal(torch.cat([c for _, c in seen]), src)
+    assert threads and threading.get_ident() not in threads
+    assert stage.stats["host_waits"] >= 3  # slots for chunks 2, 3, 4 (and maybe the drain)
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_a_failing_consumer_is_raised_by_drain_and_nothing_hangs(thread):
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2, consumer_thread=thread)
+
+    def consume(lo, chunk):
+        if lo == 1024:
+            raise ValueError("target partition too short")
+
+    with pytest.raises(RuntimeError, match="consumer failed") as info:
+        stage.to_host(torch.zeros(4 * 1024), consume)
+        stage.drain()
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_asking_for_staging_with_every_slot_uncommitted_is_an_error_not_a_hang():
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2)
+    stage.staging(8, torch.float32)
+    stage.staging(8, torch.float32)
+    with pytest.raises(RuntimeError, match="staged and not committed"):
+        stage.staging(8, torch.float32)
