@@ -20,7 +20,8 @@ offload/), so its numbers can be checked against `zerostream bench step`
   per host process          offload cpu: master + gradient partitions (pinned arena) and the
                             moments; nvme: the fp32 gradient partition and the sub-group
                             staging (sets x 3 fp32 buffers of sub_group_size); params offloaded
-                            to cpu: the shards; to nvme: max_in_cpu of them and the staging
+                            to cpu: the shards; to nvme: max_in_cpu of them and the staging;
+                            any optimizer offload: the copy stage's pinned staging slots
   per node NVMe             nvme optimizer: fp32 master + moments, 12 B per element; nvme
                             params: the 16-bit shards beyond max_in_cpu
 
@@ -251,6 +252,10 @@ def _memory(shape, work, machine, option, knobs):
         host["fp32 grads"] = 4 * part
         host["optimizer staging"] = sets * 12 * width
         nvme["fp32 master, Adam m, v"] = 12 * part
+    if option.optimizer != "none":
+        from ..offload.copy_stage import SLOT_BYTES, SLOTS
+
+        host["copy stage staging"] = SLOTS * SLOT_BYTES
     if option.stage == 3 and option.param != "none":
         shard = d * (part - math.ceil(persistent / N))
         if option.param == "cpu":

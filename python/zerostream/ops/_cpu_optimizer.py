@@ -221,27 +221,18 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for gi, group in enumerate(self.param_groups):
-            self._check_group(group)
-            items = []
-            for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                self._check_param(gi, pi, p)
-                state = self.state[p]
-                if len(state) == 0:
-                    self._init_state(p, state)
-                master = state.get("fp32_param")
-                items.append(
-                    StepItem(
-                        p.data if master is None else master,
-                        p.grad.contiguous(),
-                        state,
-                        None if master is None else p.data,
-                        gi,
-                        pi,
-                    )
+        for gi, group, params in self._stepping():
+            items = [
+                StepItem(
+                    p.data if master is None else master,
+                    p.grad.contiguous(),
+                    state,
+                    None if master is None else p.data,
+                    gi,
+                    pi,
                 )
+                for pi, p, state, master in params
+            ]
             if items:
                 self._group_step(group, items, float(grad_scale))
                 for it in items:
@@ -258,17 +249,9 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         bit, and every param's step count still advances once."""
         if piece < 1:
             raise ValueError(f"step_in_pieces: piece must be >= 1; got {piece}")
-        for gi, group in enumerate(self.param_groups):
-            self._check_group(group)
-            stepped = []
-            for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                self._check_param(gi, pi, p)
-                state = self.state[p]
-                if len(state) == 0:
-                    self._init_state(p, state)
-                p32 = state.get("fp32_param", p.data).view(-1)
+        for gi, group, params in self._stepping():
+            for pi, p, state, master in params:
+                p32 = (p.data if master is None else master).view(-1)
                 grad = p.grad.contiguous().view(-1)
                 flat = {n: state[n].view(-1) for n in self._state_names}
                 for lo in range(0, p32.numel(), piece):
@@ -278,9 +261,24 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                     item = StepItem(p32[lo:hi], grad[lo:hi], views, copy_to(gi, pi, lo, hi), gi, pi)
                     self._group_step(group, [item], float(grad_scale))
                     done(gi, pi, lo, hi)
-                stepped.append(state)
-            for state in stepped:
+            for _, _, state, _ in params:
                 state["step"] += 1
+
+    def _stepping(self):
+        """(group index, group, [(index, param, state, fp32 master or None)]) for every param
+        group, over the params with a gradient: each checked, its state made at first use."""
+        for gi, group in enumerate(self.param_groups):
+            self._check_group(group)
+            params = []
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                self._check_param(gi, pi, p)
+                state = self.state[p]
+                if len(state) == 0:
+                    self._init_state(p, state)
+                params.append((pi, p, state, state.get("fp32_param")))
+            yield gi, group, params
 
     def _check_group(self, group: dict) -> None:
         pass

@@ -45,19 +45,38 @@ def _write_piece(partition, lo: int, hi: int, values: torch.Tensor) -> None:
 _FUSED_COPY = (torch.bfloat16, torch.float16)  # the dtypes the CPU kernels write in-pass
 
 
-def _piece(sink, stage) -> int:
+def _piece(sink) -> int:
     """Elements per hand-off piece: a copy-stage slot of the partition's dtype."""
     return sink.piece if hasattr(sink, "piece") else max(1, _numel(sink))
 
 
-def _hand_on(sink, lo: int, hi: int, master: torch.Tensor, staged: bool) -> None:
-    """Elements [lo, hi) of a partition from their updated fp32 master values. `staged`:
-    the CPU kernel already wrote a 16-bit DeviceSink's piece into its staging buffer."""
+def _fusable(sink) -> bool:
+    """Whether the CPU kernel writes a partition's 16-bit values in the same pass as the
+    update: into a DeviceSink's staging, or into a host partition itself (offload_param
+    cpu); not fp32 partitions, nor stage-3 ShardSinks (shards on NVMe)."""
+    from ..offload.copy_stage import DeviceSink
+
+    on_host = torch.is_tensor(sink) and sink.device.type == "cpu"
+    return (isinstance(sink, DeviceSink) or on_host) and sink.dtype in _FUSED_COPY
+
+
+def _fused_target(sink, lo: int, hi: int) -> Optional[torch.Tensor]:
+    """Where the kernel writes elements [lo, hi) of a _fusable partition, else None."""
+    if not _fusable(sink):
+        return None
+    return sink[lo:hi] if torch.is_tensor(sink) else sink.staging(lo, hi)
+
+
+def _hand_on(sink, lo: int, hi: int, master: torch.Tensor, fused: bool) -> None:
+    """Elements [lo, hi) of a partition from their updated fp32 master values. `fused`: the
+    kernel already wrote them where _fused_target said (a DeviceSink's staging is then
+    committed, a host partition is done)."""
     from ..offload.copy_stage import DeviceSink
 
     device = isinstance(sink, DeviceSink)
-    if device and staged and sink.dtype in _FUSED_COPY:
-        sink.commit(lo, hi)
+    if fused and _fusable(sink):
+        if device:
+            sink.commit(lo, hi)
     elif device and sink.dtype == master.dtype:
         sink.upload(lo, hi, master)  # straight from the page-locked arena
     elif hasattr(sink, "staging"):  # a DeviceSink, or a stage-3 ShardSink (param swap)
@@ -225,20 +244,17 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.telemetry.moved("nvme_write", self.swapper.bytes_written - before[1], took)
             self.telemetry.add_seconds("swap_wait", self.swapper.wait_seconds - before[2])
             return
-        from ..offload.copy_stage import DeviceSink
 
         if isinstance(self.optimizer, CPUOptimizerBase) and self.copy_stage is not None:
             # The unscale/clip factor folded into the kernel's one pass, which writes each
             # piece's 16-bit copy straight into the copy stage's staging.
             def copy_to(gi, pi, lo, hi):
-                sink = partitions[gi]
-                fused = isinstance(sink, DeviceSink) and sink.dtype in _FUSED_COPY
-                return sink.staging(lo, hi) if fused else None
+                return _fused_target(partitions[gi], lo, hi)
 
             def done(gi, pi, lo, hi):
-                _hand_on(partitions[gi], lo, hi, self.masters[gi][lo:hi], staged=True)
+                _hand_on(partitions[gi], lo, hi, self.masters[gi][lo:hi], fused=True)
 
-            piece = min((_piece(p, self.copy_stage) for p in partitions), default=1)
+            piece = min((_piece(p) for p in partitions), default=1)
             self.optimizer.step_in_pieces(piece, factor, copy_to, done)
             return
         if isinstance(self.optimizer, CPUOptimizerBase):
@@ -249,10 +265,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                     g.mul_(factor)
             self.optimizer.step()
         for sink, master in zip(partitions, self.masters):
-            step = _piece(sink, self.copy_stage)
+            step = _piece(sink)
             for lo in range(0, master.numel(), step):
                 hi = min(lo + step, master.numel())
-                _hand_on(sink, lo, hi, master[lo:hi], staged=False)
+                _hand_on(sink, lo, hi, master[lo:hi], fused=False)
 
     def non_finite_state(self) -> Optional[str]:
         """With offload_optimizer nvme the fp32 state is on disk: reading it all back after

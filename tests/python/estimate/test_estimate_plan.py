@@ -63,7 +63,9 @@ def test_70b_recommended_bytes_and_seconds_by_hand():
     assert rec.host["fp32 grads"] == 4 * PART
     assert rec.host["optimizer staging"] == 2 * 3 * 4 * 10**8  # 2 sets of p, m, v sub-groups
     assert rec.nvme_node == 8 * 12 * PART  # fp32 master + exp_avg + exp_avg_sq
-    assert rec.host_node == 8 * (4 * PART + 24 * 10**8 + machine.host_overhead)
+    assert rec.host["copy stage staging"] == 4 * 16 * 2**20  # pinned slots for PCIe copies
+    staging = 24 * 10**8 + 4 * 16 * 2**20
+    assert rec.host_node == 8 * (4 * PART + staging + machine.host_overhead)
     t = rec.traffic
     assert t["nvme_read"] == t["nvme_write"] == 8 * 12 * PART
     assert t["d2h"] == 2 * PART and t["h2d"] == 2 * PART

@@ -165,3 +165,29 @@ def test_asking_for_staging_with_every_slot_uncommitted_is_an_error_not_a_hang()
     stage.staging(8, torch.float32)
     with pytest.raises(RuntimeError, match="staged and not committed"):
         stage.staging(8, torch.float32)
+
+
+def test_the_update_writes_16_bit_host_partitions_in_pass_and_others_through_the_stage():
+    from zerostream.zero.sharded import _fused_target, _hand_on
+
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2)
+    master = torch.randn(100)
+    # A 16-bit partition in host memory on a GPU run (offload_param cpu): the kernel writes
+    # into the partition itself, and nothing is copied after it.
+    host16 = torch.zeros(100, dtype=torch.bfloat16)
+    target = _fused_target(host16, 10, 20)
+    assert target.data_ptr() == host16[10:20].data_ptr()
+    _hand_on(host16, 10, 20, master[10:20], fused=True)
+    assert host16.eq(0).all() and stage.stats["copies"] == 0
+    # One on the compute device: the kernel writes into staging, committed by _hand_on.
+    sink = DeviceSink(torch.zeros(100, dtype=torch.bfloat16), stage)
+    _fused_target(sink, 0, 50).copy_(master[:50])
+    _hand_on(sink, 0, 50, master[:50], fused=True)
+    assert torch.equal(sink.part[:50], master[:50].to(torch.bfloat16))
+    # fp32 partitions are not fused: an fp32 one on the device is uploaded from the master,
+    # one on the host copied.
+    sink32, host32 = DeviceSink(torch.zeros(100), stage), torch.zeros(100)
+    assert _fused_target(sink32, 0, 10) is None and _fused_target(host32, 0, 10) is None
+    _hand_on(sink32, 0, 100, master, fused=True)
+    _hand_on(host32, 0, 100, master, fused=False)
+    assert torch.equal(sink32.part, master) and torch.equal(host32, master)
