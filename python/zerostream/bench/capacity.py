@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -26,6 +25,7 @@ import time
 import torch
 
 from .gpt import GPT, GPTShape, batches
+from .memory import peak_rss_bytes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _rss_gib() -> float:
     """Peak RSS of this process so far."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return peak_rss_bytes() / 2**30  # VmHWM: Note [A child's peak RSS] in bench/memory.py
 
 
 def _rss_now_gib() -> float:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import socket
 import statistics
@@ -34,6 +33,8 @@ from typing import Dict, List, Optional
 import torch
 
 from zerostream.bench import stdout_to_stderr
+
+from .memory import memory_status, peak_rss_bytes, reset_peak
 
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
 WIDTH = 4096  # Linear(WIDTH, WIDTH): 16.8 M parameters per layer
@@ -158,38 +159,14 @@ def drop_cache(directory: str) -> None:
             os.close(fd)
 
 
-def _memory_status() -> Dict[str, int]:
-    """VmRSS and VmHWM (peak) of this process, in bytes; {} where /proc has no such lines."""
-    out = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    out[key] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
-def _reset_peak() -> bool:
-    """Restarts VmHWM from the current RSS (Linux: clear_refs 5)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _timed_with_peak(fn) -> tuple:
     """(seconds, bytes the RSS peaked above where it started; None where unmeasurable)."""
-    base = _memory_status().get("VmRSS")
-    can = base is not None and _reset_peak()
+    base = memory_status().get("VmRSS")
+    can = base is not None and reset_peak()
     start = time.perf_counter()
     fn()
     took = time.perf_counter() - start
-    peak = _memory_status().get("VmHWM") if can else None
+    peak = memory_status().get("VmHWM") if can else None
     return took, (max(0, peak - base) if peak is not None else None)
 
 
@@ -332,7 +309,7 @@ def run(args) -> int:
     except (OSError, ValueError, RuntimeError) as e:
         print(f"bench checkpoint: {e}", file=sys.stderr)
         return 1
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()
     out = {"config": config, "results": results, "peak_rss_bytes": peak}
     if args.json:
         print(json.dumps(out))

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 from typing import Dict, List
 
 import torch
+
+from .memory import peak_rss_bytes, reset_peak
 
 MARK = "ZS_BENCH_STEP "
 
@@ -146,7 +147,7 @@ def run(spec: dict) -> dict:
         "phase_seconds": phases,
         "bytes_per_step": moved,
         "tier_seconds": link_seconds,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss_bytes(),
         "peak_device_bytes": (
             torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         ),
@@ -154,6 +155,7 @@ def run(spec: dict) -> dict:
 
 
 def main() -> int:
+    reset_peak()  # ru_maxrss would carry the launching process's RSS (Note [A child's peak RSS])
     result = run(json.loads(sys.argv[1]))
     sys.stdout.flush()
     print(MARK + json.dumps(result), flush=True)

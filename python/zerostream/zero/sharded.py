@@ -110,9 +110,14 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         # (offload/copy_stage.py; its CPU twin on a machine without a GPU).
         self.copy_stage = None
         if self.offload_device != "none":
-            from ..offload.copy_stage import CopyStage
+            from ..offload.copy_stage import SLOT_BYTES, CopyStage
 
-            self.copy_stage = CopyStage(ctx.device, pin=zero.offload_optimizer.pin_memory)
+            # Slots no larger than the largest fp32 partition: a small model does not pin
+            # the full ring it would never fill.
+            widest = 4 * max((_numel(p) for p in partitions), default=0)
+            slot = min(SLOT_BYTES, max(64 << 10, -(-widest // 4096) * 4096))
+            pin = zero.offload_optimizer.pin_memory
+            self.copy_stage = CopyStage(ctx.device, slot_bytes=slot, pin=pin)
         if make_swapped is not None:
             # offload_optimizer nvme: the fp32 state lives in the swap store from the start.
             self.grads = self._allocate_grads([_numel(p) for p in partitions], zero)

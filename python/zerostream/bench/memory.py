@@ -1,0 +1,47 @@
+"""This process's resident memory for the benchmarks: VmRSS and its peak VmHWM from
+/proc/self/status, and a restart of that peak (clear_refs 5).
+
+Note [A child's peak RSS]
+  getrusage's ru_maxrss of a process started by fork + exec keeps the parent's resident size
+  at the fork (Linux carries the old address space's high-water mark across exec), so a
+  benchmark worker launched from a large process (a test run at 1 GiB) reported at least that
+  as its own peak. Workers therefore restart the peak when they begin and read VmHWM.
+"""
+
+from __future__ import annotations
+
+import resource
+from typing import Dict
+
+
+def memory_status() -> Dict[str, int]:
+    """VmRSS and VmHWM (peak) of this process, in bytes; {} where /proc has no such lines."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def reset_peak() -> bool:
+    """Restarts VmHWM from the current RSS (Linux: clear_refs 5); False where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak RSS since it began or since reset_peak(): VmHWM, or ru_maxrss
+    where /proc does not say (see Note [A child's peak RSS])."""
+    peak = memory_status().get("VmHWM")
+    if peak is not None:
+        return peak
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
