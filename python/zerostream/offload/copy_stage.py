@@ -41,6 +41,7 @@ Note [The copy stage]
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 import weakref
 from collections import deque
@@ -248,8 +249,8 @@ class CopyStage:
             _LIVE_RINGS.add(ring)
             weakref.finalize(self, ring.stop)
         self._ups: Deque[_InFlight] = deque()  # uploads holding a slot, queue order
-        self._uploads: list = []  # events the compute stream waits for at fence()
-        self._last_upload = None
+        self._unfenced = None  # the last upload since fence(): the compute stream waits on it
+        self._last_upload = None  # the last upload since drain(): the host waits on it
         self.stats = {"d2h_bytes": 0, "h2d_bytes": 0, "copies": 0, "host_waits": 0}
 
     def slot_numel(self, dtype: torch.dtype) -> int:
@@ -306,7 +307,7 @@ class CopyStage:
             self.stats["d2h_bytes"] += piece.numel() * piece.element_size()
             self.stats["copies"] += 1
             with ring.cv:
-                ring.downs.append(_InFlight(slot, event, _bind(consume, lo, host)))
+                ring.downs.append(_InFlight(slot, event, functools.partial(consume, lo, host)))
                 ring.busy += 1
                 ring.cv.notify_all()
 
@@ -353,8 +354,7 @@ class CopyStage:
         """Queues the staged values' copy into dst (on the device)."""
         event = self.lanes.copy(dst.reshape(-1), staged.host, upload=True)
         self._ups.append(_InFlight(staged.slot, event, None))
-        self._uploads.append(event)
-        self._last_upload = event
+        self._unfenced = self._last_upload = event
         self.stats["h2d_bytes"] += staged.host.numel() * staged.host.element_size()
         self.stats["copies"] += 1
 
@@ -362,20 +362,15 @@ class CopyStage:
         """Queues src (page-locked host memory) into dst (on the device), no staging; src
         must stay unchanged until fence() or drain()."""
         event = self.lanes.copy(dst.reshape(-1), src.reshape(-1), upload=True)
-        self._uploads.append(event)
-        self._last_upload = event
+        self._unfenced = self._last_upload = event
         self.stats["h2d_bytes"] += src.numel() * src.element_size()
         self.stats["copies"] += 1
 
     def fence(self) -> None:
         """The compute stream waits (on the device) for every upload queued so far."""
-        for event in self._uploads[-1:]:  # one lane: its last event covers the earlier ones
-            self.lanes.device_wait(event)
-        self._uploads.clear()
-
-
-def _bind(consume, lo: int, host: torch.Tensor) -> Callable[[], None]:
-    return lambda: consume(lo, host)
+        if self._unfenced is not None:  # one lane: its last event covers the earlier ones
+            self.lanes.device_wait(self._unfenced)
+            self._unfenced = None
 
 
 class DeviceSink:

@@ -132,3 +132,23 @@ def require_host_memory_everywhere(
             f"[rank {rank}] stopping: global rank {short} does not have the host memory its "
             f"{what} needs (its error gives the numbers)"
         )
+
+
+def require_state_memory(
+    numel: int, per_element: int, what: str, advice: str, *, group, world: int, device
+) -> None:
+    """require_host_memory_everywhere for optimizer state of `numel` elements per rank at
+    `per_element` bytes each, times the ranks of this host (which allocate the same); the
+    error names `what` with that arithmetic."""
+    from .io import ranks_on_this_host
+
+    local = ranks_on_this_host()
+    ranks = f" x {local} ranks on this host" if local > 1 else ""
+    require_host_memory_everywhere(
+        per_element * numel * local,
+        f"{what} ({numel} elements per rank x {per_element} bytes{ranks})",
+        advice,
+        group=group,
+        world=world,
+        device=device,
+    )

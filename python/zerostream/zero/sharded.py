@@ -109,6 +109,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         # Offloaded: gradients go down and updated weights up through the copy stage
         # (offload/copy_stage.py; its CPU twin on a machine without a GPU).
         self.copy_stage = None
+        self._copies_seen: Dict[str, int] = {}  # copy_stage.stats at the last telemetry count
         if self.offload_device != "none":
             from ..offload.copy_stage import SLOT_BYTES, CopyStage
 
@@ -136,15 +137,13 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         """Host-memory preflight (offload/host_memory.py): fp32 masters and gradients (8
         bytes an element) and Adam's two moments (8 more, made at the first step) of this
         rank's partition, times the ranks of this host, which allocate the same."""
-        from ..offload.host_memory import require_host_memory_everywhere
-        from ..offload.io import ranks_on_this_host
+        from ..offload.host_memory import require_state_memory
 
-        local = ranks_on_this_host()
         where = "offload_optimizer cpu" if self.offload_device != "none" else "host memory"
-        require_host_memory_everywhere(
-            16 * numel * local,
-            f"the fp32 optimizer state in {where} ({numel} elements per rank x 16 bytes"
-            f"{f' x {local} ranks on this host' if local > 1 else ''})",
+        require_state_memory(
+            numel,
+            16,
+            f"the fp32 optimizer state in {where}",
             'Set zero_optimization.offload_optimizer.device to "nvme" (with nvme_path) to '
             "keep it on disk, or spread the model over more ranks or nodes.",
             group=ctx.group,
@@ -230,9 +229,9 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
 
     def _count_copies(self) -> None:
         """The copy stage's bytes since the last count, into telemetry (the PCIe link)."""
-        stats, seen = self.copy_stage.stats, getattr(self, "_copies_seen", {})
+        stats = self.copy_stage.stats
         for key, tier in (("d2h_bytes", "d2h"), ("h2d_bytes", "h2d")):
-            self.telemetry.moved(tier, stats[key] - seen.get(key, 0), 0.0)
+            self.telemetry.moved(tier, stats[key] - self._copies_seen.get(key, 0), 0.0)
         self._copies_seen = dict(stats)
 
     def _update_into(self, partitions: list, factor: float) -> None:

@@ -46,16 +46,12 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         memory: every rank holds the whole optimizer state, which is Adam's two fp32
         moments (8 bytes an element) plus, in fp16/bf16, the fp32 masters and their
         gradients (8 more), times the ranks of this host."""
-        from ..offload.host_memory import require_host_memory_everywhere
-        from ..offload.io import ranks_on_this_host
+        from ..offload.host_memory import require_state_memory
 
-        numel = sum(p.numel() for p in self.params)
-        per = 16 if self.mixed else 8
-        local = ranks_on_this_host()
-        require_host_memory_everywhere(
-            per * numel * local,
-            f"the optimizer state of ZeRO stage 0, whole on every rank ({numel} elements "
-            f"per rank x {per} bytes{f' x {local} ranks on this host' if local > 1 else ''})",
+        require_state_memory(
+            sum(p.numel() for p in self.params),
+            16 if self.mixed else 8,
+            "the optimizer state of ZeRO stage 0, whole on every rank",
             "Set zero_optimization.stage to 1, 2 or 3 to partition it over the ranks "
             '(with offload_optimizer "nvme" to keep it on disk), or use fewer ranks per host.',
             group=ctx.group,
