@@ -243,7 +243,8 @@ struct Schema {
         B("enabled", false), S("dtype", nullptr), A("lower_precision_safe_modules")}};
     zerostream = {"zerostream", true, true, {B("verify_swap_checksums", true),
                                              U("cpu_optimizer_threads", 0),
-                                             U("max_consecutive_skipped_steps", 50)}};
+                                             U("max_consecutive_skipped_steps", 50),
+                                             E("offload_gradient_dtype", "auto", {"auto", "fp32"})}};
 
     root = {"", false, true, {
         I("train_batch_size", nullptr).greater_than_zero(),

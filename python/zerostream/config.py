@@ -395,6 +395,9 @@ class ZeroStreamExtConfig:
     # A run whose steps are all skipped (inf/NaN gradients) this many times in a row stops
     # with an error instead of "training" on; 0 never stops.
     max_consecutive_skipped_steps: int
+    # Offloaded gradient partitions: "auto" keeps them 16-bit where nothing accumulates in
+    # them (Note [Gradients to an offloaded partition], zero/grad_reduce.py); "fp32" always.
+    offload_gradient_dtype: str
 
 
 @dataclass(frozen=True)

@@ -355,6 +355,7 @@ def plan(args) -> dict:
             "rates": {k: r.__dict__ for k, r in machine.rates.items()},
             "host_overhead_bytes": machine.host_overhead,
             "gpu_reserve_bytes": machine.gpu_reserve,
+            "host_usable_bytes": machine.host_usable,
         },
         "run": work.__dict__,
         "options": [_to_json(p) for p in preds],
@@ -404,6 +405,7 @@ def _print(res: dict, args) -> None:
     print(
         f"assumed: {gb(m['host_overhead_bytes'])} GB host memory per process beyond tensors"
         + ("" if args.cpu_only else f", {gb(m['gpu_reserve_bytes'])} GB per GPU reserved")
+        + f", {gb(m['host_usable_bytes'])} GB of host RAM usable per node (5% kept free)"
     )
     print()
     print("\n".join(_memory_table(preds, res["_predictions"][0].machine)))

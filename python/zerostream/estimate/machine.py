@@ -48,6 +48,11 @@ HOST_OVERHEAD = {"cpu": int(0.73 * GB), "gpu": int(3.0 * GB)}
 # Device memory neither the model nor zerostream allocates: CUDA context, NCCL, cuBLAS
 # workspaces, the caching allocator's fragmentation. Assumption.
 GPU_RESERVE = int(2.0 * GB)
+# Host memory a job cannot count on: the OS, its daemons, the data loaders' workers and the
+# page cache the checkpoint writer goes through. A plan that fills the last few percent of
+# RAM (70B with 16-bit offloaded gradients: 990 of 1000 GB) is one swapping away from the
+# OOM killer. Assumption.
+HOST_RESERVE_FRACTION = 0.05
 
 CACHE_FILES = ("bench-io.json", "bench-optim.json", "bench-step.json")
 
@@ -70,6 +75,11 @@ class Machine:
     rates: Dict[str, Rate]
     host_overhead: int  # bytes per process
     gpu_reserve: int  # bytes per GPU
+
+    @property
+    def host_usable(self) -> int:
+        """Bytes per node a job may plan to use (HOST_RESERVE_FRACTION kept free)."""
+        return int(self.cpu_mem * (1 - HOST_RESERVE_FRACTION))
 
     @property
     def world(self) -> int:

@@ -17,8 +17,9 @@ offload/), so its numbers can be checked against `zerostream bench step`
   per GPU, optimizer step   torch AdamW's temporaries (sqrt and denominator: 8 B per element
                             on CPU, one 4 B buffer with foreach on CUDA), stage 1/2's
                             all-gather staging when a partition exceeds allgather_bucket_size
-  per host process          offload cpu: master + gradient partitions (pinned arena) and the
-                            moments; nvme: the fp32 gradient partition and the sub-group
+  per host process          offload cpu: master + gradient partitions (pinned arena; the
+                            gradients 16-bit with a 16-bit model and no accumulation) and the
+                            moments; nvme: the gradient partition and the sub-group
                             staging (sets x 3 fp32 buffers of sub_group_size); params offloaded
                             to cpu: the shards; to nvme: max_in_cpu of them and the staging;
                             any optimizer offload: the copy stage's pinned staging slots
@@ -241,15 +242,22 @@ def _memory(shape, work, machine, option, knobs):
     else:
         device[f"{dname} params"] = d * P
     states = {"fp32 master": 4 * part, "fp32 grads": 4 * part, "Adam m, v": 8 * part}
+    # Offloaded gradients stay 16-bit when nothing accumulates in them (zero/sharded.py
+    # _host_grad_dtype).
+    host_grads = ("16-bit grads", d * part) if d == 2 and work.grad_accum == 1 else None
     if option.optimizer == "none":
         device.update(states)
         step["AdamW temporaries"] = (8 if machine.cpu_only else 4) * part
     elif option.optimizer == "cpu":
         host.update(states)
+        if host_grads:
+            del host["fp32 grads"]
+            host[host_grads[0]] = host_grads[1]
     else:
         sets = max(2, knobs.optimizer_buffer_count // 3)
         width = min(knobs.sub_group_size or part, part)
-        host["fp32 grads"] = 4 * part
+        name, size = host_grads or ("fp32 grads", 4 * part)
+        host[name] = size
         host["optimizer staging"] = sets * 12 * width
         nvme["fp32 master, Adam m, v"] = 12 * part
     if option.optimizer != "none":
@@ -340,7 +348,7 @@ def _problems(p: Prediction) -> List[str]:
             f"GPU {gb(p.device_peak + m.gpu_reserve)} GB > {gb(m.gpu_mem)} GB "
             f"(largest: {_largest(terms)})"
         )
-    if p.host_node > m.cpu_mem:
+    if p.host_node > m.host_usable:
         if p.host_startup > m.gpus_per_node * p.process_rss:
             why = "every process builds the whole model first (stage 3 with zero.Init avoids it)"
         else:
@@ -348,7 +356,10 @@ def _problems(p: Prediction) -> List[str]:
             if m.cpu_only:
                 terms.update({**p.device, **p.backward})
             why = f"largest per process: {_largest(terms)}" if terms else "process overhead"
-        out.append(f"host {gb(p.host_node)} GB > {gb(m.cpu_mem)} GB ({why})")
+        out.append(
+            f"host {gb(p.host_node)} GB > {gb(m.host_usable)} GB usable of {gb(m.cpu_mem)} GB "
+            f"({why})"
+        )
     if p.nvme_node > m.nvme:
         out.append(f"NVMe {gb(p.nvme_node)} GB > {gb(m.nvme)} GB")
     return out

@@ -59,18 +59,24 @@ def explain(
         f"{gb((opt + grads) / N)} GB {where} -> {_fits_where(z3)}"
     )
     cpu = by[(3, "cpu", "none")]
-    host_state = (opt + grads) * machine.gpus_per_node / N
+    # Offloaded gradients stay 16-bit when nothing accumulates in them (estimate/plan.py).
+    host_bytes = d if d == 2 and work.grad_accum == 1 else 4
+    host_grads = host_bytes * P
+    host_what = f"{'16-bit' if host_bytes == 2 else 'fp32'} gradients"
+    host_state = (opt + host_grads) * machine.gpus_per_node / N
     lines.append(
-        f"in host RAM (offload_optimizer cpu): {gb(host_state)} GB of states per node "
+        f"in host RAM (offload_optimizer cpu, {host_what}): {gb(host_state)} GB of states "
+        f"per node "
         f"+ {machine.gpus_per_node} x {gb(machine.host_overhead)} GB process overhead "
-        f"= {gb(cpu.host_node)} GB vs {gb(machine.cpu_mem)} GB -> "
-        + ("fits" if cpu.host_node <= machine.cpu_mem else "does not fit, so NVMe")
+        f"= {gb(cpu.host_node)} GB vs {gb(machine.host_usable)} GB usable of "
+        f"{gb(machine.cpu_mem)} GB -> "
+        + ("fits" if cpu.host_node <= machine.host_usable else "does not fit, so NVMe")
     )
     nv = by[(3, "nvme", "none")]
     per_node = machine.gpus_per_node / N
     lines.append(
         f"on NVMe (offload_optimizer nvme): {gb(opt * per_node)} GB per node on disk (of "
-        f"{gb(machine.nvme)} GB), the fp32 gradients {gb(grads * per_node)} GB stay in host "
+        f"{gb(machine.nvme)} GB), the {host_what} {gb(host_grads * per_node)} GB stay in host "
         f"RAM: host {gb(nv.host_node)} GB -> {_fits_where(nv)}"
     )
     if rec is None:

@@ -14,7 +14,11 @@ Note [The copy stage]
   lands in a slot, and consume(offset, chunk) runs on the host once it has, at the latest at
   drain(), in the order queued. The lane keeps src alive until its copy ran (record_stream),
   so the caller may drop it at once. src keeps its dtype: 16-bit gradients cross the link
-  as 16 bits and are widened on the host by whoever consumes them.
+  as 16 bits and are widened on the host by whoever consumes them. download(src, dst) needs
+  no slot: it copies straight into page-locked host memory of src's dtype (a 16-bit gradient
+  partition in the host arena), which nobody reads before drain(); no host pass at all.
+  release_sources() makes the compute stream wait, on the device, for the downloads queued
+  so far, so it may overwrite their sources (stage 1 zeroes its accumulator next).
 
   Uploads (host -> device): staging(numel, dtype) hands out a slot for the host to write
   (the fused CPU optimizer writes its 16-bit copy there) and commit(dst) queues its copy into
@@ -251,6 +255,8 @@ class CopyStage:
         self._ups: Deque[_InFlight] = deque()  # uploads holding a slot, queue order
         self._unfenced = None  # the last upload since fence(): the compute stream waits on it
         self._last_upload = None  # the last upload since drain(): the host waits on it
+        self._last_download = None  # the last download since drain(), slot or direct
+        self._unreleased = None  # the last download since release_sources()
         self.stats = {"d2h_bytes": 0, "h2d_bytes": 0, "copies": 0, "host_waits": 0}
 
     def slot_numel(self, dtype: torch.dtype) -> int:
@@ -304,12 +310,34 @@ class CopyStage:
             slot = self._take_slot()
             host = self._view(slot, piece.numel(), src.dtype)
             event = self.lanes.copy(host, piece, upload=False)
-            self.stats["d2h_bytes"] += piece.numel() * piece.element_size()
-            self.stats["copies"] += 1
+            self._downloaded(event, piece)
             with ring.cv:
                 ring.downs.append(_InFlight(slot, event, functools.partial(consume, lo, host)))
                 ring.busy += 1
                 ring.cv.notify_all()
+
+    def download(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Queues src (on the device) straight into dst (page-locked host memory, same dtype
+        and size), no slot and no consumer; dst holds the values from drain() on."""
+        if dst.dtype != src.dtype or dst.numel() != src.numel():
+            raise ValueError(
+                f"CopyStage.download: {src.numel()} elements of {src.dtype} into "
+                f"{dst.numel()} of {dst.dtype}; a direct download neither converts nor cuts"
+            )
+        if src.numel():
+            self._downloaded(self.lanes.copy(dst.reshape(-1), src.reshape(-1), False), src)
+
+    def _downloaded(self, event, src: torch.Tensor) -> None:
+        self._last_download = self._unreleased = event
+        self.stats["d2h_bytes"] += src.numel() * src.element_size()
+        self.stats["copies"] += 1
+
+    def release_sources(self) -> None:
+        """The compute stream waits (on the device) for every download queued so far: work
+        queued after this may overwrite their sources."""
+        if self._unreleased is not None:  # one lane: its last event covers the earlier ones
+            self.lanes.device_wait(self._unreleased)
+            self._unreleased = None
 
     def drain(self) -> None:
         """Every queued copy has landed (downloads consumed, uploads' sources free again).
@@ -320,16 +348,16 @@ class CopyStage:
                 if ring.busy:
                     self.stats["host_waits"] += 1
                     ring.cv.wait_for(lambda: ring.busy == 0)
-        else:
-            last_down = ring.downs[-1].event if ring.downs else None
-            if last_down is not None and not self.lanes.ready(last_down):
-                self.stats["host_waits"] += 1
-                self.lanes.host_wait(last_down)
-            while ring.downs:
-                with ring.cv:
-                    f = ring.downs.popleft()
-                    ring.busy -= 1
-                ring.land(f, self.stats)
+        last_down, self._last_download = self._last_download, None
+        if last_down is not None and not self.lanes.ready(last_down):
+            # Without the thread: covers the slots' copies queued before it, too.
+            self.stats["host_waits"] += 1
+            self.lanes.host_wait(last_down)
+        while ring.downs and ring.thread is None:
+            with ring.cv:
+                f = ring.downs.popleft()
+                ring.busy -= 1
+            ring.land(f, self.stats)
         last, self._last_upload = self._last_upload, None
         if last is not None and not self.lanes.ready(last):
             self.stats["host_waits"] += 1

@@ -184,6 +184,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         run_kwargs(threads, None, "auto")
         self.threads = threads
         self.fp32_optimizer_states = bool(fp32_optimizer_states)
+        self._bound_grads: Dict[torch.Tensor, torch.Tensor] = {}
         super().__init__(params, defaults)
         if not self.fp32_optimizer_states:
             warnings.warn(
@@ -191,6 +192,22 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 "DeepSpeed compatibility; zerostream keeps optimizer states in fp32.",
                 stacklevel=3,
             )
+
+    def bind_grads(self, grads: Dict[torch.Tensor, torch.Tensor]) -> None:
+        """Gradients the kernel reads for these params instead of their .grad: a 16-bit
+        gradient of an fp32 param, which torch refuses as .grad (the 16-bit host gradient
+        partitions of the offloaded ZeRO stages, zero/sharded.py)."""
+        for p, g in grads.items():
+            if g.shape != p.shape or g.dtype not in GRAD_DTYPES:
+                raise ValueError(
+                    f"{self._display_name}.bind_grads: a {g.dtype} gradient of shape "
+                    f"{tuple(g.shape)} for a param of shape {tuple(p.shape)}"
+                )
+        self._bound_grads.update(grads)
+
+    def _grad(self, p: torch.Tensor) -> Optional[torch.Tensor]:
+        bound = self._bound_grads.get(p)
+        return p.grad if bound is None else bound
 
     def _check_param(self, gi: int, pi: int, p: torch.Tensor) -> None:
         where = param_location(self._display_name, gi, pi)
@@ -203,7 +220,8 @@ class CPUOptimizerBase(torch.optim.Optimizer):
             raise ValueError(f"{where}: expected float32, bfloat16 or float16; got {p.dtype}")
         if not p.is_contiguous():
             raise ValueError(f"{where}: expected a contiguous parameter")
-        if p.grad is not None and p.grad.is_sparse:
+        grad = self._grad(p)
+        if grad is not None and grad.is_sparse:
             raise ValueError(f"{where}: sparse gradients are not supported")
 
     def _init_state(self, p: torch.Tensor, state: dict) -> None:
@@ -225,7 +243,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
             items = [
                 StepItem(
                     p.data if master is None else master,
-                    p.grad.contiguous(),
+                    self._grad(p).contiguous(),
                     state,
                     None if master is None else p.data,
                     gi,
@@ -252,7 +270,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         for gi, group, params in self._stepping():
             for pi, p, state, master in params:
                 p32 = (p.data if master is None else master).view(-1)
-                grad = p.grad.contiguous().view(-1)
+                grad = self._grad(p).contiguous().view(-1)
                 flat = {n: state[n].view(-1) for n in self._state_names}
                 for lo in range(0, p32.numel(), piece):
                     hi = min(lo + piece, p32.numel())
@@ -271,7 +289,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
             self._check_group(group)
             params = []
             for pi, p in enumerate(group["params"]):
-                if p.grad is None:
+                if self._grad(p) is None:
                     continue
                 self._check_param(gi, pi, p)
                 state = self.state[p]

@@ -16,10 +16,25 @@ from .skips import first_non_finite
 _NORM_CHUNK = 1 << 24  # elements squared at once: bounds the temporary of a huge partition
 
 
+def _host_squared_sum(g: torch.Tensor) -> torch.Tensor:
+    """One pass of the native kernel, which reads 16-bit values as they are
+    (ops/_cpu_optimizer.grad_stats: deterministic, 10-25x faster than torch's convert,
+    square and sum on 10M elements on this machine)."""
+    from ..ops._cpu_optimizer import grad_stats
+
+    return torch.tensor(grad_stats(g)[0], dtype=torch.float64)
+
+
 def _squared_sum(g: torch.Tensor) -> torch.Tensor:
+    """Sum of squares of a gradient buffer, in float64: a host buffer (offloaded
+    partitions, the CPU machine) by the native kernel, a device one by torch, chunked."""
+    from ..ops._cpu_optimizer import GRAD_DTYPES
+
+    if g.device.type == "cpu" and g.dtype in GRAD_DTYPES and g.is_contiguous():
+        return _host_squared_sum(g)
     if g.numel() <= _NORM_CHUNK:
-        return g.float().pow(2).sum()
-    return torch.stack([c.float().pow(2).sum() for c in g.split(_NORM_CHUNK)]).sum()
+        return g.float().pow(2).sum().double()
+    return torch.stack([c.float().pow(2).sum() for c in g.split(_NORM_CHUNK)]).sum().double()
 
 
 class ZeroOptimizerBase:
@@ -153,7 +168,7 @@ class ZeroOptimizerBase:
         if grads:
             total = torch.stack([_squared_sum(g) for g in grads]).sum()
         else:
-            total = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+            total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         if partitioned and self.ctx.world > 1:
             # The collective runs on the run's device (NCCL: the GPU, even offloaded); a
             # scalar summed on the host goes up without the host waiting for the stream.

@@ -19,14 +19,29 @@ Note [Stage-2 bucket reduction]
   all-reduced, as DeepSpeed's use_multi_rank_bucket_allreduce does.
 
 Note [Gradients to an offloaded partition]
-  With offload_optimizer the fp32 gradient partitions are in host memory. A reduced bucket
-  (its reduce-scatter output, or the span of an all-reduced bucket holding this rank's
-  pieces) is handed to the copy stage (offload/copy_stage.py) in the gradients' own dtype:
-  it crosses on the download lane while backward goes on, and is added into the fp32
-  partitions on the host when it has landed, so accumulation over micro-steps stays fp32
-  and exact. after_backward (stage 2) and at_boundary (stage 1) drain the stage: the step
-  never reads a partition with a bucket still in flight. Before, each bucket was a
-  synchronous device-to-host copy through pageable memory (the stall of issue 11).
+  With offload_optimizer the gradient partitions are in host memory (the host arena,
+  page-locked), and a reduced bucket (its reduce-scatter output, or the span of an
+  all-reduced bucket holding this rank's pieces) crosses on the copy stage's download lane
+  (offload/copy_stage.py) in the gradients' own 16-bit dtype while backward goes on. What
+  happens on the host depends on the partitions' dtype (Landing):
+
+  - 16-bit partitions (gradient_accumulation_steps 1 with a CPU optimizer, whose kernel
+    reads 16-bit gradients): the first backward after zero() downloads each piece straight
+    into its place in the partition. No slot, no host pass, no fp32 conversion on either
+    side, and half the host memory; the values are the reduced 16-bit sums themselves, so
+    nothing is lost. Elements no piece wrote (a parameter without a gradient this
+    backward, alignment padding) are zeroed at finish(), so zero() needs no memset. A second
+    backward before the step (calling backward twice with accumulation steps 1) is added
+    into the 16-bit partition, rounded once per extra backward, as torch accumulates a
+    16-bit param.grad.
+  - fp32 partitions (accumulation over micro-steps): each bucket lands in a staging slot
+    and is added into the partition on the host, so accumulation stays fp32 and exact.
+
+  after_backward (stage 2, stage 3) and at_boundary (stage 1) drain the stage and finish()
+  the landing: the step never reads a partition with a bucket still in flight. Before, each
+  bucket was a synchronous device-to-host copy through pageable memory (the stall of issue
+  11). Averaging over ranks is folded into the step's unscale/clip factor (zero/sharded.py),
+  not a pass over the partitions.
 """
 
 from __future__ import annotations
@@ -66,12 +81,104 @@ def choose_collective(widest: int, numel: int, world: int) -> str:
     return "reduce_scatter" if world * widest < 2 * numel else "all_reduce"
 
 
+class Landing:
+    """How reduced gradients reach this rank's gradient partitions (`targets`): added in
+    place on the device, or through the copy stage into host partitions, downloaded straight
+    into 16-bit ones (Note [Gradients to an offloaded partition]). A span is (offset in the
+    source, group, offset in that group's partition, elements)."""
+
+    def __init__(self, targets: List[torch.Tensor], stage=None):
+        self.targets = targets
+        self.stage = stage
+        self.direct = stage is not None and bool(targets) and targets[0].dtype != torch.float32
+        self.fresh = True  # nothing landed since zero(): a direct landing overwrites
+        self._covered: List[Tuple[int, int, int]] = []  # (group, lo, hi) written since zero()
+
+    def land(self, source: torch.Tensor, spans: List[Tuple[int, int, int, int]]) -> None:
+        if not spans:
+            return
+        if self.stage is None:
+            if source.device != self.targets[0].device:  # stage-3 shards on the host, say
+                source = source.to(self.targets[0].device)
+            for off, g, at, n in spans:
+                self.targets[g][at : at + n].add_(source[off : off + n])
+        else:
+            overwrite = self.direct and self.fresh
+            if overwrite:
+                self._covered.extend((g, at, at + n) for _, g, at, n in spans)
+            if overwrite and source.dtype == self.targets[0].dtype:
+                for off, g, at, n in spans:
+                    self.stage.download(source[off : off + n], self.targets[g][at : at + n])
+                return
+            # Through a slot (a source of another dtype is converted on the host).
+            lo = min(off for off, _, _, _ in spans)
+            hi = max(off + n for off, _, _, n in spans)
+            landed = functools.partial(self._landed, spans, lo, overwrite)
+            self.stage.to_host(source[lo:hi], landed)
+
+    def _landed(self, spans, base: int, overwrite: bool, at: int, chunk: torch.Tensor) -> None:
+        """The overlap of each span with a landed chunk (source elements [base + at, ...)),
+        added (widened when the partition is fp32) or, `overwrite`, copied."""
+        c_lo, c_hi = base + at, base + at + chunk.numel()
+        for off, g, part_at, n in spans:
+            a, b = max(off, c_lo), min(off + n, c_hi)
+            if a < b:
+                lo = part_at + a - off
+                target = self.targets[g][lo : lo + b - a]
+                piece = chunk[a - c_lo : b - c_lo]
+                if overwrite:
+                    target.copy_(piece)
+                else:
+                    target.add_(piece)
+
+    def drain(self) -> None:
+        """Every span handed to the copy stage has landed; the backward's landing is done."""
+        if self.stage is not None:
+            self.stage.drain()
+        self.finish()
+
+    def finish(self) -> None:
+        """After the first backward's direct landing: zeroes what no span wrote, so the
+        partitions hold exactly this backward's gradients; later ones add."""
+        if not (self.direct and self.fresh):
+            return
+        covered, self._covered, self.fresh = sorted(self._covered), [], False
+        for g, target in enumerate(self.targets):
+            at = 0
+            for _, lo, hi in (c for c in covered if c[0] == g):
+                if lo > at:
+                    target[at:lo].zero_()
+                at = max(at, hi)
+            target[at:].zero_()
+
+    def zero(self) -> None:
+        """No gradient: a direct landing's partitions are overwritten by the next backward
+        (and what it leaves unwritten zeroed), others are cleared now."""
+        if self.direct:
+            self.fresh, self._covered = True, []
+        else:
+            for t in self.targets:
+                t.zero_()
+
+
+def piece_spans(pieces: List["Piece"], relative: bool) -> List[Tuple[int, int, int, int]]:
+    """Landing spans of a bucket's pieces: back to back in the source when `relative` (a
+    reduce-scatter output), else at their bucket positions."""
+    spans, pos = [], 0
+    for p in pieces:
+        n = p.hi - p.lo
+        spans.append((pos if relative else p.lo, p.group, p.part_lo, n))
+        pos += n
+    return spans
+
+
 class _Reducer:
     def __init__(self, flat_groups: List[FlatGroup], targets: List[torch.Tensor], ctx, stage=None):
         self.flat_groups = flat_groups
         self.targets = targets
         # With the optimizer offloaded, reduced gradients reach the host partitions through
         # the copy stage (Note [Gradients to an offloaded partition]).
+        self.landing = Landing(targets, stage)
         self.stage = stage
         self.group = ctx.group
         self.world = ctx.world
@@ -94,37 +201,15 @@ class _Reducer:
         return {"collectives": dict(self.collectives)}
 
     def _land(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
-        """Adds this rank's pieces of `source` into its fp32 partitions: directly, or, with
-        a copy stage, once the span of `source` holding them has crossed to the host in its
-        own dtype (widened there by the add)."""
-        if self.stage is None:
-            self._add(source, pieces, relative)
-            return
-        if not pieces:
-            return
-        if relative:
-            lo, hi = 0, sum(p.hi - p.lo for p in pieces)
-        else:
-            lo, hi = min(p.lo for p in pieces), max(p.hi for p in pieces)
-        self.stage.to_host(source[lo:hi], functools.partial(self._add_landed, pieces, relative, lo))
-
-    def _add_landed(self, pieces, relative: bool, base: int, at: int, chunk: torch.Tensor):
-        """The overlap of each piece with a landed chunk (source elements [base + at, ...))."""
-        c_lo, c_hi = base + at, base + at + chunk.numel()
-        pos = 0
-        for p in pieces:
-            n = p.hi - p.lo
-            s_lo = pos if relative else p.lo
-            pos += n
-            a, b = max(s_lo, c_lo), min(s_lo + n, c_hi)
-            if a < b:
-                off = p.part_lo + a - s_lo
-                self.targets[p.group][off : off + b - a].add_(chunk[a - c_lo : b - c_lo])
+        """This rank's pieces of `source` into its gradient partitions (Landing)."""
+        self.landing.land(source, piece_spans(pieces, relative))
 
     def drain(self) -> None:
         """Every gradient handed to the copy stage has reached the partitions."""
-        if self.stage is not None:
-            self.stage.drain()
+        self.landing.drain()
+
+    def zero(self) -> None:
+        self.landing.zero()
 
 
 class Stage1Reducer(_Reducer):
@@ -142,19 +227,20 @@ class Stage1Reducer(_Reducer):
 
     def at_boundary(self) -> None:
         for gi, flat in enumerate(self.flat_groups):
-            local, target = self.local[gi], self.targets[gi]
+            local = self.local[gi]
             if self.world > 1:
                 # On the gradients' device: NCCL needs both sides there (GPU data-path issue).
                 out = torch.empty(flat.partition_numel, dtype=local.dtype, device=local.device)
                 self._timed("reduce_scatter", local, comm.reduce_scatter_tensor, out, local)
             else:
                 out = local[flat.partition_begin : flat.partition_begin + flat.partition_numel]
-            if self.stage is None:
-                target.add_(out.to(target.device, torch.float32))
-            else:
-                self._land(out, [Piece(0, out.numel(), gi, 0)], relative=True)
-                self.drain()  # `local` is zeroed next
+            self._land(out, [Piece(0, out.numel(), gi, 0)], relative=True)
+            if self.stage is not None:
+                # `local` is zeroed next: on the device, after its download has read it; the
+                # next group's reduce-scatter goes on while this one crosses.
+                self.stage.release_sources()
             local.zero_()
+        self.drain()
 
 
 class Stage2Reducer(_Reducer):
@@ -251,18 +337,3 @@ class Stage2Reducer(_Reducer):
             async_op=self.overlap,
         )
         return work, functools.partial(self._land, out, pieces[self.rank], relative=True)
-
-    def _add(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
-        """Adds this rank's pieces into its fp32 partitions; `relative`: `source` holds the
-        pieces back to back (reduce-scatter output), else at their bucket positions."""
-        if relative and self.targets:
-            # All of it is ours: one copy to the partitions' device (with CPU offload, one
-            # device-to-host transfer instead of one per piece).
-            source = source.to(self.targets[0].device)
-        at = 0
-        for p in pieces:
-            n = p.hi - p.lo
-            chunk = source[at : at + n] if relative else source[p.lo : p.hi]
-            target = self.targets[p.group][p.part_lo : p.part_lo + n]
-            target.add_(chunk.to(target.device))
-            at += n

@@ -45,6 +45,21 @@ def _write_piece(partition, lo: int, hi: int, values: torch.Tensor) -> None:
 _FUSED_COPY = (torch.bfloat16, torch.float16)  # the dtypes the CPU kernels write in-pass
 
 
+def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
+    """The dtype of offloaded gradient partitions: the model's 16-bit dtype when nothing
+    accumulates in them (gradient_accumulation_steps 1) and the optimizer's kernel reads
+    16-bit gradients, so they are downloaded straight into place; fp32 otherwise (Note
+    [Gradients to an offloaded partition] in zero/grad_reduce.py)."""
+    if (
+        reads_16bit
+        and ctx.dtype in _FUSED_COPY
+        and ctx.config.gradient_accumulation_steps == 1
+        and ctx.config.zerostream.offload_gradient_dtype == "auto"
+    ):
+        return ctx.dtype
+    return torch.float32
+
+
 def _piece(sink) -> int:
     """Elements per hand-off piece: a copy-stage slot of the partition's dtype."""
     return sink.piece if hasattr(sink, "piece") else max(1, _numel(sink))
@@ -119,18 +134,27 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             slot = min(SLOT_BYTES, max(64 << 10, -(-widest // 4096) * 4096))
             pin = zero.offload_optimizer.pin_memory
             self.copy_stage = CopyStage(ctx.device, slot_bytes=slot, pin=pin)
+        sizes = [_numel(p) for p in partitions]
         if make_swapped is not None:
             # offload_optimizer nvme: the fp32 state lives in the swap store from the start.
-            self.grads = self._allocate_grads([_numel(p) for p in partitions], zero)
+            self.grads = self._allocate_grads(sizes, _host_grad_dtype(ctx, True), zero)
             self.swapper = make_swapped(partitions, options, param_starts)
             self.masters, inner = [], self.swapper.hyper
         else:
             if self.offload_device != "none" or ctx.device.type == "cpu":
-                self._require_host_memory(ctx, sum(_numel(p) for p in partitions))
-            self.masters, self.grads = self._allocate(partitions, zero.offload_optimizer)
+                self._require_host_memory(ctx, sum(sizes))
+            self.masters = self._allocate_masters(partitions, zero.offload_optimizer)
             inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])
-            for m, gr in zip(self.masters, self.grads):
-                m.grad = gr
+            if self.offload_device == "none":
+                self.grads = [torch.zeros_like(m) for m in self.masters]
+            else:
+                reads_16bit = isinstance(inner, CPUOptimizerBase)
+                self.grads = self._allocate_grads(sizes, _host_grad_dtype(ctx, reads_16bit), zero)
+            if self.grads and self.grads[0].dtype == torch.float32:
+                for m, gr in zip(self.masters, self.grads):
+                    m.grad = gr
+            else:  # torch refuses a 16-bit .grad on an fp32 tensor: the kernel is told
+                inner.bind_grads(dict(zip(self.masters, self.grads)))
         ZeroOptimizerBase.__init__(self, inner, ctx)
 
     def _require_host_memory(self, ctx: StageContext, numel: int) -> None:
@@ -151,36 +175,34 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             device=ctx.device,
         )
 
-    def _allocate(self, partitions: List[torch.Tensor], offload):
-        """fp32 master and gradient partitions: on the partitions' device, or in the host
-        arena when the optimizer is offloaded."""
+    def _allocate_masters(self, partitions: List[torch.Tensor], offload) -> List[torch.Tensor]:
+        """fp32 master partitions: on the partitions' device, or in the host arena when the
+        optimizer is offloaded."""
         partitions = [_values(p) for p in partitions]
         if self.offload_device == "none":
-            masters = [p.detach().float().clone() for p in partitions]
-            return masters, [torch.zeros_like(m) for m in masters]
+            return [p.detach().float().clone() for p in partitions]
         from ..offload.io import HostArena, arena_bytes
 
         sizes = [p.numel() for p in partitions]
-        self.arena = HostArena(2 * sum(arena_bytes(4 * n) for n in sizes), lock=offload.pin_memory)
-        masters, grads = [], []
+        self.arena = HostArena(sum(arena_bytes(4 * n) for n in sizes), lock=offload.pin_memory)
+        masters = []
         for p, n in zip(partitions, sizes):
             m = self.arena.empty(n, torch.float32)
             m.copy_(p)
-            g = self.arena.empty(n, torch.float32)
-            g.zero_()
             masters.append(m)
-            grads.append(g)
-        return masters, grads
+        return masters
 
-    def _allocate_grads(self, sizes: List[int], zero) -> List[torch.Tensor]:
-        """fp32 gradient partitions in the host arena (offload_optimizer nvme)."""
+    def _allocate_grads(self, sizes: List[int], dtype: torch.dtype, zero) -> List[torch.Tensor]:
+        """Gradient partitions of `dtype` in a host arena of their own (offloaded optimizer;
+        Note [Gradients to an offloaded partition] in zero/grad_reduce.py)."""
         from ..offload.io import HostArena, arena_bytes
 
         pin = zero.offload_optimizer.pin_memory
-        self.arena = HostArena(sum(arena_bytes(4 * n) for n in sizes), lock=pin)
+        width = torch.empty((), dtype=dtype).element_size()
+        self.grad_arena = HostArena(sum(arena_bytes(width * n) for n in sizes), lock=pin)
         grads = []
         for n in sizes:
-            g = self.arena.empty(n, torch.float32)
+            g = self.grad_arena.empty(n, dtype)
             g.zero_()
             grads.append(g)
         return grads
@@ -194,12 +216,12 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         """Averages the reduced gradient partitions over ranks, reads the global norm (the
         step's one host read) and, unless it overflowed, updates the partitions with the
         unscale/clip factor. Returns whether the update was applied."""
-        if self.world > 1:
-            for g in self.grads:
-                g.div_(self.world)
-        factor = self._grad_factor(self._norm_and_overflow(self.grads, partitioned=True))
+        # The partitions hold sums over ranks: the average's 1/world is folded into the norm
+        # and the factor instead of a pass over them (and a rounding of 16-bit ones).
+        norm_sq = self._norm_and_overflow(self.grads, partitioned=True) / self.world**2
+        factor = self._grad_factor(norm_sq)
         if factor is not None:
-            self._update(factor)
+            self._update(factor / self.world)
         return factor is not None
 
     def _update(self, factor: float) -> None:
@@ -295,8 +317,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         return None
 
     def _zero_partition_grads(self) -> None:
-        for g in self.grads:
-            g.zero_()
+        self.reducer.zero()  # Landing.zero: a 16-bit direct landing needs no memset
 
     @property
     def single_partition_of_fp32_groups(self) -> List[torch.Tensor]:

@@ -212,6 +212,10 @@ TEST(Extensions, AioBackendAndChecksums) {
   EXPECT_OK(r);
   EXPECT_EQ(r.at("aio.backend"), "threads");
   EXPECT_EQ(r.at("zerostream.verify_swap_checksums"), true);
+  EXPECT_EQ(r.at("zerostream.offload_gradient_dtype"), "auto");
+  EXPECT_ERROR(check(with_batch(R"("zerostream": {"offload_gradient_dtype": "bf16"})")),
+               "zerostream.offload_gradient_dtype: expected one of \"auto\", \"fp32\"; got "
+               "\"bf16\"");
   EXPECT_ERROR(check(with_batch(R"("aio": {"backend": "libaio"})")),
                "aio.backend: expected one of \"auto\", \"io_uring\", \"threads\"; got \"libaio\"");
   EXPECT_ERROR(check(with_batch(R"("zerostream": {"verify": true})")),

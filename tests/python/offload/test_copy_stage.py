@@ -191,3 +191,48 @@ def test_the_update_writes_16_bit_host_partitions_in_pass_and_others_through_the
     _hand_on(sink32, 0, 100, master, fused=True)
     _hand_on(host32, 0, 100, master, fused=False)
     assert torch.equal(sink32.part, master) and torch.equal(host32, master)
+
+
+def test_a_direct_download_takes_no_slot_and_drain_waits_once_on_the_lane():
+    lanes = SlowLanes()
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2, lanes=lanes)
+    dst = torch.zeros(10000, dtype=torch.bfloat16)  # 5x a slot: it never needed one
+    src = torch.randn(10000).bfloat16()
+    stage.download(src[:6000], dst[:6000])
+    stage.to_host(src[6000:7000], lambda lo, chunk: None)  # a slot download behind it
+    stage.download(src[7000:], dst[7000:])
+    assert len(stage._ring.free) == 1 and lanes.waited == []
+    stage.drain()
+    assert lanes.waited == [(False, 3)], "one wait, on the lane's last copy"
+    assert torch.equal(dst[:6000], src[:6000]) and torch.equal(dst[7000:], src[7000:])
+    assert stage.stats["d2h_bytes"] == 2 * 10000 and stage.stats["copies"] == 3
+    assert len(stage._ring.free) == 2
+    with pytest.raises(ValueError, match="neither converts nor cuts"):
+        stage.download(src, torch.zeros(10000))  # fp32 destination
+
+
+def test_release_sources_orders_the_compute_stream_after_the_downloads():
+    class Recording(HostLanes):
+        def __init__(self):
+            self.n, self.device_waits = 0, []
+
+        def copy(self, dst, src, upload):
+            dst.copy_(src)
+            self.n += 1
+            return self.n
+
+        def device_wait(self, event):
+            self.device_waits.append(event)
+
+    lanes = Recording()
+    stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2, lanes=lanes)
+    stage.release_sources()
+    assert lanes.device_waits == []  # nothing queued, nothing to wait for
+    dst = torch.zeros(100)
+    stage.download(torch.ones(100), dst)
+    stage.to_host(torch.ones(10), lambda lo, chunk: None)
+    stage.release_sources()
+    assert lanes.device_waits == [2]  # the last download covers the earlier ones
+    stage.release_sources()
+    assert lanes.device_waits == [2]
+    stage.drain()

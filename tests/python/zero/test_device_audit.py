@@ -31,6 +31,7 @@ from zerostream import comm
 from zerostream.config import load
 from zerostream.offload import copy_stage
 from zerostream.precision import make_loss_scaler
+from zerostream.zero import base
 from zerostream.zero.base import ZeroOptimizerBase
 from zerostream.zero.factory import build_zero_optimizer, stage_class
 from zerostream.zero.protocol import RunState, StageContext, TrainingState
@@ -167,6 +168,8 @@ def gpu_world(monkeypatch, fake_cuda):
     # The host-memory preflight's verdict, all-reduced at setup (on the GPU: the fake NCCL
     # above checks), is read once; nobody is short here.
     monkeypatch.setattr(comm, "_host_int", lambda t: 0)
+    # The host gradients' norm kernel reads memory, which fake tensors have none of.
+    monkeypatch.setattr(base, "_host_squared_sum", lambda g: g.double().pow(2).sum())
     with FakeTensorMode(allow_non_fake_inputs=True):
         yield reads
 
@@ -257,3 +260,63 @@ def test_the_optimizer_path_keeps_collectives_on_the_gpu(
     assert opt.copy_stage._ring.thread is not None
     assert fake_cuda.host_syncs >= 2 and fake_cuda.main_thread_syncs == 0
     assert stats["host_waits"] <= 2
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_16bit_gradients_download_straight_into_the_host_partitions(
+    gpu_world, fake_cuda, monkeypatch, stage
+):
+    """bf16, accumulation steps 1, the CPU Adam: the gradient partitions are 16-bit host
+    memory and each reduced piece is one asynchronous copy on the download lane straight into
+    its place (no staging slot, no host-side add); stage 1's accumulator is zeroed only after
+    the compute stream was made to wait for its download."""
+    zero = {"stage": stage, "reduce_bucket_size": 100, "offload_optimizer": {"device": "cpu"}}
+    cfg = load(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "zero_optimization": zero,
+            "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        },
+        world_size=2,
+        log=False,
+    )
+    ctx = StageContext(
+        config=cfg,
+        group=None,
+        rank=1,
+        world=2,
+        device=CUDA,
+        loss_scaler=make_loss_scaler(cfg.fp16),
+        run=RunState(),
+    )
+    model = _model()
+    stage_class(stage).prepare_module(model, ctx)
+    opt = build_zero_optimizer(ctx, [{"params": list(model.parameters())}])
+    assert [g.dtype for g in opt.grads] == [torch.bfloat16]
+    assert opt.grads[0].device.type == "cpu"
+    # The kernel reads memory (fake tensors have none); the update's uploads are audited by
+    # the test above.
+    monkeypatch.setattr(type(opt), "_update_into", lambda self, parts, factor: None)
+    landed_through_slots = []
+    monkeypatch.setattr(opt.reducer.landing, "_landed", lambda *a: landed_through_slots.append(a))
+    audit = CopyAudit(fake_cuda)
+    with audit:
+        ctx.run.state = TrainingState.BACKWARD
+        for p in reversed(list(model.parameters())):
+            p.grad = torch.ones_like(p)
+            opt._on_grad(p)
+        opt.after_backward()
+        ctx.run.state = TrainingState.STEP
+        assert opt.step()
+    assert audit.sync == [], "no synchronous copy between the host and the GPU"
+    down = fake_cuda.lanes[0]
+    laned = [n for s, n in audit.on_stream if s == down.name]
+    assert laned and opt.copy_stage.stats["copies"] == len(laned)
+    assert opt.copy_stage.stats["d2h_bytes"] == 2 * sum(laned)  # bf16 on the link
+    assert landed_through_slots == []
+    assert len(opt.copy_stage._ring.free) == copy_stage.SLOTS, "no slot was taken"
+    if stage == 1:
+        # `local` was zeroed on the compute stream after it waited for the download lane.
+        assert down.deps <= fake_cuda.compute.deps
+    assert fake_cuda.main_thread_syncs <= 1 and opt.copy_stage.stats["host_waits"] <= 1

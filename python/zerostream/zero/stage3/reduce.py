@@ -1,7 +1,7 @@
 """Stage-3 gradient reduction: full gradients of whole parameters, in the order autograd
 finishes them, are reduce-scattered in buckets of `reduce_bucket_size` elements so that each
-rank receives the sum over ranks of its own shard of each parameter, accumulated into its
-fp32 gradient partition.
+rank receives the sum over ranks of its own shard of each parameter, landed in its gradient
+partition as stages 1 and 2 land theirs (Landing, zero/grad_reduce.py).
 
 A bucket of parameters p1..pn is laid out rank-major: row r holds rank r's shard of p1, then
 of p2, ... (each shard ceil(numel/world) elements, zero padded), so one reduce-scatter of
@@ -10,7 +10,6 @@ world*S elements leaves each rank its S elements, in the order of its gradient p
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import Counter
 from typing import Dict, List, Tuple
@@ -18,6 +17,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from ... import comm
+from ..grad_reduce import Landing
 from .param import ZeroParam
 
 
@@ -31,10 +31,11 @@ class Stage3Reducer:
         stage=None,
     ):
         """`slots[ds_id]` = (group, offset of the param's shard in that group's partition);
-        `targets` the fp32 gradient partitions; `stage` the copy stage that takes reduced
-        shards to host partitions (Note [Gradients to an offloaded partition] in
+        `targets` the gradient partitions; `stage` the copy stage that takes reduced shards
+        to host partitions (Note [Gradients to an offloaded partition] in
         zero/grad_reduce.py)."""
-        self.slots, self.targets, self.stage = slots, targets, stage
+        self.slots, self.targets = slots, targets
+        self.landing = Landing(targets, stage)
         self.bucket_size = max(1, bucket_size)
         self.world, self.group, self.device = ctx.world, ctx.group, ctx.device
         self.telemetry = ctx.telemetry
@@ -96,25 +97,15 @@ class Stage3Reducer:
             group, at = self.slots[zp.ds_id]
             spans.append((off, group, at, zp.shard_numel))
             off += zp.shard_numel
-        if self.stage is not None:
-            self.stage.to_host(out, functools.partial(self._add, spans))
-        else:
-            self._add(spans, 0, out.to(self.targets[0].device, dtype=torch.float32))
+        self.landing.land(out, spans)
         self.reduced_numel += sum(zp.numel for zp, _ in items)
-
-    def _add(self, spans, at: int, chunk: torch.Tensor) -> None:
-        """Adds the spans' overlap with `chunk` (elements [at, ...) of the reduced shards)."""
-        end = at + chunk.numel()
-        for off, group, part_at, k in spans:
-            a, b = max(off, at), min(off + k, end)
-            if a < b:
-                lo = part_at + a - off
-                self.targets[group][lo : lo + b - a].add_(chunk[a - at : b - at])
 
     def drain(self) -> None:
         """Every reduced shard handed to the copy stage has reached the partitions."""
-        if self.stage is not None:
-            self.stage.drain()
+        self.landing.drain()
+
+    def zero(self) -> None:
+        self.landing.zero()
 
     def summary(self) -> dict:
         return {"collectives": dict(self.collectives), "reduced_numel": self.reduced_numel}
