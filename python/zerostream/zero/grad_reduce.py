@@ -283,7 +283,9 @@ class Stage2Reducer(_Reducer):
             self.drain()
 
     def at_boundary(self) -> None:
-        pass
+        # A step with no backward since zero(): a direct landing's partitions still hold the
+        # last step's gradients until finish() zeroes them (a no-op after a backward).
+        self.landing.finish()
 
     def owner_pieces(self, bucket) -> List[List[Piece]]:
         """For every rank, the pieces of the bucket it owns (bucket order)."""

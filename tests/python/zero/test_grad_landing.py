@@ -4,7 +4,8 @@ reduced gradients are downloaded straight into 16-bit host partitions instead of
 into fp32 ones. The values are the same reduced 16-bit sums either way, so training must be
 bit-identical to the fp32 partitions (`zerostream.offload_gradient_dtype: "fp32"`), on 2
 Gloo ranks for stages 1, 2 and 3, with a parameter that gets no gradient every other step
-(what no download wrote must read as zero, not as the last step's gradient)."""
+and a last step with no backward at all (what no download wrote must read as zero, not as
+the last step's gradient)."""
 
 import pytest
 import torch
@@ -75,6 +76,10 @@ def train_worker(rank, world, stage):
             engine.step()
             losses.append(float(loss))
             norms.append(float(engine.get_global_grad_norm()))
+        # A step with no backward: no gradient, not the last step's (weight decay and the
+        # moments still move the weights).
+        engine.step()
+        norms.append(float(engine.get_global_grad_norm()))
         out[grads] = {
             "dtype": str(opt.grads[0].dtype),
             "losses": losses,
