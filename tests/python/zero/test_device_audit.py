@@ -181,6 +181,20 @@ def _model():
         return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
+def _rank1_of_2(config: dict) -> StageContext:
+    """Rank 1 of a pretend world of 2 on the fake GPU."""
+    cfg = load(config, world_size=2, log=False)
+    return StageContext(
+        config=cfg,
+        group=None,
+        rank=1,
+        world=2,
+        device=CUDA,
+        loss_scaler=make_loss_scaler(cfg.fp16),
+        run=RunState(),
+    )
+
+
 # offload_optimizer has no effect at stage 0, so stage 0 runs without it.
 CASES = [
     (stage, offload, precision)
@@ -198,24 +212,13 @@ def test_the_optimizer_path_keeps_collectives_on_the_gpu(
     zero = {"stage": stage, "reduce_bucket_size": 100, "allgather_bucket_size": 64}
     if offload != "none":
         zero["offload_optimizer"] = {"device": offload}
-    cfg = load(
+    ctx = _rank1_of_2(
         {
             "train_micro_batch_size_per_gpu": 1,
             "zero_optimization": zero,
             "bf16": {"enabled": precision == "bf16"},
             "zero_force_ds_cpu_optimizer": False,
-        },
-        world_size=2,
-        log=False,
-    )
-    ctx = StageContext(
-        config=cfg,
-        group=None,
-        rank=1,
-        world=2,
-        device=CUDA,
-        loss_scaler=make_loss_scaler(cfg.fp16),
-        run=RunState(),
+        }
     )
     model = _model()
     stage_class(stage).prepare_module(model, ctx)
@@ -271,24 +274,13 @@ def test_16bit_gradients_download_straight_into_the_host_partitions(
     its place (no staging slot, no host-side add); stage 1's accumulator is zeroed only after
     the compute stream was made to wait for its download."""
     zero = {"stage": stage, "reduce_bucket_size": 100, "offload_optimizer": {"device": "cpu"}}
-    cfg = load(
+    ctx = _rank1_of_2(
         {
             "train_micro_batch_size_per_gpu": 1,
             "zero_optimization": zero,
             "bf16": {"enabled": True},
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        },
-        world_size=2,
-        log=False,
-    )
-    ctx = StageContext(
-        config=cfg,
-        group=None,
-        rank=1,
-        world=2,
-        device=CUDA,
-        loss_scaler=make_loss_scaler(cfg.fp16),
-        run=RunState(),
+        }
     )
     model = _model()
     stage_class(stage).prepare_module(model, ctx)
