@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, List
 import torch
 
 from .. import _C
+from ..ops._cpu_optimizer import COPY_DTYPES
 from ..ops.adam import cpu_adam_step
 from .io import HostArena, IoEngine, SwapStore, arena_bytes, io_config_for, ranks_on_this_host
 
@@ -276,9 +277,7 @@ class SwappedAdam:
             hi = min(lo + piece, s.hi)
             target = sink.staging(lo, hi) if staged else sink[lo:hi]
             fused_copy = (
-                target
-                if target.dtype in (torch.bfloat16, torch.float16) and target.device.type == "cpu"
-                else None
+                target if target.dtype in COPY_DTYPES and target.device.type == "cpu" else None
             )
             a, b = lo - s.lo, hi - s.lo
             cpu_adam_step(

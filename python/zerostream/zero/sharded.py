@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from ..ops._cpu_optimizer import CPUOptimizerBase
+from ..ops._cpu_optimizer import COPY_DTYPES, CPUOptimizerBase
 from .base import ZeroOptimizerBase
 from .protocol import StageContext
 from .skips import first_non_finite
@@ -42,9 +42,6 @@ def _write_piece(partition, lo: int, hi: int, values: torch.Tensor) -> None:
         partition[lo:hi].copy_(values)
 
 
-_FUSED_COPY = (torch.bfloat16, torch.float16)  # the dtypes the CPU kernels write in-pass
-
-
 def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
     """The dtype of offloaded gradient partitions: the model's 16-bit dtype when nothing
     accumulates in them (gradient_accumulation_steps 1) and the optimizer's kernel reads
@@ -52,7 +49,7 @@ def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
     [Gradients to an offloaded partition] in zero/grad_reduce.py)."""
     if (
         reads_16bit
-        and ctx.dtype in _FUSED_COPY
+        and ctx.dtype in COPY_DTYPES
         and ctx.config.gradient_accumulation_steps == 1
         and ctx.config.zerostream.offload_gradient_dtype == "auto"
     ):
@@ -72,7 +69,7 @@ def _fusable(sink) -> bool:
     from ..offload.copy_stage import DeviceSink
 
     on_host = torch.is_tensor(sink) and sink.device.type == "cpu"
-    return (isinstance(sink, DeviceSink) or on_host) and sink.dtype in _FUSED_COPY
+    return (isinstance(sink, DeviceSink) or on_host) and sink.dtype in COPY_DTYPES
 
 
 def _fused_target(sink, lo: int, hi: int) -> Optional[torch.Tensor]:
