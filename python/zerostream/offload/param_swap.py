@@ -6,8 +6,11 @@ Host memory for those visits comes from one page-locked arena of `buffer_count` 
 `buffer_size` elements (ds_config offload_param). A shard larger than `buffer_size` does not
 fail as in DeepSpeed ("More elements ... than buffer size"): the arena is raised to hold the
 largest shard twice, with one log line naming the setting. When every buffer is busy a read
-waits for one to come back (the arena's backpressure), it never asserts. The first
-`max_in_cpu` elements of shards stay in host memory instead of going to disk.
+waits for one to come back (the arena's backpressure), it never asserts. When the recorded
+stage-3 trace reads ahead more than `buffer_count` buffers hold, buffer_count is raised to fit
+(`fit_read_ahead`, one log line naming the setting): otherwise the reads that find no buffer
+run synchronously when their module needs them. The first `max_in_cpu` elements of shards
+stay in host memory instead of going to disk.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class ParamSwapper:
         self.in_cpu_numel = 0
         self.bytes_read = self.bytes_written = 0
         self.reads = self.writes = 0
+        self.deferred_reads = 0  # prefetched shards that found no free buffer (read late)
+        self.auto_buffer_count = True  # fit_read_ahead may raise buffer_count
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
         self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
 
@@ -91,18 +96,45 @@ class ParamSwapper:
                 return self.arena.empty(numel, dtype)
             self.pending[0].land()
 
+    def _configured_budget(self) -> int:
+        return self.buffer_count * arena_bytes(self.buffer_size * 2)
+
+    def fit_read_ahead(self, nbytes: int) -> None:
+        """The recorded trace reads up to `nbytes` of shards (whole arena pages each) ahead
+        at once: raises buffer_count so they all find staging, not only the first few."""
+        unit = arena_bytes(self.buffer_size * 2)
+        if not self.auto_buffer_count or nbytes <= max(self._configured_budget(), self.arena_bytes):
+            return
+        count = -(-nbytes // unit)
+        logger.info(
+            "zero_optimization.offload_param.buffer_count: the stage-3 trace reads %d KiB "
+            "of shards ahead at once, %d buffers of %d elements hold %d KiB; raised to %d",
+            nbytes // 1024,
+            self.buffer_count,
+            self.buffer_size,
+            self._configured_budget() // 1024,
+            count,
+        )
+        self.buffer_count = count  # the next read makes the larger arena (_ensure_arena)
+
     def _ensure_arena(self, numel: int, dtype: torch.dtype) -> None:
+        """Makes the arena hold two shards of `numel`, or buffer_count x buffer_size if
+        larger. A larger budget replaces the arena only when no read ahead holds its buffers
+        (buffers already handed out keep the old arena's memory until freed)."""
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         need = 2 * arena_bytes(nbytes)
-        if self.arena is None or need > self.arena_bytes:
-            budget = max(need, self.buffer_count * arena_bytes(self.buffer_size * 2))
-            if self.arena is not None or numel > self.buffer_size:
+        configured = self._configured_budget()
+        grow = configured > self.arena_bytes and not self.pending
+        if self.arena is None or need > self.arena_bytes or grow:
+            budget = max(need, configured, self.arena_bytes)
+            if need > configured:
                 logger.info(
-                    "zero_optimization.offload_param.buffer_size: a shard of %d elements "
-                    "exceeds %d; staging memory raised to %.1f MiB",
+                    "zero_optimization.offload_param.buffer_size: a shard of %d %s elements "
+                    "does not fit %d 16-bit elements; staging memory raised to %d KiB",
                     numel,
+                    str(dtype).replace("torch.", ""),
                     self.buffer_size,
-                    budget / 2**20,
+                    budget // 1024,
                 )
             self.arena = HostArena(budget, lock=self.pin_memory)
             self.arena_bytes = budget
@@ -122,6 +154,7 @@ class ParamSwapper:
                 buf = self.arena.try_empty(zp.shard_numel, zp.dtype)
             if buf is None:
                 later.append((zp, off))
+                self.deferred_reads += zp.shard is None
                 continue
             ahead.append((zp, off, buf, self.store.read(zp.ds_id, buf)))
             self.reads += 1
@@ -208,6 +241,8 @@ class ParamSwapper:
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
             "reads": self.reads,
+            "deferred_reads": self.deferred_reads,
+            "buffer_count": self.buffer_count,
             "writes": self.writes,
             "in_cpu_numel": self.in_cpu_numel,
             "staging_bytes": self.arena_bytes,

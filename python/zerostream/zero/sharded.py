@@ -155,15 +155,18 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         ZeroOptimizerBase.__init__(self, inner, ctx)
 
     def _require_host_memory(self, ctx: StageContext, numel: int) -> None:
-        """Host-memory preflight (offload/host_memory.py): fp32 masters and gradients (8
-        bytes an element) and Adam's two moments (8 more, made at the first step) of this
-        rank's partition, times the ranks of this host, which allocate the same."""
+        """Host-memory preflight (offload/host_memory.py): fp32 masters (4 bytes an element),
+        gradients (4, or 2 when they land 16-bit: counted so whenever the config allows it,
+        a lower bound) and Adam's two moments (8 more, made at the first step) of this rank's
+        partition, times the ranks of this host, which allocate the same."""
         from ..offload.host_memory import require_state_memory
 
-        where = "offload_optimizer cpu" if self.offload_device != "none" else "host memory"
+        offloaded = self.offload_device != "none"
+        grad_width = _host_grad_dtype(ctx, True).itemsize if offloaded else 4
+        where = "offload_optimizer cpu" if offloaded else "host memory"
         require_state_memory(
             numel,
-            16,
+            12 + grad_width,
             f"the fp32 optimizer state in {where}",
             'Set zero_optimization.offload_optimizer.device to "nvme" (with nvme_path) to '
             "keep it on disk, or spread the model over more ranks or nodes.",

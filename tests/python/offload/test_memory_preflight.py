@@ -87,33 +87,37 @@ def test_the_override_is_parsed_and_a_bad_one_is_named(monkeypatch):
 # --- initialize ----------------------------------------------------------------------------
 
 
-def _initialize(offload="cpu", stage=2):
+def _initialize(offload="cpu", stage=2, bf16=False):
     torch.manual_seed(0)
     model = MLP()
     cfg = {
         "train_micro_batch_size_per_gpu": 2,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": stage, "offload_optimizer": {"device": offload}},
+        "bf16": {"enabled": bf16},
     }
     return zerostream.initialize(model=model, model_parameters=model.parameters(), config=cfg)
 
 
 @pytest.mark.usefixtures("one_rank_process_group")
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_an_optimizer_state_that_does_not_fit_fails_with_both_numbers(monkeypatch, stage):
+@pytest.mark.parametrize("stage,bf16", [(1, False), (2, False), (3, False), (2, True), (3, True)])
+def test_an_optimizer_state_that_does_not_fit_fails_with_both_numbers(monkeypatch, stage, bf16):
+    # fp32 masters, Adam's moments and gradients: fp32, or bf16 when they land 16-bit.
+    per = 14 if bf16 else 16
     numel = sum(p.numel() for p in MLP().parameters())
     monkeypatch.setenv(hm.ENV, "1000")
     with pytest.raises(MemoryError) as err:
-        _initialize(stage=stage)
+        _initialize(stage=stage, bf16=bf16)
     msg = str(err.value)
-    held = int(msg.split(" elements per rank x 16 bytes")[0].rsplit("(", 1)[1])
+    held = int(msg.split(f" elements per rank x {per} bytes")[0].rsplit("(", 1)[1])
     assert numel <= held < numel + 64  # this rank's partition (padding at most an alignment)
-    assert f"({16 * held} bytes)" in msg
+    assert f"({per * held} bytes)" in msg
     assert f"may use 0.00 GiB (1000 bytes, from {hm.ENV})" in msg
     assert '"nvme"' in msg and "more ranks" in msg and "nothing was allocated" in msg
     monkeypatch.setenv(hm.ENV, "1G")
-    engine, *_ = _initialize(stage=stage)  # the same run fits under a larger limit
+    engine, *_ = _initialize(stage=stage, bf16=bf16)  # fits under a larger limit
     assert engine.optimizer.state_summary()["offload"] == "cpu"
+    assert engine.optimizer.grads[0].dtype == (torch.bfloat16 if bf16 else torch.float32)
 
 
 @pytest.mark.usefixtures("one_rank_process_group")

@@ -20,9 +20,15 @@ class Chain(nn.Module):
         return x.pow(2).mean()
 
 
-def swap_worker(rank, world, nvme, buffer_count, buffer_size):
+def swap_worker(rank, world, nvme, buffer_count, buffer_size, auto_buffer_count=True):
+    import logging
+
     import zerostream
 
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("zerostream").addHandler(handler)
     torch.manual_seed(0)
     model = Chain()
     config = {
@@ -45,6 +51,7 @@ def swap_worker(rank, world, nvme, buffer_count, buffer_size):
     }
     engine, optimizer, _, _ = zerostream.initialize(model=model, config=config)
     swapper = model.layers[0].weight._zs.partitioner.swapper
+    swapper.auto_buffer_count = auto_buffer_count
     seen = []
     model.layers[1].register_forward_pre_hook(
         lambda m, a: seen.append((len(swapper.pending), swapper.reads))
@@ -56,7 +63,7 @@ def swap_worker(rank, world, nvme, buffer_count, buffer_size):
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))
-    return losses, seen
+    return losses, seen, swapper.stats(), logged
 
 
 def reference():
@@ -75,7 +82,7 @@ def reference():
 
 @pytest.mark.multirank
 def test_shards_of_the_next_modules_are_read_while_the_current_one_runs(tmp_path):
-    losses, seen = run_ranks(swap_worker, 1, str(tmp_path), 8, 10_000, timeout=120)[0]
+    losses, seen, _, _ = run_ranks(swap_worker, 1, str(tmp_path), 8, 10_000, timeout=120)[0]
     assert losses == pytest.approx(reference(), rel=1e-6)
     # Step 1 records the trace (no reads ahead); on steps 2 and 3 layer 0's gather issued
     # layer 1's and layer 2's reads, still in flight when layer 1 starts.
@@ -85,7 +92,28 @@ def test_shards_of_the_next_modules_are_read_while_the_current_one_runs(tmp_path
 
 @pytest.mark.multirank
 def test_staging_smaller_than_the_read_ahead_never_deadlocks(tmp_path):
-    # One staging buffer of exactly one weight shard: a prefetch takes it, and the next
-    # synchronous read must land that prefetch first instead of waiting forever.
-    losses, _ = run_ranks(swap_worker, 1, str(tmp_path), 1, 64 * 64, timeout=120)[0]
+    # One staging buffer of one weight shard (the arena holds two: fp32 shards are twice
+    # buffer_size's 16-bit bytes) and buffer_count kept: a prefetch takes the staging, and the
+    # next synchronous read must land that prefetch first instead of waiting forever.
+    losses, _, stats, _ = run_ranks(swap_worker, 1, str(tmp_path), 1, 64 * 64, False, timeout=120)[
+        0
+    ]
     assert losses == pytest.approx(reference(), rel=1e-6)
+    assert stats["buffer_count"] == 1
+    assert stats["deferred_reads"] > 0  # the read-ahead really outgrew the staging
+
+
+@pytest.mark.multirank
+def test_buffer_count_is_raised_to_the_traces_read_ahead(tmp_path):
+    # Same staging, buffer_count left to zerostream: once the first step has recorded the
+    # trace, the read-ahead of the next two layers (two 16 KiB weights + two 4 KiB pages of
+    # bias) gets buffers for all of it, so no prefetched shard is read late.
+    run = run_ranks(swap_worker, 1, str(tmp_path), 1, 64 * 64, timeout=120)[0]
+    losses, seen, stats, logged = run
+    raised = [m for m in logged if m.startswith("zero_optimization.offload_param.buffer_count")]
+    assert len(raised) == 1 and raised[0].endswith("raised to 5"), logged
+    assert losses == pytest.approx(reference(), rel=1e-6)
+    assert stats["buffer_count"] == 5  # ceil(40 KiB / 8 KiB per buffer)
+    assert stats["staging_bytes"] >= 40 * 1024
+    assert stats["deferred_reads"] == 0
+    assert all(pending >= 1 for pending, _ in seen[1:]), seen

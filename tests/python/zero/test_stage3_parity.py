@@ -236,6 +236,8 @@ def test_stage3_matches_plain_pytorch(world, references, tmp_path):
             assert state <= mech["model_numel"] // world + 64 * world, state
             assert summary["params"]["shard_device"] == "cpu"  # this machine has no GPU
             assert summary["params"]["offload_param"] == offload_param
+            if offload_param == "cpu":  # every shard in page-locked (registered) host memory
+                assert summary["params"]["shard_arena_bytes"] >= summary["params"]["shard_bytes"]
             assert summary["collectives"].get("reduce_scatter", 0) > 0
             trace = summary["trace"]
             assert trace["trace_mode"] == "complete" and trace["invalidations"] == 0, trace

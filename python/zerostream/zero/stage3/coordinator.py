@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ... import _C, comm
+from ...offload.io import arena_bytes
 from .param import ShardState, ZeroParam, unique_zero_params, zero_param_of
 from .partitioner import Partitioner
 
@@ -43,6 +44,24 @@ def module_params(module: torch.nn.Module) -> List[ZeroParam]:
     external ones registered with zero.register_external_parameter."""
     external = module.__dict__.get("_zs_external_params", {}).values()
     return unique_zero_params(list(module._parameters.values()) + list(external))
+
+
+def _peak_read_ahead(trace: "Trace") -> int:
+    """The most host staging (whole arena pages) that the plan's reads ahead from the swap
+    store hold at once: a prefetch's reads stay in their buffers until an event needs one
+    of its params (InflightGather lands them together), so prefetches issued two or more
+    events ahead overlap."""
+    pending: List[Tuple[set, int]] = []
+    peak = 0
+    for (_, ids), planned in zip(trace.events, trace.plan):
+        needed = set(ids)
+        pending = [(group, nbytes) for group, nbytes in pending if not group & needed]
+        on_disk = [zp for zp in planned.prefetch if zp.shard is None]
+        if on_disk:
+            nbytes = sum(arena_bytes(zp.shard_numel * zp.dtype.itemsize) for zp in on_disk)
+            pending.append(({zp.ds_id for zp in planned.prefetch}, nbytes))
+        peak = max(peak, sum(nbytes for _, nbytes in pending))
+    return peak
 
 
 class TraceMode(enum.Enum):
@@ -162,6 +181,9 @@ class ParamCoordinator:
             for _, prefetch, release, _, _ in events
         ]
         trace.mode = TraceMode.COMPLETE
+        swapper = self.part.swapper
+        if swapper is not None:
+            swapper.fit_read_ahead(_peak_read_ahead(trace))
 
     def _invalidate(self, trace: Trace, why: str) -> None:
         self.invalidations += 1

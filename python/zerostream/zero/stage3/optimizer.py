@@ -156,7 +156,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
             if self.part.swapper is not None:
                 flat = ShardSink(zps, self.part.swapper)  # shards stay in the swap store
             else:
-                flat = torch.empty(total, dtype=zps[0].dtype, device=self.part.shard_device())
+                flat = self.part.empty_partition(total, zps[0].dtype)
                 self.part.adopt(zps, flat)
             off, group_starts = 0, []
             for zp in zps:

@@ -90,6 +90,7 @@ class Partitioner:
         self.gathers = 0
         self.gathered_numel = 0
         self.shard_listeners: List = []  # called with a ZeroParam whose shard was rewritten
+        self.host_arenas: List = []  # offload_param cpu: the page-locked shard partitions
 
     # --- partitioning ----------------------------------------------------------------------------
     def shard_device(self) -> torch.device:
@@ -145,6 +146,19 @@ class Partitioner:
         if device.type == "cpu" and self.pin_memory and torch.cuda.is_available():
             return torch.empty(numel, dtype=dtype, pin_memory=True)
         return torch.empty(numel, dtype=dtype, device=device)
+
+    def empty_partition(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Memory for one param group's flat shards: on the device, or with offload_param
+        "cpu" in a host arena of its own, page-locked (cudaHostRegister'ed on a GPU machine,
+        mlock'ed too with pin_memory), so the copy of each shard to the device before its
+        all-gather is an asynchronous DMA, not a synchronous copy out of pageable memory."""
+        if self.shard_device().type != "cpu" or self.offload_device == "none":
+            return torch.empty(numel, dtype=dtype, device=self.shard_device())
+        from ...offload.io import HostArena, arena_bytes
+
+        arena = HostArena(arena_bytes(numel * dtype.itemsize), lock=self.pin_memory)
+        self.host_arenas.append(arena)
+        return arena.empty(numel, dtype)
 
     def adopt(self, zps: List[ZeroParam], flat: torch.Tensor) -> None:
         """Moves the shards of `zps` into consecutive slices of `flat` (a param group's flat
@@ -266,6 +280,7 @@ class Partitioner:
             "gathered_numel": self.gathered_numel,
             "shard_bytes": shard_bytes,
             "shard_device": str(self.shard_device()),
+            "shard_arena_bytes": sum(int(a.stats()["in_use"]) for a in self.host_arenas),
             "offload_param": self.offload_device,
             **({"swap": self.swapper.stats()} if self.swapper is not None else {}),
         }
