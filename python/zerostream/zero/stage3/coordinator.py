@@ -113,6 +113,7 @@ class ParamCoordinator:
         self.externals_found = False  # a forward read another module's param (access())
         self.prefetched_numel = 0
         self.forward_peak_live = 0
+        self.backward_peak_live = 0
 
     def number(self, module: torch.nn.Module) -> int:
         key = id(module)
@@ -296,6 +297,24 @@ class ParamCoordinator:
             self.backward_open = True
             torch.autograd.Variable._execution_engine.queue_callback(self.end_backward)
         self.fetch(module)
+        self.backward_peak_live = max(self.backward_peak_live, self.part.live_numel)
+
+    def frozen_module(self, module: torch.nn.Module) -> bool:
+        """Whether every param `module` uses is frozen and one of them is released after use:
+        no gradient hook fires for it, so post_backward releases it (hooks.py)."""
+        zps = module_params(module)
+        return (
+            bool(zps)
+            and not any(zp.param.requires_grad for zp in zps)
+            and not all(zp.persist for zp in zps)
+        )
+
+    def post_backward(self, module: torch.nn.Module) -> None:
+        """`module`'s backward has produced its inputs' gradients: its frozen params are not
+        needed again in this backward unless another module also uses them."""
+        for zp in module_params(module):
+            if zp.modules <= 1:
+                self.part.release(zp)
 
     def after_grad(self, zp: ZeroParam) -> None:
         """`zp`'s gradient is final for this backward: its full tensor is not needed again
@@ -321,4 +340,5 @@ class ParamCoordinator:
             "invalidations": self.invalidations,
             "prefetched_numel": self.prefetched_numel,
             "forward_peak_live": self.forward_peak_live,
+            "backward_peak_live": self.backward_peak_live,
         }

@@ -1,6 +1,10 @@
 """Module hooks of stage 3: thin functions that call one named coordinator method each
 (coordinator.py). Forward pre/post hooks gather and release around a module's forward; a
 hook on the gradient of the module's outputs gathers its params before its backward runs.
+A module whose params are all frozen (a LoRA base layer) has no gradient hook to release
+them in backward: its inputs pass through _AfterBackward, whose backward runs once the
+module's has produced their gradients, and releases them there instead of at the end of
+backward (else backward would end with every frozen weight of the model gathered).
 
 A module's `_parameters` dict is replaced by one that notices a partitioned parameter read
 while some module's forward runs (`self.tok.weight` used by a parent's output head): the
@@ -18,8 +22,40 @@ import torch
 from .coordinator import ParamCoordinator, module_params
 
 
-def _pre_forward(coord: ParamCoordinator, module: torch.nn.Module, args) -> None:
+def _pre_forward(coord: ParamCoordinator, module: torch.nn.Module, args):
     coord.pre_forward(module)
+    if torch.is_grad_enabled() and coord.frozen_module(module):
+        return _release_after_backward(coord, module, args)
+    return None
+
+
+class _AfterBackward(torch.autograd.Function):
+    """Identity on a module's inputs whose backward calls `done` (the module's backward has
+    produced the gradients of all of them) and passes the gradients through."""
+
+    @staticmethod
+    def forward(ctx, done, *inputs):
+        ctx.done = done
+        return tuple(t.detach() for t in inputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.done()
+        return (None, *grads)
+
+
+def _release_after_backward(coord: ParamCoordinator, module: torch.nn.Module, args):
+    """`args` with the positional tensors that need a gradient passed through _AfterBackward,
+    or None (no change) when none does: the params are then released at the end of backward."""
+    where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not where:
+        return None
+    done = functools.partial(coord.post_backward, module)
+    outs = _AfterBackward.apply(done, *(args[i] for i in where))
+    args = list(args)
+    for i, out in zip(where, outs):
+        args[i] = out
+    return tuple(args)
 
 
 def _post_forward(coord: ParamCoordinator, module: torch.nn.Module, args, output) -> None:
