@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, List
 import torch
 
 from .. import _C
-from ..ops._cpu_optimizer import COPY_DTYPES
 from ..ops.adam import cpu_adam_step
+from . import sinks
 from .io import HostArena, IoEngine, SwapStore, arena_bytes, io_config_for, ranks_on_this_host
 
 if TYPE_CHECKING:
@@ -268,17 +268,12 @@ class SwappedAdam:
         p, m, v = (buf[: s.hi - s.lo] for buf in self.buffers[slot])
         group = self.hyper.param_groups[s.group]
         sink = partitions[s.group]
-        # A stage-3 ShardSink (shards in the param swap store) takes the sub-group through a
-        # staging tensor it then writes out; a DeviceSink (offload/copy_stage.py) takes it in
-        # pieces of one staging slot, each crossing to the device while the next is stepped.
-        staged = hasattr(sink, "staging")
-        piece = getattr(sink, "piece", s.hi - s.lo)
+        # Pieces of one copy-stage slot for a DeviceSink, each crossing to the device while
+        # the next is stepped; the whole sub-group otherwise (Note [Partition sinks]).
+        piece = sinks.piece(sink, s.hi - s.lo)
         for lo in range(s.lo, s.hi, piece):
             hi = min(lo + piece, s.hi)
-            target = sink.staging(lo, hi) if staged else sink[lo:hi]
-            fused_copy = (
-                target if target.dtype in COPY_DTYPES and target.device.type == "cpu" else None
-            )
+            target = sinks.fused_target(sink, lo, hi)
             a, b = lo - s.lo, hi - s.lo
             cpu_adam_step(
                 p[a:b],
@@ -293,13 +288,11 @@ class SwappedAdam:
                 bias_correction=group.get("bias_correction", True),
                 adamw_mode=self.adamw_mode,
                 grad_scale=grad_scale,
-                param_copy=fused_copy,
+                param_copy=target,
                 threads=self.threads,
             )
-            if fused_copy is None:
-                target.copy_(p[a:b])
-            if staged:
-                sink.commit(lo, hi)
+            # p is a swap buffer the next sub-groups reuse: never uploaded from directly.
+            sinks.hand_on(sink, lo, hi, p[a:b], fused=target is not None, stable=False)
 
     def close(self) -> None:
         """Deletes the optimizer state's swap files (the run is over)."""

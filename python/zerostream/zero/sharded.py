@@ -17,29 +17,11 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from ..offload import sinks
 from ..ops._cpu_optimizer import COPY_DTYPES, CPUOptimizerBase
 from .base import ZeroOptimizerBase
 from .protocol import StageContext
 from .skips import first_non_finite
-
-
-def _numel(partition) -> int:
-    return partition.numel if hasattr(partition, "materialize") else partition.numel()
-
-
-def _values(partition):
-    """A local partition as a tensor (a stage-3 ShardSink, whose shards live in the param
-    swap store, is read in)."""
-    return partition.materialize() if hasattr(partition, "materialize") else partition
-
-
-def _write_piece(partition, lo: int, hi: int, values: torch.Tensor) -> None:
-    """Elements [lo, hi) of a local 16-bit partition (a stage-3 ShardSink writes to disk)."""
-    if hasattr(partition, "staging"):
-        partition.staging(lo, hi).copy_(values)
-        partition.commit(lo, hi)
-    else:
-        partition[lo:hi].copy_(values)
 
 
 def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
@@ -55,47 +37,6 @@ def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
     ):
         return ctx.dtype
     return torch.float32
-
-
-def _piece(sink) -> int:
-    """Elements per hand-off piece: a copy-stage slot of the partition's dtype."""
-    return sink.piece if hasattr(sink, "piece") else max(1, _numel(sink))
-
-
-def _fusable(sink) -> bool:
-    """Whether the CPU kernel writes a partition's 16-bit values in the same pass as the
-    update: into a DeviceSink's staging, or into a host partition itself (offload_param
-    cpu); not fp32 partitions, nor stage-3 ShardSinks (shards on NVMe)."""
-    from ..offload.copy_stage import DeviceSink
-
-    on_host = torch.is_tensor(sink) and sink.device.type == "cpu"
-    return (isinstance(sink, DeviceSink) or on_host) and sink.dtype in COPY_DTYPES
-
-
-def _fused_target(sink, lo: int, hi: int) -> Optional[torch.Tensor]:
-    """Where the kernel writes elements [lo, hi) of a _fusable partition, else None."""
-    if not _fusable(sink):
-        return None
-    return sink[lo:hi] if torch.is_tensor(sink) else sink.staging(lo, hi)
-
-
-def _hand_on(sink, lo: int, hi: int, master: torch.Tensor, fused: bool) -> None:
-    """Elements [lo, hi) of a partition from their updated fp32 master values. `fused`: the
-    kernel already wrote them where _fused_target said (a DeviceSink's staging is then
-    committed, a host partition is done)."""
-    from ..offload.copy_stage import DeviceSink
-
-    device = isinstance(sink, DeviceSink)
-    if fused and _fusable(sink):
-        if device:
-            sink.commit(lo, hi)
-    elif device and sink.dtype == master.dtype:
-        sink.upload(lo, hi, master)  # straight from the page-locked arena
-    elif hasattr(sink, "staging"):  # a DeviceSink, or a stage-3 ShardSink (param swap)
-        sink.staging(lo, hi).copy_(master)
-        sink.commit(lo, hi)
-    else:
-        sink[lo:hi].copy_(master)
 
 
 class ShardedOptimizerBase(ZeroOptimizerBase):
@@ -127,11 +68,11 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
 
             # Slots no larger than the largest fp32 partition: a small model does not pin
             # the full ring it would never fill.
-            widest = 4 * max((_numel(p) for p in partitions), default=0)
+            widest = 4 * max((sinks.numel(p) for p in partitions), default=0)
             slot = min(SLOT_BYTES, max(64 << 10, -(-widest // 4096) * 4096))
             pin = zero.offload_optimizer.pin_memory
             self.copy_stage = CopyStage(ctx.device, slot_bytes=slot, pin=pin)
-        sizes = [_numel(p) for p in partitions]
+        sizes = [sinks.numel(p) for p in partitions]
         if make_swapped is not None:
             # offload_optimizer nvme: the fp32 state lives in the swap store from the start.
             self.grads = self._allocate_grads(sizes, _host_grad_dtype(ctx, True), zero)
@@ -178,7 +119,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def _allocate_masters(self, partitions: List[torch.Tensor], offload) -> List[torch.Tensor]:
         """fp32 master partitions: on the partitions' device, or in the host arena when the
         optimizer is offloaded."""
-        partitions = [_values(p) for p in partitions]
+        partitions = [sinks.values(p) for p in partitions]
         if self.offload_device == "none":
             return [p.detach().float().clone() for p in partitions]
         from ..offload.io import HostArena, arena_bytes
@@ -275,12 +216,13 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             # The unscale/clip factor folded into the kernel's one pass, which writes each
             # piece's 16-bit copy straight into the copy stage's staging.
             def copy_to(gi, pi, lo, hi):
-                return _fused_target(partitions[gi], lo, hi)
+                return sinks.fused_target(partitions[gi], lo, hi)
 
             def done(gi, pi, lo, hi):
-                _hand_on(partitions[gi], lo, hi, self.masters[gi][lo:hi], fused=True)
+                master = self.masters[gi][lo:hi]
+                sinks.hand_on(partitions[gi], lo, hi, master, fused=True, stable=True)
 
-            piece = min((_piece(p) for p in partitions), default=1)
+            piece = min((sinks.piece(p) for p in partitions), default=1)
             self.optimizer.step_in_pieces(piece, factor, copy_to, done)
             return
         if isinstance(self.optimizer, CPUOptimizerBase):
@@ -291,10 +233,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                     g.mul_(factor)
             self.optimizer.step()
         for sink, master in zip(partitions, self.masters):
-            step = _piece(sink)
+            step = sinks.piece(sink)
             for lo in range(0, master.numel(), step):
                 hi = min(lo + step, master.numel())
-                _hand_on(sink, lo, hi, master[lo:hi], fused=False)
+                sinks.hand_on(sink, lo, hi, master[lo:hi], fused=False, stable=True)
 
     def non_finite_state(self) -> Optional[str]:
         """With offload_optimizer nvme the fp32 state is on disk: reading it all back after
@@ -304,7 +246,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         if self.swapper is None:
             return super().non_finite_state()
         for g, part in enumerate(self.local_partitions()):
-            at = first_non_finite(_values(part))
+            at = first_non_finite(sinks.values(part))
             if at < 0:
                 continue
             s = self.swapper.sub_group_at(g, at)
@@ -362,7 +304,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         host arena or sub-group by sub-group into the swap store, never whole in memory."""
         from ..checkpoint import stream
 
-        numels = [_numel(p) for p in self.local_partitions()]
+        numels = [sinks.numel(p) for p in self.local_partitions()]
         if len(saved) != len(numels) or any(t.numel() > n for t, n in zip(saved, numels)):
             raise ValueError(
                 f"optimizer state partitions have {[t.numel() for t in saved]} elements; "
@@ -372,7 +314,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             if self.swapper is not None:
                 parts = self.local_partitions()
                 self.swapper.load_state_dict(
-                    inner, saved, then=lambda g, lo, hi, v: _write_piece(parts[g], lo, hi, v)
+                    inner, saved, then=lambda g, lo, hi, v: sinks.write_piece(parts[g], lo, hi, v)
                 )
                 return
             for m, t in zip(self.masters, saved):
@@ -393,7 +335,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         state, as DeepSpeed does); optimizer moments are kept."""
         with torch.no_grad():
             for g, part in enumerate(self.local_partitions()):
-                values = _values(part).float()
+                values = sinks.values(part).float()
                 if self.swapper is not None:
                     self.swapper.write_state(g, 0, values)
                 else:

@@ -168,29 +168,56 @@ def test_asking_for_staging_with_every_slot_uncommitted_is_an_error_not_a_hang()
 
 
 def test_the_update_writes_16_bit_host_partitions_in_pass_and_others_through_the_stage():
-    from zerostream.zero.sharded import _fused_target, _hand_on
+    from zerostream.offload.sinks import fused_target, hand_on
 
     stage = CopyStage(torch.device("cpu"), slot_bytes=SLOT, slots=2)
     master = torch.randn(100)
     # A 16-bit partition in host memory on a GPU run (offload_param cpu): the kernel writes
     # into the partition itself, and nothing is copied after it.
     host16 = torch.zeros(100, dtype=torch.bfloat16)
-    target = _fused_target(host16, 10, 20)
+    target = fused_target(host16, 10, 20)
     assert target.data_ptr() == host16[10:20].data_ptr()
-    _hand_on(host16, 10, 20, master[10:20], fused=True)
+    hand_on(host16, 10, 20, master[10:20], fused=True, stable=True)
     assert host16.eq(0).all() and stage.stats["copies"] == 0
-    # One on the compute device: the kernel writes into staging, committed by _hand_on.
+    # One on the compute device: the kernel writes into staging, committed by hand_on.
     sink = DeviceSink(torch.zeros(100, dtype=torch.bfloat16), stage)
-    _fused_target(sink, 0, 50).copy_(master[:50])
-    _hand_on(sink, 0, 50, master[:50], fused=True)
+    fused_target(sink, 0, 50).copy_(master[:50])
+    hand_on(sink, 0, 50, master[:50], fused=True, stable=True)
     assert torch.equal(sink.part[:50], master[:50].to(torch.bfloat16))
-    # fp32 partitions are not fused: an fp32 one on the device is uploaded from the master,
-    # one on the host copied.
+    # fp32 partitions are not fused: an fp32 one on the device is uploaded from a stable
+    # master without staging, from a swap buffer (not stable) through a slot; a host one copied.
     sink32, host32 = DeviceSink(torch.zeros(100), stage), torch.zeros(100)
-    assert _fused_target(sink32, 0, 10) is None and _fused_target(host32, 0, 10) is None
-    _hand_on(sink32, 0, 100, master, fused=True)
-    _hand_on(host32, 0, 100, master, fused=False)
+    assert fused_target(sink32, 0, 10) is None and fused_target(host32, 0, 10) is None
+    hand_on(sink32, 0, 50, master[:50], fused=True, stable=True)
+    assert stage._ring.free and len(stage._ups) == 1  # the bf16 commit's slot only
+    hand_on(sink32, 50, 100, master[50:], fused=False, stable=False)
+    assert len(stage._ups) == 2
+    hand_on(host32, 0, 100, master, fused=False, stable=True)
+    stage.fence()
     assert torch.equal(sink32.part, master) and torch.equal(host32, master)
+
+
+def test_a_stage3_shard_sink_is_written_by_the_kernel_in_pass():
+    from zerostream.offload.sinks import fused_target, hand_on
+
+    class Sink:  # the ShardSink protocol (offload/param_swap.py): host staging, commit
+        dtype, numel = torch.bfloat16, 100
+
+        def __init__(self):
+            self.committed = []
+
+        def staging(self, lo, hi):
+            self.stage = torch.zeros(hi - lo, dtype=self.dtype)
+            return self.stage
+
+        def commit(self, lo, hi):
+            self.committed.append((lo, hi, self.stage.clone()))
+
+    sink, master = Sink(), torch.randn(100)
+    fused_target(sink, 0, 100).copy_(master)  # what the kernel's param_copy does
+    hand_on(sink, 0, 100, master * 0, fused=True, stable=False)
+    [(lo, hi, values)] = sink.committed
+    assert (lo, hi) == (0, 100) and torch.equal(values, master.to(torch.bfloat16))
 
 
 def test_a_direct_download_takes_no_slot_and_drain_waits_once_on_the_lane():
