@@ -172,9 +172,12 @@ def piece_spans(pieces: List["Piece"], relative: bool) -> List[Tuple[int, int, i
     return spans
 
 
-class _Reducer:
-    def __init__(self, flat_groups: List[FlatGroup], targets: List[torch.Tensor], ctx, stage=None):
-        self.flat_groups = flat_groups
+class ReducerBase:
+    """What every stage's gradient reduction shares: the Landing of reduced gradients in the
+    partitions (through the copy stage when offloaded), and the count and time of its
+    collectives."""
+
+    def __init__(self, targets: List[torch.Tensor], ctx, stage=None):
         self.targets = targets
         # With the optimizer offloaded, reduced gradients reach the host partitions through
         # the copy stage (Note [Gradients to an offloaded partition]).
@@ -182,9 +185,7 @@ class _Reducer:
         self.stage = stage
         self.group = ctx.group
         self.world = ctx.world
-        self.rank = ctx.rank
         self.telemetry = ctx.telemetry
-        self.run = ctx.run
         self.collectives: Counter = Counter()  # kind -> count, for state_summary()
 
     def _timed(self, kind: str, payload: torch.Tensor, collective, *args, **kwargs):
@@ -200,16 +201,26 @@ class _Reducer:
     def summary(self) -> dict:
         return {"collectives": dict(self.collectives)}
 
-    def _land(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
-        """This rank's pieces of `source` into its gradient partitions (Landing)."""
-        self.landing.land(source, piece_spans(pieces, relative))
-
     def drain(self) -> None:
         """Every gradient handed to the copy stage has reached the partitions."""
         self.landing.drain()
 
     def zero(self) -> None:
         self.landing.zero()
+
+
+class _Reducer(ReducerBase):
+    """Stages 1 and 2: gradients of params laid out in flat groups."""
+
+    def __init__(self, flat_groups: List[FlatGroup], targets: List[torch.Tensor], ctx, stage=None):
+        super().__init__(targets, ctx, stage)
+        self.flat_groups = flat_groups
+        self.rank = ctx.rank
+        self.run = ctx.run
+
+    def _land(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
+        """This rank's pieces of `source` into its gradient partitions (Landing)."""
+        self.landing.land(source, piece_spans(pieces, relative))
 
 
 class Stage1Reducer(_Reducer):

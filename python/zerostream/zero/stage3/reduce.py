@@ -10,18 +10,16 @@ world*S elements leaves each rank its S elements, in the order of its gradient p
 
 from __future__ import annotations
 
-import time
-from collections import Counter
 from typing import Dict, List, Tuple
 
 import torch
 
 from ... import comm
-from ..grad_reduce import Landing
+from ..grad_reduce import ReducerBase
 from .param import ZeroParam
 
 
-class Stage3Reducer:
+class Stage3Reducer(ReducerBase):
     def __init__(
         self,
         slots: Dict[int, Tuple[int, int]],
@@ -34,14 +32,11 @@ class Stage3Reducer:
         `targets` the gradient partitions; `stage` the copy stage that takes reduced shards
         to host partitions (Note [Gradients to an offloaded partition] in
         zero/grad_reduce.py)."""
-        self.slots, self.targets = slots, targets
-        self.landing = Landing(targets, stage)
+        super().__init__(targets, ctx, stage)
+        self.slots = slots
         self.bucket_size = max(1, bucket_size)
-        self.world, self.group, self.device = ctx.world, ctx.group, ctx.device
-        self.telemetry = ctx.telemetry
         self.pending: List[Tuple[ZeroParam, torch.Tensor]] = []
         self.pending_numel = 0
-        self.collectives: Counter = Counter()
         self.reduced_numel = 0
 
     def add(self, zp: ZeroParam, grad: torch.Tensor) -> None:
@@ -68,7 +63,6 @@ class Stage3Reducer:
             self._reduce(items)
 
     def _reduce(self, items: List[Tuple[ZeroParam, torch.Tensor]]) -> None:
-        start = time.perf_counter()
         world = self.world
         total = sum(zp.shard_numel for zp, _ in items)
         grad0 = items[0][1]
@@ -85,11 +79,7 @@ class Stage3Reducer:
         flat = send.view(-1)
         if world > 1:
             out = torch.empty(total, dtype=flat.dtype, device=flat.device)
-            comm.reduce_scatter_tensor(out, flat, group=self.group)
-            self.collectives["reduce_scatter"] += 1
-            self.telemetry.moved(
-                "comm", flat.numel() * flat.element_size(), time.perf_counter() - start
-            )
+            self._timed("reduce_scatter", flat, comm.reduce_scatter_tensor, out, flat)
         else:
             out = flat
         spans, off = [], 0  # (where in `out`, group, where in its partition, elements)
@@ -100,12 +90,5 @@ class Stage3Reducer:
         self.landing.land(out, spans)
         self.reduced_numel += sum(zp.numel for zp, _ in items)
 
-    def drain(self) -> None:
-        """Every reduced shard handed to the copy stage has reached the partitions."""
-        self.landing.drain()
-
-    def zero(self) -> None:
-        self.landing.zero()
-
     def summary(self) -> dict:
-        return {"collectives": dict(self.collectives), "reduced_numel": self.reduced_numel}
+        return {**super().summary(), "reduced_numel": self.reduced_numel}
