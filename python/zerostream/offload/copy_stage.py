@@ -35,6 +35,12 @@ Note [The copy stage]
   the whole step (bench step, small, stage 2 offload cpu bf16: 0.076-0.092 s against
   0.064-0.070 s inline, session 10); tests turn it on explicitly.
 
+  Stage 3 with shards in host memory (offload_param cpu or nvme) has an upload-only stage of
+  its own (zero/stage3/partitioner.py): a gather uploads its shards on the lane and issues
+  its all-gather from the lane (after_uploads), so a prefetch's copies and collective follow
+  the uploads without the compute stream waiting for them until the gather is waited on;
+  the host waits for the lane (drain) only before it rewrites shards or frees NVMe staging.
+
   The CPU twin (HostLanes) keeps the same slots, chunking, ordering and deferred consumers,
   with memcpy for the copies and events that are always complete, so the CPU tests run the
   code a GPU runs; CudaLanes adds only the streams and events. `stats` counts the bytes each
@@ -75,6 +81,9 @@ class HostLanes:
 
     def device_wait(self, event) -> None:
         pass
+
+    def after_uploads(self, launch: Callable[[], object]):
+        return launch()
 
 
 class TorchCuda:
@@ -129,6 +138,15 @@ class CudaLanes:
 
     def device_wait(self, event) -> None:
         self.cuda.current_stream().wait_event(event)
+
+    def after_uploads(self, launch: Callable[[], object]):
+        """Runs `launch` (a collective) with the upload lane current: NCCL's stream waits for
+        the stream current at the call, so the collective follows the uploads (and, as the
+        lane first waits for the compute stream, whatever was queued there) while the compute
+        stream goes on."""
+        self.up.wait_stream(self.cuda.current_stream())
+        with self.cuda.use(self.up):
+            return launch()
 
 
 def lanes_for(device: torch.device):
@@ -393,6 +411,22 @@ class CopyStage:
         self._unfenced = self._last_upload = event
         self.stats["h2d_bytes"] += src.numel() * src.element_size()
         self.stats["copies"] += 1
+
+    def after_uploads(self, launch: Callable[[], object]):
+        """`launch()` (a collective that reads what was uploaded) ordered after every upload
+        queued so far, without making the compute stream wait for them: on a GPU it is
+        issued from the upload lane. Returns what launch returns; its work must be waited
+        on later from the compute stream (an async collective's handle)."""
+        return self.lanes.after_uploads(launch)
+
+    def upload_mark(self):
+        """A mark of the uploads queued so far, for wait_mark (None: nothing queued)."""
+        return self._last_upload
+
+    def wait_mark(self, mark) -> None:
+        """The compute stream waits (on the device) for the uploads up to `mark`."""
+        if mark is not None:
+            self.lanes.device_wait(mark)
 
     def fence(self) -> None:
         """The compute stream waits (on the device) for every upload queued so far."""

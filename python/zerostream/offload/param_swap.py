@@ -140,11 +140,12 @@ class ParamSwapper:
             self.arena_bytes = budget
 
     def start_reads(
-        self, zps: List[ZeroParam], send: torch.Tensor, offsets: List[int]
+        self, zps: List[ZeroParam], send: torch.Tensor, offsets: List[int], uploads=None
     ) -> "PendingReads":
         """Issues the reads of the swapped shards among `zps` into free staging buffers
         and returns at once (a prefetch); `PendingReads.land()` puts every shard into
-        `send`. Shards that find no free buffer now are read when it lands."""
+        `send` (through `uploads`, a copy stage, when given: see _land). Shards that find
+        no free buffer now are read when it lands."""
         ahead, later = [], []
         start, before = time.perf_counter(), self.bytes_read
         for zp, off in zip(zps, offsets):
@@ -159,7 +160,7 @@ class ParamSwapper:
             ahead.append((zp, off, buf, self.store.read(zp.ds_id, buf)))
             self.reads += 1
             self.bytes_read += buf.numel() * buf.element_size()
-        reads = PendingReads(self, send, ahead, later, start, self.bytes_read - before)
+        reads = PendingReads(self, send, ahead, later, start, self.bytes_read - before, uploads)
         self.pending.append(reads)
         return reads
 
@@ -199,32 +200,40 @@ class ParamSwapper:
         buf.copy_(values)
         return buf
 
-    def read_into(self, zps: List[ZeroParam], send: torch.Tensor, offsets: List[int]) -> None:
+    def read_into(
+        self, zps: List[ZeroParam], send: torch.Tensor, offsets: List[int], uploads=None
+    ) -> None:
         """Copies each shard into `send[offset:offset+shard_numel]`: host ones directly,
-        swapped ones read into staging buffers as many at a time as the arena holds."""
+        swapped ones read into staging buffers as many at a time as the arena holds; with
+        `uploads` (a copy stage, `send` on the device) through its upload lane."""
         pending = []
         start, before = time.perf_counter(), self.bytes_read
         for zp, off in zip(zps, offsets):
             if zp.shard is not None:
-                send[off : off + zp.shard_numel].copy_(zp.shard)
+                _copy(uploads, zp.shard, send[off : off + zp.shard_numel])
                 continue
             buf = self._host(zp.shard_numel, zp.dtype)
             pending.append((zp, off, buf, self.store.read(zp.ds_id, buf)))
             self.reads += 1
             self.bytes_read += buf.numel() * buf.element_size()
             if len(pending) >= self.buffer_count:
-                self._land(pending, send)
-        self._land(pending, send)
+                self._land(pending, send, uploads)
+        self._land(pending, send, uploads)
         if self.bytes_read > before:
             self.telemetry.moved(
                 "param_nvme_read", self.bytes_read - before, time.perf_counter() - start
             )
 
     @staticmethod
-    def _land(pending: list, send: torch.Tensor) -> None:
+    def _land(pending: list, send: torch.Tensor, uploads=None) -> None:
+        """Each read's shard from its staging buffer into `send`. The buffers go back to
+        the arena (and the next disk reads) when this returns, so uploads of them to the
+        device are waited for first (the host waits once, on the lane's last copy)."""
         for zp, off, buf, ticket in pending:
             ticket.wait()
-            send[off : off + zp.shard_numel].copy_(buf, non_blocking=True)
+            _copy(uploads, buf, send[off : off + zp.shard_numel])
+        if pending and uploads is not None:
+            uploads.drain()
         pending.clear()
 
     def read(self, zp: ZeroParam) -> torch.Tensor:
@@ -256,12 +265,20 @@ class ParamSwapper:
         return self.store.extent_of(zp.ds_id)
 
 
+def _copy(uploads, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """A host shard into `dst`: on the copy stage's upload lane when given, else a copy."""
+    if uploads is not None:
+        uploads.upload(src, dst)
+    else:
+        dst.copy_(src, non_blocking=True)
+
+
 class PendingReads:
     """Shard reads issued ahead of a gather (ParamSwapper.start_reads)."""
 
-    def __init__(self, swapper: ParamSwapper, send, ahead, later, start, nbytes):
+    def __init__(self, swapper: ParamSwapper, send, ahead, later, start, nbytes, uploads=None):
         self.swapper, self.send, self.ahead, self.later = swapper, send, ahead, later
-        self.start, self.nbytes = start, nbytes
+        self.start, self.nbytes, self.uploads = start, nbytes, uploads
         self.done = False
 
     def land(self) -> None:
@@ -271,7 +288,7 @@ class PendingReads:
             return
         self.done = True
         self.swapper.pending.remove(self)
-        ParamSwapper._land(self.ahead, self.send)
+        ParamSwapper._land(self.ahead, self.send, self.uploads)
         if self.nbytes:
             self.swapper.telemetry.moved(
                 "param_nvme_read", self.nbytes, time.perf_counter() - self.start
@@ -279,7 +296,7 @@ class PendingReads:
         if self.later:
             zps, offsets = zip(*self.later)
             self.later = []
-            self.swapper.read_into(list(zps), self.send, list(offsets))
+            self.swapper.read_into(list(zps), self.send, list(offsets), self.uploads)
 
 
 class ShardSink:

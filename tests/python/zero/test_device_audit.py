@@ -139,10 +139,10 @@ def _nccl_like(name, cuda):
             if torch.is_tensor(t) and t.device.type != "cuda":
                 raise RuntimeError(f"{name}: NCCL needs CUDA tensors; got one on {t.device}")
         if name == "all_gather_into_tensor":
-            # It reads the updated partitions: every upload queued so far must be ordered
-            # before it on the compute stream.
+            # It reads what was uploaded (updated partitions, host shards): every upload
+            # queued so far must be ordered before it on the stream it is issued from.
             uploads = [e for lane in cuda.lanes[1:] for e in lane.deps]  # lane0 is the download
-            missing = [e for e in uploads if e not in cuda.compute.deps]
+            missing = [e for e in uploads if e not in cuda.current.deps]
             if missing:
                 raise RuntimeError(f"all_gather before {len(missing)} uploads were fenced")
         return None
@@ -170,6 +170,16 @@ def gpu_world(monkeypatch, fake_cuda):
     monkeypatch.setattr(comm, "_host_int", lambda t: 0)
     # The host gradients' norm kernel reads memory, which fake tensors have none of.
     monkeypatch.setattr(base, "_host_squared_sum", lambda g: g.double().pow(2).sum())
+    # The copy stage's consumer thread runs ops on fake tensors beside the main thread; the
+    # fake mode keeps "inside a kernel" per mode, not per thread, so its ops are serialized
+    # (else one thread's op sometimes finds the other's flag set and fails an assertion).
+    lock, dispatch = threading.RLock(), FakeTensorMode.dispatch
+
+    def serialized(self, *args, **kwargs):
+        with lock:
+            return dispatch(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeTensorMode, "dispatch", serialized)
     with FakeTensorMode(allow_non_fake_inputs=True):
         yield reads
 
@@ -312,3 +322,44 @@ def test_16bit_gradients_download_straight_into_the_host_partitions(
         # `local` was zeroed on the compute stream after it waited for the download lane.
         assert down.deps <= fake_cuda.compute.deps
     assert fake_cuda.main_thread_syncs <= 1 and opt.copy_stage.stats["host_waits"] <= 1
+
+
+def test_stage3_host_shards_cross_on_the_upload_lane_and_prefetches_overlap_compute(
+    gpu_world, fake_cuda
+):
+    """offload_param cpu: each gather's shards go up on the upload lane, asynchronously, and
+    the all-gather is issued after them from that lane; the compute stream waits for a
+    prefetch's uploads only when the prefetch is waited on, and the host waits for none
+    until it rewrites the shards (the update)."""
+    ctx = _rank1_of_2(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "zero_optimization": {
+                "stage": 3,
+                "offload_param": {"device": "cpu"},
+                "stage3_param_persistence_threshold": 0,
+            },
+            "bf16": {"enabled": True},
+        }
+    )
+    model = _model()
+    stage_class(3).prepare_module(model, ctx)
+    part = ctx.module_state.part
+    assert part.shard_device().type == "cpu"
+    zps = list(part.params.values())
+    up = fake_cuda.lanes[1]
+    audit = CopyAudit(fake_cuda)
+    with audit:
+        ahead = part.gather(zps[2:], async_op=True)  # a prefetch of the second layer
+        queued = set(up.deps)
+        assert queued and not queued & fake_cuda.compute.deps, "compute waits for no prefetch"
+        part.gather(zps[:2])  # the first layer, on demand
+        ahead.wait()
+        assert queued <= fake_cuda.compute.deps  # the prefetch's copies, once waited on
+        part.release_all()
+        part.settle_uploads()
+    assert audit.sync == [], "no synchronous copy between the host and the GPU"
+    laned = [n for s, n in audit.on_stream if s == up.name]
+    assert sum(laned) == sum(zp.shard_numel for zp in zps) and len(laned) == len(zps)
+    assert [s for s, _ in audit.on_stream if s != up.name] == []
+    assert fake_cuda.main_thread_syncs == 1 and part.uploads.stats["host_waits"] == 1

@@ -220,6 +220,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
             self.reducer.flush()
             self.reducer.drain()
         self.part.release_all()
+        self.part.settle_uploads()  # the update rewrites host shards the uploads read
         applied = self._average_and_update()
         if applied:
             self.part.refresh_gathered()
@@ -272,6 +273,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
 
     def load_state_dict(self, state: dict, publish: bool = True) -> None:
         self._check_loadable(state, (3,))
+        self.part.settle_uploads()
         self._load_partitions(state["fp32_flat_groups"], state["optimizer_state_dict"])
         self._load_scaler_state(state)
         if publish:

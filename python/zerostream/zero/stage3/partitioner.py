@@ -23,20 +23,27 @@ class InflightGather:
     of shards on NVMe is in flight as disk reads (`reads`): the collective runs once they
     land, when the gather is waited on (every rank waits in the same order)."""
 
-    def __init__(self, partitioner: "Partitioner", zps: List[ZeroParam], out, handle, reads=None):
+    def __init__(
+        self, partitioner: "Partitioner", zps: List[ZeroParam], out, handle, reads=None, mark=None
+    ):
         self.partitioner, self.zps, self.out, self.handle = partitioner, zps, out, handle
         self.reads = reads
+        self.mark = mark  # the uploads into the send buffer (host shards), see Partitioner
         self.done = False
 
     def wait(self) -> None:
         if self.done:
             return
+        part = self.partitioner
         if self.reads is not None:
             self.reads.land()
-            self.out = self.partitioner.collect(self.reads.send, async_op=False)[0]
+            self.mark = part.uploads.upload_mark() if part.uploads is not None else None
+            self.out, self.handle = part.collect(self.reads.send, async_op=False)
             self.reads = None
         if self.handle is not None:
             self.handle.wait()
+        if part.uploads is not None:
+            part.uploads.wait_mark(self.mark)  # one rank: `out` is the uploaded send buffer
         world = self.partitioner.world
         rows = self.out.view(world, -1)
         off = 0
@@ -91,13 +98,29 @@ class Partitioner:
         self.gathered_numel = 0
         self.shard_listeners: List = []  # called with a ZeroParam whose shard was rewritten
         self.host_arenas: List = []  # offload_param cpu: the page-locked shard partitions
+        # Shards in host memory (offload_param cpu or nvme) cross to the device on the copy
+        # stage's upload lane (offload/copy_stage.py; its CPU twin here), and the all-gather
+        # is issued after them from that lane: a prefetch's copies overlap the running
+        # module's compute instead of queuing in front of it on the compute stream.
+        self.uploads = None
+        if self.offload_device != "none":
+            from ...offload.copy_stage import CopyStage
+
+            self.uploads = CopyStage(device, slot_bytes=4096, slots=2, consumer_thread=False)
 
     # --- partitioning ----------------------------------------------------------------------------
     def shard_device(self) -> torch.device:
         return torch.device("cpu") if self.offload_device != "none" else self.device
 
+    def settle_uploads(self) -> None:
+        """Every upload queued from host shards has read them (the host waits): before the
+        host rewrites a shard (an optimizer update, a modified or loaded weight)."""
+        if self.uploads is not None:
+            self.uploads.drain()
+
     def write_shard(self, zp: ZeroParam, full: torch.Tensor) -> None:
         """Makes this rank's slice of `full` (the whole param) its shard, wherever it lives."""
+        self.settle_uploads()
         values = zp.shard_values(full)
         with torch.no_grad():
             if self.swapper is not None:
@@ -205,27 +228,44 @@ class Partitioner:
             off += zp.shard_numel
         if async_op and self.swapper is not None and any(zp.shard is None for zp in zps):
             # A prefetch from disk: the reads run while the module before it computes.
-            reads = self.swapper.start_reads(zps, send, offsets)
+            reads = self.swapper.start_reads(zps, send, offsets, self.uploads)
             gather = InflightGather(self, zps, None, None, reads=reads)
         else:
             if self.swapper is not None:
-                self.swapper.read_into(zps, send, offsets)
+                self.swapper.read_into(zps, send, offsets, self.uploads)
             else:
                 for zp, off in zip(zps, offsets):
-                    send[off : off + zp.shard_numel].copy_(zp.shard, non_blocking=True)
-            gather = InflightGather(self, zps, *self.collect(send, async_op))
+                    self._to_send(zp.shard, send[off : off + zp.shard_numel])
+            mark = self.uploads.upload_mark() if self.uploads is not None else None
+            gather = InflightGather(self, zps, *self.collect(send, async_op), mark=mark)
         for zp in zps:
             self.inflight[zp.ds_id] = gather
         if not async_op:
             gather.wait()
         return gather
 
+    def _to_send(self, shard: torch.Tensor, dst: torch.Tensor) -> None:
+        if self.uploads is not None:
+            self.uploads.upload(shard, dst)  # page-locked host shard -> device, on the lane
+        else:
+            dst.copy_(shard, non_blocking=True)
+
     def collect(self, send: torch.Tensor, async_op: bool):
-        """(out, handle): every rank's `send` side by side (rank-major)."""
+        """(out, handle): every rank's `send` side by side (rank-major). With host shards the
+        all-gather is issued after their uploads, from the upload lane, and a synchronous
+        one is waited on here, from the compute stream."""
         if self.world == 1:
             return send, None
         out = torch.empty(self.world * send.numel(), dtype=send.dtype, device=self.device)
-        handle = comm.all_gather_into_tensor(out, send, group=self.group, async_op=async_op)
+        if self.uploads is None:
+            handle = comm.all_gather_into_tensor(out, send, group=self.group, async_op=async_op)
+            return out, handle
+        handle = self.uploads.after_uploads(
+            lambda: comm.all_gather_into_tensor(out, send, group=self.group, async_op=True)
+        )
+        if not async_op and handle is not None:
+            handle.wait()
+            handle = None
         return out, handle
 
     def release(self, zp: ZeroParam) -> bool:
