@@ -222,6 +222,12 @@ def _gathered_elements(shape: ModelShape, knobs: Knobs) -> Tuple[int, int]:
     return int(peak * scale), int(sum(n for n, p in zip(numels, persistent) if p) * scale)
 
 
+def offloaded_grad_bytes(d: int, work: "Workload") -> int:
+    """Bytes per element of offloaded gradient partitions: 16-bit when the model is and
+    nothing accumulates in them (zero/sharded.py _host_grad_dtype), else fp32."""
+    return d if d == 2 and work.grad_accum == 1 else 4
+
+
 def _memory(shape, work, machine, option, knobs):
     """(device, backward, step, host, nvme, startup) byte terms; see the module doc."""
     P, N, d = shape.params, machine.world, work.dtype_bytes
@@ -242,9 +248,7 @@ def _memory(shape, work, machine, option, knobs):
     else:
         device[f"{dname} params"] = d * P
     states = {"fp32 master": 4 * part, "fp32 grads": 4 * part, "Adam m, v": 8 * part}
-    # Offloaded gradients stay 16-bit when nothing accumulates in them (zero/sharded.py
-    # _host_grad_dtype).
-    host_grads = ("16-bit grads", d * part) if d == 2 and work.grad_accum == 1 else None
+    host_grads = ("16-bit grads", 2 * part) if offloaded_grad_bytes(d, work) == 2 else None
     if option.optimizer == "none":
         device.update(states)
         step["AdamW temporaries"] = (8 if machine.cpu_only else 4) * part

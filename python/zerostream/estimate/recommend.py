@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .machine import Machine
 from .model import ModelShape
-from .plan import Prediction, Workload
+from .plan import Prediction, Workload, offloaded_grad_bytes
 from .units import gb, seconds
 
 Key = Tuple[int, str, str]
@@ -59,8 +59,7 @@ def explain(
         f"{gb((opt + grads) / N)} GB {where} -> {_fits_where(z3)}"
     )
     cpu = by[(3, "cpu", "none")]
-    # Offloaded gradients stay 16-bit when nothing accumulates in them (estimate/plan.py).
-    host_bytes = d if d == 2 and work.grad_accum == 1 else 4
+    host_bytes = offloaded_grad_bytes(d, work)
     host_grads = host_bytes * P
     host_what = f"{'16-bit' if host_bytes == 2 else 'fp32'} gradients"
     host_state = (opt + host_grads) * machine.gpus_per_node / N

@@ -435,6 +435,15 @@ class CopyStage:
             self._unfenced = None
 
 
+def to_device(stage: Optional["CopyStage"], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Host memory `src` into `dst`: on `stage`'s upload lane when there is one (src must stay
+    unchanged until its fence or drain), else a copy on the current stream."""
+    if stage is not None:
+        stage.upload(src, dst)
+    else:
+        dst.copy_(src, non_blocking=True)
+
+
 class DeviceSink:
     """A device partition written from the host through a copy stage, in pieces of at most
     `piece` elements: the staging/commit protocol the optimizer's update already writes a

@@ -24,6 +24,7 @@ import torch
 
 from ..telemetry import NULL_TELEMETRY
 from ..zero.stage3.param import ZeroParam
+from .copy_stage import to_device
 from .io import HostArena, IoEngine, SwapStore, arena_bytes, ranks_on_this_host
 
 logger = logging.getLogger("zerostream")
@@ -96,16 +97,19 @@ class ParamSwapper:
                 return self.arena.empty(numel, dtype)
             self.pending[0].land()
 
+    def _buffer_bytes(self) -> int:
+        """One buffer of buffer_size 16-bit elements, as the arena counts it."""
+        return arena_bytes(self.buffer_size * 2)
+
     def _configured_budget(self) -> int:
-        return self.buffer_count * arena_bytes(self.buffer_size * 2)
+        return self.buffer_count * self._buffer_bytes()
 
     def fit_read_ahead(self, nbytes: int) -> None:
         """The recorded trace reads up to `nbytes` of shards (whole arena pages each) ahead
         at once: raises buffer_count so they all find staging, not only the first few."""
-        unit = arena_bytes(self.buffer_size * 2)
         if not self.auto_buffer_count or nbytes <= max(self._configured_budget(), self.arena_bytes):
             return
-        count = -(-nbytes // unit)
+        count = -(-nbytes // self._buffer_bytes())
         logger.info(
             "zero_optimization.offload_param.buffer_count: the stage-3 trace reads %d KiB "
             "of shards ahead at once, %d buffers of %d elements hold %d KiB; raised to %d",
@@ -121,8 +125,7 @@ class ParamSwapper:
         """Makes the arena hold two shards of `numel`, or buffer_count x buffer_size if
         larger. A larger budget replaces the arena only when no read ahead holds its buffers
         (buffers already handed out keep the old arena's memory until freed)."""
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        need = 2 * arena_bytes(nbytes)
+        need = 2 * arena_bytes(numel * dtype.itemsize)
         configured = self._configured_budget()
         grow = configured > self.arena_bytes and not self.pending
         if self.arena is None or need > self.arena_bytes or grow:
@@ -210,7 +213,7 @@ class ParamSwapper:
         start, before = time.perf_counter(), self.bytes_read
         for zp, off in zip(zps, offsets):
             if zp.shard is not None:
-                _copy(uploads, zp.shard, send[off : off + zp.shard_numel])
+                to_device(uploads, zp.shard, send[off : off + zp.shard_numel])
                 continue
             buf = self._host(zp.shard_numel, zp.dtype)
             pending.append((zp, off, buf, self.store.read(zp.ds_id, buf)))
@@ -231,7 +234,7 @@ class ParamSwapper:
         device are waited for first (the host waits once, on the lane's last copy)."""
         for zp, off, buf, ticket in pending:
             ticket.wait()
-            _copy(uploads, buf, send[off : off + zp.shard_numel])
+            to_device(uploads, buf, send[off : off + zp.shard_numel])
         if pending and uploads is not None:
             uploads.drain()
         pending.clear()
@@ -263,14 +266,6 @@ class ParamSwapper:
 
     def extent_of(self, zp: ZeroParam):
         return self.store.extent_of(zp.ds_id)
-
-
-def _copy(uploads, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """A host shard into `dst`: on the copy stage's upload lane when given, else a copy."""
-    if uploads is not None:
-        uploads.upload(src, dst)
-    else:
-        dst.copy_(src, non_blocking=True)
 
 
 class PendingReads:

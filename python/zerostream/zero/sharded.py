@@ -139,8 +139,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         from ..offload.io import HostArena, arena_bytes
 
         pin = zero.offload_optimizer.pin_memory
-        width = torch.empty((), dtype=dtype).element_size()
-        self.grad_arena = HostArena(sum(arena_bytes(width * n) for n in sizes), lock=pin)
+        self.grad_arena = HostArena(sum(arena_bytes(dtype.itemsize * n) for n in sizes), lock=pin)
         grads = []
         for n in sizes:
             g = self.grad_arena.empty(n, dtype)

@@ -12,6 +12,7 @@ from typing import Dict, Iterable, List, Optional
 import torch
 
 from ... import comm
+from ...offload.copy_stage import CopyStage, to_device
 from .param import ShardState, ZeroParam, zero_param_of
 
 _IDS = itertools.count()  # ds_id: unique in the process, like DeepSpeed's
@@ -104,8 +105,6 @@ class Partitioner:
         # module's compute instead of queuing in front of it on the compute stream.
         self.uploads = None
         if self.offload_device != "none":
-            from ...offload.copy_stage import CopyStage
-
             self.uploads = CopyStage(device, slot_bytes=4096, slots=2, consumer_thread=False)
 
     # --- partitioning ----------------------------------------------------------------------------
@@ -235,7 +234,7 @@ class Partitioner:
                 self.swapper.read_into(zps, send, offsets, self.uploads)
             else:
                 for zp, off in zip(zps, offsets):
-                    self._to_send(zp.shard, send[off : off + zp.shard_numel])
+                    to_device(self.uploads, zp.shard, send[off : off + zp.shard_numel])
             mark = self.uploads.upload_mark() if self.uploads is not None else None
             gather = InflightGather(self, zps, *self.collect(send, async_op), mark=mark)
         for zp in zps:
@@ -243,12 +242,6 @@ class Partitioner:
         if not async_op:
             gather.wait()
         return gather
-
-    def _to_send(self, shard: torch.Tensor, dst: torch.Tensor) -> None:
-        if self.uploads is not None:
-            self.uploads.upload(shard, dst)  # page-locked host shard -> device, on the lane
-        else:
-            dst.copy_(shard, non_blocking=True)
 
     def collect(self, send: torch.Tensor, async_op: bool):
         """(out, handle): every rank's `send` side by side (rank-major). With host shards the
