@@ -2,6 +2,7 @@
 the same data (so their numbers compare like with like). No timing is asserted."""
 
 import json
+import os
 
 import pytest
 
@@ -90,3 +91,28 @@ def test_a_config_without_offload_skips_the_no_offload_peer(capsys):
 def test_unknown_peers_are_named():
     with pytest.raises(ValueError, match=r"--peers: unknown \['fastest'\]"):
         step.main(["--peers", "zerostream,fastest"])
+
+
+def test_deepspeed_shm_segments_of_a_finished_peer_are_removed():
+    """DeepSpeed's CPU all-reduce leaves a 69 MB /dev/shm segment per rank; the bench removes
+    the ones of its own peer's rendezvous (address and port) and nothing else."""
+    from zerostream.bench import remove_deepspeed_shm
+
+    uid = os.getuid()
+    ours = [f"/dev/shm/deepspeed_allreduce_buffer_{uid}_127.0.0.9_40001_{r}" for r in (0, 1)]
+    others = [
+        f"/dev/shm/deepspeed_allreduce_buffer_{uid}_127.0.0.9_400010_0",  # another port
+        f"/dev/shm/deepspeed_allreduce_buffer_{uid}_127.0.0.9_40001_x",  # not a rank
+        "/dev/shm/zs_unrelated_127.0.0.9_40001_0",
+    ]
+    for path in ours + others:
+        with open(path, "wb") as f:
+            f.write(b"x")
+    try:
+        assert remove_deepspeed_shm("127.0.0.9", 40001) == 2
+        assert not any(os.path.exists(p) for p in ours)
+        assert all(os.path.exists(p) for p in others)
+    finally:
+        for path in ours + others:
+            if os.path.exists(path):
+                os.unlink(path)

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from typing import Dict, Optional
 
-from . import remember
+from . import remember, remove_deepspeed_shm
 from .gpt import SIZES, GPTShape
 from .step_worker import MARK
 
@@ -138,6 +138,8 @@ def _run_peer(peer: str, cfg: dict, shape: GPTShape, args) -> dict:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return {"peer": peer, "error": f"timed out after {args.timeout:.0f} s"}
+    finally:
+        remove_deepspeed_shm("127.0.0.1", spec["port"])
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(MARK):
             return json.loads(line[len(MARK) :])

@@ -180,6 +180,13 @@ def launch(root: str, world: int, cases_json: str) -> int:
         argv = [sys.executable, __file__, root, str(world), cases_json]
         procs.append(subprocess.Popen(argv, env=env))
     codes = [p.wait() for p in procs]
+    # DeepSpeed's CPU all-reduce never unlinks its 69 MB /dev/shm segment per rank
+    # (zerostream.bench.remove_deepspeed_shm does the same for bench step; this python is
+    # DeepSpeed's environment, which has no zerostream).
+    for r in range(world):
+        name = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_{r}"
+        if os.path.exists(name):
+            os.unlink(name)
     return max(codes, key=abs)
 
 
