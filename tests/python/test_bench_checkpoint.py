@@ -19,10 +19,11 @@ def test_bench_checkpoint_reports_consistent_rates_against_fio(tmp_path):
         pytest.skip("fio is not installed (scripts/setup.sh installs it)")
     out = subprocess.run(
         [sys.executable, "-m", "zerostream.cli", "bench", "checkpoint", "--path", str(tmp_path),
-         "--params", "17M", "--repeats", "1", "--json"],
+         "--params", "17M", "--repeats", "1", "--aio", '{"queue_depth": 16}', "--json"],
         capture_output=True, text=True, timeout=220, check=True, env=dict(os.environ),
     )  # fmt: skip
     res = json.loads(out.stdout)
+    assert res["config"]["aio"] == {"queue_depth": 16}
     assert [r["offload"] for r in res["results"]] == ["cpu", "nvme"]
     for r in res["results"]:
         assert r["optimizer_state_bytes"] == 12 * r["params"] and r["params"] >= 16_777_216
@@ -45,3 +46,13 @@ def test_bench_checkpoint_reports_consistent_rates_against_fio(tmp_path):
         assert math.isclose(r["load_vs_fio_disk"], fio_load / r["load_s"], rel_tol=1e-6)
         # The bf16 weights are read straight into the module too: a load holds no second copy.
         assert r["load_extra_rss"] < r["params"], r
+
+
+@pytest.mark.parametrize("text", ["[1]", "{queue_depth: 8}"])
+def test_bench_checkpoint_refuses_an_aio_section_that_is_not_a_json_object(text, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "zerostream.cli", "bench", "checkpoint", "--path", str(tmp_path),
+         "--aio", text],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--aio:" in out.stderr, out.stderr

@@ -52,12 +52,29 @@ def parse_count(text: str) -> int:
     return value
 
 
+def _aio_section(text: str) -> dict:
+    try:
+        section = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--aio: not JSON ({exc})") from None
+    if not isinstance(section, dict):
+        raise argparse.ArgumentTypeError("--aio: expected a JSON object, the ds_config aio section")
+    return section
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--path", required=True, help="directory on the disk to measure")
     p.add_argument("--params", type=parse_count, default=parse_count("250M"))
     p.add_argument("--offload", nargs="+", choices=("cpu", "nvme"), default=["cpu", "nvme"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-fio", action="store_true", help="skip the fio peer")
+    p.add_argument(
+        "--aio",
+        type=_aio_section,
+        default=None,
+        help='the ds_config "aio" section the run uses, as JSON (e.g. \'{"queue_depth": 32}\'); '
+        "checkpoint files and swap files stream through it",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -119,7 +136,7 @@ def _single_rank_env() -> None:
     )
 
 
-def build_engine(params: int, offload: str, directory: str):
+def build_engine(params: int, offload: str, directory: str, aio: Optional[dict] = None):
     """A trained-once stage-2 engine whose optimizer state lives on `offload`."""
     import zerostream
 
@@ -136,6 +153,8 @@ def build_engine(params: int, offload: str, directory: str):
         "zero_optimization": {"stage": 2, "offload_optimizer": off},
         "bf16": {"enabled": True},
     }
+    if aio is not None:
+        config["aio"] = aio
     engine, *_ = zerostream.initialize(model=model, config=config)
     x = torch.randn(2, WIDTH, dtype=torch.bfloat16)
     loss = engine(x).float().pow(2).mean()
@@ -207,7 +226,7 @@ def measure(args, offload: str) -> dict:
     directory = os.path.join(args.path, f"zs_bench_checkpoint_{offload}")
     os.makedirs(directory, exist_ok=True)
     try:
-        engine, numel = build_engine(args.params, offload, directory)
+        engine, numel = build_engine(args.params, offload, directory, args.aio)
         rounds: List[Dict[str, float]] = []
         for _ in range(args.repeats):
             row = zs_round(engine, directory)
@@ -298,6 +317,7 @@ def run(args) -> int:
         "repeats": args.repeats,
         "stage": 2,
         "dtype": "bf16",
+        "aio": args.aio,
     }
     if not args.json:
         print("bench checkpoint: " + json.dumps(config))

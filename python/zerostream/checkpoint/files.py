@@ -28,11 +28,13 @@ import os
 import shutil
 import signal
 import zlib
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional
 
 import torch
 
 if TYPE_CHECKING:
+    from ..config import AioConfig
+    from ..engine import ZeroEngine
     from ..offload import io as zio
 from . import compat_unpickle, stream
 
@@ -86,30 +88,48 @@ def _with_path(exc: OSError, action: str, path: str) -> OSError:
     return OSError(exc.errno, f"checkpoint: cannot {action} {path}: {exc.strerror or exc}")
 
 
-def _engine() -> "zio.IoEngine":
-    """The I/O engine checkpoint files stream through (one per process, made on first use)."""
-    global _ENGINE
-    if _ENGINE is None:
-        from ..offload import io as zio
+def io_engine(aio: Optional["AioConfig"] = None, given: Iterable[str] = ()) -> "zio.IoEngine":
+    """The I/O engine checkpoint files stream through: the engine's own defaults, with the
+    settings the run's ds_config `aio` section sets (`given`: its keys) applied, through the
+    mapping the swap store uses (offload/io.io_config_for). One per distinct setting per
+    process, made on first use."""
+    from ..offload import io as zio
 
-        _ENGINE = zio.IoEngine()
-    return _ENGINE
+    config = zio.io_config() if aio is None else zio.io_config_for(aio, given=list(given))
+    key = (
+        config.block_size,
+        config.queue_depth,
+        config.threads,
+        config.single_submit,
+        config.overlap_events,
+        str(config.backend),
+    )
+    engine = _ENGINES.get(key)
+    if engine is None:
+        engine = _ENGINES[key] = zio.IoEngine(config)
+    return engine
 
 
-_ENGINE = None
+def engine_io(engine: "ZeroEngine") -> "zio.IoEngine":
+    """io_engine() for a training engine's checkpoints."""
+    return io_engine(engine._config.aio, given=(engine._config.raw.get("aio") or {}).keys())
 
 
-def save_file(obj: Any, path: str) -> Dict[str, Any]:
+_ENGINES: Dict[tuple, "zio.IoEngine"] = {}
+
+
+def save_file(obj: Any, path: str, engine: Optional["zio.IoEngine"] = None) -> Dict[str, Any]:
     """torch.save(obj) to `path` durably: written to `path.partial` (streamed through the I/O
     engine where this torch can: stream.py, Note [Streamed checkpoint files]), fsynced,
-    renamed. Returns the file's manifest entry. On any error the partial file is removed and
+    renamed; `engine`: the I/O engine to stream through (io_engine(), the defaults, if None).
+    Returns the file's manifest entry. On any error the partial file is removed and
     the OSError names the path."""
     tmp = path + ".partial"
     writer = None
     try:
         with open(tmp, "wb") as f:
             if stream.AVAILABLE:
-                entry = stream.write_file(obj, f, tmp, _engine())
+                entry = stream.write_file(obj, f, tmp, engine or io_engine())
             else:
                 writer = _HashingWriter(f)
                 torch.save(obj, writer)
@@ -253,7 +273,9 @@ def verify_file(path: str, manifest: Optional[Dict[str, Dict[str, int]]]) -> Non
         )
 
 
-def load_file(path: str, manifest=None, lazy: bool = False) -> Any:
+def load_file(
+    path: str, manifest=None, lazy: bool = False, engine: Optional["zio.IoEngine"] = None
+) -> Any:
     """torch.load of one checkpoint file onto the CPU (weights only, DeepSpeed's pickled
     classes read as plain data: compat_unpickle.py), its tensors read through the I/O
     engine (stream.py), checked against the manifest; every failure names the file.
@@ -264,7 +286,7 @@ def load_file(path: str, manifest=None, lazy: bool = False) -> Any:
     entry = (manifest or {}).get(os.path.basename(path))
     try:
         if stream.AVAILABLE and _is_zip(path):
-            return stream.read_file(path, entry, _engine(), lazy=lazy)
+            return stream.read_file(path, entry, engine or io_engine(), lazy=lazy)
         return compat_unpickle.load(path)
     except (compat_unpickle.ForbiddenGlobalError, stream.ChecksumError):
         raise

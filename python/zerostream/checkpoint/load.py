@@ -19,6 +19,7 @@ from . import files, layout, migrate, reshard, stream
 
 if TYPE_CHECKING:
     from ..engine import ZeroEngine
+    from ..offload import io as zio
 
 logger = logging.getLogger("zerostream")
 
@@ -52,15 +53,16 @@ ENGINE_KEYS = frozenset(
 class Checkpoint:
     """One tag directory: its files, its manifest, and loading that names what failed."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, io: Optional["zio.IoEngine"] = None):
         self.dir = directory
         self.manifest = files.read_manifest(directory)
+        self.io = io  # the I/O engine its files stream through (files.io_engine if None)
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
 
     def load(self, name: str, lazy: bool = False) -> Any:
-        return files.load_file(self.path(name), self.manifest, lazy=lazy)
+        return files.load_file(self.path(name), self.manifest, lazy=lazy, engine=self.io)
 
     def optim_file(self, dp_rank: int, bf16: bool) -> str:
         for name in layout.optim_states_candidates(dp_rank, bf16):
@@ -346,11 +348,10 @@ def _outcomes(engine: "ZeroEngine", failed: bool, touched: bool) -> List[Tuple[b
 
 def _publish(engine: "ZeroEngine", with_optimizer: bool) -> None:
     """The collective half: every rank's weights from the partitions it loaded."""
-    if engine.zero_optimization_stage() == 3:
+    if engine.zero_optimization_stage() == 3:  # the weights, with or without an optimizer
         runtime = runtime_of(engine.module)
         if runtime is not None:
-            runtime.part.release_all()
-            runtime.part.refresh_gathered()
+            runtime.publish_loaded()
     elif with_optimizer and engine.optimizer is not None:
         engine.optimizer.publish_loaded()
 
@@ -387,7 +388,7 @@ def _load_local(
 ) -> Tuple[Optional[str], Optional[dict]]:
     """This rank's half of load_checkpoint: no collective. touched[0] turns True just
     before the first write into the engine's state."""
-    ckpt = Checkpoint(tag_dir)
+    ckpt = Checkpoint(tag_dir, files.engine_io(engine))
     stage = engine.zero_optimization_stage()
     dp_rank = comm.get_rank(engine.dp_process_group)
     model_name = _model_file(ckpt, stage, dp_rank)

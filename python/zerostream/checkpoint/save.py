@@ -172,6 +172,7 @@ def save_checkpoint(
 
     written: Dict[str, Dict[str, int]] = {}
     error: Optional[BaseException] = None
+    io = files.engine_io(engine)
     try:
         files.kill_point("before_model_states")
         if stage == 3 or dp_rank == 0:
@@ -179,6 +180,7 @@ def save_checkpoint(
             written[name] = files.save_file(
                 model_states(engine, client_state, exclude_frozen_parameters),
                 os.path.join(staging, name),
+                io,
             )
         files.kill_point("before_optim_states")
         if stage > 0 and engine.optimizer is not None:
@@ -191,7 +193,7 @@ def save_checkpoint(
                 "ds_version": layout.DS_LAYOUT_VERSION,
             }
             files.kill_point("during_optim_states")
-            written[name] = files.save_file(optim, os.path.join(staging, name))
+            written[name] = files.save_file(optim, os.path.join(staging, name), io)
         files.kill_point("after_optim_states")
     except BaseException as exc:  # every rank must hear of it before anyone commits
         error = exc

@@ -111,11 +111,17 @@ def _measured_rates(obj: dict, path: str) -> Dict[str, float]:
         out["cpu_adam"] = float(obj["params_per_s"]) / 1e9  # with the run's threads
     peers = obj.get("peers")
     if isinstance(peers, dict):  # bench step: the swap links' rates of our run
-        links = (peers.get("zerostream") or {}).get("links") or {}
+        ours = peers.get("zerostream") or {}
+        links = ours.get("links") or {}
         for tier, name in (("nvme_read", "nvme_read"), ("nvme_write", "nvme_write")):
             rate = (links.get(tier) or {}).get("gb_per_s")
             if rate:
                 out.setdefault(name, float(rate))
+        # The copy stage's lanes, timed on the GPU: the slower direction is the link's rate.
+        # (On a machine without one they are host memcpy, not a PCIe link.)
+        lanes = [(links.get(t) or {}).get("gb_per_s") for t in ("h2d", "d2h")]
+        if str(ours.get("device", "")).startswith("cuda") and all(lanes):
+            out.setdefault("pcie", float(min(lanes)))
     return out
 
 

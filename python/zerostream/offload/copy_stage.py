@@ -46,6 +46,13 @@ Note [The copy stage]
   code a GPU runs; CudaLanes adds only the streams and events. `stats` counts the bytes each
   way and every time the host waited on a copy (`host_waits`): the audit test holds a step to
   its budget of those.
+
+  Each lane also times its copies (busy_seconds(), per direction): on a GPU from a timing
+  event recorded before each copy to the one after it, on the lane itself, so the time is
+  the DMA's and not the host's (a copy that waits on the lane for the compute stream starts
+  its clock when it starts to move), summed as copies complete; on the CPU twin the memcpy's
+  wall time. CopyMeter hands bytes and busy seconds to the step telemetry's d2h/h2d tiers, so
+  bench step and steps_per_print show the link's achieved GB/s, not only its bytes.
 """
 
 from __future__ import annotations
@@ -53,10 +60,11 @@ from __future__ import annotations
 import atexit
 import functools
 import threading
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Optional
+from typing import Callable, Deque, Dict, Optional
 
 import torch
 
@@ -69,9 +77,18 @@ class HostLanes:
 
     kind = "host"
 
+    def __init__(self):
+        self.busy = {"h2d": 0.0, "d2h": 0.0}
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor, upload: bool):
+        start = time.perf_counter()
         dst.copy_(src)
+        self.busy["h2d" if upload else "d2h"] += time.perf_counter() - start
         return None
+
+    def busy_seconds(self) -> Dict[str, float]:
+        """Seconds each direction's copies took so far."""
+        return dict(self.busy)
 
     def ready(self, event) -> bool:
         return True
@@ -102,8 +119,8 @@ class TorchCuda:
     def use(self, stream):
         return torch.cuda.stream(stream)
 
-    def new_event(self):
-        return torch.cuda.Event()
+    def new_event(self, timing: bool = False):
+        return torch.cuda.Event(enable_timing=timing)
 
     def keep_alive(self, tensor: torch.Tensor, stream) -> None:
         tensor.record_stream(stream)
@@ -114,21 +131,44 @@ class CudaLanes:
 
     kind = "cuda"
 
+    # Timed copies not yet summed, per direction; summed (and dropped) as they complete,
+    # checked at every copy beyond this many so the queue stays short without a host wait.
+    TIMED_BACKLOG = 64
+
     def __init__(self, cuda: TorchCuda):
         self.cuda = cuda
         self.down = cuda.new_stream()
         self.up = cuda.new_stream()
+        self.busy = {"h2d": 0.0, "d2h": 0.0}
+        self._timed: Dict[str, Deque[tuple]] = {"h2d": deque(), "d2h": deque()}
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, upload: bool):
         lane = self.up if upload else self.down
         lane.wait_stream(self.cuda.current_stream())
         with self.cuda.use(lane):
+            start = self.cuda.new_event(timing=True)
+            start.record(lane)
             dst.copy_(src, non_blocking=True)
-            event = self.cuda.new_event()
+            event = self.cuda.new_event(timing=True)
             event.record(lane)
         device_side = dst if upload else src
         self.cuda.keep_alive(device_side, lane)  # not freed by the caching allocator mid-copy
+        timed = self._timed["h2d" if upload else "d2h"]
+        timed.append((start, event))
+        if len(timed) > self.TIMED_BACKLOG:
+            self._sum_completed()
         return event
+
+    def _sum_completed(self) -> None:
+        for direction, timed in self._timed.items():
+            while timed and timed[0][1].query():  # a lane completes its copies in order
+                start, end = timed.popleft()
+                self.busy[direction] += start.elapsed_time(end) / 1000.0
+
+    def busy_seconds(self) -> Dict[str, float]:
+        """Seconds each lane spent on the copies that have completed so far."""
+        self._sum_completed()
+        return dict(self.busy)
 
     def ready(self, event) -> bool:
         return event.query()
@@ -384,6 +424,10 @@ class CopyStage:
             ring.land(self._ups.popleft(), self.stats)
         self._raise_if_failed()
 
+    def busy_seconds(self) -> Dict[str, float]:
+        """Seconds the lanes spent copying, per direction ("h2d", "d2h"), so far."""
+        return self.lanes.busy_seconds()
+
     # --- uploads ---------------------------------------------------------------------------------
     def staging(self, numel: int, dtype: torch.dtype) -> Staged:
         """A page-locked host buffer of `numel` elements (at most slot_numel(dtype)) to fill
@@ -442,6 +486,29 @@ def to_device(stage: Optional["CopyStage"], src: torch.Tensor, dst: torch.Tensor
         stage.upload(src, dst)
     else:
         dst.copy_(src, non_blocking=True)
+
+
+class CopyMeter:
+    """A copy stage's bytes and busy seconds since the last count(), into a telemetry's
+    "d2h" and "h2d" tiers (the PCIe link's achieved GB/s). On a GPU the seconds of copies
+    still in flight are counted at a later count()."""
+
+    KEYS = (("d2h", "d2h_bytes"), ("h2d", "h2d_bytes"))
+
+    def __init__(self, stage: CopyStage, telemetry):
+        self.stage, self.telemetry = stage, telemetry
+        self._seen = self._now()
+
+    def _now(self) -> Dict[str, tuple]:
+        busy = self.stage.busy_seconds()
+        return {tier: (self.stage.stats[key], busy[tier]) for tier, key in self.KEYS}
+
+    def count(self) -> None:
+        now = self._now()
+        for tier, (nbytes, seconds) in now.items():
+            then = self._seen[tier]
+            self.telemetry.moved(tier, nbytes - then[0], seconds - then[1])
+        self._seen = now
 
 
 class DeviceSink:

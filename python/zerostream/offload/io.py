@@ -18,7 +18,7 @@ from __future__ import annotations
 import atexit
 import errno
 import weakref
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 
@@ -50,21 +50,31 @@ def io_config(**overrides) -> "_N.IoConfig":
     return c
 
 
-def io_config_for(aio: "AioConfig") -> "_N.IoConfig":
-    """The one mapping from the resolved ds_config `aio` section to the engine's config."""
-    if aio.use_gds:
+# ds_config aio key -> (IoConfig field, AioConfig attribute holding its resolved value)
+_AIO_FIELDS = {
+    "block_size": ("block_size", "block_size"),
+    "queue_depth": ("queue_depth", "queue_depth"),
+    "intra_op_parallelism": ("threads", "intra_op_parallelism"),
+    "thread_count": ("threads", "intra_op_parallelism"),  # DeepSpeed's old name
+    "single_submit": ("single_submit", "single_submit"),
+    "overlap_events": ("overlap_events", "overlap_events"),
+    "backend": ("backend", "backend"),
+}
+
+
+def io_config_for(aio: "AioConfig", given: Optional[Iterable[str]] = None) -> "_N.IoConfig":
+    """The one mapping from the resolved ds_config `aio` section to the engine's config.
+    `given`: only these aio keys (the ones the ds_config set) apply and the rest keep the
+    engine's own defaults, and use_gds does not apply (the checkpoint path, whose bytes are
+    in host memory: DeepSpeed's queue_depth default of 8 reads a checkpoint at 0.72 GB/s on
+    the dev VM's disk, the engine's 32 at 0.96-1.10; benchmarks/checkpoint.md)."""
+    if given is None and aio.use_gds:
         raise NotImplementedError(
             "aio.use_gds: GPUDirect Storage is not supported by "
             "zerostream; remove the key or set it to false"
         )
-    return io_config(
-        block_size=aio.block_size,
-        queue_depth=aio.queue_depth,
-        threads=aio.intra_op_parallelism,
-        single_submit=aio.single_submit,
-        overlap_events=aio.overlap_events,
-        backend=aio.backend,
-    )
+    keys = _AIO_FIELDS if given is None else [k for k in given if k in _AIO_FIELDS]
+    return io_config(**{_AIO_FIELDS[k][0]: getattr(aio, _AIO_FIELDS[k][1]) for k in keys})
 
 
 def tensor_span(tensor: torch.Tensor, what: str = "tensor") -> tuple[int, int]:

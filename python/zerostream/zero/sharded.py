@@ -62,9 +62,9 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         # Offloaded: gradients go down and updated weights up through the copy stage
         # (offload/copy_stage.py; its CPU twin on a machine without a GPU).
         self.copy_stage = None
-        self._copies_seen: Dict[str, int] = {}  # copy_stage.stats at the last telemetry count
+        self._copy_meter = None  # the copy stage's bytes and seconds into telemetry
         if self.offload_device != "none":
-            from ..offload.copy_stage import SLOT_BYTES, CopyStage
+            from ..offload.copy_stage import SLOT_BYTES, CopyMeter, CopyStage
 
             # Slots no larger than the largest fp32 partition: a small model does not pin
             # the full ring it would never fill.
@@ -72,6 +72,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             slot = min(SLOT_BYTES, max(64 << 10, -(-widest // 4096) * 4096))
             pin = zero.offload_optimizer.pin_memory
             self.copy_stage = CopyStage(ctx.device, slot_bytes=slot, pin=pin)
+            self._copy_meter = CopyMeter(self.copy_stage, ctx.telemetry)
         sizes = [sinks.numel(p) for p in partitions]
         if make_swapped is not None:
             # offload_optimizer nvme: the fp32 state lives in the swap store from the start.
@@ -173,7 +174,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         finally:
             if self.copy_stage is not None:
                 self.copy_stage.fence()
-                self._count_copies()
+                self._copy_meter.count()
 
     def _sinks(self, partitions: list) -> list:
         """The partitions the update writes: one on the compute device is written through
@@ -188,13 +189,6 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             DeviceSink(p, stage) if torch.is_tensor(p) and p.device == stage.device else p
             for p in partitions
         ]
-
-    def _count_copies(self) -> None:
-        """The copy stage's bytes since the last count, into telemetry (the PCIe link)."""
-        stats = self.copy_stage.stats
-        for key, tier in (("d2h_bytes", "d2h"), ("h2d_bytes", "h2d")):
-            self.telemetry.moved(tier, stats[key] - self._copies_seen.get(key, 0), 0.0)
-        self._copies_seen = dict(stats)
 
     def _update_into(self, partitions: list, factor: float) -> None:
         if self.swapper is not None:

@@ -166,3 +166,82 @@ def test_a_read_plan_fills_slices_in_one_checked_pass(tmp_path, monkeypatch):
         else:
             with pytest.raises(ValueError, match=r"p\.pt is corrupted: bytes \["):
                 planned(lazy, 10, 20)
+
+
+AIO = {"backend": "threads", "queue_depth": 2, "block_size": 262144, "intra_op_parallelism": 2}
+
+
+def save_and_load_through_aio(rank, world, root):
+    """Saves and loads with a ds_config `aio` section, recording the settings of every I/O
+    engine a checkpoint byte went through; the resumed losses must equal the continued run."""
+    from ckpt_run import config, train
+
+    import zerostream
+    from zerostream.offload import io as zio
+
+    used = []
+    for name in ("write", "read"):
+        original = getattr(zio.IoEngine, name)
+
+        def spy(self, tensor, path, offset=0, _original=original, _name=name):
+            if os.path.basename(path).endswith(".pt.partial") or path.endswith(".pt"):
+                c = self.config
+                used.append(
+                    (_name, self.backend, c.queue_depth, c.block_size, c.threads, tensor.nbytes)
+                )
+            return _original(self, tensor, path, offset)
+
+        setattr(zio.IoEngine, name, spy)
+    case = (2, "cpu", "none", "fp32")
+
+    def engine():
+        torch.manual_seed(0)
+        from tiny_gpt import TinyGPT
+
+        cfg = config(case, world, os.path.join(root, "nvme"))
+        cfg["aio"] = AIO
+        built, *_ = zerostream.initialize(model=TinyGPT(), config=cfg)
+        return built
+
+    first = engine()
+    train(first, rank, world, 0, 2)
+    first.save_checkpoint(os.path.join(root, "ckpt"))
+    continued = train(first, rank, world, 2, 2)
+    second = engine()
+    second.load_checkpoint(os.path.join(root, "ckpt"))
+    return used, continued, train(second, rank, world, 2, 2)
+
+
+def test_the_aio_section_sets_the_checkpoint_io_engine(tmp_path):
+    """Checkpoint files stream through an I/O engine built from the run's `aio` section
+    (backend, queue depth, block size, intra_op_parallelism), as the swap store's does."""
+    from multirank import run_ranks
+
+    for used, continued, resumed in run_ranks(save_and_load_through_aio, 2, str(tmp_path)):
+        assert resumed == continued
+        kinds = {u[0] for u in used}
+        assert kinds == {"write", "read"}, used
+        assert sum(u[5] for u in used) > 100_000  # the state's tensors, not only headers
+        settings = {u[1:5] for u in used}
+        assert settings == {("threads", 2, 262144, 2)}, settings
+
+
+def test_aio_keys_the_config_does_not_set_keep_the_engines_defaults_for_checkpoints():
+    """The swap store takes the whole resolved aio section (DeepSpeed's defaults included);
+    checkpoint files take only the keys the ds_config sets, else the engine's own defaults
+    (a deeper queue than DeepSpeed's 8: benchmarks/checkpoint.md)."""
+    from zerostream.config import load
+    from zerostream.offload import io as zio
+
+    cfg = load(
+        {"train_micro_batch_size_per_gpu": 1, "aio": {"block_size": 262144, "use_gds": True}},
+        world_size=1,
+        log=False,
+    )
+    engine = files.io_engine(cfg.aio, given=cfg.raw["aio"].keys())
+    defaults = zio.io_config()
+    assert engine.config.block_size == 262144
+    assert engine.config.queue_depth == defaults.queue_depth != cfg.aio.queue_depth == 8
+    with pytest.raises(NotImplementedError, match="aio.use_gds"):  # the swap path refuses it
+        zio.io_config_for(cfg.aio)
+    assert zio.io_config_for(cfg.aio, given=["queue_depth"]).block_size == defaults.block_size

@@ -81,6 +81,24 @@ def test_measured_rates_are_used_and_named(llama, tmp_path, capsys):
     }
 
 
+def test_the_copy_lanes_of_a_gpu_bench_step_are_the_pcie_rate(llama, tmp_path, capsys):
+    """bench step's h2d/d2h links (timed on the copy stage's lanes) give the PCIe rate, the
+    slower direction, only when measured on a GPU: on the CPU they are memcpy."""
+
+    def step_json(device):
+        links = {"h2d": {"gb_per_s": 21.5}, "d2h": {"gb_per_s": 18.25}}
+        path = tmp_path / f"step_{device}.json"
+        path.write_text(json.dumps({"peers": {"zerostream": {"device": device, "links": links}}}))
+        return str(path)
+
+    rc, out, _ = _cli(["--model-config", llama, *CASE, "--measured", step_json("cuda"), "--json"],
+                      capsys)  # fmt: skip
+    assert rc == 0 and json.loads(out)["machine"]["rates"]["pcie"]["value"] == 18.25
+    rc, out, err = _cli(["--model-config", llama, *CASE, "--measured", step_json("cpu"), "--json"],
+                        capsys)  # fmt: skip
+    assert rc != 0 and "holds no rate the planner uses" in err
+
+
 def test_cpu_only_plan_of_a_gpt(tmp_path, capsys):
     gpt = tmp_path / "gpt.json"
     gpt.write_text(json.dumps({"n_embd": 256, "n_layer": 4, "n_head": 4, "vocab_size": 2048,

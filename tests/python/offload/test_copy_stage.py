@@ -17,6 +17,7 @@ class SlowLanes(HostLanes):
     """Copies that land only when the host waits for them (or a later one on the lane)."""
 
     def __init__(self):
+        super().__init__()
         self.waited = []
         self.seq = 0
         self.done_upto = {False: 0, True: 0}
@@ -241,6 +242,7 @@ def test_a_direct_download_takes_no_slot_and_drain_waits_once_on_the_lane():
 def test_release_sources_orders_the_compute_stream_after_the_downloads():
     class Recording(HostLanes):
         def __init__(self):
+            super().__init__()
             self.n, self.device_waits = 0, []
 
         def copy(self, dst, src, upload):
@@ -263,3 +265,20 @@ def test_release_sources_orders_the_compute_stream_after_the_downloads():
     stage.release_sources()
     assert lanes.device_waits == [2]
     stage.drain()
+
+
+def test_the_cpu_twin_times_its_copies_and_the_meter_reports_a_rate():
+    from zerostream.offload.copy_stage import CopyMeter
+    from zerostream.telemetry import StepTelemetry
+
+    stage = CopyStage(torch.device("cpu"), slot_bytes=1 << 20, slots=2)
+    telemetry = StepTelemetry()
+    meter = CopyMeter(stage, telemetry)
+    src, dst = torch.randn(4 << 20), torch.empty(4 << 20)
+    stage.upload(src, dst)
+    stage.download(dst, torch.empty_like(dst))
+    stage.drain()
+    meter.count()
+    assert telemetry.bytes == {"h2d": 16 << 20, "d2h": 16 << 20}
+    assert all(s > 0 for s in telemetry.tier_seconds.values()), telemetry.tier_seconds
+    assert "GB/s" in telemetry.report() and "n/a" not in telemetry.report()

@@ -42,8 +42,8 @@ CUDA = torch.device("cuda", 0)
 class _Event:
     """An event that completes only when the host waits on it or on one depending on it."""
 
-    def __init__(self, cuda):
-        self.cuda, self.deps, self.done = cuda, set(), False
+    def __init__(self, cuda, timing=False):
+        self.cuda, self.deps, self.done, self.timing = cuda, set(), False, timing
 
     def record(self, stream):
         self.deps = set(stream.deps)
@@ -52,6 +52,14 @@ class _Event:
 
     def query(self):
         return self.done
+
+    def elapsed_time(self, end):
+        """A fixed 2 ms per timed copy; like CUDA, refused unless both events completed."""
+        if not (self.timing and end.timing):
+            raise RuntimeError("elapsed_time: both events need enable_timing=True")
+        if not (self.done and end.done):
+            raise RuntimeError("elapsed_time: an event has not completed (cudaErrorNotReady)")
+        return 2.0
 
     def synchronize(self):
         self.cuda.host_syncs += 1
@@ -96,8 +104,8 @@ class FakeCuda:
         finally:
             self.current = before
 
-    def new_event(self):
-        return _Event(self)
+    def new_event(self, timing=False):
+        return _Event(self, timing)
 
     def keep_alive(self, tensor, stream):
         self.log.append(("keep_alive", stream.name))
@@ -363,3 +371,32 @@ def test_stage3_host_shards_cross_on_the_upload_lane_and_prefetches_overlap_comp
     assert sum(laned) == sum(zp.shard_numel for zp in zps) and len(laned) == len(zps)
     assert [s for s, _ in audit.on_stream if s != up.name] == []
     assert fake_cuda.main_thread_syncs == 1 and part.uploads.stats["host_waits"] == 1
+
+
+def test_lane_copies_are_timed_on_their_lane_and_counted_once_complete():
+    """Each copy is bracketed by two timing events on its own lane (the DMA's time, not the
+    host's); a copy's seconds reach the telemetry only once it has completed, and once."""
+    from zerostream.telemetry import StepTelemetry
+
+    cuda = FakeCuda()
+    lanes = copy_stage.CudaLanes(cuda)
+    stage = copy_stage.CopyStage(
+        torch.device("cpu"), slot_bytes=4096, slots=2, lanes=lanes, consumer_thread=False
+    )
+    telemetry = StepTelemetry()
+    meter = copy_stage.CopyMeter(stage, telemetry)
+    stage.upload(torch.ones(3000), torch.zeros(3000))
+    stage.upload(torch.ones(500), torch.zeros(500))
+    stage.download(torch.ones(1000), torch.zeros(1000))
+    down, up = cuda.lanes
+    assert [s for kind, s in cuda.log if kind == "record"] == [up.name] * 4 + [down.name] * 2
+    meter.count()  # nothing has completed: bytes counted, no seconds yet
+    assert telemetry.bytes == {"d2h": 4000, "h2d": 14000}
+    assert telemetry.tier_seconds == {"d2h": 0.0, "h2d": 0.0}
+    stage.drain()
+    meter.count()
+    assert telemetry.bytes == {"d2h": 4000, "h2d": 14000}
+    assert telemetry.tier_seconds == pytest.approx({"d2h": 0.002, "h2d": 0.004})
+    meter.count()  # counted once
+    assert telemetry.tier_seconds == pytest.approx({"d2h": 0.002, "h2d": 0.004})
+    assert not lanes._timed["h2d"] and not lanes._timed["d2h"]

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ... import comm
+from ...offload.copy_stage import CopyMeter
 from ...offload.param_swap import ParamSwapper, ShardSink
 from ..protocol import StageContext
 from ..sharded import ShardedOptimizerBase
@@ -34,6 +35,12 @@ class Stage3Runtime:
         self.root, self.part, self.coord = root, part, coord
         self.handles = hooks.install(root.modules(), coord)
         root.__dict__["_zs_stage3"] = self
+
+    def publish_loaded(self) -> None:
+        """After a load rewrote the shards: nothing stays gathered from before it, and the
+        persistent params' gathered copies are re-gathered from the new shards."""
+        self.part.release_all()
+        self.part.refresh_gathered()
 
     def detach(self) -> None:
         hooks.remove(self.root.modules(), self.handles)
@@ -180,6 +187,10 @@ class Stage3Optimizer(ShardedOptimizerBase):
         self.part.shard_listeners.append(self._on_shard_modified)
         if self.part.swapper is not None:
             self.part.swapper.telemetry = ctx.telemetry
+        # The shards' uploads before each gather (offload_param cpu/nvme): the PCIe link.
+        self._upload_meter = (
+            CopyMeter(self.part.uploads, ctx.telemetry) if self.part.uploads is not None else None
+        )
 
     @staticmethod
     def _zero_param(p: torch.nn.Parameter) -> ZeroParam:
@@ -221,6 +232,8 @@ class Stage3Optimizer(ShardedOptimizerBase):
             self.reducer.drain()
         self.part.release_all()
         self.part.settle_uploads()  # the update rewrites host shards the uploads read
+        if self._upload_meter is not None:
+            self._upload_meter.count()
         applied = self._average_and_update()
         if applied:
             self.part.refresh_gathered()
@@ -281,8 +294,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
 
     def publish_loaded(self) -> None:
         """Gathered copies (persistent params) re-gathered from the loaded shards."""
-        self.part.release_all()
-        self.part.refresh_gathered()
+        self.runtime.publish_loaded()
 
     def state_summary(self) -> dict:
         return {
