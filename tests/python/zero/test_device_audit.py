@@ -333,7 +333,7 @@ def test_16bit_gradients_download_straight_into_the_host_partitions(
 
 
 def test_stage3_host_shards_cross_on_the_upload_lane_and_prefetches_overlap_compute(
-    gpu_world, fake_cuda
+    gpu_world, fake_cuda, monkeypatch
 ):
     """offload_param cpu: each gather's shards go up on the upload lane, asynchronously, and
     the all-gather is issued after them from that lane; the compute stream waits for a
@@ -351,9 +351,14 @@ def test_stage3_host_shards_cross_on_the_upload_lane_and_prefetches_overlap_comp
         }
     )
     model = _model()
+    # A GPU machine with offload_param.pin_memory (on by default): the shards are not
+    # pinned by torch's allocator (which rounds each up to a power of two and keeps what is
+    # freed) but pageable until the first gather homes them in page-locked partitions.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     stage_class(3).prepare_module(model, ctx)
     part = ctx.module_state.part
-    assert part.shard_device().type == "cpu"
+    assert part.shard_device().type == "cpu" and part.pin_memory
+    assert part.summary()["loose_shards"] == 4
     zps = list(part.params.values())
     up = fake_cuda.lanes[1]
     audit = CopyAudit(fake_cuda)
@@ -362,6 +367,7 @@ def test_stage3_host_shards_cross_on_the_upload_lane_and_prefetches_overlap_comp
         queued = set(up.deps)
         assert queued and not queued & fake_cuda.compute.deps, "compute waits for no prefetch"
         part.gather(zps[:2])  # the first layer, on demand
+        assert part.summary()["loose_shards"] == 0 and len(part.host_partitions) == 1
         ahead.wait()
         assert queued <= fake_cuda.compute.deps  # the prefetch's copies, once waited on
         part.release_all()

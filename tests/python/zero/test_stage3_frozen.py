@@ -62,10 +62,12 @@ def reference(checkpointed: bool, world: int, steps: int):
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def worker(rank, world, checkpointed, steps):
+def worker(rank, world, checkpointed, steps, offload):
     import zerostream
     from zerostream.zero import GatheredParameters
+    from zerostream.zero.stage3 import partitioner
 
+    partitioner.LOOSE_CHUNK_BYTES = 20_000  # two blocks' frozen shards a chunk: 3 chunks
     torch.manual_seed(0)
     model = Lora(checkpointed)
     config = {
@@ -79,8 +81,12 @@ def worker(rank, world, checkpointed, steps):
             "stage3_max_reuse_distance": 0,
         },
     }
+    if offload != "none":
+        config["zero_optimization"]["offload_param"] = {"device": offload}
     trainable = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = zerostream.initialize(model=model, model_parameters=trainable, config=config)
+    part = engine.optimizer.part
+    loose_before = part.summary()["loose_shards"]
     losses = []
     for step in range(steps):
         loss = engine(batch(step, rank))
@@ -88,16 +94,22 @@ def worker(rank, world, checkpointed, steps):
         engine.step()
         losses.append(float(loss.detach()))  # this rank's half: averaged below
     trace = engine.optimizer.state_summary()["trace"]
+    # Where the host shards live: every one inside a page-locked partition (a host arena).
+    homes = {t.untyped_storage().data_ptr() for t in part.host_partitions}
+    homed = {
+        n: p.ds_tensor.untyped_storage().data_ptr() in homes for n, p in model.named_parameters()
+    }
+    layout = (loose_before, part.summary()["loose_shards"], len(part.host_partitions), homed)
     with GatheredParameters(list(model.parameters())):
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return losses, params, trace
+    return losses, params, trace, layout
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("checkpointed", [False, True])
-def test_frozen_weights_are_released_during_backward(checkpointed):
+@pytest.mark.parametrize("checkpointed,offload", [(False, "none"), (True, "none"), (False, "cpu")])
+def test_frozen_weights_are_released_during_backward(checkpointed, offload):
     world, steps = 2, 3
-    results = run_ranks(worker, world, checkpointed, steps, timeout=180)
+    results = run_ranks(worker, world, checkpointed, steps, offload, timeout=180)
     ref_losses, ref_params = reference(checkpointed, world, steps)
     losses = [sum(r[0][s] for r in results) / world for s in range(steps)]
     assert losses == pytest.approx(ref_losses, rel=1e-5)
@@ -110,3 +122,11 @@ def test_frozen_weights_are_released_during_backward(checkpointed):
     # gradient hooks have not all fired yet) and the input layer, never the frozen model.
     assert trace["backward_peak_live"] <= 2 * block + WIDTH * WIDTH + WIDTH, trace
     assert trace["backward_peak_live"] < frozen
+    if offload == "cpu":
+        # The trainable shards went into the optimizer group's page-locked partition at
+        # initialize; the frozen ones (no group) were pageable until the first gather moved
+        # them into page-locked partitions of their own, a chunk of two blocks at a time.
+        for loose_before, loose_after, partitions, homed in (r[3] for r in results):
+            assert loose_before == 2 * BLOCKS and loose_after == 0
+            assert partitions == 1 + 3
+            assert all(homed.values()), homed

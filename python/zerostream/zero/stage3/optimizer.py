@@ -236,7 +236,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
             self._upload_meter.count()
         applied = self._average_and_update()
         if applied:
-            self.part.refresh_gathered()
+            self.part.refresh_gathered(only=self.slots)  # the params this optimizer updates
         self.zero_grad()
         return applied
 

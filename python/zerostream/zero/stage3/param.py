@@ -70,6 +70,7 @@ class ZeroParam:
         self.partitioner = None  # the stage3.partitioner.Partitioner that moves it
         _, self.shard_numel, self.shard_valid = _C.stage3_param_shard(self.numel, world, rank)
         self.shard = shard
+        self.shard_locked = False  # the shard lies in a page-locked partition (a host arena)
         self.persist = False
         self.users = 0  # modules running forward with this param now
         self.modules = 0  # modules listing it as their own or external param
@@ -121,19 +122,22 @@ class ZeroParam:
         self.state = ShardState.SHARDED
         self._publish()
 
-    def set_shard(self, shard: torch.Tensor) -> None:
-        """Moves the shard's home (into a group's flat partition, or host memory)."""
+    def set_shard(self, shard: torch.Tensor, locked: bool = False) -> None:
+        """Moves the shard's home (into a group's flat partition, or host memory); `locked`:
+        the new home is page-locked host memory."""
         if shard.numel() != self.shard_numel:
             raise RuntimeError(
                 f"ZeRO-3 param ds_id={self.ds_id}: shard of {shard.numel()} elements; "
                 f"expected {self.shard_numel}"
             )
         self.shard = shard
+        self.shard_locked = locked
         self._publish()
 
     def set_home_nvme(self) -> None:
         """The shard now lives only in the swap store (offload/param_swap.py)."""
         self.shard = None
+        self.shard_locked = False
         self._publish()
 
     def shard_values(self, full: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from ...offload.copy_stage import CopyStage, to_device
 from .param import ShardState, ZeroParam, zero_param_of
 
 _IDS = itertools.count()  # ds_id: unique in the process, like DeepSpeed's
+LOOSE_CHUNK_BYTES = 256 << 20  # home_loose_shards moves host shards this many bytes at a time
 
 
 class InflightGather:
@@ -99,6 +100,8 @@ class Partitioner:
         self.gathered_numel = 0
         self.shard_listeners: List = []  # called with a ZeroParam whose shard was rewritten
         self.host_arenas: List = []  # offload_param cpu: the page-locked shard partitions
+        self.host_partitions: List[torch.Tensor] = []  # their memory, one tensor each
+        self._loose_scanned = False  # home_loose_shards has run since a shard was made
         # Shards in host memory (offload_param cpu or nvme) cross to the device on the copy
         # stage's upload lane (offload/copy_stage.py; its CPU twin here), and the all-gather
         # is issued after them from that lane: a prefetch's copies overlap the running
@@ -152,6 +155,7 @@ class Partitioner:
                 and self.persisted_numel + zp.numel <= self.model_persistence_threshold
             )
             if persist or self.swapper is None or not self.swapper.home(zp, values):
+                self._loose_scanned = False
                 shard = self._empty_shard(zp.shard_numel, data.dtype)
                 with torch.no_grad():
                     shard.copy_(values)
@@ -164,10 +168,11 @@ class Partitioner:
             del data, values
 
     def _empty_shard(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        device = self.shard_device()
-        if device.type == "cpu" and self.pin_memory and torch.cuda.is_available():
-            return torch.empty(numel, dtype=dtype, pin_memory=True)
-        return torch.empty(numel, dtype=dtype, device=device)
+        """A shard's first home. Host shards are pageable until a page-locked partition
+        takes them (adopt, home_loose_shards): torch's pinned allocator rounds each block up
+        to a power of two and keeps the blocks it frees, so pinning them here held up to
+        twice the shards' bytes for the whole run once they had moved."""
+        return torch.empty(numel, dtype=dtype, device=self.shard_device())
 
     def empty_partition(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Memory for one param group's flat shards: on the device, or with offload_param
@@ -180,18 +185,47 @@ class Partitioner:
 
         arena = HostArena(arena_bytes(numel * dtype.itemsize), lock=self.pin_memory)
         self.host_arenas.append(arena)
-        return arena.empty(numel, dtype)
+        flat = arena.empty(numel, dtype)
+        self.host_partitions.append(flat)
+        return flat
 
     def adopt(self, zps: List[ZeroParam], flat: torch.Tensor) -> None:
         """Moves the shards of `zps` into consecutive slices of `flat` (a param group's flat
         16-bit partition, what the optimizer writes after each update)."""
         off = 0
+        locked = flat.device.type == "cpu" and self.offload_device != "none"
         with torch.no_grad():
             for zp in zps:
                 view = flat[off : off + zp.shard_numel]
                 view.copy_(zp.shard)
-                zp.set_shard(view)
+                zp.set_shard(view, locked=locked)
                 off += zp.shard_numel
+
+    def home_loose_shards(self) -> int:
+        """Moves the host shards no param group adopted (frozen params', every one in a run
+        without an optimizer, an NVMe run's max_in_cpu ones) into page-locked partitions of
+        their own, so their uploads before each gather are DMA too. LOOSE_CHUNK_BYTES at a
+        time, each chunk's pageable shards freed as it fills: the peak is one chunk above
+        the shards. Runs before the first gather that follows new shards (the optimizer's
+        groups have adopted theirs by then). Returns how many shards moved."""
+        self._loose_scanned = True
+        by_dtype: Dict[torch.dtype, List[ZeroParam]] = {}
+        for zp in self.params.values():
+            if zp.shard is not None and not zp.shard_locked:
+                by_dtype.setdefault(zp.dtype, []).append(zp)
+        moved = 0
+        for dtype, zps in by_dtype.items():
+            chunk: List[ZeroParam] = []
+            for zp in zps + [None]:
+                full = sum(z.shard_numel for z in chunk) * dtype.itemsize
+                size = zp.shard_numel * dtype.itemsize if zp is not None else 0
+                if chunk and (zp is None or full + size > LOOSE_CHUNK_BYTES):
+                    self.adopt(chunk, self.empty_partition(full // dtype.itemsize, dtype))
+                    moved += len(chunk)
+                    chunk = []
+                if zp is not None:
+                    chunk.append(zp)
+        return moved
 
     # --- gather and release ----------------------------------------------------------------------
     def gather(self, zps: Iterable[ZeroParam], async_op: bool = False) -> Optional[InflightGather]:
@@ -212,6 +246,8 @@ class Partitioner:
         return last
 
     def _gather(self, zps: List[ZeroParam], dtype: torch.dtype, async_op: bool) -> InflightGather:
+        if self.uploads is not None and not self._loose_scanned:
+            self.home_loose_shards()
         total = sum(zp.shard_numel for zp in zps)
         for zp in zps:
             zp.to_inflight()
@@ -275,11 +311,14 @@ class Partitioner:
         for zp in self.params.values():
             self.release(zp)
 
-    def refresh_gathered(self) -> None:
+    def refresh_gathered(self, only: Optional[Iterable[int]] = None) -> None:
         """Re-gathers every param still gathered (the persistent ones, and any a running
-        module holds) from its updated shard, so no full copy is stale after a step."""
+        module holds) from its updated shard, so no full copy is stale after a step.
+        `only`: the ds_ids whose shards changed (an update leaves frozen params as they
+        were); every param if None (a load)."""
         by_dtype: Dict[torch.dtype, List[ZeroParam]] = {}
-        for zp in self.params.values():
+        params = self.params.values() if only is None else [self.params[i] for i in only]
+        for zp in params:
             if zp.state is ShardState.INFLIGHT:
                 self.inflight[zp.ds_id].wait()
             if zp.state is ShardState.GATHERED:
@@ -314,6 +353,11 @@ class Partitioner:
             "shard_bytes": shard_bytes,
             "shard_device": str(self.shard_device()),
             "shard_arena_bytes": sum(int(a.stats()["in_use"]) for a in self.host_arenas),
+            "loose_shards": sum(  # host shards in pageable memory (none after a gather)
+                1
+                for zp in self.params.values()
+                if zp.shard is not None and zp.shard.device.type == "cpu" and not zp.shard_locked
+            ),
             "offload_param": self.offload_device,
             **({"swap": self.swapper.stats()} if self.swapper is not None else {}),
         }
