@@ -2,7 +2,9 @@
 hook to release its gathered weight in backward, so it is released once its module's backward
 has produced its inputs' gradients. Backward then holds about one block's weights, not the
 whole frozen model, and training still matches plain PyTorch (frozen weights untouched), with
-and without activation checkpointing re-running the blocks inside backward."""
+and without activation checkpointing re-running the blocks inside backward; also when the
+frozen weight shares its module with a trained bias (BitFit) and when the module's input
+arrives as a keyword argument."""
 
 import pytest
 import torch
@@ -15,24 +17,29 @@ WIDTH, BLOCKS, RANK = 64, 6, 4
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, by_keyword: bool):
         super().__init__()
         self.base = nn.Linear(WIDTH, WIDTH)
         self.down = nn.Linear(WIDTH, RANK, bias=False)
         self.up = nn.Linear(RANK, WIDTH, bias=False)
+        self.by_keyword = by_keyword
 
     def forward(self, x):
-        return torch.tanh(self.base(x) + self.up(self.down(x)))
+        base = self.base(input=x) if self.by_keyword else self.base(x)
+        return torch.tanh(base + self.up(self.down(x)))
 
 
 class Lora(nn.Module):
-    def __init__(self, checkpointed: bool):
+    """mode "lora": each block's base Linear frozen; "bitfit": only its weight frozen (its
+    bias trains, in the same module); "keyword": as lora, the base called as base(input=x)."""
+
+    def __init__(self, checkpointed: bool, mode: str = "lora"):
         super().__init__()
         self.inp = nn.Linear(WIDTH, WIDTH)  # trainable: the blocks' inputs need gradients
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.blocks = nn.ModuleList(Block(mode == "keyword") for _ in range(BLOCKS))
         self.checkpointed = checkpointed
         for b in self.blocks:
-            b.base.requires_grad_(False)
+            (b.base.weight if mode == "bitfit" else b.base).requires_grad_(False)
 
     def forward(self, x):
         x = self.inp(x)
@@ -46,9 +53,9 @@ def batch(step: int, rank: int) -> torch.Tensor:
     return torch.randn(4, WIDTH, generator=g)
 
 
-def reference(checkpointed: bool, world: int, steps: int):
+def reference(checkpointed: bool, world: int, steps: int, mode: str):
     torch.manual_seed(0)
-    model = Lora(checkpointed)
+    model = Lora(checkpointed, mode)
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(trainable, lr=0.5)
     losses = []
@@ -62,14 +69,14 @@ def reference(checkpointed: bool, world: int, steps: int):
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def worker(rank, world, checkpointed, steps, offload):
+def worker(rank, world, checkpointed, steps, offload, mode):
     import zerostream
     from zerostream.zero import GatheredParameters
     from zerostream.zero.stage3 import partitioner
 
     partitioner.LOOSE_CHUNK_BYTES = 20_000  # two blocks' frozen shards a chunk: 3 chunks
     torch.manual_seed(0)
-    model = Lora(checkpointed)
+    model = Lora(checkpointed, mode)
     config = {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_clipping": 0.0,
@@ -106,17 +113,27 @@ def worker(rank, world, checkpointed, steps, offload):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("checkpointed,offload", [(False, "none"), (True, "none"), (False, "cpu")])
-def test_frozen_weights_are_released_during_backward(checkpointed, offload):
+@pytest.mark.parametrize(
+    "checkpointed,offload,mode",
+    [
+        (False, "none", "lora"),
+        (True, "none", "lora"),
+        (False, "cpu", "lora"),
+        (False, "none", "bitfit"),
+        (True, "none", "keyword"),
+    ],
+)
+def test_frozen_weights_are_released_during_backward(checkpointed, offload, mode):
     world, steps = 2, 3
-    results = run_ranks(worker, world, checkpointed, steps, offload, timeout=180)
-    ref_losses, ref_params = reference(checkpointed, world, steps)
+    results = run_ranks(worker, world, checkpointed, steps, offload, mode, timeout=180)
+    ref_losses, ref_params = reference(checkpointed, world, steps, mode)
     losses = [sum(r[0][s] for r in results) / world for s in range(steps)]
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     params, trace = results[0][1], results[0][2]
     for name, ref in ref_params.items():
         torch.testing.assert_close(params[name], ref, rtol=1e-5, atol=1e-6, msg=name)
-    frozen = sum(p.numel() for n, p in ref_params.items() if ".base." in n)
+    torch.manual_seed(0)
+    frozen = sum(p.numel() for p in Lora(checkpointed, mode).parameters() if not p.requires_grad)
     block = WIDTH * WIDTH + WIDTH + 2 * WIDTH * RANK
     # Released as backward goes: at most two blocks' weights (the one running, the one whose
     # gradient hooks have not all fired yet) and the input layer, never the frozen model.

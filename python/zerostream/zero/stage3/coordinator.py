@@ -299,21 +299,26 @@ class ParamCoordinator:
         self.fetch(module)
         self.backward_peak_live = max(self.backward_peak_live, self.part.live_numel)
 
-    def frozen_module(self, module: torch.nn.Module) -> bool:
-        """Whether every param `module` uses is frozen and one of them is released after use:
-        no gradient hook fires for it, so post_backward releases it (hooks.py)."""
-        zps = module_params(module)
-        return (
-            bool(zps)
-            and not any(zp.param.requires_grad for zp in zps)
-            and not all(zp.persist for zp in zps)
-        )
+    def has_frozen(self, module: torch.nn.Module) -> bool:
+        """Whether `module` uses a frozen param that is released after use: no gradient hook
+        fires for it, so post_backward releases it (hooks.py)."""
+        return any(not zp.param.requires_grad and not zp.persist for zp in module_params(module))
 
     def post_backward(self, module: torch.nn.Module) -> None:
-        """`module`'s backward has produced its inputs' gradients: its frozen params are not
-        needed again in this backward unless another module also uses them."""
-        for zp in module_params(module):
-            if zp.modules <= 1:
+        """`module`'s backward has produced its inputs' gradients. Its frozen params are not
+        needed again in this backward (unless another module also uses them) once its
+        trained params' gradients are final too: then every node of its backward that could
+        hold a frozen weight has run. The trained ones are released by after_grad, which for
+        a node computing both runs first (autograd runs gradient accumulation first); if one
+        is still gathered, the frozen ones wait for the end of backward."""
+        zps = module_params(module)
+        if any(
+            zp.param.requires_grad and not zp.persist and zp.state is not ShardState.SHARDED
+            for zp in zps
+        ):
+            return
+        for zp in zps:
+            if not zp.param.requires_grad and zp.modules <= 1:
                 self.part.release(zp)
 
     def after_grad(self, zp: ZeroParam) -> None:

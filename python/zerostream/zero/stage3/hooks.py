@@ -1,10 +1,12 @@
 """Module hooks of stage 3: thin functions that call one named coordinator method each
 (coordinator.py). Forward pre/post hooks gather and release around a module's forward; a
 hook on the gradient of the module's outputs gathers its params before its backward runs.
-A module whose params are all frozen (a LoRA base layer) has no gradient hook to release
-them in backward: its inputs pass through _AfterBackward, whose backward runs once the
-module's has produced their gradients, and releases them there instead of at the end of
-backward (else backward would end with every frozen weight of the model gathered).
+A frozen param (a LoRA base layer's, or a BitFit Linear's weight beside its trained bias)
+has no gradient hook to release it in backward: the module's inputs that need a gradient
+(positional and keyword) pass through _AfterBackward, whose backward runs once the module's
+has produced their gradients, and releases the module's frozen params there instead of at
+the end of backward (else backward would end with every frozen weight of the model
+gathered); coordinator.post_backward says when that is safe.
 
 A module's `_parameters` dict is replaced by one that notices a partitioned parameter read
 while some module's forward runs (`self.tok.weight` used by a parent's output head): the
@@ -22,10 +24,10 @@ import torch
 from .coordinator import ParamCoordinator, module_params
 
 
-def _pre_forward(coord: ParamCoordinator, module: torch.nn.Module, args):
+def _pre_forward(coord: ParamCoordinator, module: torch.nn.Module, args, kwargs):
     coord.pre_forward(module)
-    if torch.is_grad_enabled() and coord.frozen_module(module):
-        return _release_after_backward(coord, module, args)
+    if torch.is_grad_enabled() and coord.has_frozen(module):
+        return _release_after_backward(coord, module, args, kwargs)
     return None
 
 
@@ -44,18 +46,27 @@ class _AfterBackward(torch.autograd.Function):
         return (None, *grads)
 
 
-def _release_after_backward(coord: ParamCoordinator, module: torch.nn.Module, args):
-    """`args` with the positional tensors that need a gradient passed through _AfterBackward,
-    or None (no change) when none does: the params are then released at the end of backward."""
-    where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    if not where:
+def _release_after_backward(coord: ParamCoordinator, module: torch.nn.Module, args, kwargs):
+    """(args, kwargs) with the tensors that need a gradient passed through _AfterBackward, or
+    None (no change) when none does: the frozen params are then released at the end of
+    backward."""
+    keys = [(None, i) for i, a in enumerate(args) if _needs_grad(a)]
+    keys += [(k, None) for k, a in kwargs.items() if _needs_grad(a)]
+    if not keys:
         return None
     done = functools.partial(coord.post_backward, module)
-    outs = _AfterBackward.apply(done, *(args[i] for i in where))
-    args = list(args)
-    for i, out in zip(where, outs):
-        args[i] = out
-    return tuple(args)
+    outs = _AfterBackward.apply(done, *(kwargs[k] if k is not None else args[i] for k, i in keys))
+    args, kwargs = list(args), dict(kwargs)
+    for (k, i), out in zip(keys, outs):
+        if k is None:
+            args[i] = out
+        else:
+            kwargs[k] = out
+    return tuple(args), kwargs
+
+
+def _needs_grad(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
 
 
 def _post_forward(coord: ParamCoordinator, module: torch.nn.Module, args, output) -> None:
@@ -116,7 +127,9 @@ def install(modules, coord: ParamCoordinator) -> List:
         for zp in module_params(m):
             zp.modules += 1
         m.__dict__["_parameters"] = _WatchedParams(m._parameters, coord)
-        handles.append(m.register_forward_pre_hook(functools.partial(_pre_forward, coord)))
+        handles.append(
+            m.register_forward_pre_hook(functools.partial(_pre_forward, coord), with_kwargs=True)
+        )
         handles.append(m.register_forward_hook(functools.partial(_post_forward, coord)))
     return handles
 
