@@ -39,7 +39,10 @@ Note [The copy stage]
   its own (zero/stage3/partitioner.py): a gather uploads its shards on the lane and issues
   its all-gather from the lane (after_uploads), so a prefetch's copies and collective follow
   the uploads without the compute stream waiting for them until the gather is waited on;
-  the host waits for the lane (drain) only before it rewrites shards or frees NVMe staging.
+  the host waits for the lane (drain) only before it rewrites shards. NVMe staging buffers
+  an upload reads from are handed to hold(): kept alive until a later look finds their
+  upload complete (release_held), so they return to the staging arena without the host
+  waiting; the swapper waits for the oldest held upload only when the arena is full.
 
   The CPU twin (HostLanes) keeps the same slots, chunking, ordering and deferred consumers,
   with memcpy for the copies and events that are always complete, so the CPU tests run the
@@ -315,6 +318,7 @@ class CopyStage:
         self._last_upload = None  # the last upload since drain(): the host waits on it
         self._last_download = None  # the last download since drain(), slot or direct
         self._unreleased = None  # the last download since release_sources()
+        self._held: Deque[tuple] = deque()  # (upload event, objects): see hold()
         self.stats = {"d2h_bytes": 0, "h2d_bytes": 0, "copies": 0, "host_waits": 0}
 
     def slot_numel(self, dtype: torch.dtype) -> int:
@@ -422,6 +426,7 @@ class CopyStage:
             self.lanes.host_wait(last)
         while self._ups:
             ring.land(self._ups.popleft(), self.stats)
+        self._held.clear()  # every upload has completed
         self._raise_if_failed()
 
     def busy_seconds(self) -> Dict[str, float]:
@@ -455,6 +460,28 @@ class CopyStage:
         self._unfenced = self._last_upload = event
         self.stats["h2d_bytes"] += src.numel() * src.element_size()
         self.stats["copies"] += 1
+
+    def hold(self, *objects) -> None:
+        """Keeps `objects` (host buffers the uploads queued so far read from) alive until
+        those uploads have completed, without waiting: they are dropped (their memory going
+        back to its arena) by a later release_held() or drain() that finds them done."""
+        self.release_held()
+        last = self._last_upload
+        if last is not None and not self.lanes.ready(last):
+            self._held.append((last, objects))
+
+    def release_held(self, wait: bool = False) -> bool:
+        """Drops the held objects whose uploads have completed; with `wait`, when none has,
+        the host waits for the oldest. Returns whether any were dropped."""
+        dropped = False
+        while self._held and self.lanes.ready(self._held[0][0]):
+            self._held.popleft()
+            dropped = True
+        if wait and not dropped and self._held:
+            self.stats["host_waits"] += 1
+            self.lanes.host_wait(self._held.popleft()[0])
+            dropped = True
+        return dropped
 
     def after_uploads(self, launch: Callable[[], object]):
         """`launch()` (a collective that reads what was uploaded) ordered after every upload

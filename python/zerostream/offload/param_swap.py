@@ -85,17 +85,22 @@ class ParamSwapper:
                 sizes, "zero_optimization.offload_param.nvme_path", sharing=ranks_on_this_host()
             )
 
-    def _host(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A page-locked staging buffer. When the arena is full, reads issued ahead land
-        first (oldest first: that frees their buffers); only then does it wait."""
+    def _host(self, numel: int, dtype: torch.dtype, uploads=None) -> torch.Tensor:
+        """A page-locked staging buffer. When the arena is full: buffers whose uploads have
+        completed go back first, then reads issued ahead land (oldest first), then the host
+        waits for the oldest upload still reading a buffer (`uploads`, the copy stage);
+        only then does it wait on the arena."""
         self._ensure_arena(numel, dtype)
         while True:
+            if uploads is not None:
+                uploads.release_held()
             buf = self.arena.try_empty(numel, dtype)
             if buf is not None:
                 return buf
-            if not self.pending:
+            if self.pending:
+                self.pending[0].land()
+            elif uploads is None or not uploads.release_held(wait=True):
                 return self.arena.empty(numel, dtype)
-            self.pending[0].land()
 
     def _buffer_bytes(self) -> int:
         """One buffer of buffer_size 16-bit elements, as the arena counts it."""
@@ -155,6 +160,8 @@ class ParamSwapper:
             buf = None
             if zp.shard is None:
                 self._ensure_arena(zp.shard_numel, zp.dtype)
+                if uploads is not None:
+                    uploads.release_held()  # buffers whose uploads completed are free again
                 buf = self.arena.try_empty(zp.shard_numel, zp.dtype)
             if buf is None:
                 later.append((zp, off))
@@ -215,7 +222,7 @@ class ParamSwapper:
             if zp.shard is not None:
                 to_device(uploads, zp.shard, send[off : off + zp.shard_numel])
                 continue
-            buf = self._host(zp.shard_numel, zp.dtype)
+            buf = self._host(zp.shard_numel, zp.dtype, uploads)
             pending.append((zp, off, buf, self.store.read(zp.ds_id, buf)))
             self.reads += 1
             self.bytes_read += buf.numel() * buf.element_size()
@@ -229,14 +236,14 @@ class ParamSwapper:
 
     @staticmethod
     def _land(pending: list, send: torch.Tensor, uploads=None) -> None:
-        """Each read's shard from its staging buffer into `send`. The buffers go back to
-        the arena (and the next disk reads) when this returns, so uploads of them to the
-        device are waited for first (the host waits once, on the lane's last copy)."""
+        """Each read's shard from its staging buffer into `send`. Buffers uploaded to the
+        device stay with the copy stage (hold) until their uploads complete, then go back
+        to the arena and the next disk reads; the host does not wait for them here."""
         for zp, off, buf, ticket in pending:
             ticket.wait()
             to_device(uploads, buf, send[off : off + zp.shard_numel])
         if pending and uploads is not None:
-            uploads.drain()
+            uploads.hold(*(buf for _, _, buf, _ in pending))
         pending.clear()
 
     def read(self, zp: ZeroParam) -> torch.Tensor:

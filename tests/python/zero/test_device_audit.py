@@ -406,3 +406,46 @@ def test_lane_copies_are_timed_on_their_lane_and_counted_once_complete():
     meter.count()  # counted once
     assert telemetry.tier_seconds == pytest.approx({"d2h": 0.002, "h2d": 0.004})
     assert not lanes._timed["h2d"] and not lanes._timed["d2h"]
+
+
+def test_nvme_staging_returns_to_the_arena_without_a_host_wait(tmp_path):
+    """offload_param nvme: the staging buffers a gather's shards were read into are held by
+    the copy stage until their uploads complete, not drained per batch (which on a GPU waits
+    for everything queued on the compute stream); the host waits for the oldest upload only
+    when the staging arena is full."""
+    from types import SimpleNamespace
+
+    from zerostream.offload.io import io_config
+    from zerostream.offload.param_swap import ParamSwapper
+    from zerostream.zero.stage3.param import ZeroParam
+
+    cuda = FakeCuda()  # an upload completes only once the host has waited on it
+    uploads = copy_stage.CopyStage(
+        torch.device("cpu"),
+        slot_bytes=4096,
+        slots=2,
+        lanes=copy_stage.CudaLanes(cuda),
+        consumer_thread=False,
+    )
+    offload = SimpleNamespace(
+        nvme_path=str(tmp_path), buffer_count=2, buffer_size=2048, max_in_cpu=0, pin_memory=False
+    )
+    swapper = ParamSwapper(offload, io_config(), rank=0)  # staging: two 4 KiB shards
+    values = [torch.randn(1024) for _ in range(5)]
+    zps = []
+    for i, v in enumerate(values):
+        zp = ZeroParam(torch.nn.Parameter(v.clone()), 9000 + i, None, 1, 0, torch.device("cpu"))
+        assert swapper.home(zp, v.clone())  # on disk now
+        zps.append(zp)
+
+    def gather(batch):
+        send = torch.full((1024 * len(batch),), float("nan"))
+        swapper.read_into(batch, send, [1024 * i for i in range(len(batch))], uploads)
+        assert torch.equal(send, torch.cat([values[zps.index(zp)] for zp in batch]))
+
+    gather(zps[:2])  # fits the arena: read, uploaded, held; no wait
+    assert cuda.host_syncs == 0 and len(uploads._held) == 1
+    gather(zps[2:5])  # three more: the arena is full of held buffers; wait for the oldest
+    assert cuda.host_syncs == 2 and uploads.stats["host_waits"] == 2
+    uploads.drain()
+    assert not uploads._held and swapper.arena.stats()["in_use"] == 0
