@@ -203,21 +203,30 @@ def write_file(obj: Any, f, path: str, engine: "zio.IoEngine") -> Dict[str, Any]
     offsets: Dict[int, int] = {}
     _pair_offsets(shell, torch.load(path, map_location="meta", weights_only=True), offsets)
     ranges = [r + [0] for r in writer.ranges]
+    inflight: List[Any] = []  # tickets of live tensors' writes (a dropped ticket waits)
     for sid, (ph, src) in sources.items():
         nbytes = ph.numel() * ph.element_size()
         if nbytes:
             start = offsets[sid]
-            ranges.append([start, start + nbytes, _write_payload(engine, path, start, src), 1])
+            crc = _write_payload(engine, path, start, src, inflight)
+            ranges.append([start, start + nbytes, crc, 1])
     engine.wait_all()
+    inflight.clear()
     ranges.sort()
     return {"bytes": writer.pos, "ranges": ranges}
 
 
-def _write_payload(engine: "zio.IoEngine", path: str, offset: int, src: Any) -> int:
-    """Queues the writes of one payload at `offset`; returns its CRC32C."""
+def _write_payload(
+    engine: "zio.IoEngine", path: str, offset: int, src: Any, inflight: List[Any]
+) -> int:
+    """Queues the writes of one payload at `offset`; returns its CRC32C. A live tensor's
+    write is left in flight, its ticket in `inflight` (the caller's wait_all ends it): the
+    CRC and the next payloads' writes overlap it. (Dropping the ticket would wait for the
+    write there, as Note [Buffer lifetime] in offload_bindings.cpp has it: each payload was
+    written, then checksummed, one after another, until session 13.)"""
     if torch.is_tensor(src) and _direct(src):
         data = _byte_view(src.detach())
-        engine.write(data, path, offset)  # the live tensor itself; waited by wait_all
+        inflight.append(engine.write(data, path, offset))  # the live tensor itself
         return zio.crc32c(data)
     chunks = src.chunks() if is_source(src) else _tensor_chunks(src.detach())
     crc, pos, pending = 0, offset, deque()
@@ -387,10 +396,10 @@ def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine", lazy: bo
             return FileTensor(path, start, t.dtype, t.shape, engine, want)
         if sid not in storages:
             buf = aligned_bytes(nbytes)
-            if nbytes:
+            if nbytes:  # the ticket is kept: dropping it would wait for the read here
                 start = meta._checkpoint_offset
-                engine.read(buf, path, start)
-                pending.append((buf, start, _range_of(entry, start, start + nbytes)))
+                ticket = engine.read(buf, path, start)
+                pending.append((buf, start, _range_of(entry, start, start + nbytes), ticket))
             storages[sid] = buf
         buf = storages[sid]
         out = torch.empty(0, dtype=t.dtype)
@@ -399,7 +408,7 @@ def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine", lazy: bo
 
     obj = _map_tensors(structure, real)
     engine.wait_all()
-    for buf, start, want in pending:
+    for buf, start, want, _ in pending:
         if want is not None:
             got = zio.crc32c(buf)
             if got != want[2]:
