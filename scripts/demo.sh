@@ -41,13 +41,21 @@ run1 = json.load(open(f"{out}/run1/summary.json"))
 run2 = json.load(open(f"{out}/run2/summary.json"))
 v0, v1 = run1["validation_loss"]
 r0, r1 = run2["validation_loss"]
-ok = v1 < 0.75 * v0 and swap["state_bytes"] > 0 and abs(r0 - v1) <= 1e-6 * max(1.0, abs(v1)) and r1 <= r0 + 0.05
 swap = run1["swap_files"]
+problems = []
+if not v1 < 0.75 * v0:
+    problems.append(f"validation loss {v0:.3f} -> {v1:.3f} did not fall below 75% of the start")
+if not swap["state_bytes"] > 0:
+    problems.append("the swap files held no state: nothing was offloaded to disk")
+if abs(r0 - v1) > 1e-6 * max(1.0, abs(v1)):
+    problems.append(f"the resumed run started at {r0:.3f}, not where the saved run ended ({v1:.3f})")
+if r1 > r0 + 0.05:
+    problems.append(f"the resumed run's validation loss rose, {r0:.3f} -> {r1:.3f}")
 disk = sum(v["allocated_bytes"] for v in swap["paths"].values())
 print(f"validation loss {v0:.3f} -> {v1:.3f}; resumed at {r0:.3f} (saved run ended at {v1:.3f})"
       f" -> {r1:.3f}; rank 0 kept {swap['state_bytes'] / 2**20:.2f} MiB of state in"
       f" {disk / 2**20:.1f} MiB of swap files on disk")
 print(f"plots: {out}/run1/train_gpt.png {out}/run2/train_gpt.png")
-if not ok:
-    sys.exit("demo: the loss did not fall as expected or the resumed run did not continue the saved one")
+if problems:
+    sys.exit("demo: " + "; ".join(problems))
 EOF

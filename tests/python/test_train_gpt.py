@@ -75,3 +75,36 @@ def test_main_job_learns_offloads_to_disk_and_resumes_exactly(tmp_path):
     assert pathlib.Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for row in ("train loss", "validation loss", "time by phase", "peak RSS", "swap files"):
         assert row in first["stdout"], row
+
+
+def _demo_verdict(out: pathlib.Path, v, r, state_bytes=831488):
+    """Runs the verdict scripts/demo.sh prints at its end over run1/run2 summaries."""
+    text = (REPO / "scripts" / "demo.sh").read_text()
+    script = text.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    swap = {"paths": {"/tmp/x": {"files": 10, "allocated_bytes": 469770240}}}
+    for name, losses in (("run1", v), ("run2", r)):
+        (out / name).mkdir(parents=True, exist_ok=True)
+        summary = {"validation_loss": losses, "swap_files": {**swap, "state_bytes": state_bytes}}
+        (out / name / "summary.json").write_text(json.dumps(summary))
+    return subprocess.run(
+        [sys.executable, "-", str(out)], input=script, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_demos_verdict_passes_a_good_run_and_names_a_bad_one(tmp_path):
+    """The check at the end of scripts/demo.sh (its own Python), on the summaries of a run
+    that learned and resumed exactly, and of runs that did not (it once failed on every run:
+    a name used before it was assigned)."""
+    good = _demo_verdict(tmp_path / "good", [5.418, 2.402], [2.402, 2.364])
+    assert good.returncode == 0, good.stderr
+    assert "validation loss 5.418 -> 2.402; resumed at 2.402" in good.stdout
+    assert "0.79 MiB of state in 448.0 MiB of swap files" in good.stdout
+    for name, v, r, state, why in (
+        ("flat", [5.4, 5.0], [5.0, 4.9], 831488, "5.400 -> 5.000 did not fall below 75%"),
+        ("jump", [5.4, 2.4], [2.6, 2.5], 831488, "started at 2.600, not where the saved"),
+        ("rise", [5.4, 2.4], [2.4, 2.6], 831488, "validation loss rose, 2.400 -> 2.600"),
+        ("empty", [5.4, 2.4], [2.4, 2.3], 0, "the swap files held no state"),
+    ):
+        bad = _demo_verdict(tmp_path / name, v, r, state)
+        assert bad.returncode != 0 and bad.stderr.startswith("demo: "), (name, bad)
+        assert why in bad.stderr and bad.stderr.count(";") == 0, (name, bad.stderr)
