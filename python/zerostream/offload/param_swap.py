@@ -59,6 +59,7 @@ class ParamSwapper:
         self.arena: Optional[HostArena] = None
         self.arena_bytes = 0
         self.in_cpu_numel = 0
+        self._in_cpu: set = set()  # ds_ids of the shards counted in in_cpu_numel
         self.bytes_read = self.bytes_written = 0
         self.reads = self.writes = 0
         self.deferred_reads = 0  # prefetched shards that found no free buffer (read late)
@@ -178,8 +179,11 @@ class ParamSwapper:
     def home(self, zp: ZeroParam, values: torch.Tensor) -> bool:
         """Where a new shard (`values`) lives: host memory while max_in_cpu allows (returns
         False: the caller keeps it), else the swap store (written now; `zp.shard` None)."""
+        if zp.ds_id in self._in_cpu:  # homed here before (zero.Init, then the engine)
+            return False
         if self.in_cpu_numel + zp.shard_numel <= self.max_in_cpu:
             self.in_cpu_numel += zp.shard_numel
+            self._in_cpu.add(zp.ds_id)
             return False
         self._write_extent(zp, values)
         zp.set_home_nvme()

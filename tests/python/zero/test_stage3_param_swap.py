@@ -117,3 +117,37 @@ def test_buffer_count_is_raised_to_the_traces_read_ahead(tmp_path):
     assert stats["staging_bytes"] >= 40 * 1024
     assert stats["deferred_reads"] == 0
     assert all(pending >= 1 for pending, _ in seen[1:]), seen
+
+
+def max_in_cpu_worker(rank, world, nvme):
+    import zerostream
+
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 64,  # the biases stay whole
+            "offload_param": {"device": "nvme", "nvme_path": nvme, "max_in_cpu": 2 * 64 * 64},
+        },
+    }
+    torch.manual_seed(0)
+    with zerostream.zero.Init(config_dict_or_path=config, dtype=torch.float32):
+        model = Chain()
+    engine, *_ = zerostream.initialize(model=model, config=config)
+    loss = engine(torch.ones(2, 64) * 0.1)
+    engine.backward(loss)
+    engine.step()
+    swapper = model.layers[0].weight._zs.partitioner.swapper
+    in_memory = [layer.weight._zs.shard is not None for layer in model.layers]
+    return swapper.in_cpu_numel, in_memory, swapper.stats()["bytes_written"]
+
+
+def test_max_in_cpu_holds_across_zero_init_and_initialize(tmp_path):
+    """A model built under zero.Init keeps max_in_cpu elements of its shards in memory once
+    the engine adopts it: the swapper zero.Init homed them with counts each shard once (it
+    counted them twice, so with the default 1e9 a 1.56 B GPT-2 XL kept only biases in RAM
+    and read every weight from disk in forward and backward)."""
+    in_cpu, in_memory, written = run_ranks(max_in_cpu_worker, 1, str(tmp_path / "nvme"))[0]
+    assert in_cpu == 2 * 64 * 64 and in_memory == [True, True, False, False]
+    assert written >= 2 * 64 * 64 * 4  # the two on disk, written at least once
