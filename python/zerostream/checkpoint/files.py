@@ -110,7 +110,7 @@ def io_engine(aio: Optional["AioConfig"] = None, given: Iterable[str] = ()) -> "
     return engine
 
 
-def engine_io(engine: "ZeroEngine") -> "zio.IoEngine":
+def io_engine_for(engine: "ZeroEngine") -> "zio.IoEngine":
     """io_engine() for a training engine's checkpoints."""
     return io_engine(engine._config.aio, given=(engine._config.raw.get("aio") or {}).keys())
 

@@ -388,7 +388,7 @@ def _load_local(
 ) -> Tuple[Optional[str], Optional[dict]]:
     """This rank's half of load_checkpoint: no collective. touched[0] turns True just
     before the first write into the engine's state."""
-    ckpt = Checkpoint(tag_dir, files.engine_io(engine))
+    ckpt = Checkpoint(tag_dir, files.io_engine_for(engine))
     stage = engine.zero_optimization_stage()
     dp_rank = comm.get_rank(engine.dp_process_group)
     model_name = _model_file(ckpt, stage, dp_rank)

@@ -172,7 +172,7 @@ def save_checkpoint(
 
     written: Dict[str, Dict[str, int]] = {}
     error: Optional[BaseException] = None
-    io = files.engine_io(engine)
+    io = files.io_engine_for(engine)
     try:
         files.kill_point("before_model_states")
         if stage == 3 or dp_rank == 0:

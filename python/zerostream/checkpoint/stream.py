@@ -220,10 +220,9 @@ def _write_payload(
     engine: "zio.IoEngine", path: str, offset: int, src: Any, inflight: List[Any]
 ) -> int:
     """Queues the writes of one payload at `offset`; returns its CRC32C. A live tensor's
-    write is left in flight, its ticket in `inflight` (the caller's wait_all ends it): the
-    CRC and the next payloads' writes overlap it. (Dropping the ticket would wait for the
-    write there, as Note [Buffer lifetime] in offload_bindings.cpp has it: each payload was
-    written, then checksummed, one after another, until session 13.)"""
+    write is left in flight, its ticket in `inflight` (the caller's wait_all ends it), so
+    the CRC and the next payloads' writes overlap it; a dropped ticket would wait for its
+    write right there (Note [Buffer lifetime] in offload_bindings.cpp)."""
     if torch.is_tensor(src) and _direct(src):
         data = _byte_view(src.detach())
         inflight.append(engine.write(data, path, offset))  # the live tensor itself

@@ -210,22 +210,27 @@ class Partitioner:
         groups have adopted theirs by then). Returns how many shards moved."""
         self._loose_scanned = True
         by_dtype: Dict[torch.dtype, List[ZeroParam]] = {}
-        for zp in self.params.values():
-            if zp.shard is not None and not zp.shard_locked:
-                by_dtype.setdefault(zp.dtype, []).append(zp)
-        moved = 0
+        for zp in self._loose():
+            by_dtype.setdefault(zp.dtype, []).append(zp)
         for dtype, zps in by_dtype.items():
             chunk: List[ZeroParam] = []
-            for zp in zps + [None]:
-                full = sum(z.shard_numel for z in chunk) * dtype.itemsize
-                size = zp.shard_numel * dtype.itemsize if zp is not None else 0
-                if chunk and (zp is None or full + size > LOOSE_CHUNK_BYTES):
-                    self.adopt(chunk, self.empty_partition(full // dtype.itemsize, dtype))
-                    moved += len(chunk)
-                    chunk = []
-                if zp is not None:
-                    chunk.append(zp)
-        return moved
+            numel = 0
+            for zp in zps:
+                if chunk and (numel + zp.shard_numel) * dtype.itemsize > LOOSE_CHUNK_BYTES:
+                    self.adopt(chunk, self.empty_partition(numel, dtype))
+                    chunk, numel = [], 0
+                chunk.append(zp)
+                numel += zp.shard_numel
+            self.adopt(chunk, self.empty_partition(numel, dtype))
+        return sum(len(zps) for zps in by_dtype.values())
+
+    def _loose(self) -> List[ZeroParam]:
+        """Host shards in pageable memory: no page-locked partition has taken them yet."""
+        return [
+            zp
+            for zp in self.params.values()
+            if zp.shard is not None and zp.shard.device.type == "cpu" and not zp.shard_locked
+        ]
 
     # --- gather and release ----------------------------------------------------------------------
     def gather(self, zps: Iterable[ZeroParam], async_op: bool = False) -> Optional[InflightGather]:
@@ -353,11 +358,7 @@ class Partitioner:
             "shard_bytes": shard_bytes,
             "shard_device": str(self.shard_device()),
             "shard_arena_bytes": sum(int(a.stats()["in_use"]) for a in self.host_arenas),
-            "loose_shards": sum(  # host shards in pageable memory (none after a gather)
-                1
-                for zp in self.params.values()
-                if zp.shard is not None and zp.shard.device.type == "cpu" and not zp.shard_locked
-            ),
+            "loose_shards": len(self._loose()),  # none after a gather with host shards
             "offload_param": self.offload_device,
             **({"swap": self.swapper.stats()} if self.swapper is not None else {}),
         }
