@@ -4,9 +4,9 @@ Same world size: train k steps, save, train k more; a fresh set of processes loa
 checkpoint and trains the same k steps. The losses and the final fp32 weights (read back
 from a checkpoint saved at the end, through zero_to_fp32) must be bitwise equal, for
 stages 0-3 x offload none/cpu/nvme (stage 3 with parameter offload too) and bf16.
-Another world size: the checkpoint of 2 ranks is loaded by 1 and by 4 ranks, and one of 4
-ranks by 2; the losses must continue those of the run that never changed size (within
-fp32 reduction-order rounding).
+Another world size: a checkpoint of N ranks is loaded by M ranks for every N != M in
+{1, 2, 4}; the losses must continue those of the run that never changed size (within fp32
+reduction-order rounding).
 """
 
 import os
@@ -79,7 +79,8 @@ def saved(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("resume"))
     two = run_ranks(save_and_continue, 2, CASES, root, timeout=600)[0]
     four = run_ranks(save_and_continue, 4, RESHARD, root, timeout=600)[0]
-    return root, two, four
+    one = run_ranks(save_and_continue, 1, RESHARD, root, timeout=600)[0]
+    return root, two, {1: one, 2: two, 4: four}
 
 
 def test_a_resumed_run_is_bitwise_the_uninterrupted_one(saved):
@@ -94,10 +95,10 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_one(saved):
             assert torch.equal(want[name], got[name]), (case, name)
 
 
-@pytest.mark.parametrize("saved_world,world", [(2, 1), (2, 4), (4, 2)])
+@pytest.mark.parametrize("saved_world,world", [(2, 1), (2, 4), (4, 2), (1, 2), (1, 4), (4, 1)])
 def test_a_checkpoint_loads_into_another_world_size(saved, saved_world, world):
-    root, two, four = saved
-    reference = two if saved_world == 2 else four
+    root, _, by_world = saved
+    reference = by_world[saved_world]
     resumed = run_ranks(load_and_continue, world, RESHARD, root, saved_world, timeout=600)[0]
     for case in RESHARD:
         want = torch.tensor(reference[case][1])
