@@ -14,8 +14,10 @@ import dataclasses
 import enum
 import math
 import os
+import pickletools
 import sys
 import types
+import zipfile
 from collections import OrderedDict
 
 import torch
@@ -94,6 +96,30 @@ def fake_deepspeed():
     finally:
         for name in _MODULES:
             sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
+def _saved_on(device, rank):
+    """With device "cuda", torch.save in this block records every storage at "cuda:<rank>",
+    as a DeepSpeed run on GPUs saves its device tensors (loading such a file on a machine
+    without CUDA needs a map_location). Otherwise nothing changes."""
+    if device != "cuda":
+        yield
+        return
+    entry = (-1, lambda obj: f"cuda:{rank}", lambda obj, location: None)
+    torch.serialization._package_registry.insert(0, entry)  # the first tagger wins
+    try:
+        yield
+    finally:
+        torch.serialization._package_registry.remove(entry)
+
+
+def storage_locations(path):
+    """The storage locations a checkpoint file's pickle names ("cpu", "cuda:1", ...)."""
+    with zipfile.ZipFile(path) as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+    strings = {arg for _, arg, _ in pickletools.genops(data) if isinstance(arg, str)}
+    return {s for s in strings if s == "cpu" or s.startswith("cuda")}
 
 
 # --- the files ----------------------------------------------------------------------------------
@@ -271,33 +297,39 @@ def write(root, model, values, spec, world):
     """A DeepSpeed-layout checkpoint of `model` holding `values` (name -> fp32, exp_avg,
     exp_avg_sq) under ROOT/<tag>. spec: stage, config, step, lr, global_steps, and
     optionally order (flatten order), pads (alignment padding per param in that order),
-    sub_groups (stage 3: lists of names), elastic, dynamic_scaler, fp16_wrapper, client."""
+    sub_groups (stage 3: lists of names), elastic, dynamic_scaler, fp16_wrapper, client, and
+    device "cuda" (each rank's tensors saved on its GPU, the model file on rank 0's)."""
     names = [n for n, _ in model.named_parameters()]
     order = spec.get("order", names)
     tag = f"global_step{spec['global_steps']}"
     os.makedirs(os.path.join(root, tag), exist_ok=True)
+    device = spec.get("device", "cpu")
     with fake_deepspeed() as ns:
         stage = spec["stage"]
         if stage == 0:
             sd = _model_states(model, values, spec, world, None)
             sd["optimizer"] = _stage0_optimizer(values, spec, names)
-            torch.save(sd, os.path.join(root, tag, "mp_rank_00_model_states.pt"))
+            with _saved_on(device, 0):
+                torch.save(sd, os.path.join(root, tag, "mp_rank_00_model_states.pt"))
         elif stage in (1, 2):
             shapes = [OrderedDict((n, values[n]["fp32"].shape) for n in order)]
             pads = spec.get("pads", [0] * len(order))
             sd = _model_states(model, values, spec, world, shapes)
-            torch.save(sd, os.path.join(root, tag, "mp_rank_00_model_states.pt"))
+            with _saved_on(device, 0):
+                torch.save(sd, os.path.join(root, tag, "mp_rank_00_model_states.pt"))
             for r, opt in enumerate(_stage12_files(ns, values, spec, world, order, pads)):
-                _save_optim(root, tag, r, opt, spec)
+                with _saved_on(device, r):
+                    _save_optim(root, tag, r, opt, spec)
         else:
             groups = spec.get("sub_groups", [names])
             shapes = [OrderedDict((n, values[n]["fp32"].shape) for n in g) for g in groups]
             for r, opt in enumerate(_stage3_files(ns, values, spec, world, groups)):
                 sd = _model_states(model, values, spec, world, shapes, rank=r)
-                torch.save(
-                    sd, os.path.join(root, tag, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
-                )
-                _save_optim(root, tag, r, opt, spec)
+                with _saved_on(device, r):
+                    torch.save(
+                        sd, os.path.join(root, tag, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+                    )
+                    _save_optim(root, tag, r, opt, spec)
     with open(os.path.join(root, "latest"), "w") as f:
         f.write(tag)
     return tag

@@ -12,7 +12,9 @@ wrote, without DeepSpeed, and the run continues as DeepSpeed's would.
     DeepSpeed's; the next K losses match DeepSpeed's own resume from the same checkpoint.
 (b) Checkpoints written by hand from the documented layout, with DeepSpeed's classes pickled
     under their names (ds_layout.py): run everywhere. The continuation is checked against
-    plain PyTorch AdamW started from the written state.
+    plain PyTorch AdamW started from the written state. Some are written as a DeepSpeed run
+    on GPUs writes them (every storage recorded at its rank's "cuda:<r>") and load on this
+    machine, which has no CUDA.
 (c) A file pickling a global off the allow list fails naming the file and the global, and
     the global never runs.
 """
@@ -32,6 +34,7 @@ from ckpt_run import GLOBAL_BATCH  # also puts tests/python/zero on sys.path
 from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
+from zerostream.checkpoint import get_fp32_state_dict_from_zero_checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 DS_PYTHON = REPO / ".venv-bench" / "bin" / "python"
@@ -321,6 +324,12 @@ def hand_cases():
                 1,
             ),
             "s2-from-2-ranks": ({"stage": 2, "pads": pads}, 2),
+            "s2-from-2-gpus": ({"stage": 2, "pads": pads, "device": "cuda"}, 2),
+            "s3-from-2-gpus": (
+                {"stage": 3, "sub_groups": [names[:5], names[5:]], "device": "cuda"},
+                2,
+            ),
+            "s0-from-a-gpu": ({"stage": 0, "device": "cuda"}, 1),
             "s1-elastic-from-2-ranks": ({"stage": 1, "elastic": True}, 2),
             "s3-subgroups-from-2-ranks": ({"stage": 3, "sub_groups": [names[:9], names[9:]]}, 2),
             "s3-subgroups": ({"stage": 3, "sub_groups": [names[:4], names[4:]]}, 1),
@@ -423,8 +432,17 @@ def test_a_hand_written_deepspeed_checkpoint_loads_without_deepspeed(tmp_path):
     for name, (spec, written_world) in cases.items():
         dtype = spec.pop("dtype", "fp32")
         spec = {**common, **spec, "config": ds_run.config(spec["stage"], dtype, written_world)}
-        ds_layout.write(str(tmp_path / name), model, values, spec, written_world)
+        tag = ds_layout.write(str(tmp_path / name), model, values, spec, written_world)
         runs.append((name, dtype, spec["stage"]))
+        if spec.get("device") == "cuda":  # the files really name the GPUs they came from
+            for path in (tmp_path / name / tag).iterdir():
+                rank = re.search(r"zero_pp_rank_(\d+)", path.name)
+                want = f"cuda:{rank.group(1) if rank else 0}"
+                assert ds_layout.storage_locations(path) == {want}, (path, want)
+            if spec["stage"] > 0:  # zero_to_fp32 reads them on this CPU-only machine too
+                whole = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / name))
+                for pname, kinds in values.items():
+                    assert torch.equal(whole[pname], kinds["fp32"]), (name, pname)
     # (c) on the same spawn: a global off the allow list, in the client state.
     marker = tmp_path / "payload-ran"
     spec = {**common, "stage": 2, "config": ds_run.config(2, "fp32", 1)}
