@@ -66,6 +66,8 @@ class IoEngine {
   virtual void unregister_file(const IoFilePtr& /*file*/) {}
 
   const IoConfig& config() const { return config_; }
+  // Bounce buffers made so far: nonzero once a misaligned buffer's body went direct.
+  int64_t bounce_buffers() const { return bounce_.allocated(); }
   virtual const char* backend_name() const = 0;
   virtual int workers() const = 0;
 

@@ -44,6 +44,14 @@ def test_bench_checkpoint_reports_consistent_rates_against_fio(tmp_path):
         fio_load = r["bytes"] / read + swap / write
         assert math.isclose(r["save_vs_fio_disk"], fio_save / r["save_s"], rel_tol=1e-6)
         assert math.isclose(r["load_vs_fio_disk"], fio_load / r["load_s"], rel_tol=1e-6)
+        # fio read the checkpoint's own files beside the load; with nvme the load also writes
+        # the swap files, which only "vs disk work" prices.
+        assert r["fio_read_files"] > 0
+        if r["offload"] == "cpu":
+            want = r["load_gbps"] / r["fio_read_files"]
+            assert math.isclose(r["load_vs_fio_files"], want, rel_tol=1e-6), r
+        else:
+            assert "load_vs_fio_files" not in r, r
         # The bf16 weights are read straight into the module too: a load holds no second copy.
         assert r["load_extra_rss"] < r["params"], r
 

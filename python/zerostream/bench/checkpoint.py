@@ -9,7 +9,10 @@ files are dropped from the page cache (posix_fadvise DONTNEED on them only, so t
 the disk and other users of the machine keep their cache), `load_checkpoint`. Between repeats
 fio writes and reads a file of the checkpoint's size in the same directory: O_DIRECT (the
 disk) and buffered with a final fsync / a cold cache (the kernel path torch.save and
-torch.load take). Figures are medians; ratios are zerostream over fio (STYLE.md item 15).
+torch.load take). And in every round fio reads the checkpoint's own files cold, just before
+or just after the load (alternately): the disk reading the same blocks within seconds of the
+load, the steadiest peer on a disk shared with other jobs ("vs fio on its files", the median
+of the per-round ratios). Figures are medians; ratios are zerostream over fio (STYLE.md item 15).
 With nvme offload a save also reads the state from the swap files and a load writes it back,
 on the same disk: "vs disk work" compares with fio moving all those bytes (checkpoint and
 swap) at its O_DIRECT rates.
@@ -79,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # --- the disk, measured by fio -----------------------------------------------------------------
-def _fio(path: str, op: str, size: int, direct: bool) -> float:
+def _fio(path: str, op: str, size: int, direct: bool, readonly: bool = False) -> float:
     cmd = [
         "fio",
         "--name=zs_bench_checkpoint",
@@ -94,11 +97,25 @@ def _fio(path: str, op: str, size: int, direct: bool) -> float:
     ]
     if op == "write" and not direct:
         cmd.append("--end_fsync=1")  # as the checkpoint writer fsyncs each file
+    if readonly:
+        cmd.append("--readonly")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"fio failed: {r.stderr.strip() or r.stdout[-500:]}")
     job = json.loads(r.stdout[r.stdout.index("{") :])["jobs"][0]
     return job[op]["bw_bytes"] / 1e9
+
+
+def fio_read_files(paths: List[str]) -> float:
+    """GB/s of fio reading these files (O_DIRECT, cold, whole MiB blocks), one after
+    another: the disk reading the very blocks a load reads."""
+    moved = seconds = 0.0
+    for path in paths:
+        size = os.path.getsize(path) // (1 << 20) * (1 << 20)
+        if size:
+            gbps = _fio(path, "read", size, True, readonly=True)
+            moved, seconds = moved + size, seconds + size / gbps / 1e9
+    return moved / seconds / 1e9 if seconds else 0.0
 
 
 def fio_round(directory: str, size: int) -> Dict[str, float]:
@@ -195,18 +212,29 @@ def _swap_bytes(engine) -> tuple:
     return (swapper.bytes_read, swapper.bytes_written) if swapper is not None else (0, 0)
 
 
-def zs_round(engine, directory: str) -> Dict[str, float]:
+def zs_round(engine, directory: str, fio_first: Optional[bool] = None) -> Dict[str, float]:
+    """One save and one cold load. `fio_first` True/False: fio also reads the checkpoint's
+    own files cold, before/after the load (alternated over the rounds, so neither side
+    always finds the disk in the state the other left it); None: no fio."""
     ckpt = os.path.join(directory, "ckpt")
     before = _swap_bytes(engine)
     save_s, save_rss = _timed_with_peak(lambda: engine.save_checkpoint(ckpt, tag="bench"))
     middle = _swap_bytes(engine)
     tag = os.path.join(ckpt, "bench")
-    size = sum(os.path.getsize(f) for f in _files(tag))
+    paths = _files(tag)
+    size = sum(os.path.getsize(f) for f in paths)
+    files_gbps = None
+    if fio_first:
+        drop_cache(tag)
+        files_gbps = fio_read_files(paths)
     drop_cache(tag)
     load_s, load_rss = _timed_with_peak(lambda: engine.load_checkpoint(ckpt, tag="bench"))
     after = _swap_bytes(engine)
+    if fio_first is False:
+        drop_cache(tag)
+        files_gbps = fio_read_files(paths)
     shutil.rmtree(ckpt)
-    return {
+    row = {
         "bytes": size,
         # With nvme offload a save also reads the state from the swap files, and a load
         # writes it back to them: bytes the same disk moves besides the checkpoint's.
@@ -220,6 +248,11 @@ def zs_round(engine, directory: str) -> Dict[str, float]:
         "save_extra_rss": save_rss,
         "load_extra_rss": load_rss,
     }
+    if files_gbps is not None:
+        row["fio_read_files"] = files_gbps
+        if not row["load_swap_bytes"]:  # nvme: "vs disk work" prices the swap writes too
+            row["load_vs_fio_files"] = row["load_gbps"] / files_gbps
+    return row
 
 
 def measure(args, offload: str) -> dict:
@@ -228,8 +261,8 @@ def measure(args, offload: str) -> dict:
     try:
         engine, numel = build_engine(args.params, offload, directory, args.aio)
         rounds: List[Dict[str, float]] = []
-        for _ in range(args.repeats):
-            row = zs_round(engine, directory)
+        for i in range(args.repeats):
+            row = zs_round(engine, directory, None if args.no_fio else i % 2 == 1)
             if not args.no_fio:
                 row.update(fio_round(directory, row["bytes"]))
             rounds.append(row)
@@ -279,6 +312,7 @@ def print_table(results: List[dict]) -> None:
     print(
         f"{'offload':8}{'op':6}{'GB':>7}{'swap GB':>9}{'zs GB/s':>9}{'fio direct':>12}"
         f"{'ratio':>7}{'vs disk work':>14}{'fio buffered':>14}{'ratio':>7}{'extra RSS GB':>14}"
+        f"{'vs fio on its files':>21}"
     )
     for r in results:
         for op, disk in (("save", "write"), ("load", "read")):
@@ -290,6 +324,7 @@ def print_table(results: List[dict]) -> None:
                 f"{_fmt(r.get(f'fio_{disk}_buffered')):>14}"
                 f"{_fmt(r[f'{op}_vs_fio_buffered']):>7}"
                 f"{_fmt(_gb(r.get(f'{op}_extra_rss'))):>14}"
+                f"{_fmt(r.get(f'{op}_vs_fio_files')):>21}"
             )
 
 

@@ -284,9 +284,7 @@ def _damaged(path: str, start: int, end: int, got: int, want: int) -> str:
 
 def aligned_bytes(nbytes: int) -> torch.Tensor:
     """nbytes of memory starting on a 4 KiB boundary, so the engine reads straight into it."""
-    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
-    skip = (-raw.data_ptr()) % ALIGN
-    return raw[skip : skip + nbytes]
+    return zio.aligned_empty(nbytes)
 
 
 LAZY_BYTES = 1 << 20  # read_file(lazy=True) leaves contiguous tensors this big in the file
@@ -323,10 +321,14 @@ class FileTensor:
         direct = dst.dtype == self.dtype and _direct(dst)
         buf = dst if direct else aligned_bytes(n * self.element_size()).view(self.dtype)
         data, elem = _byte_view(buf), self.element_size()
-        # Every chunk queued at once; each is checked while the later ones are still read.
+        # Every chunk queued at once, each populated just before (fresh memory would be
+        # faulted in on the I/O path instead); each is checked while later ones are read.
         start = self.offset + lo * elem
         steps = range(0, data.numel(), CHUNK_BYTES)
-        tickets = [self.engine.read(data[o : o + CHUNK_BYTES], self.path, start + o) for o in steps]
+        tickets = [
+            self.engine.read(zio.populate(data[o : o + CHUNK_BYTES]), self.path, start + o)
+            for o in steps
+        ]
         for o, ticket in zip(steps, tickets):
             ticket.wait()
             self._check(lo + o // elem, data[o : o + CHUNK_BYTES])
@@ -394,7 +396,7 @@ def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine", lazy: bo
             want = _range_of(entry, start, start + nbytes)
             return FileTensor(path, start, t.dtype, t.shape, engine, want)
         if sid not in storages:
-            buf = aligned_bytes(nbytes)
+            buf = zio.populate(aligned_bytes(nbytes))
             if nbytes:  # the ticket is kept: dropping it would wait for the read here
                 start = meta._checkpoint_offset
                 ticket = engine.read(buf, path, start)

@@ -1,0 +1,120 @@
+"""Checkpoint bytes go straight between the disk and the tensors (issue 13's bandwidth).
+
+The I/O engine reads and writes a buffer misaligned against its file offset through 1 MiB
+bounce buffers on its completion thread (Note [Bounce buffers]): on the dev VM's disk that
+halved a load (benchmarks/checkpoint.md). torch's allocator aligns to 64 B, so the large
+tensors a checkpoint moves are allocated 4 KiB aligned instead (offload/io.aligned_empty):
+the CPU optimizers' states and the CPU flat weight buffers. And a load fills fresh memory
+(a resumed process has never stepped, so its Adam moments are new), whose pages would be
+faulted in on the I/O path; each chunk is populated just before its read (Note [Populate
+before reading]).
+
+Checked: the engine's bounce count (it does count: a torch.empty destination makes it
+move), the alignment itself, and a whole stage-2 cpu-offload save and load into a fresh
+engine with no bounce buffer and the state restored exactly.
+"""
+
+import os
+
+import pytest
+import torch
+
+from multirank import run_ranks
+from zerostream.offload import io as zio
+
+
+def _direct_dir(tmp_path):
+    """tmp_path where O_DIRECT works (tmpfs before Linux 6.6 refuses it)."""
+    probe = tmp_path / "probe"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o644)
+    except OSError:
+        pytest.skip(f"{tmp_path} refuses O_DIRECT")
+    os.close(fd)
+    return tmp_path
+
+
+def test_misaligned_buffers_bounce_and_aligned_ones_do_not(tmp_path):
+    path = str(_direct_dir(tmp_path) / "data.bin")
+    data = torch.randint(0, 256, (8 << 20,), dtype=torch.uint8)
+    engine = zio.IoEngine()
+    engine.write(zio.aligned_empty(data.numel()).copy_(data), path).wait()
+    assert engine.bounce_buffers == 0
+
+    aligned = zio.aligned_empty(data.numel())
+    assert aligned.data_ptr() % zio.DIRECT_ALIGN == 0
+    engine.read(zio.populate(aligned), path).wait()
+    assert engine.bounce_buffers == 0 and torch.equal(aligned, data)
+
+    plain = torch.empty(data.numel() + 64, dtype=torch.uint8)[64:]
+    assert plain.data_ptr() % zio.DIRECT_ALIGN != 0
+    engine.read(plain, path).wait()
+    assert engine.bounce_buffers > 0 and torch.equal(plain, data)
+
+
+@pytest.mark.parametrize(
+    "shape,dtype", [((3, 1000), torch.float32), (5, torch.bfloat16), ((0,), torch.uint8)]
+)
+def test_aligned_empty_gives_the_asked_tensor_on_a_4k_boundary(shape, dtype):
+    t = zio.aligned_empty(shape, dtype)
+    want = torch.Size(shape if isinstance(shape, tuple) else (shape,))
+    assert t.shape == want and t.dtype == dtype and t.is_contiguous()
+    assert t.data_ptr() % zio.DIRECT_ALIGN == 0
+
+
+def _save_and_load(rank, world, root):
+    import zerostream
+    from zerostream.checkpoint import files
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(*(torch.nn.Linear(512, 512, bias=False) for _ in range(3)))
+        config = {
+            "train_micro_batch_size_per_gpu": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            "bf16": {"enabled": True},
+        }
+        engine, *_ = zerostream.initialize(model=model, config=config)
+        return engine
+
+    files._ENGINES.clear()  # this test's own checkpoint engine, bounce count at 0
+    engine = build(0)
+    x = torch.randn(2, 512, dtype=torch.bfloat16)
+    engine.backward(engine(x).float().pow(2).mean())
+    engine.step()
+    opt = engine.optimizer.optimizer  # the CPU Adam over the flat fp32 partition
+    states = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    moments = [t for t in states if t.numel() * 4 >= 1 << 20]
+    assert len(moments) == 2
+    aligned = {
+        "flat weights": [f.buffer.data_ptr() % 4096 for f in engine.optimizer.flat_groups],
+        "moments": [t.data_ptr() % 4096 for t in moments],
+    }
+    saved = [t.clone() for t in moments]
+    engine.save_checkpoint(os.path.join(root, "ckpt"))
+    fresh = build(1)  # never stepped: its moments are made by the load
+    fresh.load_checkpoint(os.path.join(root, "ckpt"))
+    loaded = [
+        t
+        for s in fresh.optimizer.optimizer.state.values()
+        for t in s.values()
+        if torch.is_tensor(t) and t.numel() * 4 >= 1 << 20
+    ]
+    weights = {n: p.detach().clone() for n, p in fresh.module.named_parameters()}
+    want = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    return {
+        "aligned": aligned,
+        "loaded_aligned": [t.data_ptr() % 4096 for t in loaded],
+        "moments_equal": len(loaded) == 2 and all(map(torch.equal, saved, loaded)),
+        "weights_equal": all(torch.equal(weights[n], want[n]) for n in want),
+        "bounce_buffers": files.io_engine_for(fresh).bounce_buffers,
+    }
+
+
+def test_a_cpu_offload_checkpoint_moves_without_bounce_buffers(tmp_path):
+    got = run_ranks(_save_and_load, 1, str(_direct_dir(tmp_path)), timeout=300)[0]
+    assert got["aligned"] == {"flat weights": [0], "moments": [0, 0]}, got
+    assert got["loaded_aligned"] == [0, 0], got
+    assert got["moments_equal"] and got["weights_equal"], got
+    assert got["bounce_buffers"] == 0, got
