@@ -14,6 +14,7 @@
 #include "offload/io_engine.h"
 #include "offload/io_error.h"
 #include "offload/log.h"
+#include "offload/populate.h"
 #include "offload/swap_store.h"
 
 namespace py = pybind11;
@@ -209,6 +210,9 @@ void bind_engine(py::module_& m) {
           py::arg("ptr"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("backend", &IoEngine::backend_name)
       .def_property_readonly("workers", &IoEngine::workers)
+      .def_property_readonly("bounce_buffers", &IoEngine::bounce_buffers,
+                             "bounce buffers made so far: pieces of misaligned buffers went "
+                             "through them (Note [Bounce buffers])")
       .def_property_readonly("config", &IoEngine::config);
 }
 
@@ -295,6 +299,15 @@ void bind_testing(py::module_& m) {
       py::arg("ptr"), py::arg("nbytes"), py::arg("crc") = 0,
       py::call_guard<py::gil_scoped_release>(),
       "The swap store's checksum of nbytes at ptr (bench io times it)");
+  m.def(
+      "populate",
+      [](uintptr_t ptr, int64_t nbytes) {
+        ZS_CHECK_VALUE(nbytes >= 0, "populate: nbytes must be >= 0; got ", nbytes);
+        populate_pages(reinterpret_cast<void*>(ptr), static_cast<size_t>(nbytes));
+      },
+      py::arg("ptr"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
+      "Faults in the pages of nbytes at ptr, contents unchanged (Note [Populate before "
+      "reading])");
 }
 
 }  // namespace

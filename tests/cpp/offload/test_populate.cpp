@@ -26,7 +26,7 @@ TEST(offload_Populate, FaultsInEveryPageAndKeepsTheBytes) {
   void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(map, MAP_FAILED);
   auto* p = static_cast<char*>(map);
-  std::memset(p + 7 * page, 0x5a, page);  // one page already touched, with bytes to keep
+  std::memset(p + 7 * page, 0x5a, page);     // one page already touched, with bytes to keep
   ASSERT_LT(resident_pages(p, bytes), 16u);  // fresh anonymous memory is not resident
 
   // An unaligned start and length inside the mapping, as a tensor's chunk is.
