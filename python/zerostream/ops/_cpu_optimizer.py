@@ -132,6 +132,13 @@ def _state_tensor(shape) -> torch.Tensor:
     return aligned_empty(shape, torch.float32)
 
 
+def _reusable(t, shape) -> Optional[torch.Tensor]:
+    """`t` when a loaded state of `shape` can be written into it in place."""
+    if not torch.is_tensor(t) or t.dtype != torch.float32 or t.device.type != "cpu":
+        return None
+    return t if t.shape == torch.Size(shape) and t.is_contiguous() else None
+
+
 class StepItem(NamedTuple):
     """One parameter of a group step: the fp32 tensor the kernel updates, its grad, its
     optimizer state, the 16-bit param to write (or None) and its place in param_groups."""
@@ -321,12 +328,20 @@ class CPUOptimizerBase(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         # torch casts floating state to the param's dtype on load; our states and masters
         # stay fp32 whatever the param dtype, so they are restored from the saved tensors.
+        # A state tensor this optimizer already has is overwritten in place (a load into a
+        # live run: no second copy in memory, no fresh pages to fault in).
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        super().load_state_dict(state_dict)
         params = [p for g in self.param_groups for p in g["params"]]
+        previous = {p: dict(self.state[p]) for p in params if p in self.state}
+        super().load_state_dict(state_dict)
         for pid, p in zip(saved_ids, params):
             for key, value in state_dict["state"].get(pid, {}).items():
+                if key == "step" or not (hasattr(value, "read_into") or torch.is_tensor(value)):
+                    continue
+                dst = _reusable(previous.get(p, {}).get(key), value.shape)
+                if dst is None:
+                    dst = _state_tensor(value.shape)
                 if hasattr(value, "read_into"):  # a checkpoint FileTensor: read in once
-                    self.state[p][key] = value.read_into(_state_tensor(value.shape))
-                elif isinstance(value, torch.Tensor) and key != "step":
-                    self.state[p][key] = _state_tensor(value.shape).copy_(value.detach())
+                    self.state[p][key] = value.read_into(dst)
+                else:
+                    self.state[p][key] = dst.copy_(value.detach())

@@ -11,7 +11,8 @@ before reading]).
 
 Checked: the engine's bounce count (it does count: a torch.empty destination makes it
 move), the alignment itself, and a whole stage-2 cpu-offload save and load into a fresh
-engine with no bounce buffer and the state restored exactly.
+engine with no bounce buffer and the state restored exactly; a load into the live run
+writes the states in place.
 """
 
 import os
@@ -93,6 +94,14 @@ def _save_and_load(rank, world, root):
     }
     saved = [t.clone() for t in moments]
     engine.save_checkpoint(os.path.join(root, "ckpt"))
+    # A load into the live run writes its states in place: no second copy, no fresh pages.
+    engine.backward(engine(x).float().pow(2).mean())
+    engine.step()
+    ptrs = [t.data_ptr() for t in moments]
+    engine.load_checkpoint(os.path.join(root, "ckpt"))
+    now = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    now = [t for t in now if t.numel() * 4 >= 1 << 20]
+    in_place = [t.data_ptr() for t in now] == ptrs and all(map(torch.equal, now, saved))
     fresh = build(1)  # never stepped: its moments are made by the load
     fresh.load_checkpoint(os.path.join(root, "ckpt"))
     loaded = [
@@ -106,6 +115,7 @@ def _save_and_load(rank, world, root):
     return {
         "aligned": aligned,
         "loaded_aligned": [t.data_ptr() % 4096 for t in loaded],
+        "in_place": in_place,
         "moments_equal": len(loaded) == 2 and all(map(torch.equal, saved, loaded)),
         "weights_equal": all(torch.equal(weights[n], want[n]) for n in want),
         "bounce_buffers": files.io_engine_for(fresh).bounce_buffers,
@@ -115,6 +125,6 @@ def _save_and_load(rank, world, root):
 def test_a_cpu_offload_checkpoint_moves_without_bounce_buffers(tmp_path):
     got = run_ranks(_save_and_load, 1, str(_direct_dir(tmp_path)), timeout=300)[0]
     assert got["aligned"] == {"flat weights": [0], "moments": [0, 0]}, got
-    assert got["loaded_aligned"] == [0, 0], got
+    assert got["loaded_aligned"] == [0, 0] and got["in_place"], got
     assert got["moments_equal"] and got["weights_equal"], got
     assert got["bounce_buffers"] == 0, got
