@@ -276,6 +276,15 @@ def load_checkpoint(
 ) -> Tuple[Optional[str], Optional[dict]]:
     """(path of the model-states file, client_state), or (None, None) when there is
     nothing to load. All ranks must call it; see Note [A load that fails part way]."""
+    if engine._config.checkpoint.load_universal:  # every rank refuses: one config
+        raise NotImplementedError(
+            f"load_checkpoint({load_dir!r}): checkpoint.load_universal is true, and zerostream "
+            f"does not read DeepSpeed's universal layout (ds_to_universal's "
+            f"zero/<param>/*.pt folders). It loads the regular checkpoint that one was made "
+            f"from at any data-parallel world size and ZeRO stage (the optimizer state is "
+            f"re-cut by parameter name): set checkpoint.load_universal to false and pass that "
+            f"checkpoint's folder, the one holding `latest` and global_step<N>/."
+        )
     if tag is None:
         tag = _latest_tag(load_dir)
         if tag is None:

@@ -479,3 +479,38 @@ def test_a_hand_written_deepspeed_checkpoint_loads_without_deepspeed(tmp_path):
     assert "posix.system" in error and os.path.join("forbidden", "global_step6") in error, error
     assert "mp_rank_00_model_states.pt" in error, error
     assert not marker.exists()
+
+
+def _load_universal(rank, world, root):
+    import zerostream
+
+    torch.manual_seed(1)
+    model = TinyGPT()
+    config = hand_config("s2", 2)
+    config["checkpoint"] = {"load_universal": True}
+    engine, *_ = zerostream.initialize(
+        model=model, model_parameters=model.parameters(), config=config
+    )
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    try:
+        engine.load_checkpoint(root)
+        message = None
+    except NotImplementedError as exc:
+        message = str(exc)
+    unchanged = all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    engine.destroy()
+    return message, unchanged, engine.global_steps
+
+
+def test_a_universal_load_is_refused_by_name_not_skipped(tmp_path):
+    """checkpoint.load_universal asks for DeepSpeed's universal layout, which zerostream does
+    not read: the load fails naming the key and the folder, and loads nothing (a regular
+    checkpoint sits there, which it must not take instead)."""
+    cases, common, _ = hand_cases()
+    spec = {**common, "stage": 2, "config": ds_run.config(2, "fp32", 1)}
+    root = str(tmp_path / "ckpt")
+    ds_layout.write(root, TinyGPT(), hand_values(), spec, 1)
+    message, unchanged, steps = run_ranks(_load_universal, 1, root, timeout=120)[0]
+    assert message is not None and "checkpoint.load_universal" in message, message
+    assert root in message and "re-cut by parameter name" in message, message
+    assert unchanged and steps == 0
