@@ -124,6 +124,28 @@ def _check_client_state(client_state: Optional[dict]) -> dict:
     return client_state
 
 
+def _check_node_local_storage(engine: "ZeroEngine", save_dir: str) -> None:
+    """checkpoint.use_node_local_storage (HF's save_on_each_node): every host writes its own
+    copy to a folder only it sees. On one host that is what is done anyway; across hosts
+    zerostream writes one checkpoint to a folder every rank reaches (rank 0 commits it), so
+    it refuses up front instead of failing part way on the other hosts. Every rank
+    decides the same: the launcher's per-host rank count is below the world size on all
+    hosts or on none."""
+    from ..ops.threads import local_ranks
+
+    if not engine._config.checkpoint.use_node_local_storage:
+        return
+    here, told_by = local_ranks()
+    if told_by and here < engine.world_size:
+        raise NotImplementedError(
+            f"save_checkpoint({save_dir!r}): checkpoint.use_node_local_storage is true and "
+            f"this run spans several hosts ({engine.world_size} ranks, {here} on this one by "
+            f"{told_by}). zerostream writes one checkpoint, committed by rank 0, to a folder "
+            f"every rank can reach: put save_dir on a filesystem all hosts share and set "
+            f"checkpoint.use_node_local_storage to false (HF: save_on_each_node)."
+        )
+
+
 def _validate_tag(engine: "ZeroEngine", tag: str) -> None:
     """checkpoint.tag_validation: every rank must save under the same tag."""
     mode = engine._config.checkpoint.tag_validation.lower()
@@ -160,6 +182,7 @@ def save_checkpoint(
     """See the module docstring. All ranks must call it; returns True."""
     client_state = _check_client_state(client_state)
     tag = layout.check_tag(layout.default_tag(engine.global_steps) if tag is None else tag)
+    _check_node_local_storage(engine, save_dir)
     _validate_tag(engine, tag)
     stage = engine.zero_optimization_stage()
     rank, dp_rank = engine.global_rank, comm.get_rank(engine.dp_process_group)

@@ -317,3 +317,43 @@ def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path, 
     assert str(small_disk) in error[1] and "No space left" in error[1]
     assert path.endswith(os.path.join("good", "mp_rank_00_model_states.pt")) and steps == 2
     assert "next" not in listing and (small_disk / "ckpt" / "latest").read_text() == "good"
+
+
+def save_node_local(rank, world, root):
+    import torch
+    from ckpt_run import config
+    from tiny_gpt import TinyGPT
+
+    import zerostream
+
+    torch.manual_seed(0)
+    model = TinyGPT()
+    cfg = config(CASE, world, os.path.join(root, "nvme"))
+    cfg["checkpoint"] = {"use_node_local_storage": True}
+    engine, *_ = zerostream.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    train(engine, rank, world, 0, 1)
+    try:
+        engine.save_checkpoint(os.path.join(root, "ckpt"))
+        outcome = "saved"
+    except NotImplementedError as exc:
+        outcome = str(exc)
+    engine.destroy()
+    return outcome
+
+
+@pytest.mark.parametrize("per_host", [2, 1])
+def test_node_local_storage_saves_on_one_host_and_is_refused_across_hosts(tmp_path, per_host):
+    """HF's save_on_each_node sets checkpoint.use_node_local_storage. On one host rank 0 is
+    the host's writer anyway; across hosts (here: the launcher saying 1 rank per host) the
+    save is refused up front, naming the key, before anything is written."""
+    got = run_ranks(save_node_local, 2, str(tmp_path), env={"LOCAL_WORLD_SIZE": str(per_host)})
+    ckpt = tmp_path / "ckpt"
+    if per_host == 2:
+        assert got == ["saved", "saved"]
+        assert (ckpt / "latest").read_text() == "global_step1"
+        assert (ckpt / "global_step1" / "mp_rank_00_model_states.pt").is_file()
+    else:
+        for message in got:
+            assert "checkpoint.use_node_local_storage" in message, message
+            assert "2 ranks, 1 on this one by LOCAL_WORLD_SIZE" in message, message
+        assert not ckpt.exists() or not any(ckpt.iterdir())
