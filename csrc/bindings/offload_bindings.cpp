@@ -237,6 +237,15 @@ void bind_arena(py::module_& m) {
       .def("try_allocate", &HostArena::try_allocate, py::arg("nbytes"),
            py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const HostArena& a) { return arena_stats(a.stats()); });
+  m.def(
+      "populate",
+      [](uintptr_t ptr, int64_t nbytes) {
+        ZS_CHECK_VALUE(nbytes >= 0, "populate: nbytes must be >= 0; got ", nbytes);
+        populate_pages(reinterpret_cast<void*>(ptr), static_cast<size_t>(nbytes));
+      },
+      py::arg("ptr"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
+      "Faults in the pages of nbytes at ptr, contents unchanged (Note [Populate before "
+      "reading])");
 }
 
 void bind_store(py::module_& m) {
@@ -299,15 +308,6 @@ void bind_testing(py::module_& m) {
       py::arg("ptr"), py::arg("nbytes"), py::arg("crc") = 0,
       py::call_guard<py::gil_scoped_release>(),
       "The swap store's checksum of nbytes at ptr (bench io times it)");
-  m.def(
-      "populate",
-      [](uintptr_t ptr, int64_t nbytes) {
-        ZS_CHECK_VALUE(nbytes >= 0, "populate: nbytes must be >= 0; got ", nbytes);
-        populate_pages(reinterpret_cast<void*>(ptr), static_cast<size_t>(nbytes));
-      },
-      py::arg("ptr"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
-      "Faults in the pages of nbytes at ptr, contents unchanged (Note [Populate before "
-      "reading])");
 }
 
 }  // namespace

@@ -282,11 +282,6 @@ def _damaged(path: str, start: int, end: int, got: int, want: int) -> str:
     )
 
 
-def aligned_bytes(nbytes: int) -> torch.Tensor:
-    """nbytes of memory starting on a 4 KiB boundary, so the engine reads straight into it."""
-    return zio.aligned_empty(nbytes)
-
-
 LAZY_BYTES = 1 << 20  # read_file(lazy=True) leaves contiguous tensors this big in the file
 
 
@@ -319,7 +314,7 @@ class FileTensor:
         if lo < 0 or lo + n > self.numel():
             raise IndexError(f"{self.path}: elements [{lo}, {lo + n}) of {self.numel()}")
         direct = dst.dtype == self.dtype and _direct(dst)
-        buf = dst if direct else aligned_bytes(n * self.element_size()).view(self.dtype)
+        buf = dst if direct else zio.aligned_empty(n, self.dtype)
         data, elem = _byte_view(buf), self.element_size()
         # Every chunk queued at once, each populated just before (fresh memory would be
         # faulted in on the I/O path instead); each is checked while later ones are read.
@@ -396,7 +391,7 @@ def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine", lazy: bo
             want = _range_of(entry, start, start + nbytes)
             return FileTensor(path, start, t.dtype, t.shape, engine, want)
         if sid not in storages:
-            buf = zio.populate(aligned_bytes(nbytes))
+            buf = zio.populate(zio.aligned_empty(nbytes))
             if nbytes:  # the ticket is kept: dropping it would wait for the read here
                 start = meta._checkpoint_offset
                 ticket = engine.read(buf, path, start)

@@ -158,7 +158,7 @@ def aligned_empty(shape, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     """An uninitialised tensor whose data starts on a DIRECT_ALIGN boundary (plain pageable
     memory: no arena, no budget). torch's allocator aligns to 64 B, and the engine reads or
     writes a buffer misaligned against its file offset through 1 MiB bounce buffers on its
-    completion thread (0.9-1.7 GB/s on the dev VM's disk against 2.6 straight; Note [Bounce
+    completion thread (1.1-1.7 GB/s on the dev VM's disk against 2.5-2.6 straight; Note [Bounce
     buffers]): large tensors that checkpoints or swap files move should come from here."""
     shape = torch.Size(shape if isinstance(shape, (tuple, list, torch.Size)) else (shape,))
     nbytes = shape.numel() * dtype.itemsize
