@@ -46,6 +46,7 @@ Note [Gradients to an offloaded partition]
 
 from __future__ import annotations
 
+import bisect
 import functools
 import time
 from collections import Counter
@@ -81,18 +82,72 @@ def choose_collective(widest: int, numel: int, world: int) -> str:
     return "reduce_scatter" if world * widest < 2 * numel else "all_reduce"
 
 
+class Coverage:
+    """The ranges of each gradient partition a direct landing has written since zero(), as
+    disjoint sorted intervals per group: what a later span must add to instead of overwrite,
+    and what finish() zeroes (the gaps)."""
+
+    def __init__(self, groups: int):
+        self.starts: List[List[int]] = [[] for _ in range(groups)]
+        self.ends: List[List[int]] = [[] for _ in range(groups)]
+
+    def claim(self, g: int, lo: int, hi: int) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+        """Marks [lo, hi) of group g written; returns (parts not written before, parts
+        that were), each a list of [a, b) ranges in order."""
+        starts, ends = self.starts[g], self.ends[g]
+        # The intervals overlapping or touching [lo, hi): merged with it, so landing in
+        # order keeps one interval per group.
+        i = bisect.bisect_left(ends, lo)
+        j = bisect.bisect_right(starts, hi)
+        fresh, seen, at = [], [], lo
+        for s, e in zip(starts[i:j], ends[i:j]):
+            if s > at:
+                fresh.append((at, s))
+            a, b = max(s, at), min(e, hi)
+            if a < b:
+                seen.append((a, b))
+            at = max(at, b)
+        if at < hi:
+            fresh.append((at, hi))
+        new_lo = min(lo, starts[i]) if i < j else lo
+        new_hi = max(hi, ends[j - 1]) if i < j else hi
+        starts[i:j], ends[i:j] = [new_lo], [new_hi]
+        return fresh, seen
+
+    def gaps(self, g: int, numel: int) -> List[Tuple[int, int]]:
+        """The ranges of group g (numel elements) nothing has written."""
+        out, at = [], 0
+        for s, e in zip(self.starts[g], self.ends[g]):
+            if s > at:
+                out.append((at, s))
+            at = max(at, e)
+        if at < numel:
+            out.append((at, numel))
+        return out
+
+
 class Landing:
     """How reduced gradients reach this rank's gradient partitions (`targets`): added in
     place on the device, or through the copy stage into host partitions, downloaded straight
     into 16-bit ones (Note [Gradients to an offloaded partition]). A span is (offset in the
-    source, group, offset in that group's partition, elements)."""
+    source, group, offset in that group's partition, elements).
+
+    Note [A gradient that arrives in parts]
+      A parameter's gradient hook may fire more than once in one backward: reentrant
+      activation checkpointing (`torch.utils.checkpoint(..., use_reentrant=True)`) runs
+      one inner backward per segment, so a weight used in two segments (a shared layer, a
+      tied weight inside a checkpointed block) gets its gradient in two parts. Every part
+      is summed, on every path: device partitions add; fp32 host partitions add on the
+      host; a direct 16-bit landing overwrites only what no part wrote since zero() and adds
+      the rest (through a slot, after the earlier part's download, which precedes it on
+      the same lane). DeepSpeed refuses the second part ("gradient computed twice")."""
 
     def __init__(self, targets: List[torch.Tensor], stage=None):
         self.targets = targets
         self.stage = stage
         self.direct = stage is not None and bool(targets) and targets[0].dtype != torch.float32
         self.fresh = True  # nothing landed since zero(): a direct landing overwrites
-        self._covered: List[Tuple[int, int, int]] = []  # (group, lo, hi) written since zero()
+        self._covered = Coverage(len(targets))  # written since zero() (direct landing)
 
     def land(self, source: torch.Tensor, spans: List[Tuple[int, int, int, int]]) -> None:
         if not spans:
@@ -102,25 +157,38 @@ class Landing:
                 source = source.to(self.targets[0].device)
             for off, g, at, n in spans:
                 self.targets[g][at : at + n].add_(source[off : off + n])
-        else:
-            overwrite = self.direct and self.fresh
-            if overwrite:
-                self._covered.extend((g, at, at + n) for _, g, at, n in spans)
-            if overwrite and source.dtype == self.targets[0].dtype:
-                for off, g, at, n in spans:
-                    self.stage.download(source[off : off + n], self.targets[g][at : at + n])
-                return
-            # Through a slot (a source of another dtype is converted on the host).
-            lo = min(off for off, _, _, _ in spans)
-            hi = max(off + n for off, _, _, n in spans)
-            landed = functools.partial(self._landed, spans, lo, overwrite)
-            self.stage.to_host(source[lo:hi], landed)
+            return
+        if not (self.direct and self.fresh):
+            self._through_slot(source, [(off, g, at, n, False) for off, g, at, n in spans])
+            return
+        # A direct landing: parts of a range already written since zero() (Note [A gradient
+        # that arrives in parts]) are added; the rest is overwritten.
+        overwrite, add = [], []
+        for off, g, at, n in spans:
+            fresh, seen = self._covered.claim(g, at, at + n)
+            overwrite.extend((off + a - at, g, a, b - a) for a, b in fresh)
+            add.extend((off + a - at, g, a, b - a, False) for a, b in seen)
+        if source.dtype == self.targets[0].dtype:
+            for off, g, at, n in overwrite:
+                self.stage.download(source[off : off + n], self.targets[g][at : at + n])
+        else:  # converted on the host
+            add = [(off, g, at, n, True) for off, g, at, n in overwrite] + add
+        self._through_slot(source, add)
 
-    def _landed(self, spans, base: int, overwrite: bool, at: int, chunk: torch.Tensor) -> None:
+    def _through_slot(self, source: torch.Tensor, spans) -> None:
+        """Spans (off, group, at, n, overwrite) landed through the copy stage's slots: a
+        source of another dtype, or a part added to what an earlier one wrote."""
+        if not spans:
+            return
+        lo = min(s[0] for s in spans)
+        hi = max(s[0] + s[3] for s in spans)
+        self.stage.to_host(source[lo:hi], functools.partial(self._landed, spans, lo))
+
+    def _landed(self, spans, base: int, at: int, chunk: torch.Tensor) -> None:
         """The overlap of each span with a landed chunk (source elements [base + at, ...)),
-        added (widened when the partition is fp32) or, `overwrite`, copied."""
+        added (widened when the partition is fp32) or, for an overwriting span, copied."""
         c_lo, c_hi = base + at, base + at + chunk.numel()
-        for off, g, part_at, n in spans:
+        for off, g, part_at, n, overwrite in spans:
             a, b = max(off, c_lo), min(off + n, c_hi)
             if a < b:
                 lo = part_at + a - off
@@ -142,20 +210,16 @@ class Landing:
         partitions hold exactly this backward's gradients; later ones add."""
         if not (self.direct and self.fresh):
             return
-        covered, self._covered, self.fresh = sorted(self._covered), [], False
+        covered, self._covered, self.fresh = self._covered, Coverage(len(self.targets)), False
         for g, target in enumerate(self.targets):
-            at = 0
-            for _, lo, hi in (c for c in covered if c[0] == g):
-                if lo > at:
-                    target[at:lo].zero_()
-                at = max(at, hi)
-            target[at:].zero_()
+            for lo, hi in covered.gaps(g, target.numel()):
+                target[lo:hi].zero_()
 
     def zero(self) -> None:
         """No gradient: a direct landing's partitions are overwritten by the next backward
         (and what it leaves unwritten zeroed), others are cleared now."""
         if self.direct:
-            self.fresh, self._covered = True, []
+            self.fresh, self._covered = True, Coverage(len(self.targets))
         else:
             for t in self.targets:
                 t.zero_()
