@@ -1,9 +1,21 @@
 // The host arena: one byte budget for page-locked host memory (DESIGN.md §5). Buffers are
 // allocated at their exact size rounded to whole 4 KiB pages (no power-of-two rounding as
 // in torch's caching host allocator), page aligned so the same bytes serve O_DIRECT and
-// DMA, mlock'ed and, with CUDA and a GPU, cudaHostRegister'ed. A request over the free
+// DMA, mlock'ed and, for arenas whose buffers cross to a GPU (`cuda_register`), registered
+// with cudaHostRegister when built with CUDA and a GPU is present. A request over the free
 // budget waits for a release (backpressure) up to a timeout, then fails with a message that
 // names the budget and the request; it never asserts.
+//
+// Note [Pooled host arenas]
+//   Page-locking is a system call per range, and cudaHostRegister a slow one (it pins and
+//   maps every page for the GPU): an arena that hands out and takes back buffers during a
+//   step (a swap's staging) must not pay it per buffer. A pooled arena maps its whole budget
+//   once, locks and registers it once, and carves buffers out of it (best fit, merged on
+//   release; ExtentAllocator's bookkeeping); only that one range is ever registered. An
+//   unpooled arena maps each buffer on its own, which suits buffers made once for the
+//   whole run (partitions, masters) and keeps a large budget from being locked up front.
+//   Every mapping is MADV_DONTFORK: a forked child (a DataLoader worker) gets none of it,
+//   so the kernel never copies pinned pages for it and no child touches DMA memory.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +25,9 @@ namespace zs::offload {
 
 struct HostArenaOptions {
   int64_t budget_bytes = int64_t{1} << 30;
-  bool lock = true;           // mlock; refused (low `ulimit -l`) → one warning, unlocked
-  bool cuda_register = true;  // cudaHostRegister when built with CUDA and a GPU is present
+  bool lock = true;            // mlock; refused (low `ulimit -l`) → one warning, unlocked
+  bool cuda_register = false;  // the buffers cross to a GPU: cudaHostRegister them
+  bool pooled = false;         // see Note [Pooled host arenas]
 };
 
 struct HostArenaStats {
@@ -24,6 +37,12 @@ struct HostArenaStats {
   int64_t waits = 0;        // allocations that had to wait for a release
   int64_t allocations = 0;  // live buffers
   int64_t unlocked = 0;     // live buffers that could not be mlock'ed
+  // Ranges the arena asked to register with CUDA (with or without a GPU present: a pooled
+  // arena asks once), how many a GPU accepted, and how many it refused (each refused range
+  // stays pageable, which makes every "asynchronous" copy from it synchronous).
+  int64_t registrations = 0;
+  int64_t registered = 0;
+  int64_t register_failed = 0;
 };
 
 struct ArenaState;
@@ -50,6 +69,7 @@ class HostBuffer {
   void* data_ = nullptr;
   int64_t size_ = 0;
   int64_t footprint_ = 0;
+  int64_t pool_offset_ = -1;  // a pooled arena's block, or -1: a mapping of its own
   bool locked_ = false;
   bool cuda_registered_ = false;
 };
@@ -75,6 +95,7 @@ class HostArena {
 
  private:
   HostBufferPtr allocate_impl(int64_t bytes, double timeout_s, bool wait);
+  HostBufferPtr map_buffer(int64_t bytes, int64_t footprint);
   std::shared_ptr<ArenaState> state_;
 };
 

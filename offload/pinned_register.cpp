@@ -22,23 +22,24 @@ bool gpu_present() {
 }
 }  // namespace
 
-bool cuda_register_host(void* ptr, size_t bytes) {
-  if (!gpu_present() || bytes == 0) return false;
+Registration cuda_register_host(void* ptr, size_t bytes) {
+  if (!gpu_present() || bytes == 0) return Registration::kNoDevice;
   const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
   if (err != cudaSuccess) {
     warn_once("cudaHostRegister", std::string("cudaHostRegister failed (") +
                                       cudaGetErrorString(err) +
-                                      "): host arena buffers stay mlock-only");
-    return false;
+                                      "): host arena buffers stay pageable for the GPU, so "
+                                      "their copies are synchronous");
+    return Registration::kFailed;
   }
-  return true;
+  return Registration::kRegistered;
 }
 
 void cuda_unregister_host(void* ptr) { cudaHostUnregister(ptr); }
 
 #else
 
-bool cuda_register_host(void*, size_t) { return false; }
+Registration cuda_register_host(void*, size_t) { return Registration::kNoDevice; }
 void cuda_unregister_host(void*) {}
 
 #endif

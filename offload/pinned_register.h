@@ -7,9 +7,12 @@
 
 namespace zs::offload {
 
-// True when the range is now registered with CUDA. Never throws: failure means the
-// buffer is still usable, only copies to a GPU take the slower staged path.
-bool cuda_register_host(void* ptr, size_t bytes);
+enum class Registration { kRegistered, kNoDevice, kFailed };
+
+// Whether the range is now registered with CUDA, or why not (no CUDA build or no GPU; or
+// CUDA refused, with one warning). Never throws: the buffer is still usable, only copies to
+// a GPU take the slower staged path.
+Registration cuda_register_host(void* ptr, size_t bytes);
 void cuda_unregister_host(void* ptr);
 
 }  // namespace zs::offload

@@ -115,6 +115,9 @@ py::dict arena_stats(const HostArenaStats& s) {
   d["waits"] = s.waits;
   d["allocations"] = s.allocations;
   d["unlocked"] = s.unlocked;
+  d["registrations"] = s.registrations;
+  d["registered"] = s.registered;
+  d["register_failed"] = s.register_failed;
   return d;
 }
 
@@ -228,10 +231,12 @@ void bind_arena(py::module_& m) {
            "A DLPack capsule (uint8, 1-D) that keeps this buffer alive for torch");
 
   py::class_<HostArena>(m, "HostArena", "Budgeted page-locked host memory")
-      .def(py::init([](int64_t budget, bool lock, bool cuda_register) {
-             return std::make_unique<HostArena>(HostArenaOptions{budget, lock, cuda_register});
+      .def(py::init([](int64_t budget, bool lock, bool cuda_register, bool pooled) {
+             return std::make_unique<HostArena>(
+                 HostArenaOptions{budget, lock, cuda_register, pooled});
            }),
-           py::arg("budget_bytes"), py::arg("lock") = true, py::arg("cuda_register") = true)
+           py::arg("budget_bytes"), py::arg("lock") = true, py::arg("cuda_register") = false,
+           py::arg("pooled") = false)
       .def("allocate", &HostArena::allocate, py::arg("nbytes"), py::arg("timeout_s") = 60.0,
            py::call_guard<py::gil_scoped_release>())
       .def("try_allocate", &HostArena::try_allocate, py::arg("nbytes"),

@@ -164,3 +164,13 @@ def set_accelerator(accelerator: _Accelerator) -> None:
             f"set_accelerator: expected a zerostream accelerator, got {type(accelerator).__name__}"
         )
     _ACCELERATOR = accelerator
+
+
+def bind_run_device(local_rank: int) -> torch.device:
+    """This process's device (`cuda:<local_rank>`, or the CPU), made current on the calling
+    thread, as DeepSpeed's engine does: when the user made the process group, nothing else
+    set it, and the object collectives (stage 3's trace check, checkpoint save and load,
+    barriers) would put every local rank's bytes on GPU 0."""
+    acc = get_accelerator()
+    acc.set_device(local_rank)  # a no-op on the CPU (recorded by the simulated device)
+    return torch.device(acc.device_name(local_rank) if acc.device_name() == "cuda" else "cpu")

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from . import comm
-from .accelerator import get_accelerator
+from .accelerator import bind_run_device
 from .config import DeepSpeedConfig
 from .lr_schedules import build_scheduler
 from .optim_factory import client_groups, param_groups_of
@@ -94,10 +94,7 @@ class ZeroEngine(torch.nn.Module):
 
     # --- setup ----------------------------------------------------------------------------------
     def _device(self) -> torch.device:
-        acc = get_accelerator()
-        return torch.device(
-            acc.device_name(self.local_rank) if acc.device_name() == "cuda" else "cpu"
-        )
+        return bind_run_device(self.local_rank)
 
     @property
     def training_state(self) -> TrainingState:

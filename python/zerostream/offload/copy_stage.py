@@ -105,10 +105,14 @@ class HostLanes:
     def after_uploads(self, launch: Callable[[], object]):
         return launch()
 
+    def bind_thread(self) -> None:
+        pass
+
 
 class TorchCuda:
-    """The few torch.cuda calls CudaLanes makes, behind one seam so the device audit can
-    check the lanes' ordering without a GPU (tests/python/zero/test_device_audit.py)."""
+    """The few torch.cuda calls CudaLanes makes, behind one seam so that the GPU path runs
+    without a GPU: on the simulated device of the tests (zerostream/testing/sim_device.py)
+    and the recording fake of the device audit (tests/python/zero/test_device_audit.py)."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -122,11 +126,20 @@ class TorchCuda:
     def use(self, stream):
         return torch.cuda.stream(stream)
 
-    def new_event(self, timing: bool = False):
-        return torch.cuda.Event(enable_timing=timing)
+    def new_event(self, timing: bool = False, blocking: bool = False):
+        return torch.cuda.Event(enable_timing=timing, blocking=blocking)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, upload: bool) -> None:
+        """dst <- src on the current stream, asynchronously (page-locked host memory)."""
+        dst.copy_(src, non_blocking=True)
 
     def keep_alive(self, tensor: torch.Tensor, stream) -> None:
         tensor.record_stream(stream)
+
+    def bind_thread(self) -> None:
+        """Makes the device current on the calling thread: a thread that never sets one is
+        on device 0, where its first CUDA call creates a context (every rank's, on GPU 0)."""
+        torch.cuda.set_device(self.device)
 
 
 class CudaLanes:
@@ -149,10 +162,12 @@ class CudaLanes:
         lane = self.up if upload else self.down
         lane.wait_stream(self.cuda.current_stream())
         with self.cuda.use(lane):
-            start = self.cuda.new_event(timing=True)
+            # Blocking events: a host wait on them sleeps instead of spinning a core the
+            # CPU optimizer needs. The pair brackets the DMA for busy_seconds().
+            start = self.cuda.new_event(timing=True, blocking=True)
             start.record(lane)
-            dst.copy_(src, non_blocking=True)
-            event = self.cuda.new_event(timing=True)
+            self.cuda.copy(dst, src, upload)
+            event = self.cuda.new_event(timing=True, blocking=True)
             event.record(lane)
         device_side = dst if upload else src
         self.cuda.keep_alive(device_side, lane)  # not freed by the caching allocator mid-copy
@@ -182,6 +197,9 @@ class CudaLanes:
     def device_wait(self, event) -> None:
         self.cuda.current_stream().wait_event(event)
 
+    def bind_thread(self) -> None:
+        self.cuda.bind_thread()
+
     def after_uploads(self, launch: Callable[[], object]):
         """Runs `launch` (a collective) with the upload lane current: NCCL's stream waits for
         the stream current at the call, so the collective follows the uploads (and, as the
@@ -192,8 +210,15 @@ class CudaLanes:
             return launch()
 
 
+# Set by zerostream.testing.sim_device while a test runs on the simulated device: a factory
+# of TorchCuda stand-ins, so every copy stage takes the GPU path (CudaLanes) there.
+simulated_cuda: Optional[Callable[[torch.device], object]] = None
+
+
 def lanes_for(device: torch.device):
-    """CudaLanes for a CUDA device, the CPU twin otherwise."""
+    """CudaLanes for a CUDA device (or the simulated one), the CPU twin otherwise."""
+    if simulated_cuda is not None:
+        return CudaLanes(simulated_cuda(device))
     if device.type == "cuda":
         return CudaLanes(TorchCuda(device))
     return HostLanes()
@@ -246,6 +271,7 @@ class _Ring:
 
     def run(self) -> None:
         """The consumer thread: lands downloads in queue order; None ends it."""
+        self.lanes.bind_thread()  # its event waits are CUDA calls: on this rank's device
         while True:
             with self.cv:
                 self.cv.wait_for(lambda: self.downs)
@@ -302,7 +328,9 @@ class CopyStage:
         self.device = device
         self.lanes = lanes if lanes is not None else lanes_for(device)
         self.slot_bytes = slot_bytes // 64 * 64
-        self._arena = HostArena(slots * arena_bytes(self.slot_bytes), lock=pin)
+        self._arena = HostArena(
+            slots * arena_bytes(self.slot_bytes), lock=pin, register=True, pooled=True
+        )
         self._slots = [self._arena.empty(self.slot_bytes) for _ in range(slots)]
         self._ring = _Ring(slots, self.lanes)
         if consumer_thread is None:

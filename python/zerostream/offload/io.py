@@ -167,12 +167,34 @@ def aligned_empty(shape, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     return raw[skip : skip + nbytes].view(dtype).view(shape)
 
 
-class HostArena:
-    """Page-locked host memory under one byte budget; over-budget requests wait."""
+# Set by zerostream.testing.sim_device while a test runs on the simulated device: told of
+# every buffer handed out by an arena that registers its memory with the GPU.
+registration_observer = None
 
-    def __init__(self, budget_bytes: int, lock: bool = True, cuda_register: bool = True):
-        self._arena = _N.HostArena(int(budget_bytes), lock, cuda_register)
+
+class HostArena:
+    """Page-locked host memory under one byte budget; over-budget requests wait.
+
+    `register`: the buffers cross to a GPU (copy-stage slots, offloaded partitions, stage-3
+    shards, their staging): registered with CUDA on a GPU machine, so copies from and to
+    them are asynchronous DMA. Buffers that only go to disk or the CPU kernels are not.
+    `pooled`: the whole budget is mapped, locked and registered once and buffers are carved
+    out of it (Note [Pooled host arenas] in offload/host_arena.h): for arenas that hand out
+    and take back buffers during a step. `lock` False (pin_memory false) neither locks nor
+    registers."""
+
+    def __init__(
+        self, budget_bytes: int, lock: bool = True, register: bool = False, pooled: bool = False
+    ):
+        self.registers = bool(lock and register)
+        self._arena = _N.HostArena(int(budget_bytes), lock, self.registers, pooled)
         _LIVE_ARENAS.add(self)
+
+    def _handed_out(self, buf, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        t = buffer_as_tensor(buf, numel, dtype)
+        if self.registers and registration_observer is not None:
+            registration_observer(t)
+        return t
 
     def empty(
         self, numel: int, dtype: torch.dtype = torch.uint8, timeout_s: float = 60.0
@@ -182,13 +204,13 @@ class HostArena:
             raise ValueError(f"HostArena.empty: numel must be >= 0; got {numel}")
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         buf = self._arena.allocate(nbytes, float(timeout_s))
-        return buffer_as_tensor(buf, numel, dtype)
+        return self._handed_out(buf, numel, dtype)
 
     def try_empty(self, numel: int, dtype: torch.dtype = torch.uint8) -> Optional[torch.Tensor]:
         """Like `empty`, but None instead of waiting when the budget is in use."""
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         buf = self._arena.try_allocate(nbytes)
-        return None if buf is None else buffer_as_tensor(buf, numel, dtype)
+        return None if buf is None else self._handed_out(buf, numel, dtype)
 
     def stats(self) -> dict:
         return self._arena.stats()
@@ -202,7 +224,11 @@ def arena_totals() -> dict:
     process (the engine's swap buffers, staging, the aio handle's): what a run's summary
     reports as host-arena memory. The peaks are per arena, so their sum bounds the true
     simultaneous peak from above."""
-    return _summed_stats(_LIVE_ARENAS, "arenas", ("budget", "in_use", "peak"))
+    return _summed_stats(
+        _LIVE_ARENAS,
+        "arenas",
+        ("budget", "in_use", "peak", "registrations", "registered", "register_failed"),
+    )
 
 
 def _summed_stats(objects, count_key: str, keys: tuple) -> dict:

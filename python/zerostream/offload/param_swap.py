@@ -58,6 +58,8 @@ class ParamSwapper:
             ) from exc
         self.arena: Optional[HostArena] = None
         self.arena_bytes = 0
+        self.swapped_bytes = 0  # every shard on disk, as staging would hold it
+        self._swapped: set = set()
         self.in_cpu_numel = 0
         self._in_cpu: set = set()  # ds_ids of the shards counted in in_cpu_numel
         self.bytes_read = self.bytes_written = 0
@@ -108,7 +110,9 @@ class ParamSwapper:
         return arena_bytes(self.buffer_size * 2)
 
     def _configured_budget(self) -> int:
-        return self.buffer_count * self._buffer_bytes()
+        """buffer_count x buffer_size, but never more than every swapped shard at once: the
+        staging arena is page-locked whole when made (Note [Pooled host arenas])."""
+        return min(self.buffer_count * self._buffer_bytes(), max(self.swapped_bytes, 1))
 
     def fit_read_ahead(self, nbytes: int) -> None:
         """The recorded trace reads up to `nbytes` of shards (whole arena pages each) ahead
@@ -136,7 +140,7 @@ class ParamSwapper:
         grow = configured > self.arena_bytes and not self.pending
         if self.arena is None or need > self.arena_bytes or grow:
             budget = max(need, configured, self.arena_bytes)
-            if need > configured:
+            if need > self.buffer_count * self._buffer_bytes():
                 logger.info(
                     "zero_optimization.offload_param.buffer_size: a shard of %d %s elements "
                     "does not fit %d 16-bit elements; staging memory raised to %d KiB",
@@ -145,7 +149,8 @@ class ParamSwapper:
                     self.buffer_size,
                     budget // 1024,
                 )
-            self.arena = HostArena(budget, lock=self.pin_memory)
+            # Staging hands buffers out and back every gather: one registration for all.
+            self.arena = HostArena(budget, lock=self.pin_memory, register=True, pooled=True)
             self.arena_bytes = budget
 
     def start_reads(
@@ -198,6 +203,9 @@ class ParamSwapper:
         self._write_extent(zp, values)
 
     def _write_extent(self, zp: ZeroParam, values: torch.Tensor) -> None:
+        if zp.ds_id not in self._swapped:
+            self._swapped.add(zp.ds_id)
+            self.swapped_bytes += arena_bytes(zp.shard_numel * zp.dtype.itemsize)
         staged = values if self._is_staging(values) else self._staged_copy(values)
         start = time.perf_counter()
         self.store.write(zp.ds_id, staged).wait()

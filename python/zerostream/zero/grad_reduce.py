@@ -82,6 +82,9 @@ def choose_collective(widest: int, numel: int, world: int) -> str:
     return "reduce_scatter" if world * widest < 2 * numel else "all_reduce"
 
 
+Range = Tuple[int, int]
+
+
 class Coverage:
     """The ranges of each gradient partition a direct landing has written since zero(), as
     disjoint sorted intervals per group: what a later span must add to instead of overwrite,
@@ -91,7 +94,7 @@ class Coverage:
         self.starts: List[List[int]] = [[] for _ in range(groups)]
         self.ends: List[List[int]] = [[] for _ in range(groups)]
 
-    def claim(self, g: int, lo: int, hi: int) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+    def claim(self, g: int, lo: int, hi: int) -> Tuple[List[Range], List[Range]]:
         """Marks [lo, hi) of group g written; returns (parts not written before, parts
         that were), each a list of [a, b) ranges in order."""
         starts, ends = self.starts[g], self.ends[g]
@@ -114,7 +117,7 @@ class Coverage:
         starts[i:j], ends[i:j] = [new_lo], [new_hi]
         return fresh, seen
 
-    def gaps(self, g: int, numel: int) -> List[Tuple[int, int]]:
+    def gaps(self, g: int, numel: int) -> List[Range]:
         """The ranges of group g (numel elements) nothing has written."""
         out, at = [], 0
         for s, e in zip(self.starts[g], self.ends[g]):

@@ -126,7 +126,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         from ..offload.io import HostArena, arena_bytes
 
         sizes = [p.numel() for p in partitions]
-        self.arena = HostArena(sum(arena_bytes(4 * n) for n in sizes), lock=offload.pin_memory)
+        # Registered: an fp32 device partition uploads straight from its master.
+        self.arena = HostArena(
+            sum(arena_bytes(4 * n) for n in sizes), lock=offload.pin_memory, register=True
+        )
         masters = []
         for p, n in zip(partitions, sizes):
             m = self.arena.empty(n, torch.float32)
@@ -140,7 +143,8 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         from ..offload.io import HostArena, arena_bytes
 
         pin = zero.offload_optimizer.pin_memory
-        self.grad_arena = HostArena(sum(arena_bytes(dtype.itemsize * n) for n in sizes), lock=pin)
+        nbytes = sum(arena_bytes(dtype.itemsize * n) for n in sizes)
+        self.grad_arena = HostArena(nbytes, lock=pin, register=True)  # downloads land here
         grads = []
         for n in sizes:
             g = self.grad_arena.empty(n, dtype)

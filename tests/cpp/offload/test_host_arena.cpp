@@ -2,13 +2,20 @@
 // wait for a release, time out with a message naming budget and request, and a refused
 // mlock (low ulimit -l) degrades to unlocked memory with a warning.
 #include <linux/capability.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "common/check.h"
 #include "offload/host_arena.h"
@@ -77,13 +84,108 @@ TEST(offload_HostArena, TimeoutNamesTheBudgetAndTheRequest) {
 }
 
 TEST(offload_HostArena, BuffersOutliveTheArenaObject) {
-  HostBufferPtr keep;
-  {
-    HostArena arena(budget(1 << 20));
-    keep = arena.allocate(4096);
+  for (bool pooled : {false, true}) {
+    HostBufferPtr keep;
+    {
+      HostArenaOptions o = budget(1 << 20);
+      o.pooled = pooled;
+      HostArena arena(o);
+      keep = arena.allocate(4096);
+    }
+    // Still mapped (a pooled arena's mapping lives as long as one of its buffers).
+    std::memset(keep->data(), 0x3C, 4096);
+    EXPECT_EQ(static_cast<unsigned char*>(keep->data())[4095], 0x3C) << "pooled " << pooled;
+    keep.reset();  // releases into the arena's surviving bookkeeping
   }
-  std::memset(keep->data(), 1, 4096);
-  keep.reset();  // releases into the arena's surviving bookkeeping
+}
+
+TEST(offload_HostArena, UnpooledArenaRegistersEachBufferOnlyWhenAskedTo) {
+  HostArenaOptions o = budget(1 << 20);
+  HostArena disk_only(o);
+  auto a = disk_only.allocate(8192);
+  EXPECT_EQ(disk_only.stats().registrations, 0);
+  o.cuda_register = true;
+  HostArena dma(o);
+  auto b = dma.allocate(4096);
+  auto c = dma.allocate(4096);
+  HostArenaStats s = dma.stats();
+  EXPECT_EQ(s.registrations, 2);  // one per buffer (with or without a GPU here)
+  EXPECT_EQ(s.register_failed, 0);
+  EXPECT_EQ(s.registered + s.register_failed, b->cuda_registered() + c->cuda_registered());
+}
+
+TEST(offload_HostArena, PooledArenaMapsAndRegistersItsBudgetOnce) {
+  HostArenaOptions o = budget(1 << 20);
+  o.pooled = true;
+  o.cuda_register = true;
+  HostArena arena(o);
+  EXPECT_EQ(arena.stats().registrations, 1);  // at construction, the whole pool
+  std::vector<HostBufferPtr> held;
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (int round = 0; round < 20; ++round) {
+    held.clear();
+    for (int i = 0; i < 4; ++i) {
+      held.push_back(arena.allocate(64 << 10));
+      const auto p = reinterpret_cast<uintptr_t>(held.back()->data());
+      EXPECT_EQ(p % 4096, 0u);
+      lo = std::min(lo, p);
+      hi = std::max(hi, p + (64 << 10));
+      std::memset(held.back()->data(), i, 64 << 10);  // the pages are ours to write
+    }
+  }
+  HostArenaStats s = arena.stats();
+  EXPECT_EQ(s.registrations, 1) << "a pooled arena never registers per buffer";
+  EXPECT_EQ(s.allocations, 4);
+  EXPECT_EQ(s.in_use, 4 * (64 << 10));
+  EXPECT_LE(hi - lo, 1u << 20);  // every buffer inside the one mapping
+  EXPECT_TRUE(held[0]->locked());
+}
+
+TEST(offload_HostArena, PooledArenaReusesFreedBlocksAndWaitsWhenFragmented) {
+  HostArenaOptions o = budget(256 << 10);
+  o.pooled = true;
+  HostArena arena(o);
+  auto a = arena.allocate(64 << 10);
+  auto b = arena.allocate(64 << 10);
+  auto c = arena.allocate(64 << 10);
+  auto d = arena.allocate(64 << 10);
+  void* second = b->data();
+  b.reset();
+  d.reset();
+  // 128 KiB are free, but in two places: a 128 KiB buffer does not fit until one merges.
+  EXPECT_EQ(arena.try_allocate(128 << 10), nullptr);
+  auto e = arena.try_allocate(64 << 10);
+  ASSERT_NE(e, nullptr);
+  EXPECT_TRUE(e->data() == second || e->data() == static_cast<char*>(second) + (128 << 10));
+  std::thread freer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    c.reset();  // merges with the free tail or e's neighbour
+    e.reset();
+  });
+  auto f = arena.allocate(128 << 10, 30.0);
+  freer.join();
+  EXPECT_NE(f, nullptr);
+  EXPECT_EQ(arena.stats().waits, 1);
+}
+
+TEST(offload_HostArena, ForkedChildrenDoNotInheritArenaMemory) {
+  for (bool pooled : {false, true}) {
+    HostArenaOptions o = budget(1 << 20);
+    o.pooled = pooled;
+    HostArena arena(o);
+    auto buf = arena.allocate(64 << 10);
+    std::memset(buf->data(), 1, 64 << 10);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // MADV_DONTFORK: the range is not mapped here, so mincore says ENOMEM.
+      unsigned char vec[16];
+      const int rc = mincore(buf->data(), 4096, vec);
+      _exit(rc == -1 && errno == ENOMEM ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "pooled " << pooled;
+  }
 }
 
 // Without CAP_IPC_LOCK and with RLIMIT_MEMLOCK at 64 KiB, mlock of 1 MiB fails: the

@@ -104,11 +104,17 @@ class FakeCuda:
         finally:
             self.current = before
 
-    def new_event(self, timing=False):
+    def new_event(self, timing=False, blocking=False):
         return _Event(self, timing)
+
+    def copy(self, dst, src, upload):
+        dst.copy_(src, non_blocking=True)  # audited by CopyAudit, on the current stream
 
     def keep_alive(self, tensor, stream):
         self.log.append(("keep_alive", stream.name))
+
+    def bind_thread(self):
+        self.log.append(("bind_thread", threading.current_thread().name))
 
 
 class CopyAudit(TorchDispatchMode):

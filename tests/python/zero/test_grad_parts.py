@@ -82,7 +82,7 @@ def worker(rank, world, cases):
         engine, optimizer, _, _ = zerostream.initialize(model=TinyGPT(**MODEL), config=config)
         shared = dict(engine.module.named_parameters())[SHARED]
         losses, norms, first_grad, fired = [], [], None, []
-        hook = shared.register_post_accumulate_grad_hook(lambda p: fired.append(1))
+        hook = shared.register_post_accumulate_grad_hook(lambda p, fired=fired: fired.append(1))
         for s in range(STEPS):
             lo = rank * micro
             loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])

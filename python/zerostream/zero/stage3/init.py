@@ -91,12 +91,9 @@ class Init(contextlib.ContextDecorator):
 
             offload = OffloadParamConfig(remote_device, None, 5, 100_000_000, 10**9, pin_memory)
         self.override_apply = zero.override_module_apply if zero is not None else True
-        from ...accelerator import get_accelerator
+        from ...accelerator import bind_run_device
 
-        acc = get_accelerator()
-        device = torch.device(
-            acc.device_name(comm.get_local_rank()) if acc.device_name() == "cuda" else "cpu"
-        )
+        device = bind_run_device(comm.get_local_rank())
         swapper = None
         if offload is not None and offload.device == "nvme":
             from ...offload.io import io_config, io_config_for

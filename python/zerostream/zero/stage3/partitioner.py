@@ -108,7 +108,9 @@ class Partitioner:
         # module's compute instead of queuing in front of it on the compute stream.
         self.uploads = None
         if self.offload_device != "none":
-            self.uploads = CopyStage(device, slot_bytes=4096, slots=2, consumer_thread=False)
+            self.uploads = CopyStage(
+                device, slot_bytes=4096, slots=2, pin=self.pin_memory, consumer_thread=False
+            )
 
     # --- partitioning ----------------------------------------------------------------------------
     def shard_device(self) -> torch.device:
@@ -176,14 +178,15 @@ class Partitioner:
 
     def empty_partition(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Memory for one param group's flat shards: on the device, or with offload_param
-        "cpu" in a host arena of its own, page-locked (cudaHostRegister'ed on a GPU machine,
-        mlock'ed too with pin_memory), so the copy of each shard to the device before its
+        "cpu" in a host arena of its own, with offload_param.pin_memory page-locked and
+        registered with the GPU, so the copy of each shard to the device before its
         all-gather is an asynchronous DMA, not a synchronous copy out of pageable memory."""
         if self.shard_device().type != "cpu" or self.offload_device == "none":
             return torch.empty(numel, dtype=dtype, device=self.shard_device())
         from ...offload.io import HostArena, arena_bytes
 
-        arena = HostArena(arena_bytes(numel * dtype.itemsize), lock=self.pin_memory)
+        nbytes = arena_bytes(numel * dtype.itemsize)
+        arena = HostArena(nbytes, lock=self.pin_memory, register=True)
         self.host_arenas.append(arena)
         flat = arena.empty(numel, dtype)
         self.host_partitions.append(flat)

@@ -1,0 +1,1 @@
+"""Test support shipped with zerostream: the simulated asynchronous device (sim_device.py)."""

@@ -1,0 +1,643 @@
+"""A simulated asynchronous CUDA device, for proving the GPU path on a machine without one.
+
+Note [The simulated device]
+  On the CPU every copy is finished the moment it is issued, so a missing wait, fence or
+  record_stream cannot change a result there. This device behaves like a GPU where a GPU
+  punishes such mistakes, while the tensors stay real CPU tensors, so a run on it is
+  compared bit for bit with the plain CPU run. It replaces what the copy stage asks of CUDA
+  (offload/copy_stage.TorchCuda: streams, events, copies, record_stream, binding a thread to
+  the device), the accelerator's set_device, the host arena's registration and the
+  collectives' entry points; everything else runs as on the CPU.
+
+  Streams. Each device has a compute stream, which is the host thread itself (its work is
+  done when issued; an op counter stands for its position), and side streams ("lanes"),
+  each a FIFO of work run by a thread of its own. A lane's copy or event runs after a delay
+  set by the policy: "lazy" (never by itself: only when something waits for it, the most
+  adversarial order the program allows), "random" (after a seeded random delay, or when
+  waited for), "eager" (at once). A stream's wait on another is a queue entry that holds
+  the stream until the other reaches that point.
+
+  Copies. At issue the destination is poisoned (NaN, or a byte pattern) and an upload's
+  host source is snapshot. When a copy runs, it reads its source then; a download's values
+  reach its host destination only when the host learns that the copy completed (an event's
+  synchronize or a query that returns True, here called observing it), since before that
+  the host may not assume anything about them. An upload whose host source changed between
+  issue and the host observing its completion is reported (the host rewrote memory a DMA
+  may still read).
+
+  Waits. The compute stream waiting for an event (wait_event, wait_stream) blocks the host
+  until it completes, but is not an observation: the host still knows nothing. A collective
+  issued while a lane is current runs after that lane's queued work (NCCL's stream waits
+  for the current one). Each copy must be preceded by its lane waiting for the compute
+  stream at its current position (the copy reads what compute produced): a copy issued
+  after compute ran ops the lane did not wait for is reported.
+
+  Memory. The device-side tensor of a queued copy is watched: if every tensor the program
+  held on its storage is gone before the copy runs and nobody called record_stream
+  (keep_alive) for that stream, the caching allocator could have handed the block to the
+  next allocation: reported, and the copy's result poisoned. Host ranges registered with
+  the device (page-locked) are tracked; an asynchronous copy to or from host memory outside
+  them (pageable) is counted, since a GPU runs it synchronously.
+
+  Threads. Each thread has its own current device (set_device). A CUDA call from a thread
+  whose current device is not the stream's device (a thread that never set one is on
+  device 0, where the runtime would create a context) is reported, and so are object
+  collectives and barriers run while the thread's current device is not the rank's.
+
+  Violations are collected and raised by check() (and at uninstall); the counters
+  (host_syncs, spin_waits, pageable copies, compute waits) are read by the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import threading
+import time
+from collections import deque
+from typing import Callable, Deque, Dict, List, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+POLICIES = ("lazy", "random", "eager")
+
+
+def _poison(t: torch.Tensor) -> None:
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.view(torch.uint8).fill_(0xA5) if t.is_contiguous() else t.fill_(-91)
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor on t's storage that does not keep t (or its view base) alive."""
+    return torch.empty((0,), dtype=t.dtype).set_(
+        t.untyped_storage(), t.storage_offset(), t.size(), t.stride()
+    )
+
+
+class _Item:
+    __slots__ = ("seq", "kind", "due", "copy", "target", "event")
+
+    def __init__(self, seq, kind, due, copy=None, target=None, event=None):
+        self.seq, self.kind, self.due = seq, kind, due
+        self.copy, self.target, self.event = copy, target, event
+
+
+class _Copy:
+    """One queued copy and what the sim checks about it."""
+
+    __slots__ = ("dst", "src", "upload", "snapshot", "device_side", "key", "result", "stream")
+
+    def __init__(self, dst, src, upload, stream):
+        # The device side is held through an alias only, so that the program's own
+        # tensors (and a view's base) can die as they would on a GPU; the host side is
+        # the program's tensor (host memory is not the caching allocator's).
+        side = dst if upload else src
+        self.device_side = _alias(side)
+        self.key = side.untyped_storage().data_ptr()
+        self.dst = self.device_side if upload else dst
+        self.src = src if upload else self.device_side
+        self.upload, self.stream = upload, stream
+        self.snapshot = src.clone() if upload else None
+        self.result = None
+
+
+class SimStream:
+    """A compute stream (`host`: the host thread) or a lane with a worker thread."""
+
+    def __init__(self, sim: "SimDevice", device: int, name: str, host: bool = False):
+        self.sim, self.device, self.name, self.host = sim, device, name, host
+        self.issued = 0  # seq of the last queued item
+        self.completed = 0
+        self.forced = 0  # items up to this seq run now, whatever the policy
+        self.queue: Deque[_Item] = deque()
+        self.unobserved: Deque[_Item] = deque()  # completed copies the host has not seen
+        self.caught_up = 0  # the compute stream's op count this lane last waited for
+        self.closed = False
+        self.thread = None
+        if not host:
+            self.thread = threading.Thread(target=self._run, name=f"sim-{name}", daemon=True)
+            self.thread.start()
+
+    def __repr__(self) -> str:
+        return f"<sim stream {self.name} of cuda:{self.device}>"
+
+    # --- the stream API the copy stage uses ---------------------------------------------------
+    def wait_stream(self, other: "SimStream") -> None:
+        self.sim._check_thread(self.device, "Stream.wait_stream")
+        if other.host:
+            self.caught_up = self.sim.compute_ops
+        self._wait_for(other, other.issued)
+
+    def wait_event(self, event: "SimEvent") -> None:
+        self.sim._check_thread(self.device, "Stream.wait_event")
+        if event.stream is not None:
+            self._wait_for(event.stream, event.seq)
+
+    def synchronize(self) -> None:
+        self.sim._host_wait(self, self.issued, blocking=True)
+
+    def query(self) -> bool:
+        done = self.completed >= self.issued
+        if done:
+            self.sim._observe(self, self.issued)
+        return done
+
+    # --- inside --------------------------------------------------------------------------------
+    def _wait_for(self, other: "SimStream", seq: int) -> None:
+        if other is self or seq <= 0:
+            return
+        if self.host:  # the host thread is the compute stream: it waits, without observing
+            self.sim.counters["compute_waits"] += 1
+            self.sim._complete(other, seq)
+            return
+        if not other.host:
+            self.sim._enqueue(self, "wait", target=(other, seq))
+
+    def _run(self) -> None:
+        sim = self.sim
+        while True:
+            with sim.cv:
+                item = None
+                while item is None:
+                    if self.closed:
+                        return
+                    timeout = None
+                    if self.queue:
+                        head = self.queue[0]
+                        forced = self.forced >= head.seq
+                        if head.kind == "wait":
+                            other, seq = head.target
+                            if other.completed >= seq:
+                                item = head
+                                break
+                            if forced and other.forced < seq:  # waited for: so is other
+                                other.forced = seq
+                                sim.cv.notify_all()
+                        elif forced or time.monotonic() >= head.due:
+                            item = head
+                            break
+                        elif math.isfinite(head.due):
+                            timeout = max(0.0, head.due - time.monotonic())
+                    sim.cv.wait(timeout)
+            if item.kind == "copy":
+                sim._execute(item.copy)
+            with sim.cv:
+                if item.kind == "record":
+                    item.event.done_at = time.perf_counter()
+                if item.kind == "copy":
+                    self.unobserved.append(item)
+                self.queue.popleft()
+                self.completed = item.seq
+                sim.cv.notify_all()
+
+
+class SimEvent:
+    def __init__(self, sim: "SimDevice", timing: bool, blocking: bool):
+        self.sim, self.timing, self.blocking = sim, timing, blocking
+        self.stream: Optional[SimStream] = None
+        self.seq = 0
+        self.done_at: Optional[float] = None
+
+    def record(self, stream: Optional[SimStream] = None) -> None:
+        stream = stream if stream is not None else self.sim.current_stream()
+        self.sim._check_thread(stream.device, "Event.record")
+        self.stream, self.done_at = stream, None
+        if stream.host:
+            self.seq, self.done_at = 0, time.perf_counter()
+        else:
+            self.seq = self.sim._enqueue(stream, "record", event=self)
+
+    def _done(self) -> bool:
+        return self.stream is None or self.stream.completed >= self.seq
+
+    def query(self) -> bool:
+        self.sim._check_thread(self._device(), "Event.query")
+        done = self._done()
+        if done and self.stream is not None:
+            self.sim._observe(self.stream, self.seq)
+        return done
+
+    def synchronize(self) -> None:
+        self.sim._check_thread(self._device(), "Event.synchronize")
+        if self.stream is not None:
+            self.sim._host_wait(self.stream, self.seq, self.blocking)
+
+    def wait(self, stream: Optional[SimStream] = None) -> None:
+        (stream if stream is not None else self.sim.current_stream()).wait_event(self)
+
+    def elapsed_time(self, end: "SimEvent") -> float:
+        if not (self.timing and end.timing):
+            raise RuntimeError("elapsed_time: both events need enable_timing=True")
+        if self.done_at is None or end.done_at is None:
+            raise RuntimeError("elapsed_time: an event has not completed (cudaErrorNotReady)")
+        return (end.done_at - self.done_at) * 1000.0
+
+    def _device(self) -> int:
+        return self.stream.device if self.stream is not None else self.sim.device_index
+
+
+class SimCuda:
+    """copy_stage.TorchCuda's interface for one device of the simulation."""
+
+    def __init__(self, sim: "SimDevice", index: int):
+        self.sim, self.index = sim, index
+        self.device = torch.device("cpu")  # where the tensors really are
+
+    def new_stream(self) -> SimStream:
+        self.sim._check_thread(self.index, "Stream()")
+        return self.sim.new_lane(self.index)
+
+    def current_stream(self) -> SimStream:
+        return self.sim.current_stream(self.index)
+
+    def use(self, stream: SimStream):
+        return self.sim.use(stream)
+
+    def new_event(self, timing: bool = False, blocking: bool = False) -> SimEvent:
+        return SimEvent(self.sim, timing, blocking)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, upload: bool) -> None:
+        self.sim.copy(dst, src, upload)
+
+    def keep_alive(self, tensor: torch.Tensor, stream: SimStream) -> None:
+        self.sim.keep_alive(tensor, stream)
+
+    def bind_thread(self) -> None:
+        self.sim.set_device(self.index)
+
+
+class _ComputeOps(TorchDispatchMode):
+    """Counts the ops the host thread runs while the compute stream is current: the compute
+    stream's position, which a lane must wait for before copying."""
+
+    def __init__(self, sim: "SimDevice"):
+        super().__init__()
+        self.sim = sim
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        sim = self.sim
+        if not sim._local.__dict__.get("internal") and sim.current_stream().host:
+            sim.compute_ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+class SimDevice:
+    """See Note [The simulated device]. `device_index`: this process's device (the rank's
+    LOCAL_RANK in a multi-rank test, so that work bound to device 0 by mistake shows)."""
+
+    def __init__(
+        self,
+        policy: str = "lazy",
+        seed: int = 0,
+        device_index: int = 0,
+        max_delay_s: float = 0.002,
+    ):
+        if policy not in POLICIES:
+            raise ValueError(f"sim device policy: expected one of {POLICIES}; got {policy!r}")
+        self.policy, self.device_index, self.max_delay_s = policy, device_index, max_delay_s
+        self.rng = random.Random(seed)
+        self.cv = threading.Condition(threading.RLock())
+        self._local = threading.local()
+        self.compute: Dict[int, SimStream] = {}
+        self.lanes: List[SimStream] = []
+        self.thread_devices: Dict[int, int] = {}
+        self.set_device_calls: List[Tuple[str, int]] = []
+        self.registered: List[Tuple[int, int]] = []
+        self.kept: Dict[int, List[Tuple[SimStream, int]]] = {}
+        self.live_aliases: Dict[int, int] = {}
+        self.compute_ops = 0
+        self.violations: List[str] = []
+        self.counters = {
+            "copies": 0,
+            "host_syncs": 0,
+            "main_thread_syncs": 0,
+            "spin_waits": 0,
+            "compute_waits": 0,
+            "pageable_copies": 0,
+            "lane_collectives": 0,
+        }
+        self.main_thread = threading.get_ident()
+
+    # --- devices and threads ---------------------------------------------------------------------
+    def set_device(self, index: int) -> None:
+        self.thread_devices[threading.get_ident()] = index
+        self.set_device_calls.append((threading.current_thread().name, index))
+
+    def current_device(self) -> int:
+        return self.thread_devices.get(threading.get_ident(), 0)
+
+    def _check_thread(self, device: int, what: str) -> None:
+        ident = threading.get_ident()
+        current = self.thread_devices.get(ident)
+        if current != device:
+            name = threading.current_thread().name
+            why = (
+                "it never set one, so the CUDA runtime would create a context on cuda:0"
+                if current is None
+                else f"its current device is cuda:{current}"
+            )
+            self._violate(f"thread {name!r} called {what} for cuda:{device}, but {why}")
+
+    def check_rank_device(self, what: str) -> None:
+        """An object collective or barrier: NCCL runs it on the thread's current device."""
+        current = self.current_device()
+        if current != self.device_index:
+            self._violate(
+                f"{what} ran with the current device cuda:{current}, not this rank's "
+                f"cuda:{self.device_index}: NCCL would put its bytes on cuda:{current}"
+            )
+
+    # --- streams ---------------------------------------------------------------------------------
+    def compute_stream(self, index: int) -> SimStream:
+        if index not in self.compute:
+            self.compute[index] = SimStream(self, index, f"compute{index}", host=True)
+        return self.compute[index]
+
+    def new_lane(self, index: int) -> SimStream:
+        lane = SimStream(self, index, f"lane{len(self.lanes)}")
+        self.lanes.append(lane)
+        return lane
+
+    def current_stream(self, index: Optional[int] = None) -> SimStream:
+        index = self.device_index if index is None else index
+        stack = self._local.__dict__.setdefault("streams", {}).get(index)
+        return stack[-1] if stack else self.compute_stream(index)
+
+    @contextlib.contextmanager
+    def use(self, stream: SimStream):
+        stacks = self._local.__dict__.setdefault("streams", {})
+        stacks.setdefault(stream.device, []).append(stream)
+        try:
+            yield stream
+        finally:
+            stacks[stream.device].pop()
+
+    def _due(self) -> float:
+        if self.policy == "lazy":
+            return math.inf
+        if self.policy == "eager":
+            return 0.0
+        return time.monotonic() + self.rng.random() * self.max_delay_s
+
+    def _enqueue(self, stream: SimStream, kind: str, **fields) -> int:
+        with self.cv:
+            stream.issued += 1
+            stream.queue.append(_Item(stream.issued, kind, self._due(), **fields))
+            self.cv.notify_all()
+            return stream.issued
+
+    def _complete(self, stream: SimStream, seq: int) -> None:
+        """Runs `stream` up to `seq` (forcing it past the policy) and waits for it."""
+        with self.cv:
+            stream.forced = max(stream.forced, seq)
+            self.cv.notify_all()
+            self.cv.wait_for(lambda: stream.completed >= seq)
+
+    def _host_wait(self, stream: SimStream, seq: int, blocking: bool) -> None:
+        self.counters["host_syncs"] += 1
+        if threading.get_ident() == self.main_thread:
+            self.counters["main_thread_syncs"] += 1
+        if stream.completed < seq and not blocking:
+            self.counters["spin_waits"] += 1
+        self._complete(stream, seq)
+        self._observe(stream, seq)
+
+    def synchronize_all(self) -> None:
+        """Every lane's queued work completed and observed (torch.cuda.synchronize)."""
+        for lane in list(self.lanes):
+            self._host_wait(lane, lane.issued, blocking=True)
+
+    # --- copies ----------------------------------------------------------------------------------
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, upload: bool) -> None:
+        stream = self.current_stream()
+        self._check_thread(stream.device, "copy_(non_blocking=True)")
+        if stream.host:
+            self._violate("an asynchronous copy was queued on the compute stream, not a lane")
+        elif stream.caught_up < self.compute_ops:
+            self._violate(
+                f"a copy on {stream.name} was queued without the lane waiting for the compute "
+                f"stream ({self.compute_ops - stream.caught_up} ops queued there since)"
+            )
+        if dst.numel() != src.numel():
+            raise RuntimeError(f"sim copy: {src.numel()} elements into {dst.numel()}")
+        host = src if upload else dst
+        if not self._registered(host):
+            self.counters["pageable_copies"] += 1
+        with self.internal():
+            item = _Copy(dst, src, upload, stream)
+            _poison(dst)
+        with self.cv:
+            self.live_aliases[item.key] = self.live_aliases.get(item.key, 0) + 1
+            self.counters["copies"] += 1
+        self._enqueue(stream, "copy", copy=item)
+
+    def _execute(self, c: _Copy) -> None:
+        """On the lane's thread: the copy reads its source now."""
+        with self.cv:
+            storage = c.device_side.untyped_storage()
+            users = torch._C._storage_Use_Count(storage._cdata)
+            # Ours: one alias per queued copy of this storage, and the storage object.
+            freed = users <= self.live_aliases.get(c.key, 0) + 1
+            kept = any(s is c.stream for s, _ in self.kept.get(c.key, []))
+            del storage
+        if freed and not kept:
+            self._violate(
+                f"a {tuple(c.device_side.shape)} {c.device_side.dtype} device buffer was freed "
+                f"while {c.stream.name} still had a copy queued on it, without record_stream: "
+                f"the caching allocator may have reused it"
+            )
+        if c.upload:
+            if not torch.equal(c.src, c.snapshot):
+                self._violate(
+                    f"the host rewrote the source of an upload on {c.stream.name} before "
+                    f"the copy ran"
+                )
+            c.dst.copy_(c.src)
+            if freed and not kept:
+                _poison(c.dst)
+        else:
+            c.result = c.src.clone()
+            if freed and not kept:
+                _poison(c.result)
+
+    def _observe(self, stream: SimStream, seq: int) -> None:
+        """The host learned that `stream` completed up to `seq`."""
+        with self.cv:
+            while stream.unobserved and stream.unobserved[0].seq <= seq:
+                c = stream.unobserved.popleft().copy
+                with self.internal():
+                    if c.upload:
+                        if not torch.equal(c.src, c.snapshot):
+                            self._violate(
+                                f"the host rewrote the source of an upload on {stream.name} "
+                                f"before it knew the copy had completed"
+                            )
+                    else:
+                        c.dst.copy_(c.result)
+                n = self.live_aliases.get(c.key, 1) - 1
+                if n:
+                    self.live_aliases[c.key] = n
+                else:
+                    self.live_aliases.pop(c.key, None)
+                    self.kept.pop(c.key, None)
+
+    def keep_alive(self, tensor: torch.Tensor, stream: SimStream) -> None:
+        with self.cv:
+            key = tensor.untyped_storage().data_ptr()
+            self.kept.setdefault(key, []).append((stream, stream.issued))
+
+    # --- host memory ---------------------------------------------------------------------------
+    def register(self, tensor: torch.Tensor) -> None:
+        """Page-locked and registered with the device (the host arena's cudaHostRegister)."""
+        lo = tensor.data_ptr()
+        self.registered.append((lo, lo + tensor.numel() * tensor.element_size()))
+
+    def _registered(self, t: torch.Tensor) -> bool:
+        lo = t.data_ptr()
+        hi = lo + t.numel() * t.element_size()
+        return any(a <= lo and hi <= b for a, b in self.registered)
+
+    # --- collectives -----------------------------------------------------------------------------
+    def before_collective(self, what: str) -> None:
+        """A tensor collective: NCCL's stream waits for the current stream, so one issued
+        from a lane reads what that lane produced."""
+        stream = self.current_stream()
+        if stream.host:
+            return
+        self.counters["lane_collectives"] += 1
+        if stream.caught_up < self.compute_ops:
+            self._violate(
+                f"{what} was issued from {stream.name} without the lane waiting for the "
+                f"compute stream ({self.compute_ops - stream.caught_up} ops queued there since)"
+            )
+        self._complete(stream, stream.issued)
+
+    # --- reporting -------------------------------------------------------------------------------
+    def _violate(self, what: str) -> None:
+        with self.cv:
+            if what not in self.violations:
+                self.violations.append(what)
+
+    def check(self) -> None:
+        if self.violations:
+            raise AssertionError(
+                "the simulated device saw "
+                + "; ".join(self.violations[:10])
+                + (f" (and {len(self.violations) - 10} more)" if len(self.violations) > 10 else "")
+            )
+
+    @contextlib.contextmanager
+    def internal(self):
+        """The simulation's own tensor ops: not the program's compute stream."""
+        before = self._local.__dict__.get("internal", False)
+        self._local.internal = True
+        try:
+            yield
+        finally:
+            self._local.internal = before
+
+    def close(self) -> None:
+        with self.cv:
+            for lane in self.lanes:
+                lane.closed = True
+            self.cv.notify_all()
+        for lane in self.lanes:
+            lane.thread.join(timeout=5)
+
+
+# --- installation --------------------------------------------------------------------------------
+
+_TENSOR_COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "reduce_scatter",
+    "reduce",
+    "all_to_all_single",
+)
+_DEVICE_BOUND = ("all_gather_object", "broadcast_object_list", "barrier", "gather_object")
+
+
+def _sim_accelerator(sim: SimDevice):
+    from ..accelerator import CpuAccelerator
+
+    class SimAccelerator(CpuAccelerator):
+        """The CPU accelerator (tensors stay on the CPU) whose set_device is recorded per
+        thread by the simulation."""
+
+        def set_device(self, device_index: int) -> None:
+            sim.set_device(int(device_index))
+
+        def current_device(self) -> int:
+            return sim.current_device()
+
+        def synchronize(self, device_index: Optional[int] = None) -> None:
+            sim.synchronize_all()
+
+    return SimAccelerator()
+
+
+@contextlib.contextmanager
+def installed(
+    policy: str = "lazy", seed: int = 0, device_index: int = 0, max_delay_s: float = 0.002
+):
+    """Runs the block with the engine's CUDA path on a SimDevice (yielded); raises its
+    violations at the end."""
+    import torch.distributed as dist
+
+    from .. import accelerator
+    from ..offload import copy_stage, io
+
+    sim = SimDevice(policy, seed, device_index, max_delay_s)
+    saved_acc = accelerator._ACCELERATOR
+    saved = {name: getattr(dist, name) for name in _TENSOR_COLLECTIVES + _DEVICE_BOUND}
+
+    def tensor_collective(name, fn):
+        def call(*args, **kwargs):
+            sim.before_collective(name)
+            return fn(*args, **kwargs)
+
+        return call
+
+    def device_bound(name, fn):
+        def call(*args, **kwargs):
+            sim.check_rank_device(name)
+            return fn(*args, **kwargs)
+
+        return call
+
+    for name in _TENSOR_COLLECTIVES:
+        setattr(dist, name, tensor_collective(name, saved[name]))
+    for name in _DEVICE_BOUND:
+        setattr(dist, name, device_bound(name, saved[name]))
+    accelerator._ACCELERATOR = _sim_accelerator(sim)
+    copy_stage.simulated_cuda = lambda device: SimCuda(sim, sim.device_index)
+    io.registration_observer = sim.register
+    mode = _ComputeOps(sim)
+    try:
+        with mode:
+            yield sim
+        sim.synchronize_all()
+    finally:
+        copy_stage.simulated_cuda = None
+        io.registration_observer = None
+        accelerator._ACCELERATOR = saved_acc
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+        sim.close()
+    sim.check()
+
+
+def run_on(fn: Callable, *args, **sim_options):
+    """fn(*args) on a SimDevice; returns (fn's result, the device)."""
+    with installed(**sim_options) as sim:
+        out = fn(*args)
+    return out, sim

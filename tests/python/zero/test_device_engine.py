@@ -1,0 +1,174 @@
+"""The engine on the device under test: a CUDA GPU when this machine has one, else the
+simulated asynchronous device (zerostream/testing/sim_device.py, Note [The simulated device]).
+
+Stages 1/2/3 x offload none/cpu/nvme x fp32/bf16 x gradient accumulation 1/2 train TinyGPT
+on 2 ranks for a few steps, and a subset also saves a checkpoint halfway and resumes it in a
+new engine. On the simulated device every case runs twice (the "lazy" policy: no copy
+completes until something waits for it; and seeded random delays, a different seed per
+case) and must be bit-equal to the same run on the plain CPU, with nothing reported by the
+device (an unordered copy, a buffer freed under a copy, an upload source rewritten early, a
+thread on the wrong device); the mechanism is checked too: copies went through the lanes
+and from page-locked memory. On a GPU (world = the GPUs, at most 2) the runs are compared
+with plain single-process PyTorch instead (test_parity's references and tolerances).
+
+scripts/gpu-check.sh runs these (`-m device`); with --simulated, on the simulated device.
+"""
+
+import os
+
+import pytest
+import torch
+from test_parity import CLIP, GLOBAL_BATCH, LR, assert_matches_reference, reference
+from tiny_gpt import TinyGPT, make_batches
+
+from multirank import run_ranks
+
+STEPS = 4
+RESUME_AT = 2
+ON_GPU = torch.cuda.is_available() and os.environ.get("ZS_TEST_DEVICE", "") != "sim"
+
+# (stage, offload, dtype, gas): offload applies to the optimizer; at stage 3 to the
+# parameters too ("cpu+none": parameters on the host, optimizer on the device).
+CASES = [
+    (stage, offload, dtype, gas)
+    for stage in (1, 2, 3)
+    for offload in ("none", "cpu", "nvme")
+    for dtype in ("fp32", "bf16")
+    for gas in (1, 2)
+] + [(3, "cpu+none", "bf16", 1), (3, "cpu+none", "fp32", 2)]
+RESUMED = {(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")}
+
+
+def config(case, micro: int, nvme: str) -> dict:
+    stage, offload, dtype, gas = case
+    zero = {
+        "stage": stage,
+        "reduce_bucket_size": 3000,
+        "allgather_bucket_size": 500,
+        "sub_group_size": 2000,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_prefetch_bucket_size": 3000,
+    }
+    param, opt = (offload.split("+") * 2)[:2] if "+" in offload else (offload, offload)
+    if opt != "none":
+        zero["offload_optimizer"] = {"device": opt, "nvme_path": f"{nvme}/opt"}
+    if stage == 3 and param != "none":
+        zero["offload_param"] = {"device": param, "nvme_path": f"{nvme}/param"}
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": CLIP,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": LR, "betas": [0.9, 0.95], "weight_decay": 0.01},
+        },
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bf16"},
+    }
+
+
+def _params(engine) -> dict:
+    from zerostream.zero import GatheredParameters
+
+    with GatheredParameters(list(engine.module.parameters())):
+        return {n: p.detach().float().cpu().clone() for n, p in engine.module.named_parameters()}
+
+
+def train(rank, world, case, nvme: str, resume_dir=None) -> tuple:
+    """Losses (mean over ranks), pre-clip norms and final weights of STEPS steps; with
+    `resume_dir`, saved after RESUME_AT steps and continued by a new engine from there."""
+    import torch.distributed as dist
+
+    import zerostream
+
+    gas = case[3]
+    micro = GLOBAL_BATCH // (world * gas)
+    xs, ys = make_batches(STEPS, GLOBAL_BATCH)
+    cfg = config(case, micro, nvme)
+
+    def engine_for():
+        torch.manual_seed(0)
+        return zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+
+    engine = engine_for()
+    device = engine.device
+    losses, norms = [], []
+    for s in range(STEPS):
+        if resume_dir is not None and s == RESUME_AT:
+            engine.save_checkpoint(resume_dir)
+            engine.destroy()
+            engine = engine_for()
+            engine.load_checkpoint(resume_dir)
+        total = torch.zeros((), device=device)
+        for m in range(gas):
+            lo = (m * world + rank) * micro
+            x, y = xs[s][lo : lo + micro].to(device), ys[s][lo : lo + micro].to(device)
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float()
+        dist.all_reduce(total)
+        losses.append(float(total) / (world * gas))
+        norms.append(float(engine.get_global_grad_norm()))
+    summary = engine.optimizer.state_summary()
+    return losses, norms, _params(engine), summary
+
+
+def worker(rank, world, cases, root, device_kind):
+    from zerostream.testing import sim_device
+
+    out = {}
+    for i, case in enumerate(cases):
+        nvme = f"{root}/{i}"
+        resume = f"{root}/ckpt{i}" if case in RESUMED else None
+        if device_kind == "cuda":
+            out[case] = {"cuda": train(rank, world, case, nvme, resume)}
+            continue
+        runs = {"cpu": train(rank, world, case, nvme + "c", resume and resume + "c")}
+        for policy, seed in (("lazy", 0), ("random", 1000 + i)):
+            with sim_device.installed(policy=policy, seed=seed, device_index=rank) as sim:
+                run = train(rank, world, case, f"{nvme}{policy}", resume and resume + policy)
+            runs[policy] = run + (dict(sim.counters), list(sim.violations))
+        out[case] = runs
+    return out if rank == 0 else None
+
+
+def _bit_equal(a, b) -> bool:
+    return a[0] == b[0] and a[1] == b[1] and all(torch.equal(a[2][n], b[2][n]) for n in a[2])
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {dtype: reference(dtype, steps=STEPS) for dtype in ("fp32", "bf16")}
+
+
+@pytest.mark.device
+@pytest.mark.multirank
+def test_the_engine_on_the_device_matches_the_cpu_run(tmp_path, references):
+    world = min(2, torch.cuda.device_count()) if ON_GPU else 2
+    kind = "cuda" if ON_GPU else "sim"
+    results = run_ranks(worker, world, CASES, str(tmp_path), kind, timeout=1200)[0]
+    failures = []
+    for case, runs in results.items():
+        stage, offload, dtype, gas = case
+        try:
+            if kind == "cuda":
+                losses, norms, params, _ = runs["cuda"]
+                assert_matches_reference(losses, norms, params, references[dtype], dtype)
+                continue
+            cpu = runs["cpu"]
+            for policy in ("lazy", "random"):
+                run = runs[policy]
+                counters, violations = run[4], run[5]
+                assert violations == [], f"{policy}: the device saw {violations}"
+                assert _bit_equal(cpu, run), (
+                    f"{policy}: not bit-equal to the CPU run: losses {run[0]} vs {cpu[0]}"
+                )
+                if offload != "none":
+                    # The offloaded bytes really crossed on the lanes, from page-locked memory.
+                    assert counters["copies"] > 0, counters
+                    assert counters["pageable_copies"] == 0, counters
+                    assert counters["spin_waits"] == 0, counters
+        except AssertionError as exc:
+            failures.append(f"stage={stage} offload={offload} {dtype} gas={gas}: {exc}")
+    assert not failures, "\n\n".join(failures)
