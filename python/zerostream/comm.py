@@ -405,19 +405,51 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     return dist.all_to_all(output_tensor_list, input_tensor_list, group=group, async_op=async_op)
 
 
-@_named
-def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
-    """All-reduces several tensors in one flat buffer (one collective, not one per tensor)."""
-    tensors = list(tensors)
-    if not tensors:
-        return None
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, op=op, group=group)
+class _CoalescedWork:
+    """The handle of an asynchronous all_reduce_coalesced: wait() waits for every dtype's
+    collective and copies the results back into the caller's tensors."""
+
+    def __init__(self, parts):
+        self.parts = parts  # (work, flat, tensors) per dtype
+        self.done = False
+
+    def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
+        if not self.done:
+            for work, flat, tensors in self.parts:
+                if work is not None:
+                    work.wait() if timeout is None else work.wait(timeout)
+                _scatter_back(flat, tensors)
+            self.done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done or all(w is None or w.is_completed() for w, _, _ in self.parts)
+
+
+def _scatter_back(flat: torch.Tensor, tensors: List[torch.Tensor]) -> None:
     offset = 0
     for t in tensors:
         t.view(-1).copy_(flat[offset : offset + t.numel()])
         offset += t.numel()
-    return None
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
+    """All-reduces several tensors with one collective per dtype (one flat buffer each, so
+    no tensor is promoted to another's dtype). With async_op, returns a handle whose wait()
+    finishes the collectives and writes the results back."""
+    by_dtype: dict = {}
+    for t in tensors:
+        by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    parts = []
+    for group_tensors in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in group_tensors])
+        work = all_reduce(flat, op=op, group=group, async_op=async_op)
+        parts.append((work, flat, group_tensors))
+    handle = _CoalescedWork(parts)
+    if not async_op:
+        handle.wait()
+        return None
+    return handle
 
 
 def log_summary() -> None:

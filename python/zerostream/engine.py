@@ -59,14 +59,15 @@ class ZeroEngine(torch.nn.Module):
         self._boundary_override: Optional[bool] = None
         self._in_no_sync = False
         self.loss_scaler = make_loss_scaler(cfg.fp16)
-        self.telemetry = StepTelemetry()
+        device = self._device()
+        self.telemetry = StepTelemetry(issue_timed=device.type == "cuda")
         self._run = RunState()
         ctx = StageContext(
             config=cfg,
             group=dp_group,
             rank=comm.get_rank(dp_group),
             world=self.dp_world_size,
-            device=self._device(),
+            device=device,
             loss_scaler=self.loss_scaler,
             run=self._run,
             telemetry=self.telemetry,

@@ -14,11 +14,19 @@ from typing import Dict
 
 class StepTelemetry:
     """Counters since the engine was built (never reset, so a caller may difference them over
-    any window it likes); `report()` prints the window since its previous call."""
+    any window it likes); `report()` prints the window since its previous call.
+
+    `issue_timed` (the engine runs on a GPU): phases and the collectives are timed on the
+    host, which on a GPU measures how long issuing the work took, not how long it ran (the
+    host goes on while the GPU works). The report says so instead of printing a "comm" rate
+    as if it were the link's. The copy lanes' d2h/h2d seconds are measured with events on
+    the lanes, and NVMe I/O and the CPU optimizer run on the host: those are real times."""
 
     PHASES = ("forward", "backward", "reduce", "step", "swap_wait")
+    ISSUE_TIMED_TIERS = ("comm",)
 
-    def __init__(self):
+    def __init__(self, issue_timed: bool = False):
+        self.issue_timed = issue_timed
         self.seconds: Dict[str, float] = defaultdict(float)
         self.bytes: Dict[str, int] = defaultdict(int)  # tier -> bytes moved
         self.tier_seconds: Dict[str, float] = defaultdict(float)
@@ -64,8 +72,13 @@ class StepTelemetry:
             mib = win["bytes"][tier] / n / 2**20
             secs = win["tier_seconds"].get(tier, 0.0)
             rate = f"{win['bytes'][tier] / secs / 1e9:.2f} GB/s" if secs > 0 else "n/a"
+            if self.issue_timed and tier in self.ISSUE_TIMED_TIERS:
+                rate = f"issued at {rate}"
             parts.append(f"{tier} {mib:.2f} MiB ({rate})")
-        return f"per step over {steps} steps | " + " | ".join(parts)
+        head = f"per step over {steps} steps"
+        if self.issue_timed:
+            head += " (phases and comm: host issue time, the GPU may still be running)"
+        return head + " | " + " | ".join(parts)
 
 
 class NullTelemetry:

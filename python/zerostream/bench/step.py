@@ -150,6 +150,14 @@ def _run_peer(peer: str, cfg: dict, shape: GPTShape, args) -> dict:
 def _summarise(res: dict, tokens_per_step: int) -> dict:
     if "step_seconds" not in res:
         return res
+    failed = res.get("host_registration", {}).get("register_failed", 0)
+    if failed and res.get("device", "").startswith("cuda"):
+        # A refused cudaHostRegister leaves that memory pageable: every copy from it is
+        # synchronous, so the step measured is not the product's.
+        res["error"] = (
+            f"{failed} host arena range(s) could not be registered with the GPU "
+            f"(cudaHostRegister refused; see the warning above): their copies ran synchronously"
+        )
     median = statistics.median(res["step_seconds"])
     res["median_step_seconds"] = median
     res["tokens_per_second"] = tokens_per_step / median
@@ -233,10 +241,18 @@ def _print_table(res: dict) -> None:
         if "median_step_seconds" not in r:
             print(f"{name:12s} {r.get('skipped') or r.get('error')}")
             continue
-        phases = " ".join(f"{k} {1000 * v:.1f}" for k, v in sorted(r["phase_seconds"].items()))
+        issued = r.get("issue_timed", False)  # host time of issuing GPU work: marked *
+        phases = " ".join(
+            f"{k} {1000 * v:.1f}{'*' if issued else ''}"
+            for k, v in sorted(r["phase_seconds"].items())
+        )
         links = " ".join(
             f"{t} {v['bytes_per_step'] / 2**20:.1f} MiB"
-            + (f" ({v['gb_per_s']:.2f} GB/s)" if v["gb_per_s"] else "")
+            + (
+                f" ({v['gb_per_s']:.2f} GB/s{'*' if issued and t == 'comm' else ''})"
+                if v["gb_per_s"]
+                else ""
+            )
             for t, v in sorted(r["links"].items())
         )
         print(
@@ -244,8 +260,12 @@ def _print_table(res: dict) -> None:
             f"{_gib(r['peak_rss_bytes']):>8s} {_gib(r['peak_device_bytes']):>8s} "
             f"{r['losses'][0]:9.4f}  {phases or '-'} | {links or '-'}"
         )
+        if r.get("error"):
+            print(f"{name:12s} FAILED: {r['error']}")
     for key, value in res["ratios"].items():
         print(f"{key}: {value:.3f}")
+    if any(r.get("issue_timed") for r in res["peers"].values()):
+        print("* host issue time on the GPU (the GPU may still be running), not the work's time")
 
 
 def run(args) -> int:

@@ -17,6 +17,14 @@ from .memory import peak_rss_bytes, reset_peak
 MARK = "ZS_BENCH_STEP "
 
 
+def _registrations() -> Dict[str, int]:
+    """What zerostream's host arenas asked the GPU to register and what it refused."""
+    from ..offload.io import arena_totals
+
+    totals = arena_totals()
+    return {k: totals[k] for k in ("registrations", "registered", "register_failed")}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -139,9 +147,13 @@ def run(spec: dict) -> dict:
         if after
         else ({}, {})
     )
+    arenas = _registrations() if peer == "zerostream" else {}
     return {
         "peer": peer,
         "device": str(device),
+        # On a GPU the phases and the collectives' seconds are the host's issue time.
+        "issue_timed": device.type == "cuda" and peer == "zerostream",
+        "host_registration": arenas,
         "step_seconds": times,
         "losses": losses,
         "phase_seconds": phases,

@@ -26,11 +26,13 @@ Note [The simulated device]
   may still read).
 
   Waits. The compute stream waiting for an event (wait_event, wait_stream) blocks the host
-  until it completes, but is not an observation: the host still knows nothing. A collective
-  issued while a lane is current runs after that lane's queued work (NCCL's stream waits
-  for the current one). Each copy must be preceded by its lane waiting for the compute
-  stream at its current position (the copy reads what compute produced): a copy issued
-  after compute ran ops the lane did not wait for is reported.
+  until it completes, but is not an observation: the host still knows nothing, and under
+  the lazy policy a query keeps answering "not ready" until the host itself waited for
+  that point (a GPU may be that slow; only code that falls back to a blocking wait works).
+  A collective issued while a lane is current runs after that lane's queued work (NCCL's
+  stream waits for the current one). Each copy must be preceded by its lane waiting for
+  the compute stream at its current position (the copy reads what compute produced): a
+  copy issued after compute ran ops the lane did not wait for is reported.
 
   Memory. The device-side tensor of a queued copy is watched: if every tensor the program
   held on its storage is gone before the copy runs and nobody called record_stream
@@ -115,6 +117,7 @@ class SimStream:
         self.issued = 0  # seq of the last queued item
         self.completed = 0
         self.forced = 0  # items up to this seq run now, whatever the policy
+        self.seen = 0  # the host waited for the items up to this seq
         self.queue: Deque[_Item] = deque()
         self.unobserved: Deque[_Item] = deque()  # completed copies the host has not seen
         self.caught_up = 0  # the compute stream's op count this lane last waited for
@@ -143,7 +146,7 @@ class SimStream:
         self.sim._host_wait(self, self.issued, blocking=True)
 
     def query(self) -> bool:
-        done = self.completed >= self.issued
+        done = self.sim._visible(self, self.issued)
         if done:
             self.sim._observe(self, self.issued)
         return done
@@ -213,13 +216,12 @@ class SimEvent:
         else:
             self.seq = self.sim._enqueue(stream, "record", event=self)
 
-    def _done(self) -> bool:
-        return self.stream is None or self.stream.completed >= self.seq
-
     def query(self) -> bool:
         self.sim._check_thread(self._device(), "Event.query")
-        done = self._done()
-        if done and self.stream is not None:
+        if self.stream is None:
+            return True
+        done = self.sim._visible(self.stream, self.seq)
+        if done:
             self.sim._observe(self.stream, self.seq)
         return done
 
@@ -403,10 +405,20 @@ class SimDevice:
         self.counters["host_syncs"] += 1
         if threading.get_ident() == self.main_thread:
             self.counters["main_thread_syncs"] += 1
-        if stream.completed < seq and not blocking:
+        if not self._visible(stream, seq) and not blocking:
             self.counters["spin_waits"] += 1
         self._complete(stream, seq)
+        with self.cv:
+            stream.seen = max(stream.seen, seq)
         self._observe(stream, seq)
+
+    def _visible(self, stream: SimStream, seq: int) -> bool:
+        """Whether a query finds `stream` complete up to `seq`. Lazily, only what the host
+        waited for: work the compute stream waited for ran, but a GPU may not have got
+        there yet when the host asks, and nothing may depend on its having done so."""
+        if self.policy == "lazy":
+            return stream.seen >= seq
+        return stream.completed >= seq
 
     def synchronize_all(self) -> None:
         """Every lane's queued work completed and observed (torch.cuda.synchronize)."""

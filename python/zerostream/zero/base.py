@@ -47,6 +47,9 @@ class ZeroOptimizerBase:
         self.ctx = ctx
         self.loss_scaler = ctx.loss_scaler
         self.clip = ctx.config.gradient_clipping
+        # DeepSpeed's gradient_allreduce_op: "mean" averages the gradients over the
+        # data-parallel ranks, "sum" keeps their sum (refused at stage 3 by the config).
+        self.dp_divisor = ctx.world if ctx.config.gradient_allreduce_op == "mean" else 1
         self.dp_process_group = ctx.group
         self.telemetry = ctx.telemetry
         self.check_overflow = ctx.check_overflow

@@ -56,6 +56,7 @@ from typing import List, Tuple
 import torch
 
 from .. import comm
+from ..precision import DTYPES
 from .flat import FlatGroup, ParamSlot
 from .protocol import TrainingState
 
@@ -253,6 +254,9 @@ class ReducerBase:
         self.group = ctx.group
         self.world = ctx.world
         self.telemetry = ctx.telemetry
+        # communication_data_type: the dtype gradients are summed over ranks in (the model's
+        # unless set); pieces land in the partitions from it.
+        self.comm_dtype = DTYPES[ctx.config.communication_data_type]
         self.collectives: Counter = Counter()  # kind -> count, for state_summary()
 
     def _timed(self, kind: str, payload: torch.Tensor, collective, *args, **kwargs):
@@ -307,9 +311,10 @@ class Stage1Reducer(_Reducer):
         for gi, flat in enumerate(self.flat_groups):
             local = self.local[gi]
             if self.world > 1:
+                send = local.to(self.comm_dtype)  # a copy when communication_data_type differs
                 # On the gradients' device: NCCL needs both sides there (GPU data-path issue).
-                out = torch.empty(flat.partition_numel, dtype=local.dtype, device=local.device)
-                self._timed("reduce_scatter", local, comm.reduce_scatter_tensor, out, local)
+                out = torch.empty(flat.partition_numel, dtype=send.dtype, device=local.device)
+                self._timed("reduce_scatter", send, comm.reduce_scatter_tensor, out, send)
             else:
                 out = local[flat.partition_begin : flat.partition_begin + flat.partition_numel]
             self._land(out, [Piece(0, out.numel(), gi, 0)], relative=True)
@@ -322,7 +327,15 @@ class Stage1Reducer(_Reducer):
 
 
 class Stage2Reducer(_Reducer):
-    """Bucketed reduction during backward; see Note [Stage-2 bucket reduction]."""
+    """Bucketed reduction during backward; see Note [Stage-2 bucket reduction].
+
+    With overlap_comm a bucket's collective runs while autograd goes on; the bucket (its
+    full-size gradients, on the device) lives until its reduced piece has landed. At most
+    IN_FLIGHT buckets are kept in flight: each is landed as soon as its collective is seen
+    complete, the oldest waited for when a newer one would exceed the limit, so neither the
+    device memory nor the start of the offloaded landing grows with the model."""
+
+    IN_FLIGHT = 2
 
     def __init__(self, flat_groups, targets, ctx, stage=None):
         super().__init__(flat_groups, targets, ctx, stage)
@@ -331,7 +344,8 @@ class Stage2Reducer(_Reducer):
         self.overlap = zero.overlap_comm
         self._bucket: List[Tuple[int, ParamSlot, torch.Tensor]] = []
         self._bucket_numel = 0
-        self._pending = []  # (work, finish) of asynchronous reductions
+        self._pending = []  # (work, finish) of asynchronous reductions, oldest first
+        self.peak_in_flight = 0
 
     def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
         # A gradient from a bare loss.backward() would sit in a bucket nobody flushes.
@@ -365,6 +379,9 @@ class Stage2Reducer(_Reducer):
         # last step's gradients until finish() zeroes them (a no-op after a backward).
         self.landing.finish()
 
+    def summary(self) -> dict:
+        return {**super().summary(), "peak_buckets_in_flight": self.peak_in_flight}
+
     def owner_pieces(self, bucket) -> List[List[Piece]]:
         """For every rank, the pieces of the bucket it owns (bucket order)."""
         pieces: List[List[Piece]] = [[] for _ in range(self.world)]
@@ -392,22 +409,36 @@ class Stage2Reducer(_Reducer):
         if choose_collective(widest, flat.numel(), self.world) == "reduce_scatter":
             work, finish = self._reduce_scatter(flat, pieces, widest)
         else:
-            flat = flat if len(bucket) > 1 else flat.clone()  # never reduce into param.grad
+            if flat.dtype != self.comm_dtype:
+                flat = flat.to(self.comm_dtype)
+            elif len(bucket) == 1:
+                flat = flat.clone()  # never reduce into param.grad
             work = self._timed("all_reduce", flat, comm.all_reduce, flat, async_op=self.overlap)
             finish = functools.partial(self._land, flat, pieces[self.rank], relative=False)
         if work is None:
             finish()
         else:
             self._pending.append((work, finish))
+            self._land_finished()
+
+    def _land_finished(self) -> None:
+        """Lands the buckets whose collective has completed, in order, and waits for the
+        oldest while more than IN_FLIGHT are in flight."""
+        pending = self._pending
+        while pending and (len(pending) > self.IN_FLIGHT or pending[0][0].is_completed()):
+            work, finish = pending.pop(0)
+            work.wait()
+            finish()
+        self.peak_in_flight = max(self.peak_in_flight, len(pending))
 
     def _reduce_scatter(self, flat: torch.Tensor, pieces, widest: int):
-        staging = flat.new_zeros(self.world * widest)
+        staging = flat.new_zeros(self.world * widest, dtype=self.comm_dtype)
         for r, ps in enumerate(pieces):
             at = r * widest
             for p in ps:
                 staging[at : at + p.hi - p.lo].copy_(flat[p.lo : p.hi])
                 at += p.hi - p.lo
-        out = flat.new_empty(widest)
+        out = staging.new_empty(widest)
         work = self._timed(
             "reduce_scatter",
             staging,

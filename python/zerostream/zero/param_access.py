@@ -59,6 +59,8 @@ class _Access:
     def __init__(self, opt):
         self.opt = opt
         self.world = opt.ctx.world
+        # The step's average over ranks (1 with gradient_allreduce_op "sum").
+        self.divisor = opt.dp_divisor
         self.group = opt.ctx.group
         self.device = opt.ctx.device
 
@@ -299,7 +301,7 @@ def safe_get_full_grad(param) -> Optional[torch.Tensor]:
         return None
     lo, values, _ = view
     full = _assemble(access, param, lo, values.float())
-    return full.div_(access.world) if access.world > 1 else full
+    return full.div_(access.divisor) if access.divisor > 1 else full
 
 
 def _require_grads(access: _Access, what: str) -> None:
@@ -330,7 +332,7 @@ def safe_set_full_grad(param, value: torch.Tensor) -> None:
         lo, target, summed = view
         piece = flat[lo : lo + target.numel()].to(target.device, torch.float32)
         # The step divides the sum over ranks by the world size (Note [Param access ...]).
-        target.copy_(piece * access.world if summed else piece)
+        target.copy_(piece * access.divisor if summed else piece)
 
 
 # --- this rank's shard (ZeRO-3) -----------------------------------------------------------------
@@ -391,7 +393,7 @@ def safe_get_local_grad(param) -> Optional[torch.Tensor]:
     if found is None or not found[0].opt.holding_grads:
         return None
     access, (index, offset, n) = found
-    local = access.opt.grads[index][offset : offset + n].float() / access.world
+    local = access.opt.grads[index][offset : offset + n].float() / access.divisor
     return local.to(param.device)
 
 
@@ -406,7 +408,8 @@ def safe_set_local_grad(param, value: torch.Tensor) -> None:
         raise ValueError(f"{what}: value has {value.numel()} elements; this rank's shard has {n}")
     target = access.opt.grads[index][offset : offset + n]
     with torch.no_grad():
-        target.copy_(value.detach().reshape(-1).to(target.device, torch.float32) * access.world)
+        value = value.detach().reshape(-1).to(target.device, torch.float32)
+        target.copy_(value * access.divisor)
 
 
 __all__ = [

@@ -51,26 +51,33 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         param_starts: List[List[int]],
         make_optimizer: Optional[Callable],
         make_swapped: Optional[Callable],
+        host_partitions: bool = False,
     ) -> None:
         """`make_optimizer(groups)` builds the inner optimizer over the fp32 partitions; with
         offload_optimizer nvme the factory passes `make_swapped(sources, options,
         param_starts)` instead, which builds the fp32 state in the swap store sub-group by
-        sub-group from the 16-bit partitions (no whole fp32 copy is ever in memory)."""
+        sub-group from the 16-bit partitions (no whole fp32 copy is ever in memory).
+        `host_partitions`: the 16-bit partitions are host memory whatever the compute device
+        (stage 3 with offload_param), so the fp32 state next to them is too."""
         zero = ctx.config.zero_optimization
         self.offload_device = zero.offload_optimizer_device
+        self.host_partitions = host_partitions
         self.swapper = None
-        # Offloaded: gradients go down and updated weights up through the copy stage
-        # (offload/copy_stage.py; its CPU twin on a machine without a GPU).
+        # Offloaded (the optimizer, or the parameters at stage 3, which puts the optimizer's
+        # state beside them in host memory): gradients go down and updated weights up
+        # through the copy stage (offload/copy_stage.py; its CPU twin without a GPU).
         self.copy_stage = None
         self._copy_meter = None  # the copy stage's bytes and seconds into telemetry
-        if self.offload_device != "none":
+        if self.offload_device != "none" or host_partitions:
             from ..offload.copy_stage import SLOT_BYTES, CopyMeter, CopyStage
 
             # Slots no larger than the largest fp32 partition: a small model does not pin
             # the full ring it would never fill.
             widest = 4 * max((sinks.numel(p) for p in partitions), default=0)
             slot = min(SLOT_BYTES, max(64 << 10, -(-widest // 4096) * 4096))
-            pin = zero.offload_optimizer.pin_memory
+            pin = (
+                zero.offload_optimizer if self.offload_device != "none" else zero.offload_param
+            ).pin_memory
             self.copy_stage = CopyStage(ctx.device, slot_bytes=slot, pin=pin)
             self._copy_meter = CopyMeter(self.copy_stage, ctx.telemetry)
         sizes = [sinks.numel(p) for p in partitions]
@@ -161,17 +168,24 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         """Averages the reduced gradient partitions over ranks, reads the global norm (the
         step's one host read) and, unless it overflowed, updates the partitions with the
         unscale/clip factor. Returns whether the update was applied."""
-        # The partitions hold sums over ranks: the average's 1/world is folded into the norm
-        # and the factor instead of a pass over them (and a rounding of 16-bit ones).
-        norm_sq = self._norm_and_overflow(self.grads, partitioned=True) / self.world**2
+        # The partitions hold sums over ranks: the average's 1/world (gradient_allreduce_op
+        # "mean") is folded into the norm and the factor instead of a pass over them (and a
+        # rounding of 16-bit ones).
+        divisor = self.dp_divisor
+        norm_sq = self._norm_and_overflow(self.grads, partitioned=True) / divisor**2
         factor = self._grad_factor(norm_sq)
         if factor is not None:
-            self._update(factor / self.world)
+            self._update(factor / divisor)
         return factor is not None
 
     def _update(self, factor: float) -> None:
         """Steps this rank's partitions and writes them into the 16-bit partitions; with the
         copy stage, piece by piece, each piece's upload crossing while the next is stepped."""
+        if self.copy_stage is not None:
+            # The last update's uploads read the host masters (and staging) this one rewrites:
+            # after a backward they were drained with its gradients, but a step() with no
+            # backward since (a skipped micro-batch) comes straight here.
+            self.copy_stage.drain()
         partitions = self._sinks(self.local_partitions())
         try:
             self._update_into(partitions, factor)
@@ -185,7 +199,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         the copy stage (a DeviceSink); a host one (offload_param cpu) or a stage-3 ShardSink
         as it is."""
         stage = self.copy_stage
-        if stage is None:
+        if stage is None or self.host_partitions:
             return partitions
         from ..offload.copy_stage import DeviceSink
 

@@ -11,6 +11,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import comm
+from ..precision import DTYPES
 from .base import ZeroOptimizerBase
 from .protocol import StageContext
 
@@ -23,6 +24,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         self.reduce_bucket_size = cfg.zero_optimization.reduce_bucket_size
         self.prescale = cfg.prescale_gradients
         self.predivide = cfg.gradient_predivide_factor
+        self.comm_dtype = DTYPES[cfg.communication_data_type]
         self.params = [p for g in param_groups for p in g["params"]]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
         if ctx.device.type == "cpu":
@@ -63,14 +65,16 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         pass
 
     def reduce_gradients(self) -> None:
-        """Bucketed all-reduce with DeepSpeed's pre/post scaling: by default the sum is divided
-        by the world size after the reduction; prescale_gradients divides before, and
-        gradient_predivide_factor f splits it into 1/f before and f/world after."""
+        """Bucketed all-reduce in communication_data_type with DeepSpeed's pre/post scaling:
+        by default the sum is divided by the world size after the reduction;
+        prescale_gradients divides before, and gradient_predivide_factor f splits it into 1/f
+        before and f/world after; gradient_allreduce_op "sum" keeps the sum."""
         grads = [p.grad for p in self.params if p.grad is not None]
         if self.world == 1 or not grads:
             return
-        pre = 1.0 / self.world if self.prescale else 1.0 / self.predivide
-        post = 1.0 if self.prescale else self.predivide / self.world
+        world = self.dp_divisor  # 1 for "sum"
+        pre = 1.0 / world if self.prescale else 1.0 / self.predivide
+        post = 1.0 if self.prescale else self.predivide / world
         bucket: List[torch.Tensor] = []
         size = 0
         for g in grads + [None]:
@@ -78,7 +82,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 bucket.append(g)
                 size += g.numel()
             if bucket and (g is None or size >= self.reduce_bucket_size):
-                flat = _flatten_dense_tensors(bucket)
+                flat = _flatten_dense_tensors(bucket).to(self.comm_dtype)
                 if pre != 1.0:
                     flat.mul_(pre)
                 start = time.perf_counter()

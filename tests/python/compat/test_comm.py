@@ -21,6 +21,14 @@ def comm_worker(rank, world):
     a, b = torch.full((2, 2), float(rank + 1)), torch.arange(3.0) * (rank + 1)
     comm.all_reduce_coalesced([a, b])
     out["coalesced"] = (a, b)
+    # Mixed dtypes keep theirs (an int64 count beside bf16 values: neither promoted), and
+    # async_op returns a handle: the tensors hold the sums once it is waited on.
+    c = torch.tensor([2**40 + rank], dtype=torch.int64)
+    d = torch.full((3,), 0.1 * (rank + 1), dtype=torch.bfloat16)
+    handle = comm.all_reduce_coalesced([c, d], async_op=True)
+    out["async_handle"] = handle is not None
+    handle.wait()
+    out["mixed"] = (c, d)
     # all_to_all: output[j] = rank j's input[this rank].
     send = [torch.tensor([100.0 * rank + j]) for j in range(world)]
     recv = [torch.empty(1) for _ in range(world)]
@@ -43,6 +51,13 @@ def test_added_collectives_compute_what_deepspeed_comm_does():
         a, b = out["coalesced"]
         torch.testing.assert_close(a, torch.full((2, 2), 3.0))
         torch.testing.assert_close(b, torch.arange(3.0) * 3)
+        c, d = out["mixed"]
+        assert out["async_handle"] and c.dtype == torch.int64 and d.dtype == torch.bfloat16
+        assert int(c) == 2 * 2**40 + 1  # exact: an fp32/bf16 promotion would lose it
+        want = torch.full((3,), 0.1, dtype=torch.bfloat16) + torch.full(
+            (3,), 0.2, dtype=torch.bfloat16
+        )
+        assert torch.equal(d, want)
         if isinstance(out["all_to_all"], str):
             pytest.skip(f"this torch's Gloo has no all_to_all: {out['all_to_all']}")
         torch.testing.assert_close(

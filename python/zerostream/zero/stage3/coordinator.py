@@ -237,6 +237,11 @@ class ParamCoordinator:
             if ahead:
                 self.prefetched_numel += sum(zp.numel for zp in ahead)
                 self.part.gather(ahead, async_op=True)
+        trace = self.trace
+        if self.part.reading and planned is not None and self.pos < len(trace.events):
+            # Reads ahead from NVMe for the next module go up and are all-gathered while
+            # this one runs (every rank replays the same trace, so launches in one order).
+            self.part.launch_reads(set(trace.events[self.pos][1]))
         return planned, zps
 
     # --- forward ---------------------------------------------------------------------------------

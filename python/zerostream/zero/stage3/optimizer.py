@@ -174,7 +174,8 @@ class Stage3Optimizer(ShardedOptimizerBase):
             self.flat16.append(flat)
             starts.append(group_starts)
         options = [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
-        self._init_state(ctx, self.flat16, options, starts, make_optimizer, make_swapped)
+        host = self.part.offload_device != "none"
+        self._init_state(ctx, self.flat16, options, starts, make_optimizer, make_swapped, host)
         self.slots = slots
         self.reducer = Stage3Reducer(
             slots, self.grads, zero.reduce_bucket_size, ctx, self.copy_stage

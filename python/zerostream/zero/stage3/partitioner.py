@@ -22,8 +22,11 @@ LOOSE_CHUNK_BYTES = 256 << 20  # home_loose_shards moves host shards this many b
 class InflightGather:
     """One coalesced all-gather: the shards of `zps` concatenated (rank-major output of
     world*S elements), copied into each parameter's full buffer when waited on. A prefetch
-    of shards on NVMe is in flight as disk reads (`reads`): the collective runs once they
-    land, when the gather is waited on (every rank waits in the same order)."""
+    of shards on NVMe is in flight as disk reads (`reads`) until launch(): the reads land,
+    the shards go up on the upload lane and the all-gather is issued after them, without
+    waiting for it. Every rank launches at the same point (the coordinator launches a read
+    ahead at the module event before the one that needs it, else wait() does), so the
+    collectives are issued in one order everywhere."""
 
     def __init__(
         self, partitioner: "Partitioner", zps: List[ZeroParam], out, handle, reads=None, mark=None
@@ -33,15 +36,23 @@ class InflightGather:
         self.mark = mark  # the uploads into the send buffer (host shards), see Partitioner
         self.done = False
 
+    def launch(self, early: bool = True) -> None:
+        """A read ahead's shards into the send buffer and its all-gather issued (async)."""
+        if self.reads is None:
+            return
+        part = self.partitioner
+        self.reads.land()
+        self.mark = part.uploads.upload_mark() if part.uploads is not None else None
+        self.out, self.handle = part.collect(self.reads.send, async_op=True)
+        self.reads = None
+        part.reading.remove(self)
+        part.read_launches["early" if early else "at_wait"] += 1
+
     def wait(self) -> None:
         if self.done:
             return
         part = self.partitioner
-        if self.reads is not None:
-            self.reads.land()
-            self.mark = part.uploads.upload_mark() if part.uploads is not None else None
-            self.out, self.handle = part.collect(self.reads.send, async_op=False)
-            self.reads = None
+        self.launch(early=False)
         if self.handle is not None:
             self.handle.wait()
         if part.uploads is not None:
@@ -94,6 +105,8 @@ class Partitioner:
         self.persisted_numel = 0
         self.params: Dict[int, ZeroParam] = {}
         self.inflight: Dict[int, InflightGather] = {}
+        self.reading: List[InflightGather] = []  # NVMe reads ahead not launched yet, in order
+        self.read_launches = {"early": 0, "at_wait": 0}
         self.live_numel = 0  # gathered or in-flight elements of non-persistent params
         self.peak_live_numel = 0
         self.gathers = 0
@@ -273,6 +286,7 @@ class Partitioner:
             # A prefetch from disk: the reads run while the module before it computes.
             reads = self.swapper.start_reads(zps, send, offsets, self.uploads)
             gather = InflightGather(self, zps, None, None, reads=reads)
+            self.reading.append(gather)
         else:
             if self.swapper is not None:
                 self.swapper.read_into(zps, send, offsets, self.uploads)
@@ -286,6 +300,13 @@ class Partitioner:
         if not async_op:
             gather.wait()
         return gather
+
+    def launch_reads(self, ds_ids) -> None:
+        """Launches the reads ahead that hold any of `ds_ids` (the next module's params):
+        their uploads and all-gather overlap the module running now."""
+        for gather in list(self.reading):
+            if any(zp.ds_id in ds_ids for zp in gather.zps):
+                gather.launch()
 
     def collect(self, send: torch.Tensor, async_op: bool):
         """(out, handle): every rank's `send` side by side (rank-major). With host shards the
@@ -362,6 +383,7 @@ class Partitioner:
             "shard_device": str(self.shard_device()),
             "shard_arena_bytes": sum(int(a.stats()["in_use"]) for a in self.host_arenas),
             "loose_shards": len(self._loose()),  # none after a gather with host shards
+            "read_launches": dict(self.read_launches),
             "offload_param": self.offload_device,
             **({"swap": self.swapper.stats()} if self.swapper is not None else {}),
         }

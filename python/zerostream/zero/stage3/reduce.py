@@ -66,7 +66,8 @@ class Stage3Reducer(ReducerBase):
         world = self.world
         total = sum(zp.shard_numel for zp, _ in items)
         grad0 = items[0][1]
-        send = torch.zeros(world, total, dtype=grad0.dtype, device=grad0.device)
+        dtype = self.comm_dtype if world > 1 else grad0.dtype  # communication_data_type
+        send = torch.zeros(world, total, dtype=dtype, device=grad0.device)
         off = 0
         for zp, g in items:
             k, n = zp.shard_numel, zp.numel

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Deletes, one at a time, each wait, fence, drain, keep_alive/record_stream and device
+binding of the GPU path (and each fix of the GPU-proof issue), runs the tests that must
+catch it on the simulated device, and prints which test caught which deletion.
+
+    scripts/dev-build.sh                    # the tests import the working tree
+    scripts/sync-mutations.py [--only ID,...] [--markdown FILE]
+
+Every mutation is applied to the working tree and reverted before the next (also on
+Ctrl-C). A mutation that no test catches is a hole in the simulated device or its tests;
+the script exits 1 then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PY = ROOT / "python/zerostream"
+ENGINE = "tests/python/zero/test_device_engine.py"
+GPU_PATH = "tests/python/zero/test_gpu_path.py"
+SIM = "tests/python/offload/test_sim_device.py"
+AUDIT = "tests/python/zero/test_device_audit.py"
+
+# (id, file, text to delete or replace, replacement, tests that must fail)
+MUTATIONS = [
+    (
+        "lane-waits-for-compute",
+        "offload/copy_stage.py",
+        "        lane.wait_stream(self.cuda.current_stream())\n        with self.cuda.use(lane):\n",
+        "        with self.cuda.use(lane):\n",
+        [ENGINE],
+    ),
+    (
+        "keep-alive-device-side",
+        "offload/copy_stage.py",
+        "        self.cuda.keep_alive(device_side, lane)",
+        "        pass",
+        [ENGINE],
+    ),
+    (
+        "slot-reuse-waits-for-its-copy",
+        "offload/copy_stage.py",
+        "                if not self.lanes.ready(f.event):\n"
+        "                    if count is not None:\n"
+        '                        count["host_waits"] += 1\n'
+        "                    self.lanes.host_wait(f.event)\n",
+        "                pass\n",
+        [ENGINE],
+    ),
+    (
+        "drain-waits-for-last-download",
+        "offload/copy_stage.py",
+        "        if last_down is not None and not self.lanes.ready(last_down):",
+        "        if False:",
+        [ENGINE],
+    ),
+    (
+        "drain-waits-for-last-upload",
+        "offload/copy_stage.py",
+        "        if last is not None and not self.lanes.ready(last):",
+        "        if False:",
+        [ENGINE],
+    ),
+    (
+        "fence-after-update",
+        "zero/sharded.py",
+        "                self.copy_stage.fence()\n",
+        "                pass\n",
+        [ENGINE],
+    ),
+    (
+        "release-sources-stage1",
+        "zero/grad_reduce.py",
+        "                self.stage.release_sources()",
+        "                pass",
+        [ENGINE],
+    ),
+    (
+        "landing-drain",
+        "zero/grad_reduce.py",
+        "        if self.stage is not None:\n            self.stage.drain()\n        self.finish()",
+        "        self.finish()",
+        [ENGINE],
+    ),
+    (
+        "update-drains-first",
+        "zero/sharded.py",
+        "            self.copy_stage.drain()\n        partitions = self._sinks",
+        "            pass\n        partitions = self._sinks",
+        [GPU_PATH + "::test_a_step_without_backward_waits_for_the_last_uploads"],
+    ),
+    (
+        "gather-waits-for-its-uploads",
+        "zero/stage3/partitioner.py",
+        "            part.uploads.wait_mark(self.mark)",
+        "            pass",
+        [ENGINE],
+    ),
+    (
+        "collective-after-uploads",
+        "offload/copy_stage.py",
+        "        self.up.wait_stream(self.cuda.current_stream())\n        with self.cuda.use(self.up):",
+        "        with self.cuda.use(self.up):",
+        [ENGINE],
+    ),
+    (
+        "settle-uploads-before-update",
+        "zero/stage3/optimizer.py",
+        "        self.part.settle_uploads()  # the update rewrites host shards the uploads read",
+        "        pass",
+        [ENGINE],
+    ),
+    (
+        "settle-uploads-before-shard-write",
+        "zero/stage3/partitioner.py",
+        "        self.settle_uploads()\n        values = zp.shard_values(full)",
+        "        values = zp.shard_values(full)",
+        [ENGINE],
+    ),
+    (
+        "staging-held-until-uploaded",
+        "offload/param_swap.py",
+        "        if pending and uploads is not None:\n"
+        "            uploads.hold(*(buf for _, _, buf, _ in pending))",
+        "        if False:\n            pass",
+        [ENGINE],
+    ),
+    (
+        "swapper-waits-for-held-uploads",
+        "offload/param_swap.py",
+        "            elif uploads is None or not uploads.release_held(wait=True):",
+        "            elif True:",
+        [ENGINE],
+    ),
+    (
+        "consumer-thread-binds-device",
+        "offload/copy_stage.py",
+        "        self.lanes.bind_thread()  # its event waits are CUDA calls: on this rank's device",
+        "        pass",
+        [ENGINE],
+    ),
+    (
+        "engine-binds-device",
+        "accelerator.py",
+        "    acc.set_device(local_rank)  # a no-op on the CPU (recorded by the simulated device)",
+        "    pass",
+        [ENGINE],
+    ),
+    (
+        "blocking-events",
+        "offload/copy_stage.py",
+        "            event = self.cuda.new_event(timing=True, blocking=True)",
+        "            event = self.cuda.new_event(timing=True)",
+        [ENGINE],
+    ),
+    (
+        "gradient-parts-summed",
+        "zero/grad_reduce.py",
+        "            fresh, seen = self._covered.claim(g, at, at + n)",
+        "            fresh, seen = self._covered.claim(g, at, at + n)\n            fresh += seen\n"
+        "            seen = []",
+        ["tests/python/zero/test_grad_parts.py"],
+    ),
+    (
+        "overlap-comm-lands-early",
+        "zero/grad_reduce.py",
+        "            self._pending.append((work, finish))\n            self._land_finished()",
+        "            self._pending.append((work, finish))",
+        [
+            GPU_PATH
+            + "::test_overlap_comm_keeps_two_buckets_in_flight_and_lands_the_rest_in_backward"
+        ],
+    ),
+    (
+        "nvme-read-ahead-launched-early",
+        "zero/stage3/coordinator.py",
+        "            self.part.launch_reads(set(trace.events[self.pos][1]))",
+        "            pass",
+        [GPU_PATH + "::test_nvme_reads_ahead_are_uploaded_and_gathered_one_module_early"],
+    ),
+    (
+        "host-params-land-on-the-lane",
+        "zero/sharded.py",
+        '        if self.offload_device != "none" or host_partitions:',
+        '        if self.offload_device != "none":',
+        [GPU_PATH + "::test_host_params_with_a_device_optimizer_land_gradients_on_the_lane"],
+    ),
+    (
+        "staging-pooled",
+        "offload/param_swap.py",
+        "register=True, pooled=True)",
+        "register=True)",
+        [GPU_PATH + "::test_host_memory_is_registered_once_and_not_at_all_without_pin_memory"],
+    ),
+    (
+        "pin-memory-false-registers-nothing",
+        "offload/io.py",
+        "        self.registers = bool(lock and register)",
+        "        self.registers = bool(register)",
+        [GPU_PATH + "::test_host_memory_is_registered_once_and_not_at_all_without_pin_memory"],
+    ),
+]
+
+
+def run_tests(tests, env) -> tuple:
+    start = time.monotonic()
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("E ")]
+    return done.returncode, time.monotonic() - start, (lines[:1] or [""])[0][:160]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated mutation ids")
+    parser.add_argument("--markdown", help="also write the table here")
+    args = parser.parse_args()
+    only = {m for m in args.only.split(",") if m}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'python'}:{ROOT / 'tests/python'}"}
+    rows, holes = [], []
+    for ident, rel, old, new, tests in MUTATIONS:
+        if only and ident not in only:
+            continue
+        path = PY / rel
+        original = path.read_text()
+        if original.count(old) != 1:
+            print(f"{ident}: the text to mutate is not in {rel} exactly once", file=sys.stderr)
+            return 2
+        try:
+            path.write_text(original.replace(old, new))
+            rc, seconds, why = run_tests(tests, env)
+        finally:
+            path.write_text(original)
+        caught = rc != 0
+        if not caught:
+            holes.append(ident)
+        rows.append((ident, rel, " ".join(t.split("/")[-1] for t in tests), caught, why))
+        print(f"{ident:38s} {'caught' if caught else 'NOT CAUGHT'} ({seconds:.0f} s) {why}")
+    table = ["| deletion | file | test | caught | first failure |", "|---|---|---|---|---|"]
+    for ident, rel, tests, caught, why in rows:
+        why = why.replace("|", "/")
+        table.append(f"| {ident} | {rel} | {tests} | {'yes' if caught else '**no**'} | {why} |")
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    return 1 if holes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

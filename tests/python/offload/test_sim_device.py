@@ -1,0 +1,162 @@
+"""The simulated device itself (zerostream/testing/sim_device.py, Note [The simulated
+device]): each mistake a GPU punishes must show on it, through the copy stage's CudaLanes
+exactly as the engine drives them. Every test here is one such mistake made on purpose (or
+the correct use beside it), and what the device must report."""
+
+import threading
+
+import pytest
+import torch
+
+from zerostream.offload import copy_stage
+from zerostream.offload.io import HostArena
+from zerostream.testing import sim_device
+
+
+@pytest.fixture
+def sim():
+    with sim_device.installed(policy="lazy", device_index=1) as device:
+        device.set_device(1)
+        yield device
+
+
+def _pinned(numel, dtype=torch.float32):
+    return HostArena(1 << 20, register=True).empty(numel, dtype)
+
+
+def test_a_copy_lands_only_when_waited_for_and_the_host_sees_it_only_then(sim):
+    lanes = copy_stage.lanes_for(torch.device("cpu"))
+    assert lanes.kind == "cuda"
+    src, dst = torch.arange(8.0), _pinned(8)
+    event = lanes.copy(dst, src, upload=False)
+    assert dst.isnan().all(), "poisoned until the copy completed and the host knows it"
+    assert not lanes.ready(event)  # lazy: nothing completes by itself
+    lanes.host_wait(event)
+    assert torch.equal(dst, src)
+    assert sim.counters["host_syncs"] == 1 and sim.counters["spin_waits"] == 0
+
+
+def test_a_compute_stream_wait_orders_the_device_but_tells_the_host_nothing(sim):
+    lanes = copy_stage.lanes_for(torch.device("cpu"))
+    src, dst = torch.arange(8.0), _pinned(8)
+    event = lanes.copy(dst, src, upload=False)
+    lanes.device_wait(event)  # the compute stream waits: src may now be overwritten
+    src.zero_()
+    assert dst.isnan().all()  # but the host has not observed the download
+    assert not lanes.ready(event)  # lazily, a query tells only what the host waited for
+    lanes.host_wait(event)
+    assert torch.equal(dst, torch.arange(8.0)), "read before the compute stream rewrote it"
+
+
+def test_overwriting_a_download_source_without_waiting_loses_the_values(sim):
+    lanes = copy_stage.lanes_for(torch.device("cpu"))
+    src, dst = torch.arange(8.0), _pinned(8)
+    event = lanes.copy(dst, src, upload=False)
+    src.zero_()  # no device_wait: on a GPU this races the DMA; here the DMA loses
+    lanes.host_wait(event)
+    assert torch.equal(dst, torch.zeros(8))
+
+
+def test_rewriting_an_upload_source_before_the_host_knew_it_completed_is_reported():
+    with pytest.raises(AssertionError, match="rewrote the source of an upload"):
+        with sim_device.installed(policy="lazy") as sim:
+            sim.set_device(0)
+            lanes = copy_stage.lanes_for(torch.device("cpu"))
+            src, dst = _pinned(8), torch.zeros(8)
+            src.copy_(torch.arange(8.0))
+            event = lanes.copy(dst, src, upload=True)
+            lanes.device_wait(event)  # the device is ordered; the host still knows nothing
+            src.fill_(7.0)  # the next step's update, say
+            lanes.host_wait(event)
+
+
+def test_a_device_buffer_freed_under_a_queued_copy_without_record_stream_is_reported():
+    cuda_calls = []
+
+    with pytest.raises(AssertionError, match="freed while lane0 still had a copy queued"):
+        with sim_device.installed(policy="lazy") as sim:
+            sim.set_device(0)
+            cuda = sim_device.SimCuda(sim, 0)
+            cuda.keep_alive = lambda tensor, stream: cuda_calls.append(stream)  # deleted
+            lanes = copy_stage.CudaLanes(cuda)
+            dst = _pinned(1024)
+            event = lanes.copy(dst, torch.ones(4096)[:1024], upload=False)  # src dropped
+            lanes.host_wait(event)
+    assert cuda_calls, "the lanes did ask for it"
+
+
+def test_record_stream_keeps_a_dropped_device_buffer_valid(sim):
+    lanes = copy_stage.lanes_for(torch.device("cpu"))
+    dst = _pinned(1024)
+    event = lanes.copy(dst, torch.ones(4096)[:1024], upload=False)
+    lanes.host_wait(event)
+    assert torch.equal(dst, torch.ones(1024)) and sim.violations == []
+
+
+def test_a_copy_not_ordered_after_the_compute_stream_is_reported():
+    with pytest.raises(AssertionError, match="without the lane waiting for the compute"):
+        with sim_device.installed(policy="eager") as sim:
+            sim.set_device(0)
+            cuda = sim_device.SimCuda(sim, 0)
+            lanes = copy_stage.CudaLanes(cuda)
+            grad = torch.ones(16) * 3  # produced by the compute stream just now
+            with cuda.use(lanes.down):  # the copy, without lane.wait_stream(compute)
+                cuda.copy(_pinned(16), grad, upload=False)
+
+
+def test_a_thread_that_never_set_the_device_is_reported():
+    with pytest.raises(AssertionError, match="never set one"):
+        with sim_device.installed(policy="eager", device_index=1) as sim:
+            sim.set_device(1)
+            lanes = copy_stage.lanes_for(torch.device("cpu"))
+            event = lanes.copy(_pinned(4), torch.ones(4), upload=False)
+            worker = threading.Thread(target=lambda: event.synchronize(), name="unbound")
+            worker.start()
+            worker.join()
+
+
+def test_the_copy_stage_consumer_thread_binds_the_device(sim):
+    stage = copy_stage.CopyStage(torch.device("cpu"), slot_bytes=4096, slots=2)
+    assert stage._ring.thread is not None  # the GPU path: downloads land on their own thread
+    landed = []
+    stage.to_host(torch.arange(2048.0), lambda at, chunk: landed.append(chunk.clone()))
+    stage.drain()
+    assert torch.equal(torch.cat(landed), torch.arange(2048.0))
+    assert ("zs-copy-consumer", 1) in sim.set_device_calls
+
+
+def test_copies_from_pageable_memory_and_spinning_waits_are_counted(sim):
+    cuda = sim_device.SimCuda(sim, 1)
+    lanes = copy_stage.CudaLanes(cuda)
+    lanes.copy(torch.zeros(4), torch.ones(4), upload=True)  # pageable source
+    event = cuda.new_event(blocking=False)
+    event.record(lanes.up)
+    event.synchronize()
+    assert sim.counters["pageable_copies"] == 1 and sim.counters["spin_waits"] == 1
+
+
+def test_an_object_collective_on_the_wrong_device_is_reported(one_rank_process_group):
+    import torch.distributed as dist
+
+    from zerostream import comm
+
+    comm.init_distributed()
+    with pytest.raises(AssertionError, match="NCCL would put its bytes on cuda:0"):
+        with sim_device.installed(policy="eager", device_index=1):
+            out = [None]
+            comm.all_gather_object(out, "trace digest")  # nobody set the device
+    assert dist.is_initialized()
+
+
+def test_random_delays_complete_work_by_themselves(sim):
+    with sim_device.installed(policy="random", seed=3, max_delay_s=0.001) as rnd:
+        rnd.set_device(0)
+        lanes = copy_stage.lanes_for(torch.device("cpu"))
+        dst = _pinned(8)
+        event = lanes.copy(dst, torch.arange(8.0), upload=False)
+        for _ in range(2000):
+            if lanes.ready(event):
+                break
+            threading.Event().wait(0.001)
+        assert lanes.ready(event) and torch.equal(dst, torch.arange(8.0))
+        assert rnd.counters["host_syncs"] == 0

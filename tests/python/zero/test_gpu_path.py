@@ -1,0 +1,311 @@
+"""The GPU-path defects a review found (the GPU-proof issue), each shown on the simulated
+device (zerostream/testing/sim_device.py) on 2 ranks, rank r on its own device r, and
+compared with the same run on the plain CPU:
+
+- a step() with no backward since the last one rewrites the host masters only after the
+  last update's uploads from them completed (stage 2, fp32 device partitions);
+- stage 2 with overlap_comm keeps at most two buckets in flight and lands the others during
+  backward, not all after it;
+- stage 3 with parameters on NVMe uploads and all-gathers a read ahead one module early
+  (while the module before it runs), not when the module that needs it waits;
+- stage 3 with parameters on the host and the optimizer on the device lands gradients
+  through the copy stage's download lane (it was a blocking .to() on autograd's thread);
+- zero.Init and initialize() make the rank's device current (a user-made process group
+  left the object collectives of the trace check and checkpoints on device 0);
+- the host arenas register their memory once, not per step, and pin_memory false
+  registers nothing (its copies are then reported as pageable);
+- DataLoader workers forked after the host memory was registered change nothing.
+"""
+
+import pytest
+import torch
+from mlp import MLP
+from tiny_gpt import TinyGPT, make_batches
+
+from multirank import run_ranks
+
+
+def _config(stage, **zero):
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+        "zero_optimization": {"stage": stage, **zero},
+    }
+
+
+def _gpt_steps(engine, rank, steps, skip_backward_at=None):
+    xs, ys = make_batches(steps, 8)
+    losses = []
+    for s in range(steps):
+        if s == skip_backward_at:
+            engine.step()  # a step with no backward since the last one
+            continue
+        loss = engine(xs[s][rank * 4 : rank * 4 + 4], ys[s][rank * 4 : rank * 4 + 4])
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _weights(engine):
+    from zerostream.zero import GatheredParameters
+
+    with GatheredParameters(list(engine.module.parameters())):
+        return [p.detach().clone() for p in engine.module.parameters()]
+
+
+def scenario_step_without_backward(rank, tmp):
+    import zerostream
+
+    torch.manual_seed(0)
+    cfg = _config(2, offload_optimizer={"device": "cpu"})
+    engine, *_ = zerostream.initialize(model=TinyGPT(), config=cfg)
+    losses = _gpt_steps(engine, rank, 4, skip_backward_at=1)
+    return losses, _weights(engine)
+
+
+def scenario_overlap_comm(rank, tmp):
+    import zerostream
+    from zerostream.zero.grad_reduce import Stage2Reducer
+
+    torch.manual_seed(0)
+    zero = {"overlap_comm": True, "reduce_bucket_size": 300, "offload_optimizer": {"device": "cpu"}}
+    engine, opt, *_ = zerostream.initialize(model=TinyGPT(), config=_config(2, **zero))
+    in_flight, before_end = [], []
+    flush, after = Stage2Reducer.flush, opt.after_backward
+
+    def counted_flush(self):
+        flush(self)
+        in_flight.append(len(self._pending))
+
+    def counted_after():
+        before_end.append(opt.copy_stage.stats["copies"])
+        after()
+
+    Stage2Reducer.flush, opt.after_backward = counted_flush, counted_after
+    try:
+        losses = _gpt_steps(engine, rank, 3)
+    finally:
+        Stage2Reducer.flush = flush
+    buckets = opt.reducer.collectives
+    return losses, _weights(engine), max(in_flight), min(before_end), dict(buckets)
+
+
+def scenario_nvme_read_ahead(rank, tmp):
+    import zerostream
+
+    torch.manual_seed(0)
+    zero = {
+        "offload_param": {"device": "nvme", "nvme_path": f"{tmp}/p{rank}", "max_in_cpu": 0},
+        "stage3_param_persistence_threshold": 0,
+        "stage3_prefetch_bucket_size": 3000,
+    }
+    engine, opt, *_ = zerostream.initialize(model=TinyGPT(), config=_config(3, **zero))
+    losses = _gpt_steps(engine, rank, 4)
+    launches = opt.part.summary()["read_launches"]
+    return losses, _weights(engine), launches
+
+
+def scenario_host_params_device_optimizer(rank, tmp):
+    import zerostream
+
+    torch.manual_seed(0)
+    zero = {"offload_param": {"device": "cpu"}, "stage3_param_persistence_threshold": 0}
+    engine, opt, *_ = zerostream.initialize(model=TinyGPT(), config=_config(3, **zero))
+    blocking = []
+    to = torch.Tensor.to
+
+    def watched(self, *args, **kwargs):
+        if args and str(args[0]) == "cpu" and self.dtype.is_floating_point and self.dim():
+            blocking.append(tuple(self.shape))
+        return to(self, *args, **kwargs)
+
+    torch.Tensor.to = watched
+    try:
+        losses = _gpt_steps(engine, rank, 3)
+    finally:
+        torch.Tensor.to = to
+    return losses, _weights(engine), opt.copy_stage.stats["d2h_bytes"], blocking
+
+
+def scenario_zero_init_device(rank, tmp):
+    import zerostream
+    from zerostream.accelerator import get_accelerator
+
+    cfg = _config(3, stage3_param_persistence_threshold=0)
+    torch.manual_seed(0)
+    with zerostream.zero.Init(config_dict_or_path=cfg):
+        model = TinyGPT()
+    bound_by_init = get_accelerator().current_device()
+    engine, *_ = zerostream.initialize(model=model, config=cfg)
+    losses = _gpt_steps(engine, rank, 3)  # step 2 checks the trace: an object collective
+    engine.save_checkpoint(f"{tmp}/ckpt")
+    engine.load_checkpoint(f"{tmp}/ckpt")
+    return losses, _weights(engine), bound_by_init
+
+
+def scenario_registrations(rank, tmp):
+    import zerostream
+    from zerostream.offload.io import arena_totals
+
+    out = {}
+    for pin in (True, False):
+        torch.manual_seed(0)
+        zero = {
+            "offload_param": {
+                "device": "nvme",
+                "nvme_path": f"{tmp}/r{rank}{pin}",
+                "max_in_cpu": 0,
+                "pin_memory": pin,
+            },
+            "offload_optimizer": {"device": "cpu", "pin_memory": pin},
+            "stage3_param_persistence_threshold": 0,
+        }
+        before = arena_totals()["registrations"]
+        engine, *_ = zerostream.initialize(model=TinyGPT(), config=_config(3, **zero))
+        _gpt_steps(engine, rank, 1)
+        after_one = arena_totals()["registrations"]
+        _gpt_steps(engine, rank, 3)
+        out[pin] = (after_one - before, arena_totals()["registrations"] - after_one)
+        engine.destroy()
+    return out
+
+
+SCENARIOS = {
+    "step_without_backward": scenario_step_without_backward,
+    "overlap_comm": scenario_overlap_comm,
+    "nvme_read_ahead": scenario_nvme_read_ahead,
+    "host_params_device_optimizer": scenario_host_params_device_optimizer,
+    "zero_init_device": scenario_zero_init_device,
+    "registrations": scenario_registrations,
+}
+
+
+def worker(rank, world, names, tmp):
+    from zerostream.testing import sim_device
+
+    out = {}
+    for name in names:
+        fn = SCENARIOS[name]
+        cpu = fn(rank, f"{tmp}/{name}cpu")
+        with sim_device.installed(policy="lazy", device_index=rank) as sim:
+            try:
+                simmed = fn(rank, f"{tmp}/{name}sim")
+            finally:
+                seen = (dict(sim.counters), list(sim.violations))
+            sim.violations.clear()  # reported below, with the scenario's name
+        out[name] = (cpu, simmed, seen)
+    return out
+
+
+def _same(cpu, simmed) -> bool:
+    return cpu[0] == simmed[0] and all(torch.equal(a, b) for a, b in zip(cpu[1], simmed[1]))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu-path")
+    return run_ranks(worker, 2, list(SCENARIOS), str(tmp), timeout=600)
+
+
+def _check(results, name):
+    for rank, out in enumerate(results):
+        cpu, simmed, (counters, violations) = out[name]
+        assert violations == [], f"rank {rank}: the device saw {violations}"
+        if name != "registrations":
+            assert _same(cpu, simmed), f"rank {rank}: not bit-equal to the CPU run"
+        yield rank, cpu, simmed, counters
+
+
+@pytest.mark.multirank
+def test_a_step_without_backward_waits_for_the_last_uploads(results):
+    for _, cpu, _, counters in _check(results, "step_without_backward"):
+        assert len(cpu[0]) == 3 and counters["copies"] > 0
+
+
+@pytest.mark.multirank
+def test_overlap_comm_keeps_two_buckets_in_flight_and_lands_the_rest_in_backward(results):
+    for _, _, simmed, _ in _check(results, "overlap_comm"):
+        _, _, peak, copies_before_backward_ended, buckets = simmed
+        assert buckets.get("all_reduce", 0) >= 3, buckets  # asynchronous ones, several
+        assert peak <= 2, f"{peak} buckets in flight"
+        assert copies_before_backward_ended > 0, "nothing landed before backward ended"
+
+
+@pytest.mark.multirank
+def test_nvme_reads_ahead_are_uploaded_and_gathered_one_module_early(results):
+    for _, _, simmed, _ in _check(results, "nvme_read_ahead"):
+        launches = simmed[2]
+        assert launches["early"] > 0 and launches["early"] > 4 * launches["at_wait"], launches
+
+
+@pytest.mark.multirank
+def test_host_params_with_a_device_optimizer_land_gradients_on_the_lane(results):
+    for _, _, simmed, counters in _check(results, "host_params_device_optimizer"):
+        _, _, d2h_bytes, blocking = simmed
+        assert d2h_bytes > 0 and blocking == [], blocking
+        assert counters["copies"] > 0
+
+
+@pytest.mark.multirank
+def test_zero_init_and_initialize_make_the_ranks_device_current(results):
+    for rank, _, simmed, _ in _check(results, "zero_init_device"):
+        assert simmed[2] == rank
+
+
+@pytest.mark.multirank
+def test_host_memory_is_registered_once_and_not_at_all_without_pin_memory(results):
+    for _, _, simmed, counters in _check(results, "registrations"):
+        (pinned_setup, pinned_later), (unpinned_setup, unpinned_later) = simmed[True], simmed[False]
+        assert pinned_setup > 0 and pinned_later == 0, simmed
+        assert unpinned_setup == 0 and unpinned_later == 0, simmed
+        assert counters["pageable_copies"] > 0  # the pin_memory false run's, reported
+
+
+def _dataloader_run(rank, world, workers):
+    import zerostream
+
+    torch.manual_seed(0)
+    cfg = _config(2, offload_optimizer={"device": "cpu"})
+    engine, *_ = zerostream.initialize(model=MLP(), config=cfg)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(64, 8, generator=torch.Generator().manual_seed(5))
+    )
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=4, num_workers=workers, multiprocessing_context="fork" if workers else None
+    )
+    losses = []
+    for (x,) in loader:
+        loss = engine(x)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    return losses, [p.detach().clone() for p in engine.module.parameters()]
+
+
+def _dataloader_check() -> None:
+    """In a process of its own (DataLoader workers cannot be forked from a daemonic rank)."""
+    from zerostream import comm
+
+    comm.init_distributed()
+    plain, forked = _dataloader_run(0, 1, 0), _dataloader_run(0, 1, 2)
+    same = plain[0] == forked[0] and all(torch.equal(a, b) for a, b in zip(plain[1], forked[1]))
+    print("BIT-EQUAL" if same else f"DIFFERENT {plain[0]} {forked[0]}")
+
+
+def test_forked_dataloader_workers_change_nothing_with_offload():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    here = pathlib.Path(__file__).resolve().parent
+    code = f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]; "
+    code += "import test_gpu_path; test_gpu_path._dataloader_check()"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "BIT-EQUAL", done.stdout[-2000:]
