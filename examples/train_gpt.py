@@ -259,18 +259,24 @@ def _peaks_over_ranks(device) -> dict:
 
         arena = arena_totals()
     except ImportError:  # DeepSpeed run
-        arena = {"peak": 0, "budget": 0}
+        arena = {"peak": 0, "budget": 0, "registered": 0, "register_failed": 0}
     dev = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    t = torch.tensor([rss, dev, arena["peak"], arena["budget"]], dtype=torch.float64)
+    t = torch.tensor(
+        [rss, dev, arena["peak"], arena["budget"], arena["registered"], arena["register_failed"]],
+        dtype=torch.float64,
+    )
     t = t.to(device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    rss, dev, arena_peak, arena_budget = (int(v) for v in t.tolist())
+    rss, dev, arena_peak, arena_budget, registered, refused = (int(v) for v in t.tolist())
     return {
         "peak_rss_bytes": rss,
         "peak_device_bytes": dev if device.type == "cuda" else None,
         "host_arena_peak_bytes": arena_peak,
         "host_arena_budget_bytes": arena_budget,
+        # Ranges the GPU page-locked for DMA, and refused ones (their copies are synchronous).
+        "host_registered": registered if device.type == "cuda" else None,
+        "host_register_failed": refused if device.type == "cuda" else None,
     }
 
 
@@ -385,6 +391,15 @@ def _table(s: dict) -> str:
             f"{_size(s['host_arena_peak_bytes'])} of {_size(s['host_arena_budget_bytes'])} budget",
         )
     )
+    if s.get("host_registered") is not None:
+        refused = s["host_register_failed"]
+        rows.append(
+            (
+                "host memory for DMA",
+                f"{s['host_registered']} ranges registered with the GPU (max rank), {refused} "
+                + ("refused: their copies ran synchronously" if refused else "refused"),
+            )
+        )
     for t, v in s["tiers"].items():
         rate = f"{v['gb_per_s']:.2f} GB/s" if v["gb_per_s"] else "n/a"
         rows.append((t.replace("_", " "), f"{v['gb']:.3f} GB at {rate} (rank 0)"))

@@ -82,16 +82,21 @@ struct ArenaState {
     return r == Registration::kRegistered;
   }
 
-  // Takes `footprint` bytes of the budget (and, pooled, a block: its offset in `*offset`);
+  // Takes `footprint` bytes of the budget (and, pooled, a block: its offset in `*offset`,
+  // or -1 when the free pool space is too fragmented to hold it: the buffer then gets a
+  // mapping of its own, so a pooled arena never waits where an unpooled one would not);
   // false when they do not fit now. Call with `mu` held.
   bool take(int64_t footprint, int64_t* offset) {
+    if (stats.in_use + footprint > stats.budget) return false;
+    *offset = -1;
     if (blocks) {
       const ExtentAllocator::Plan plan = blocks->plan(footprint);
-      if (plan.new_file_end > pool_bytes) return false;
-      blocks->commit(plan);
-      *offset = plan.extent.offset;
-    } else if (stats.in_use + footprint > stats.budget) {
-      return false;
+      if (plan.new_file_end <= pool_bytes) {
+        blocks->commit(plan);
+        *offset = plan.extent.offset;
+      } else {
+        stats.pool_misses += 1;
+      }
     }
     stats.in_use += footprint;
     stats.peak = std::max(stats.peak, stats.in_use);

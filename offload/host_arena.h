@@ -11,7 +11,9 @@
 //   maps every page for the GPU): an arena that hands out and takes back buffers during a
 //   step (a swap's staging) must not pay it per buffer. A pooled arena maps its whole budget
 //   once, locks and registers it once, and carves buffers out of it (best fit, merged on
-//   release; ExtentAllocator's bookkeeping); only that one range is ever registered. An
+//   release; ExtentAllocator's bookkeeping). The budget is still counted in bytes, as for
+//   an unpooled arena, so fragmentation never makes a request wait that would otherwise
+//   fit: such a buffer is mapped and registered on its own (a pool miss, counted). An
 //   unpooled arena maps each buffer on its own, which suits buffers made once for the
 //   whole run (partitions, masters) and keeps a large budget from being locked up front.
 //   Every mapping is MADV_DONTFORK: a forked child (a DataLoader worker) gets none of it,
@@ -43,6 +45,9 @@ struct HostArenaStats {
   int64_t registrations = 0;
   int64_t registered = 0;
   int64_t register_failed = 0;
+  // Pooled: buffers that fitted the budget but no free block of the pool (fragmentation),
+  // each mapped (and registered) on its own instead.
+  int64_t pool_misses = 0;
 };
 
 struct ArenaState;

@@ -67,8 +67,14 @@ echo "== Config error tests with ${variant[0]} (-static-libstdc++) loaded after 
 ZS_LOAD_C_FROM="${variant[0]}" .venv/bin/python -m pytest -q -p no:cacheprovider \
   tests/python/config tests/python/test_module_exports.py
 
-echo "== Python tests (pytest)"
-.venv/bin/python -m pytest -q -ra "$@"
+echo "== Python tests (pytest), but those of the device under test"
+.venv/bin/python -m pytest -q -ra -m "not device" "$@"
+
+# The device tests (engine parity on the device for stages 1-3 x offload none/cpu/nvme)
+# run through the one command that checks a GPU box, here on the simulated device, so that
+# command is exercised on every CI run (README: GPU path).
+echo "== scripts/gpu-check.sh --simulated"
+scripts/gpu-check.sh --simulated
 
 if [ "$lint_failed" -ne 0 ]; then
   echo "All tests passed, but lint failed (see '== Lint' above)" >&2

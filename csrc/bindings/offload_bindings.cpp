@@ -118,6 +118,7 @@ py::dict arena_stats(const HostArenaStats& s) {
   d["registrations"] = s.registrations;
   d["registered"] = s.registered;
   d["register_failed"] = s.register_failed;
+  d["pool_misses"] = s.pool_misses;
   return d;
 }
 

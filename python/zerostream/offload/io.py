@@ -227,7 +227,15 @@ def arena_totals() -> dict:
     return _summed_stats(
         _LIVE_ARENAS,
         "arenas",
-        ("budget", "in_use", "peak", "registrations", "registered", "register_failed"),
+        (
+            "budget",
+            "in_use",
+            "peak",
+            "registrations",
+            "registered",
+            "register_failed",
+            "pool_misses",
+        ),
     )
 
 

@@ -277,6 +277,8 @@ class ParamSwapper:
             "writes": self.writes,
             "in_cpu_numel": self.in_cpu_numel,
             "staging_bytes": self.arena_bytes,
+            # Staging buffers the pooled arena's free space was too fragmented to hold.
+            "staging_pool_misses": self.arena.stats()["pool_misses"] if self.arena else 0,
         }
 
     def close(self) -> None:

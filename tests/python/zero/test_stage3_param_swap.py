@@ -20,7 +20,9 @@ class Chain(nn.Module):
         return x.pow(2).mean()
 
 
-def swap_worker(rank, world, nvme, buffer_count, buffer_size, auto_buffer_count=True):
+def swap_worker(
+    rank, world, nvme, buffer_count, buffer_size, auto_buffer_count=True, ahead=64 * 64 * 2
+):
     import logging
 
     import zerostream
@@ -38,7 +40,7 @@ def swap_worker(rank, world, nvme, buffer_count, buffer_size, auto_buffer_count=
         "zero_optimization": {
             "stage": 3,
             "stage3_param_persistence_threshold": 0,
-            "stage3_prefetch_bucket_size": 64 * 64 * 2,  # the next two weights
+            "stage3_prefetch_bucket_size": ahead,  # default: the next two weights
             "stage3_max_reuse_distance": 0,
             "offload_param": {
                 "device": "nvme",
@@ -93,11 +95,11 @@ def test_shards_of_the_next_modules_are_read_while_the_current_one_runs(tmp_path
 @pytest.mark.multirank
 def test_staging_smaller_than_the_read_ahead_never_deadlocks(tmp_path):
     # One staging buffer of one weight shard (the arena holds two: fp32 shards are twice
-    # buffer_size's 16-bit bytes) and buffer_count kept: a prefetch takes the staging, and the
-    # next synchronous read must land that prefetch first instead of waiting forever.
-    losses, _, stats, _ = run_ranks(swap_worker, 1, str(tmp_path), 1, 64 * 64, False, timeout=120)[
-        0
-    ]
+    # buffer_size's 16-bit bytes), buffer_count kept, and prefetches of three weights: a
+    # prefetch takes the staging, and the next synchronous read must land that prefetch
+    # first instead of waiting forever.
+    args = (str(tmp_path), 1, 64 * 64, False, 64 * 64 * 3 + 3 * 64)
+    losses, _, stats, _ = run_ranks(swap_worker, 1, *args, timeout=120)[0]
     assert losses == pytest.approx(reference(), rel=1e-6)
     assert stats["buffer_count"] == 1
     assert stats["deferred_reads"] > 0  # the read-ahead really outgrew the staging

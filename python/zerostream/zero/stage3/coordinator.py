@@ -225,6 +225,13 @@ class ParamCoordinator:
             return None, zps
         planned = self._advance(module, zps)
         self.part.gather(needed)
+        trace = self.trace
+        if self.part.reading and planned is not None and self.pos < len(trace.events):
+            # Reads ahead from NVMe issued at an earlier event for the next module: their
+            # uploads and all-gather go out now, overlapping this module's compute (every
+            # rank replays the same trace, so the collectives keep one order). Reads issued
+            # below for the next module land only when it waits: they overlap this one.
+            self.part.launch_reads(set(trace.events[self.pos][1]))
         if planned is not None and planned.prefetch:
             ahead, live = [], self.part.live_numel
             for zp in planned.prefetch:
@@ -237,11 +244,6 @@ class ParamCoordinator:
             if ahead:
                 self.prefetched_numel += sum(zp.numel for zp in ahead)
                 self.part.gather(ahead, async_op=True)
-        trace = self.trace
-        if self.part.reading and planned is not None and self.pos < len(trace.events):
-            # Reads ahead from NVMe for the next module go up and are all-gathered while
-            # this one runs (every rank replays the same trace, so launches in one order).
-            self.part.launch_reads(set(trace.events[self.pos][1]))
         return planned, zps
 
     # --- forward ---------------------------------------------------------------------------------

@@ -25,8 +25,9 @@ class InflightGather:
     of shards on NVMe is in flight as disk reads (`reads`) until launch(): the reads land,
     the shards go up on the upload lane and the all-gather is issued after them, without
     waiting for it. Every rank launches at the same point (the coordinator launches a read
-    ahead at the module event before the one that needs it, else wait() does), so the
-    collectives are issued in one order everywhere."""
+    ahead issued two or more module events before the one that needs it at the event just
+    before that one; else wait() does), so the collectives are issued in one order
+    everywhere."""
 
     def __init__(
         self, partitioner: "Partitioner", zps: List[ZeroParam], out, handle, reads=None, mark=None
