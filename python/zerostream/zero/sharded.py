@@ -87,7 +87,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.swapper = make_swapped(partitions, options, param_starts)
             self.masters, inner = [], self.swapper.hyper
         else:
-            if self.offload_device != "none" or ctx.device.type == "cpu":
+            if self.offload_device != "none" or host_partitions or ctx.device.type == "cpu":
                 self._require_host_memory(ctx, sum(sizes))
             self.masters = self._allocate_masters(partitions, zero.offload_optimizer)
             inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])

@@ -18,7 +18,7 @@ import os
 
 import pytest
 import torch
-from test_parity import CLIP, GLOBAL_BATCH, LR, assert_matches_reference, reference
+from test_parity import GLOBAL_BATCH, adamw_config, assert_matches_reference, reference
 from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
@@ -49,22 +49,12 @@ def config(case, micro: int, nvme: str) -> dict:
         "stage3_param_persistence_threshold": 0,
         "stage3_prefetch_bucket_size": 3000,
     }
-    param, opt = (offload.split("+") * 2)[:2] if "+" in offload else (offload, offload)
+    param, opt = (offload.split("+") + [offload])[:2]  # "cpu+none": params cpu, optimizer none
     if opt != "none":
         zero["offload_optimizer"] = {"device": opt, "nvme_path": f"{nvme}/opt"}
     if stage == 3 and param != "none":
         zero["offload_param"] = {"device": param, "nvme_path": f"{nvme}/param"}
-    return {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "gradient_clipping": CLIP,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": LR, "betas": [0.9, 0.95], "weight_decay": 0.01},
-        },
-        "zero_optimization": zero,
-        "bf16": {"enabled": dtype == "bf16"},
-    }
+    return adamw_config(micro, gas, zero, dtype)
 
 
 def _params(engine) -> dict:
@@ -137,6 +127,21 @@ def worker(rank, world, cases, root, device_kind):
     return out if rank == 0 else None
 
 
+def _assert_close_to_reference(losses, norms, params, reference_run, dtype) -> None:
+    """On a GPU: test_parity's bounds, fp32 ones widened to 2e-4 (cuBLAS and the attention
+    kernels round differently from the CPU reference; Adam turns that into small steps)."""
+    if dtype == "bf16":
+        assert_matches_reference(losses, norms, params, reference_run, dtype)
+        return
+    ref_losses, ref_norms, ref_params = reference_run
+    tol = dict(rtol=2e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), **tol)
+    torch.testing.assert_close(torch.tensor(norms), torch.tensor(ref_norms), **tol)
+    for name, ref in ref_params.items():
+        rel = float((params[name] - ref).norm() / ref.norm())
+        assert rel <= 2e-4, f"{name}: relative error {rel:.2e}"
+
+
 def _bit_equal(a, b) -> bool:
     return a[0] == b[0] and a[1] == b[1] and all(torch.equal(a[2][n], b[2][n]) for n in a[2])
 
@@ -160,7 +165,7 @@ def test_the_engine_on_the_device_matches_the_cpu_run(tmp_path, references):
         try:
             if kind == "cuda":
                 losses, norms, params, _ = runs["cuda"]
-                assert_matches_reference(losses, norms, params, references[dtype], dtype)
+                _assert_close_to_reference(losses, norms, params, references[dtype], dtype)
                 continue
             cpu = runs["cpu"]
             for policy in ("lazy", "random"):

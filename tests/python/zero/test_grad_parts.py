@@ -10,7 +10,7 @@ after the first backward (`safe_get_full_grad`), the losses and the final weight
 
 import pytest
 import torch
-from test_parity import CLIP, GLOBAL_BATCH, LR, adamw_config, assert_matches_reference
+from test_parity import GLOBAL_BATCH, adamw_config, assert_matches_reference, reference
 from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
@@ -26,42 +26,12 @@ CASES = [
 ]
 
 
-def reference(dtype: str):
-    """Plain PyTorch on the whole global batch: losses, pre-clip norms, final weights and
-    the shared weight's gradient after the first backward."""
-    torch.manual_seed(0)
-    model = TinyGPT(**MODEL)
-    xs, ys = make_batches(STEPS, GLOBAL_BATCH)
-    params = dict(model.named_parameters())
-    if dtype == "bf16":
-        model = model.to(torch.bfloat16)
-        params = dict(model.named_parameters())
-        master = {n: p.detach().float() for n, p in params.items()}
-        opt = torch.optim.AdamW(master.values(), lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
-    else:
-        opt = torch.optim.AdamW(params.values(), lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
-    losses, norms, first_grad = [], [], None
-    for s in range(STEPS):
-        loss = model(xs[s], ys[s])
-        loss.backward()
-        if first_grad is None:
-            first_grad = params[SHARED].grad.detach().float().clone()
-        if dtype == "bf16":
-            for n, m in master.items():
-                m.grad = params[n].grad.float()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(list(master.values()), CLIP)))
-        else:
-            norms.append(float(torch.nn.utils.clip_grad_norm_(params.values(), CLIP)))
-        opt.step()
-        opt.zero_grad()
-        model.zero_grad()
-        if dtype == "bf16":
-            with torch.no_grad():
-                for n, m in master.items():
-                    params[n].copy_(m)
-        losses.append(float(loss.detach()))
-    final = {n: p.detach().float().clone() for n, p in model.named_parameters()}
-    return (losses, norms, final), first_grad
+def reference_run(dtype: str):
+    """Plain PyTorch on the whole global batch, and the shared weight's gradient after the
+    first backward."""
+    grads = {}
+    run = reference(dtype, steps=STEPS, first_grads=grads, **MODEL)
+    return run, grads[SHARED]
 
 
 def worker(rank, world, cases):
@@ -110,7 +80,7 @@ def worker(rank, world, cases):
 
 @pytest.mark.multirank
 def test_every_part_of_a_gradient_is_summed():
-    refs = {dtype: reference(dtype) for dtype in ("fp32", "bf16")}
+    refs = {dtype: reference_run(dtype) for dtype in ("fp32", "bf16")}
     results = run_ranks(worker, 2, CASES, timeout=600)[0]
     failures = []
     for (stage, dtype, offload), (losses, norms, params, grad, parts) in results.items():

@@ -32,8 +32,9 @@ CASES = [
 ]
 
 
-def reference(dtype: str, steps: int = STEPS, **model_kwargs):
-    """Plain PyTorch: the whole global batch in one process."""
+def reference(dtype: str, steps: int = STEPS, first_grads=None, **model_kwargs):
+    """Plain PyTorch: the whole global batch in one process. `first_grads`, a dict, receives
+    every parameter's gradient of the first backward (fp32), by name."""
     torch.manual_seed(0)
     model = TinyGPT(**model_kwargs)
     xs, ys = make_batches(steps, GLOBAL_BATCH)
@@ -47,6 +48,8 @@ def reference(dtype: str, steps: int = STEPS, **model_kwargs):
     for s in range(steps):
         loss = model(xs[s], ys[s])
         loss.backward()
+        if first_grads is not None and s == 0:
+            first_grads.update((n, p.grad.float().clone()) for n, p in model.named_parameters())
         if dtype == "bf16":
             for m, p in zip(master, model.parameters()):
                 m.grad = p.grad.float()
