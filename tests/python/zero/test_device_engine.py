@@ -153,6 +153,7 @@ def references():
 
 @pytest.mark.device
 @pytest.mark.multirank
+@pytest.mark.timeout(1500)  # 38 cases x 3 runs on 2 ranks: about 100 s on an idle 2-core VM
 def test_the_engine_on_the_device_matches_the_cpu_run(tmp_path, references):
     world = min(2, torch.cuda.device_count()) if ON_GPU else 2
     kind = "cuda" if ON_GPU else "sim"

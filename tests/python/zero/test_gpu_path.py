@@ -24,6 +24,9 @@ from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
 
+# Whichever test runs first runs every scenario (the module's fixture).
+pytestmark = pytest.mark.timeout(900)
+
 
 def _config(stage, **zero):
     return {
