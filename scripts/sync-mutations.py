@@ -105,7 +105,8 @@ MUTATIONS = [
     (
         "collective-after-uploads",
         "offload/copy_stage.py",
-        "        self.up.wait_stream(self.cuda.current_stream())\n        with self.cuda.use(self.up):",
+        "        self.up.wait_stream(self.cuda.current_stream())\n"
+        "        with self.cuda.use(self.up):",
         "        with self.cuda.use(self.up):",
         [ENGINE],
     ),
@@ -241,7 +242,10 @@ def main() -> int:
         if not caught:
             holes.append(ident)
         rows.append((ident, rel, " ".join(t.split("/")[-1] for t in tests), caught, why))
-        print(f"{ident:38s} {'caught' if caught else 'NOT CAUGHT'} ({seconds:.0f} s) {why}")
+        print(
+            f"{ident:38s} {'caught' if caught else 'NOT CAUGHT'} ({seconds:.0f} s) {why}",
+            flush=True,
+        )
     table = ["| deletion | file | test | caught | first failure |", "|---|---|---|---|---|"]
     for ident, rel, tests, caught, why in rows:
         why = why.replace("|", "/")

@@ -111,6 +111,13 @@ def run(spec: dict) -> dict:
             import deepspeed
         except ImportError as exc:
             return {"peer": peer, "skipped": f"deepspeed is not importable here ({exc})"}
+        if "zerostream" in getattr(deepspeed, "__version__", ""):
+            # The compatibility package: zerostream again, not the peer.
+            return {
+                "peer": peer,
+                "skipped": f"`import deepspeed` is zerostream's compatibility package "
+                f"({deepspeed.__version__}), not DeepSpeed",
+            }
         runner = _Engine(deepspeed, model, cfg)
     else:
         import zerostream

@@ -3,13 +3,14 @@ simulated asynchronous device (zerostream/testing/sim_device.py, Note [The simul
 
 Stages 1/2/3 x offload none/cpu/nvme x fp32/bf16 x gradient accumulation 1/2 train TinyGPT
 on 2 ranks for a few steps, and a subset also saves a checkpoint halfway and resumes it in a
-new engine. On the simulated device every case runs twice (the "lazy" policy: no copy
-completes until something waits for it; and seeded random delays, a different seed per
-case) and must be bit-equal to the same run on the plain CPU, with nothing reported by the
+new engine. On the simulated device every case runs under the "lazy" policy (no copy
+completes until something waits for it) and, where something is offloaded, again with
+seeded random delays (a different seed per case); each run must be bit-equal to the same
+run on the plain CPU, with nothing reported by the
 device (an unordered copy, a buffer freed under a copy, an upload source rewritten early, a
 thread on the wrong device); the mechanism is checked too: copies went through the lanes
 and from page-locked memory. On a GPU (world = the GPUs, at most 2) the runs are compared
-with plain single-process PyTorch instead (test_parity's references and tolerances).
+with plain single-process PyTorch instead (test_parity's references, fp32 bounds widened).
 
 scripts/gpu-check.sh runs these (`-m device`); with --simulated, on the simulated device.
 """
@@ -23,7 +24,7 @@ from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
 
-STEPS = 4
+STEPS = 3
 RESUME_AT = 2
 ON_GPU = torch.cuda.is_available() and os.environ.get("ZS_TEST_DEVICE", "") != "sim"
 
@@ -115,7 +116,9 @@ def worker(rank, world, cases, root, device_kind):
             out[case] = {"cuda": train(rank, world, case, nvme, resume)}
             continue
         runs = {"cpu": train(rank, world, case, nvme + "c", resume and resume + "c")}
-        for policy, seed in (("lazy", 0), ("random", 1000 + i)):
+        # Without offload nothing crosses the lanes: the lazy run checks the device binding.
+        policies = (("lazy", 0),) + ((("random", 1000 + i),) if case[1] != "none" else ())
+        for policy, seed in policies:
             with sim_device.installed(policy=policy, seed=seed, device_index=rank) as sim:
                 try:
                     run = train(rank, world, case, f"{nvme}{policy}", resume and resume + policy)
@@ -169,7 +172,7 @@ def test_the_engine_on_the_device_matches_the_cpu_run(tmp_path, references):
                 _assert_close_to_reference(losses, norms, params, references[dtype], dtype)
                 continue
             cpu = runs["cpu"]
-            for policy in ("lazy", "random"):
+            for policy in [p for p in ("lazy", "random") if p in runs]:
                 run = runs[policy]
                 counters, violations = run[4], run[5]
                 assert violations == [], f"{policy}: the device saw {violations}"
