@@ -282,3 +282,19 @@ def test_the_cpu_twin_times_its_copies_and_the_meter_reports_a_rate():
     assert telemetry.bytes == {"h2d": 16 << 20, "d2h": 16 << 20}
     assert all(s > 0 for s in telemetry.tier_seconds.values()), telemetry.tier_seconds
     assert "GB/s" in telemetry.report() and "n/a" not in telemetry.report()
+
+
+def test_on_a_gpu_the_report_says_which_times_are_the_hosts_issue_time():
+    from zerostream.telemetry import StepTelemetry
+
+    for issue_timed in (False, True):
+        telemetry = StepTelemetry(issue_timed=issue_timed)
+        with telemetry.phase("forward"):
+            pass
+        telemetry.moved("comm", 1 << 20, 0.001)  # host time of issuing a collective
+        telemetry.moved("h2d", 1 << 20, 0.001)  # event-timed on the lane: the link's
+        telemetry.steps += 1
+        line = telemetry.report()
+        assert ("host issue time" in line) == issue_timed, line
+        assert ("comm 1.00 MiB (issued at" in line) == issue_timed, line
+        assert "h2d 1.00 MiB (1.05 GB/s)" in line, line
