@@ -63,8 +63,10 @@ MUTATIONS = [
     (
         "drain-waits-for-last-upload",
         "offload/copy_stage.py",
-        "        if last is not None and not self.lanes.ready(last):",
-        "        if False:",
+        "        if last is not None and not self.lanes.ready(last):\n"
+        '            self.stats["host_waits"] += 1\n'
+        "            self.lanes.host_wait(last)\n",
+        "        if False:\n            pass\n",
         [ENGINE],
     ),
     (
@@ -213,8 +215,16 @@ def run_tests(tests, env) -> tuple:
     start = time.monotonic()
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("E ")]
-    return done.returncode, time.monotonic() - start, (lines[:1] or [""])[0][:160]
+    lines = [line[1:].strip() for line in done.stdout.splitlines() if line.startswith("E ")]
+    # The assertion or error that says why, not a rank banner or a traceback line.
+    telling = [
+        line
+        for line in lines
+        if any(k in line for k in ("device saw", "bit-equal", "Error", "assert", "off by"))
+        and "--- rank" not in line
+        and not line.startswith(("Traceback", "File "))
+    ]
+    return done.returncode, time.monotonic() - start, ((telling or lines)[:1] or [""])[0][:160]
 
 
 def main() -> int:
