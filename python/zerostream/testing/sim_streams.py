@@ -1,5 +1,6 @@
 """The simulated device's streams, events and queued copies (Note [The simulated device]
-in sim_device.py, which owns the device they belong to)."""
+in sim_device.py). Each holds `sim`, the sim_device.SimDevice it belongs to, which keeps
+the lock, the policy and the reports."""
 
 from __future__ import annotations
 
@@ -7,12 +8,9 @@ import math
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Deque, Optional
+from typing import Deque, Optional
 
 import torch
-
-if TYPE_CHECKING:
-    from .sim_device import SimDevice
 
 
 def _poison(t: torch.Tensor) -> None:
@@ -61,7 +59,7 @@ class _Copy:
 class SimStream:
     """A compute stream (`host`: the host thread) or a lane with a worker thread."""
 
-    def __init__(self, sim: "SimDevice", device: int, name: str, host: bool = False):
+    def __init__(self, sim, device: int, name: str, host: bool = False):
         self.sim, self.device, self.name, self.host = sim, device, name, host
         self.issued = 0  # seq of the last queued item
         self.completed = 0
@@ -153,7 +151,7 @@ class SimStream:
 
 
 class SimEvent:
-    def __init__(self, sim: "SimDevice", timing: bool, blocking: bool):
+    def __init__(self, sim, timing: bool, blocking: bool):
         self.sim, self.timing, self.blocking = sim, timing, blocking
         self.stream: Optional[SimStream] = None
         self.seq = 0
