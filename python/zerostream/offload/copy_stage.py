@@ -40,15 +40,26 @@ Note [The copy stage]
   its all-gather from the lane (after_uploads), so a prefetch's copies and collective follow
   the uploads without the compute stream waiting for them until the gather is waited on;
   the host waits for the lane (drain) only before it rewrites shards. NVMe staging buffers
-  an upload reads from are handed to hold(): kept alive until a later look finds their
-  upload complete (release_held), so they return to the staging arena without the host
-  waiting; the swapper waits for the oldest held upload only when the arena is full.
+  an upload reads from stay with the stage until a later look finds their upload complete
+  (release_held, Note [Host memory of a copy in flight]), so they return to the staging
+  arena without the host waiting; the swapper waits for the oldest only when the arena is
+  full.
 
   The CPU twin (HostLanes) keeps the same slots, chunking, ordering and deferred consumers,
   with memcpy for the copies and events that are always complete, so the CPU tests run the
   code a GPU runs; CudaLanes adds only the streams and events. `stats` counts the bytes each
   way and every time the host waited on a copy (`host_waits`): the audit test holds a step to
   its budget of those.
+
+  Note [Host memory of a copy in flight]
+    Page-locked host memory that a queued copy reads or writes must stay allocated until the
+    host knows the copy completed: an arena's buffer released earlier goes back to its pool
+    (the next disk read lands in it while the DMA still reads it) or is unmapped. So the
+    stage keeps every direct upload's source (release_held() drops those whose uploads it
+    finds complete, in order; the parameter swapper returns NVMe staging this way without
+    waiting) and every direct download's destination until drain(), and a stage being
+    dropped (an engine torn down, or collected) first waits for its last copies. Slots are
+    the stage's own. The simulated device reports a buffer the program released too early.
 
   Each lane also times its copies (busy_seconds(), per direction): on a GPU from a timing
   event recorded before each copy to the one after it, on the lane itself, so the time is
@@ -67,7 +78,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, Optional
+from typing import Callable, Deque, Dict, List, Optional
 
 import torch
 
@@ -224,6 +235,24 @@ def lanes_for(device: torch.device):
     return HostLanes()
 
 
+class _Tail:
+    """The last upload and download a stage queued since its drain (shared with the stage's
+    finalizer, which must not hold the stage)."""
+
+    __slots__ = ("up", "down")
+
+    def __init__(self):
+        self.up = self.down = None
+
+
+def _settle(lanes, tail: _Tail) -> None:
+    """A stage being dropped waits for its last copies (Note [Host memory of a copy in
+    flight]): the host memory they read or write is released right after."""
+    for event in (tail.down, tail.up):
+        if event is not None and not lanes.ready(event):
+            lanes.host_wait(event)
+
+
 @dataclass
 class _InFlight:
     slot: int
@@ -343,10 +372,13 @@ class CopyStage:
             weakref.finalize(self, ring.stop)
         self._ups: Deque[_InFlight] = deque()  # uploads holding a slot, queue order
         self._unfenced = None  # the last upload since fence(): the compute stream waits on it
-        self._last_upload = None  # the last upload since drain(): the host waits on it
-        self._last_download = None  # the last download since drain(), slot or direct
+        self._tail = _Tail()  # the last upload and download since drain(): the host waits
         self._unreleased = None  # the last download since release_sources()
-        self._held: Deque[tuple] = deque()  # (upload event, objects): see hold()
+        # Host memory the copies queued read or write, kept alive until they are known
+        # complete (Note [Host memory of a copy in flight]).
+        self._held: Deque[tuple] = deque()  # (upload event, its host source), queue order
+        self._landing: List[torch.Tensor] = []  # direct downloads' destinations, to drain()
+        weakref.finalize(self, _settle, self.lanes, self._tail)
         self.stats = {"d2h_bytes": 0, "h2d_bytes": 0, "copies": 0, "host_waits": 0}
 
     def slot_numel(self, dtype: torch.dtype) -> int:
@@ -416,9 +448,10 @@ class CopyStage:
             )
         if src.numel():
             self._downloaded(self.lanes.copy(dst.reshape(-1), src.reshape(-1), False), src)
+            self._landing.append(dst)
 
     def _downloaded(self, event, src: torch.Tensor) -> None:
-        self._last_download = self._unreleased = event
+        self._tail.down = self._unreleased = event
         self.stats["d2h_bytes"] += src.numel() * src.element_size()
         self.stats["copies"] += 1
 
@@ -438,7 +471,7 @@ class CopyStage:
                 if ring.busy:
                     self.stats["host_waits"] += 1
                     ring.cv.wait_for(lambda: ring.busy == 0)
-        last_down, self._last_download = self._last_download, None
+        last_down, self._tail.down = self._tail.down, None
         if last_down is not None and not self.lanes.ready(last_down):
             # Without the thread: covers the slots' copies queued before it, too.
             self.stats["host_waits"] += 1
@@ -448,13 +481,14 @@ class CopyStage:
                 f = ring.downs.popleft()
                 ring.busy -= 1
             ring.land(f, self.stats)
-        last, self._last_upload = self._last_upload, None
+        last, self._tail.up = self._tail.up, None
         if last is not None and not self.lanes.ready(last):
             self.stats["host_waits"] += 1
             self.lanes.host_wait(last)
         while self._ups:
             ring.land(self._ups.popleft(), self.stats)
-        self._held.clear()  # every upload has completed
+        self._held.clear()  # every copy has completed
+        self._landing.clear()
         self._raise_if_failed()
 
     def busy_seconds(self) -> Dict[str, float]:
@@ -477,37 +511,33 @@ class CopyStage:
         """Queues the staged values' copy into dst (on the device)."""
         event = self.lanes.copy(dst.reshape(-1), staged.host, upload=True)
         self._ups.append(_InFlight(staged.slot, event, None))
-        self._unfenced = self._last_upload = event
+        self._unfenced = self._tail.up = event
         self.stats["h2d_bytes"] += staged.host.numel() * staged.host.element_size()
         self.stats["copies"] += 1
 
     def upload(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Queues src (page-locked host memory) into dst (on the device), no staging; src
-        must stay unchanged until fence() or drain()."""
+        must stay unchanged until the host knows the copy completed (drain(), or
+        release_held() finding it done). The stage keeps src alive until then, so a caller
+        may drop a staging buffer at once: it returns to its arena only when its upload is
+        seen complete (Note [Host memory of a copy in flight])."""
         event = self.lanes.copy(dst.reshape(-1), src.reshape(-1), upload=True)
-        self._unfenced = self._last_upload = event
+        self._unfenced = self._tail.up = event
+        self._held.append((event, src))
         self.stats["h2d_bytes"] += src.numel() * src.element_size()
         self.stats["copies"] += 1
 
-    def hold(self, *objects) -> None:
-        """Keeps `objects` (host buffers the uploads queued so far read from) alive until
-        those uploads have completed, without waiting: they are dropped (their memory going
-        back to its arena) by a later release_held() or drain() that finds them done."""
-        self.release_held()
-        last = self._last_upload
-        if last is not None and not self.lanes.ready(last):
-            self._held.append((last, objects))
-
     def release_held(self, wait: bool = False) -> bool:
-        """Drops the held objects whose uploads have completed; with `wait`, when none has,
-        the host waits for the oldest. Returns whether any were dropped."""
+        """Drops the host sources of the uploads seen complete, in queue order; with `wait`,
+        when none is, the host waits for the oldest. Returns whether any were dropped."""
         dropped = False
         while self._held and self.lanes.ready(self._held[0][0]):
             self._held.popleft()
             dropped = True
         if wait and not dropped and self._held:
             self.stats["host_waits"] += 1
-            self.lanes.host_wait(self._held.popleft()[0])
+            self.lanes.host_wait(self._held[0][0])
+            self._held.popleft()  # only now: its source is released once the copy is done
             dropped = True
         return dropped
 
@@ -520,7 +550,7 @@ class CopyStage:
 
     def upload_mark(self):
         """A mark of the uploads queued so far, for wait_mark (None: nothing queued)."""
-        return self._last_upload
+        return self._tail.up
 
     def wait_mark(self, mark) -> None:
         """The compute stream waits (on the device) for the uploads up to `mark`."""

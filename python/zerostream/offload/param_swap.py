@@ -249,13 +249,12 @@ class ParamSwapper:
     @staticmethod
     def _land(pending: list, send: torch.Tensor, uploads=None) -> None:
         """Each read's shard from its staging buffer into `send`. Buffers uploaded to the
-        device stay with the copy stage (hold) until their uploads complete, then go back
-        to the arena and the next disk reads; the host does not wait for them here."""
+        device stay with the copy stage until their uploads complete, then go back to the
+        arena and the next disk reads (Note [Host memory of a copy in flight]); the host
+        does not wait for them here."""
         for zp, off, buf, ticket in pending:
             ticket.wait()
             to_device(uploads, buf, send[off : off + zp.shard_numel])
-        if pending and uploads is not None:
-            uploads.hold(*(buf for _, _, buf, _ in pending))
         pending.clear()
 
     def read(self, zp: ZeroParam) -> torch.Tensor:

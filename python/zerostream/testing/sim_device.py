@@ -39,7 +39,9 @@ Note [The simulated device]
   (keep_alive) for that stream, the caching allocator could have handed the block to the
   next allocation: reported, and the copy's result poisoned. Host ranges registered with
   the device (page-locked) are tracked; an asynchronous copy to or from host memory outside
-  them (pageable) is counted, since a GPU runs it synchronously.
+  them (pageable) is counted, since a GPU runs it synchronously; a registered host buffer
+  the program released before the host knew its copy completed (back to its arena, where
+  the next read lands in it) is reported.
 
   Threads. Each thread has its own current device (set_device). A CUDA call from a thread
   whose current device is not the stream's device (a thread that never set one is on
@@ -268,19 +270,25 @@ class SimDevice:
             item = _Copy(dst, src, upload, stream)
             _poison(dst)
         with self.cv:
-            self.live_aliases[item.key] = self.live_aliases.get(item.key, 0) + 1
+            for key in (item.key, item.host_key):
+                self.live_aliases[key] = self.live_aliases.get(key, 0) + 1
             self.counters["copies"] += 1
         self._enqueue(stream, "copy", copy=item)
 
+    def _released(self, side: torch.Tensor, key: int) -> bool:
+        """Whether the program holds no tensor on `side`'s storage any more: only the
+        sim's aliases (one per queued copy of it) and the storage object are left."""
+        with self.cv:
+            storage = side.untyped_storage()
+            users = torch._C._storage_Use_Count(storage._cdata)
+            del storage
+            return users <= self.live_aliases.get(key, 0) + 1
+
     def _execute(self, c: _Copy) -> None:
         """On the lane's thread: the copy reads its source now."""
+        freed = self._released(c.device_side, c.key)
         with self.cv:
-            storage = c.device_side.untyped_storage()
-            users = torch._C._storage_Use_Count(storage._cdata)
-            # Ours: one alias per queued copy of this storage, and the storage object.
-            freed = users <= self.live_aliases.get(c.key, 0) + 1
             kept = any(s is c.stream for s, _ in self.kept.get(c.key, []))
-            del storage
         if freed and not kept:
             self._violate(
                 f"a {tuple(c.device_side.shape)} {c.device_side.dtype} device buffer was freed "
@@ -315,12 +323,19 @@ class SimDevice:
                             )
                     else:
                         c.dst.copy_(c.result)
-                n = self.live_aliases.get(c.key, 1) - 1
-                if n:
-                    self.live_aliases[c.key] = n
-                else:
-                    self.live_aliases.pop(c.key, None)
-                    self.kept.pop(c.key, None)
+                if self._registered(c.host_side) and self._released(c.host_side, c.host_key):
+                    self._violate(
+                        f"a page-locked host buffer ({tuple(c.host_side.shape)} "
+                        f"{c.host_side.dtype}) was released to its arena while a copy on "
+                        f"{stream.name} still used it, before the host knew it had completed"
+                    )
+                for key in (c.key, c.host_key):
+                    n = self.live_aliases.get(key, 1) - 1
+                    if n:
+                        self.live_aliases[key] = n
+                    else:
+                        self.live_aliases.pop(key, None)
+                        self.kept.pop(key, None)
 
     def keep_alive(self, tensor: torch.Tensor, stream: SimStream) -> None:
         with self.cv:

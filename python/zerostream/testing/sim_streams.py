@@ -38,19 +38,31 @@ class _Item:
 
 
 class _Copy:
-    """One queued copy and what the sim checks about it."""
+    """One queued copy and what the sim checks about it. Both sides are held through
+    aliases only, so that the program's own tensors (and a view's base) can be dropped as
+    they would be on a GPU, and the sim sees it: a device buffer back in the caching
+    allocator, or a page-locked host buffer back in its arena, while the copy may still run."""
 
-    __slots__ = ("dst", "src", "upload", "snapshot", "device_side", "key", "result", "stream")
+    __slots__ = (
+        "dst",
+        "src",
+        "upload",
+        "snapshot",
+        "device_side",
+        "host_side",
+        "key",
+        "host_key",
+        "result",
+        "stream",
+    )
 
     def __init__(self, dst, src, upload, stream):
-        # The device side is held through an alias only, so that the program's own
-        # tensors (and a view's base) can die as they would on a GPU; the host side is
-        # the program's tensor (host memory is not the caching allocator's).
-        side = dst if upload else src
-        self.device_side = _alias(side)
-        self.key = side.untyped_storage().data_ptr()
-        self.dst = self.device_side if upload else dst
-        self.src = src if upload else self.device_side
+        device, host = (dst, src) if upload else (src, dst)
+        self.device_side, self.host_side = _alias(device), _alias(host)
+        self.key = device.untyped_storage().data_ptr()
+        self.host_key = host.untyped_storage().data_ptr()
+        self.dst = self.device_side if upload else self.host_side
+        self.src = self.host_side if upload else self.device_side
         self.upload, self.stream = upload, stream
         self.snapshot = src.clone() if upload else None
         self.result = None

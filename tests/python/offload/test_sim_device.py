@@ -160,3 +160,31 @@ def test_random_delays_complete_work_by_themselves(sim):
             threading.Event().wait(0.001)
         assert lanes.ready(event) and torch.equal(dst, torch.arange(8.0))
         assert rnd.counters["host_syncs"] == 0
+
+
+def test_a_staging_buffer_released_before_its_upload_completed_is_reported():
+    with pytest.raises(AssertionError, match="released to its arena while a copy"):
+        with sim_device.installed(policy="lazy") as sim:
+            sim.set_device(0)
+            lanes = copy_stage.lanes_for(torch.device("cpu"))
+            arena = HostArena(1 << 20, register=True)
+            staging = arena.empty(1024)
+            event = lanes.copy(torch.zeros(1024, dtype=torch.uint8), staging, upload=True)
+            del staging  # back to the arena: the next disk read may land in it
+            lanes.host_wait(event)
+
+
+def test_the_copy_stage_keeps_an_uploads_source_until_it_is_known_complete(sim):
+    stage = copy_stage.CopyStage(torch.device("cpu"), slot_bytes=4096, slots=2)
+    arena = HostArena(1 << 20, register=True)
+    staging = arena.empty(256, torch.float32)
+    staging.copy_(torch.arange(256.0))
+    dst = torch.zeros(256)
+    stage.upload(staging, dst)
+    del staging  # the caller is done with it; the stage is not
+    assert arena.stats()["allocations"] == 1
+    assert not stage.release_held()  # lazily not complete: still held
+    assert stage.release_held(wait=True)  # the host waits for it, then lets it go
+    assert arena.stats()["allocations"] == 0
+    stage.fence()
+    assert torch.equal(dst, torch.arange(256.0))

@@ -449,9 +449,9 @@ def test_nvme_staging_returns_to_the_arena_without_a_host_wait(tmp_path):
         swapper.read_into(batch, send, [1024 * i for i in range(len(batch))], uploads)
         assert torch.equal(send, torch.cat([values[zps.index(zp)] for zp in batch]))
 
-    gather(zps[:2])  # fits the arena: read, uploaded, held; no wait
-    assert cuda.host_syncs == 0 and len(uploads._held) == 1
-    gather(zps[2:5])  # three more: the arena is full of held buffers; wait for the oldest
-    assert cuda.host_syncs == 2 and uploads.stats["host_waits"] == 2
+    gather(zps[:2])  # fits the arena: read, uploaded, each buffer held by its upload
+    assert cuda.host_syncs == 0 and len(uploads._held) == 2
+    gather(zps[2:5])  # three more: the arena is full of held buffers; each waits for one
+    assert cuda.host_syncs == 3 and uploads.stats["host_waits"] == 3
     uploads.drain()
     assert not uploads._held and swapper.arena.stats()["in_use"] == 0

@@ -14,6 +14,8 @@ compared with the same run on the plain CPU:
   left the object collectives of the trace check and checkpoints on device 0);
 - the host arenas register their memory once, not per step, and pin_memory false
   registers nothing (its copies are then reported as pageable);
+- NVMe staging smaller than the read-ahead waits for the uploads that hold it, and weights
+  rewritten in GatheredParameters wait for the uploads reading the old shards;
 - DataLoader workers forked after the host memory was registered change nothing.
 """
 
@@ -110,6 +112,45 @@ def scenario_nvme_read_ahead(rank, tmp):
     return losses, _weights(engine), launches
 
 
+def scenario_nvme_small_staging(rank, tmp):
+    import zerostream
+
+    torch.manual_seed(0)
+    zero = {
+        "offload_param": {
+            "device": "nvme",
+            "nvme_path": f"{tmp}/p{rank}",
+            "max_in_cpu": 0,
+            "buffer_count": 1,
+            "buffer_size": 512,  # raised to two of the largest shard, no more
+        },
+        "stage3_param_persistence_threshold": 0,
+        "stage3_prefetch_bucket_size": 12000,
+    }
+    engine, opt, *_ = zerostream.initialize(model=TinyGPT(), config=_config(3, **zero))
+    opt.part.swapper.auto_buffer_count = False  # keep the staging smaller than the read-ahead
+    losses = _gpt_steps(engine, rank, 3)
+    return losses, _weights(engine), opt.part.swapper.stats()
+
+
+def scenario_modified_weights(rank, tmp):
+    import zerostream
+    from zerostream.zero import GatheredParameters
+
+    torch.manual_seed(0)
+    zero = {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
+    engine, *_ = zerostream.initialize(model=TinyGPT(), config=_config(3, **zero))
+    losses = _gpt_steps(engine, rank, 2)
+    params = list(engine.module.parameters())
+    with GatheredParameters(params, modifier_rank=0):  # rewrites every host shard after
+        if rank == 0:
+            with torch.no_grad():
+                for p in params:
+                    p.mul_(0.5)
+    losses += _gpt_steps(engine, rank, 2)
+    return losses, _weights(engine)
+
+
 def scenario_host_params_device_optimizer(rank, tmp):
     import zerostream
 
@@ -129,7 +170,8 @@ def scenario_host_params_device_optimizer(rank, tmp):
         losses = _gpt_steps(engine, rank, 3)
     finally:
         torch.Tensor.to = to
-    return losses, _weights(engine), opt.copy_stage.stats["d2h_bytes"], blocking
+    landed = opt.copy_stage.stats["d2h_bytes"] if opt.copy_stage is not None else 0
+    return losses, _weights(engine), landed, blocking
 
 
 def scenario_zero_init_device(rank, tmp):
@@ -184,6 +226,8 @@ SCENARIOS = {
     "step_without_backward": scenario_step_without_backward,
     "overlap_comm": scenario_overlap_comm,
     "nvme_read_ahead": scenario_nvme_read_ahead,
+    "nvme_small_staging": scenario_nvme_small_staging,
+    "modified_weights": scenario_modified_weights,
     "host_params_device_optimizer": scenario_host_params_device_optimizer,
     "zero_init_device": scenario_zero_init_device,
     "registrations": scenario_registrations,
@@ -249,6 +293,20 @@ def test_nvme_reads_ahead_are_uploaded_and_gathered_one_module_early(results):
         # The first prefetch of a pass is needed by the very next module (launched at its
         # wait); the later ones reach further ahead and go out one module early.
         assert launches["early"] > launches["at_wait"] > 0, launches
+
+
+@pytest.mark.multirank
+def test_nvme_staging_smaller_than_the_read_ahead_waits_for_held_uploads(results):
+    for _, _, simmed, counters in _check(results, "nvme_small_staging"):
+        stats = simmed[2]
+        assert stats["deferred_reads"] > 0, stats  # the read-ahead outgrew the staging
+        assert counters["host_syncs"] > 0
+
+
+@pytest.mark.multirank
+def test_weights_modified_in_gathered_parameters_wait_for_the_uploads(results):
+    for _, cpu, _, counters in _check(results, "modified_weights"):
+        assert len(cpu[0]) == 4 and counters["copies"] > 0
 
 
 @pytest.mark.multirank
