@@ -424,8 +424,13 @@ class ZeroEngine(torch.nn.Module):
         from .zero.stage3.optimizer import runtime_of
 
         runtime = runtime_of(self.module)
+        # Copies in flight read and write host memory that goes with the engine.
+        stage = getattr(self.optimizer, "copy_stage", None)
+        if stage is not None:
+            stage.drain()
         if runtime is not None:
             runtime.part.release_all()
+            runtime.part.settle_uploads()
             runtime.detach()
             if runtime.part.swapper is not None:
                 runtime.part.swapper.close()

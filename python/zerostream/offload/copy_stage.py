@@ -57,9 +57,12 @@ Note [The copy stage]
     (the next disk read lands in it while the DMA still reads it) or is unmapped. So the
     stage keeps every direct upload's source (release_held() drops those whose uploads it
     finds complete, in order; the parameter swapper returns NVMe staging this way without
-    waiting) and every direct download's destination until drain(), and a stage being
-    dropped (an engine torn down, or collected) first waits for its last copies. Slots are
-    the stage's own. The simulated device reports a buffer the program released too early.
+    waiting) and every direct download's destination until drain(). A stage dropped with
+    copies not known complete (an engine collected mid-step) hands that memory, and its
+    slots, to a list that a later drain() of any stage releases once they completed: its
+    finalizer may run on any thread, so it neither waits nor asks the device.
+    engine.destroy() drains its stages first. The simulated device reports a buffer the
+    program released too early.
 
   Each lane also times its copies (busy_seconds(), per direction): on a GPU from a timing
   event recorded before each copy to the one after it, on the lane itself, so the time is
@@ -245,12 +248,31 @@ class _Tail:
         self.up = self.down = None
 
 
-def _settle(lanes, tail: _Tail) -> None:
-    """A stage being dropped waits for its last copies (Note [Host memory of a copy in
-    flight]): the host memory they read or write is released right after."""
-    for event in (tail.down, tail.up):
-        if event is not None and not lanes.ready(event):
-            lanes.host_wait(event)
+# Host memory of dropped stages' copies that were not known complete, with the events that
+# say when it may go: released by a later drain() of any stage (Note [Host memory of a copy
+# in flight]). A finalizer may run on any thread (a garbage collection anywhere), so it never
+# waits or queries the device itself.
+_ORPHANS: "Deque[tuple]" = deque()
+_ORPHANS_LOCK = threading.Lock()
+
+
+def _orphan(lanes, tail: _Tail, held: Deque[tuple], landing: list, slots: list) -> None:
+    """A stage was dropped: its copies' host memory waits for them in _ORPHANS."""
+    events = [e for e in (tail.down, tail.up) if e is not None]
+    if events:
+        with _ORPHANS_LOCK:
+            _ORPHANS.append((lanes, events, list(held), list(landing), list(slots)))
+
+
+def _release_orphans() -> None:
+    """Lets go of the host memory of dropped stages whose last copies completed."""
+    with _ORPHANS_LOCK:
+        pending = list(_ORPHANS)
+        _ORPHANS.clear()
+    keep = [o for o in pending if not all(o[0].ready(e) for e in o[1])]
+    if keep:
+        with _ORPHANS_LOCK:
+            _ORPHANS.extendleft(reversed(keep))
 
 
 @dataclass
@@ -378,7 +400,9 @@ class CopyStage:
         # complete (Note [Host memory of a copy in flight]).
         self._held: Deque[tuple] = deque()  # (upload event, its host source), queue order
         self._landing: List[torch.Tensor] = []  # direct downloads' destinations, to drain()
-        weakref.finalize(self, _settle, self.lanes, self._tail)
+        weakref.finalize(
+            self, _orphan, self.lanes, self._tail, self._held, self._landing, self._slots
+        )
         self.stats = {"d2h_bytes": 0, "h2d_bytes": 0, "copies": 0, "host_waits": 0}
 
     def slot_numel(self, dtype: torch.dtype) -> int:
@@ -489,6 +513,8 @@ class CopyStage:
             ring.land(self._ups.popleft(), self.stats)
         self._held.clear()  # every copy has completed
         self._landing.clear()
+        if _ORPHANS:
+            _release_orphans()
         self._raise_if_failed()
 
     def busy_seconds(self) -> Dict[str, float]:

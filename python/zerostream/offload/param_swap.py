@@ -88,12 +88,14 @@ class ParamSwapper:
                 sizes, "zero_optimization.offload_param.nvme_path", sharing=ranks_on_this_host()
             )
 
-    def _host(self, numel: int, dtype: torch.dtype, uploads=None) -> torch.Tensor:
+    def _host(
+        self, numel: int, dtype: torch.dtype, uploads=None, reading: bool = True
+    ) -> torch.Tensor:
         """A page-locked staging buffer. When the arena is full: buffers whose uploads have
         completed go back first, then reads issued ahead land (oldest first), then the host
         waits for the oldest upload still reading a buffer (`uploads`, the copy stage);
         only then does it wait on the arena."""
-        self._ensure_arena(numel, dtype)
+        self._ensure_arena(numel, dtype, reading)
         while True:
             if uploads is not None:
                 uploads.release_held()
@@ -131,15 +133,20 @@ class ParamSwapper:
         )
         self.buffer_count = count  # the next read makes the larger arena (_ensure_arena)
 
-    def _ensure_arena(self, numel: int, dtype: torch.dtype) -> None:
-        """Makes the arena hold two shards of `numel`, or buffer_count x buffer_size if
-        larger. A larger budget replaces the arena only when no read ahead holds its buffers
-        (buffers already handed out keep the old arena's memory until freed)."""
+    def _ensure_arena(self, numel: int, dtype: torch.dtype, reading: bool = True) -> None:
+        """Makes the arena hold two shards of `numel`, and for reads buffer_count x
+        buffer_size if larger. A larger budget replaces the arena only when no read ahead
+        holds its buffers (buffers already handed out keep the old arena's memory until
+        freed). Writes (shards homed at setup, one at a time) only ever need two shards: a
+        pooled arena is locked and registered whole when made, so it is not remade for
+        every shard that adds to the swapped bytes; it grows at least twofold."""
         need = 2 * arena_bytes(numel * dtype.itemsize)
-        configured = self._configured_budget()
+        configured = self._configured_budget() if reading else 0
         grow = configured > self.arena_bytes and not self.pending
         if self.arena is None or need > self.arena_bytes or grow:
             budget = max(need, configured, self.arena_bytes)
+            if self.arena is not None and need > self.arena_bytes:
+                budget = max(budget, 2 * self.arena_bytes)
             if need > self.buffer_count * self._buffer_bytes():
                 logger.info(
                     "zero_optimization.offload_param.buffer_size: a shard of %d %s elements "
@@ -218,7 +225,7 @@ class ParamSwapper:
         return t.device.type == "cpu" and t.is_contiguous() and t.data_ptr() % 4096 == 0
 
     def _staged_copy(self, values: torch.Tensor) -> torch.Tensor:
-        buf = self._host(values.numel(), values.dtype)
+        buf = self._host(values.numel(), values.dtype, reading=False)
         buf.copy_(values)
         return buf
 

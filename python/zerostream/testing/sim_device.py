@@ -59,6 +59,7 @@ import math
 import random
 import threading
 import time
+import weakref
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -219,23 +220,40 @@ class SimDevice:
             self.cv.notify_all()
             return stream.issued
 
+    def count(self, counter: str) -> None:
+        with self.cv:
+            self.counters[counter] += 1
+
     def _complete(self, stream: SimStream, seq: int) -> None:
-        """Runs `stream` up to `seq` (forcing it past the policy) and waits for it."""
+        """Runs `stream` up to `seq` (forcing it past the policy) and waits for it; at once
+        once the device is closed (a finalizer after uninstall must not hang)."""
         with self.cv:
             stream.forced = max(stream.forced, seq)
             self.cv.notify_all()
-            self.cv.wait_for(lambda: stream.completed >= seq)
+            self.cv.wait_for(lambda: stream.completed >= seq or stream.closed)
 
     def _host_wait(self, stream: SimStream, seq: int, blocking: bool) -> None:
-        self.counters["host_syncs"] += 1
-        if threading.get_ident() == self.main_thread:
-            self.counters["main_thread_syncs"] += 1
-        if not self._visible(stream, seq) and not blocking:
-            self.counters["spin_waits"] += 1
+        """The host blocks until `stream` reached `seq` (the caller then learns what that
+        implies)."""
+        with self.cv:
+            self.counters["host_syncs"] += 1
+            if threading.get_ident() == self.main_thread:
+                self.counters["main_thread_syncs"] += 1
+            if not stream.host and not self._visible(stream, seq) and not blocking:
+                self.counters["spin_waits"] += 1
         self._complete(stream, seq)
+
+    def _learn(self, stream: SimStream, seq: int) -> None:
+        """The host knows `stream` completed up to `seq`, and so whatever that stream had
+        waited for by then (a lane's waits on other lanes)."""
+        if stream.host or stream.seen >= seq:
+            return
         with self.cv:
             stream.seen = max(stream.seen, seq)
+            implied = [(other, s) for at, other, s in stream.implies if at <= seq]
         self._observe(stream, seq)
+        for other, s in implied:
+            self._learn(other, s)
 
     def _visible(self, stream: SimStream, seq: int) -> bool:
         """Whether a query finds `stream` complete up to `seq`. Lazily, only what the host
@@ -249,6 +267,7 @@ class SimDevice:
         """Every lane's queued work completed and observed (torch.cuda.synchronize)."""
         for lane in list(self.lanes):
             self._host_wait(lane, lane.issued, blocking=True)
+            self._learn(lane, lane.issued)
 
     # --- copies ----------------------------------------------------------------------------------
     def copy(self, dst: torch.Tensor, src: torch.Tensor, upload: bool) -> None:
@@ -264,10 +283,12 @@ class SimDevice:
         if dst.numel() != src.numel():
             raise RuntimeError(f"sim copy: {src.numel()} elements into {dst.numel()}")
         host = src if upload else dst
-        if not self._registered(host):
-            self.counters["pageable_copies"] += 1
+        registered = self._registered(host)
+        if not registered:
+            self.count("pageable_copies")
         with self.internal():
             item = _Copy(dst, src, upload, stream)
+            item.host_registered = registered
             _poison(dst)
         with self.cv:
             for key in (item.key, item.host_key):
@@ -323,7 +344,7 @@ class SimDevice:
                             )
                     else:
                         c.dst.copy_(c.result)
-                if self._registered(c.host_side) and self._released(c.host_side, c.host_key):
+                if c.host_registered and self._released(c.host_side, c.host_key):
                     self._violate(
                         f"a page-locked host buffer ({tuple(c.host_side.shape)} "
                         f"{c.host_side.dtype}) was released to its arena while a copy on "
@@ -344,14 +365,24 @@ class SimDevice:
 
     # --- host memory ---------------------------------------------------------------------------
     def register(self, tensor: torch.Tensor) -> None:
-        """Page-locked and registered with the device (the host arena's cudaHostRegister)."""
+        """Page-locked and registered with the device (the host arena's cudaHostRegister),
+        until the program drops the buffer (`tensor` and every view of it)."""
         lo = tensor.data_ptr()
-        self.registered.append((lo, lo + tensor.numel() * tensor.element_size()))
+        span = (lo, lo + tensor.numel() * tensor.element_size())
+        with self.cv:
+            self.registered.append(span)
+        weakref.finalize(tensor, self._unregister, span)
+
+    def _unregister(self, span: Tuple[int, int]) -> None:
+        with self.cv:
+            if span in self.registered:
+                self.registered.remove(span)
 
     def _registered(self, t: torch.Tensor) -> bool:
         lo = t.data_ptr()
         hi = lo + t.numel() * t.element_size()
-        return any(a <= lo and hi <= b for a, b in self.registered)
+        with self.cv:
+            return any(a <= lo and hi <= b for a, b in self.registered)
 
     # --- collectives -----------------------------------------------------------------------------
     def before_collective(self, what: str) -> None:
@@ -360,7 +391,7 @@ class SimDevice:
         stream = self.current_stream()
         if stream.host:
             return
-        self.counters["lane_collectives"] += 1
+        self.count("lane_collectives")
         if stream.caught_up < self.compute_ops:
             self._violate(
                 f"{what} was issued from {stream.name} without the lane waiting for the "
@@ -412,6 +443,13 @@ _TENSOR_COLLECTIVES = (
     "reduce_scatter",
     "reduce",
     "all_to_all_single",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
 )
 _DEVICE_BOUND = ("all_gather_object", "broadcast_object_list", "barrier", "gather_object")
 
@@ -448,6 +486,7 @@ def installed(
 
     sim = SimDevice(policy, seed, device_index, max_delay_s)
     saved_acc = accelerator._ACCELERATOR
+    saved_cuda, saved_observer = copy_stage.simulated_cuda, io.registration_observer
     saved = {name: getattr(dist, name) for name in _TENSOR_COLLECTIVES + _DEVICE_BOUND}
 
     def tensor_collective(name, fn):
@@ -472,13 +511,20 @@ def installed(
     copy_stage.simulated_cuda = lambda device: SimCuda(sim, sim.device_index)
     io.registration_observer = sim.register
     mode = _ComputeOps(sim)
+    failed = True
     try:
         with mode:
             yield sim
         sim.synchronize_all()
+        failed = False
     finally:
-        copy_stage.simulated_cuda = None
-        io.registration_observer = None
+        if failed:  # let queued work run, so nothing waits on a closed device for good
+            try:
+                sim.synchronize_all()
+            except Exception:  # the block's own error is the one to report
+                pass
+        copy_stage.simulated_cuda = saved_cuda
+        io.registration_observer = saved_observer
         accelerator._ACCELERATOR = saved_acc
         for name, fn in saved.items():
             setattr(dist, name, fn)

@@ -54,6 +54,7 @@ class _Copy:
         "host_key",
         "result",
         "stream",
+        "host_registered",
     )
 
     def __init__(self, dst, src, upload, stream):
@@ -66,6 +67,7 @@ class _Copy:
         self.upload, self.stream = upload, stream
         self.snapshot = src.clone() if upload else None
         self.result = None
+        self.host_registered = False  # set by the device at issue
 
 
 class SimStream:
@@ -80,6 +82,10 @@ class SimStream:
         self.queue: Deque[_Item] = deque()
         self.unobserved: Deque[_Item] = deque()  # completed copies the host has not seen
         self.caught_up = 0  # the compute stream's op count this lane last waited for
+        # What completing this stream implies about others: (seq here, other, seq there),
+        # from its waits; the compute stream keeps its waits by stream (`waited`).
+        self.implies: list = []
+        self.waited: dict = {}
         self.closed = False
         self.thread = None
         if not host:
@@ -98,16 +104,24 @@ class SimStream:
 
     def wait_event(self, event: "SimEvent") -> None:
         self.sim._check_thread(self.device, "Stream.wait_event")
-        if event.stream is not None:
+        if event.stream is None:
+            return
+        if event.stream.host:  # ordered after the compute stream's ops up to the record
+            self.caught_up = max(self.caught_up, event.ops)
+            for other, seq in event.deps.items():
+                self._wait_for(other, seq)
+        else:
             self._wait_for(event.stream, event.seq)
 
     def synchronize(self) -> None:
-        self.sim._host_wait(self, self.issued, blocking=True)
+        seq = self.issued
+        self.sim._host_wait(self, seq, blocking=True)
+        self.sim._learn(self, seq)
 
     def query(self) -> bool:
         done = self.sim._visible(self, self.issued)
         if done:
-            self.sim._observe(self, self.issued)
+            self.sim._learn(self, self.issued)
         return done
 
     # --- inside --------------------------------------------------------------------------------
@@ -115,11 +129,13 @@ class SimStream:
         if other is self or seq <= 0:
             return
         if self.host:  # the host thread is the compute stream: it waits, without observing
-            self.sim.counters["compute_waits"] += 1
+            self.sim.count("compute_waits")
             self.sim._complete(other, seq)
+            self.waited[other] = max(self.waited.get(other, 0), seq)
             return
         if not other.host:
-            self.sim._enqueue(self, "wait", target=(other, seq))
+            at = self.sim._enqueue(self, "wait", target=(other, seq))
+            self.implies.append((at, other, seq))
 
     def _run(self) -> None:
         sim = self.sim
@@ -168,6 +184,8 @@ class SimEvent:
         self.stream: Optional[SimStream] = None
         self.seq = 0
         self.done_at: Optional[float] = None
+        self.ops = 0  # on the compute stream: its op count at the record
+        self.deps: dict = {}  # on the compute stream: what it had waited for by then
 
     def record(self, stream: Optional[SimStream] = None) -> None:
         stream = stream if stream is not None else self.sim.current_stream()
@@ -175,6 +193,7 @@ class SimEvent:
         self.stream, self.done_at = stream, None
         if stream.host:
             self.seq, self.done_at = 0, time.perf_counter()
+            self.ops, self.deps = self.sim.compute_ops, dict(stream.waited)
         else:
             self.seq = self.sim._enqueue(stream, "record", event=self)
 
@@ -182,15 +201,25 @@ class SimEvent:
         self.sim._check_thread(self._device(), "Event.query")
         if self.stream is None:
             return True
-        done = self.sim._visible(self.stream, self.seq)
+        done = self.stream.host or self.sim._visible(self.stream, self.seq)
         if done:
-            self.sim._observe(self.stream, self.seq)
+            self._learned()
         return done
 
     def synchronize(self) -> None:
         self.sim._check_thread(self._device(), "Event.synchronize")
         if self.stream is not None:
             self.sim._host_wait(self.stream, self.seq, self.blocking)
+            self._learned()
+
+    def _learned(self) -> None:
+        """The host knows this event completed, and so what it implies: on the compute
+        stream, the lane work the compute stream had waited for before the record."""
+        if self.stream.host:
+            for other, seq in self.deps.items():
+                self.sim._learn(other, seq)
+        else:
+            self.sim._learn(self.stream, self.seq)
 
     def wait(self, stream: Optional[SimStream] = None) -> None:
         (stream if stream is not None else self.sim.current_stream()).wait_event(self)

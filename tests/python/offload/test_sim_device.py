@@ -188,3 +188,64 @@ def test_the_copy_stage_keeps_an_uploads_source_until_it_is_known_complete(sim):
     assert arena.stats()["allocations"] == 0
     stage.fence()
     assert torch.equal(dst, torch.arange(256.0))
+
+
+def test_what_the_host_learns_from_an_event_it_learns_about_what_came_before(sim):
+    cuda = sim_device.SimCuda(sim, 1)
+    lanes = copy_stage.CudaLanes(cuda)
+    # Through the compute stream: it waited for the download, then recorded an event.
+    dst = _pinned(8)
+    lanes.device_wait(lanes.copy(dst, torch.arange(8.0), upload=False))
+    after = cuda.new_event(blocking=True)
+    after.record(cuda.current_stream())
+    after.synchronize()
+    assert torch.equal(dst, torch.arange(8.0))
+    # Through another lane: the upload lane waited for the download lane's copy.
+    dst2 = _pinned(8)
+    down = lanes.copy(dst2, torch.arange(8.0) + 1, upload=False)
+    lanes.up.wait_event(down)
+    later = cuda.new_event(blocking=True)
+    later.record(lanes.up)
+    later.synchronize()
+    assert torch.equal(dst2, torch.arange(8.0) + 1)
+
+
+def test_a_lane_ordered_by_an_event_of_the_compute_stream_is_ordered(sim):
+    cuda = sim_device.SimCuda(sim, 1)
+    lanes = copy_stage.CudaLanes(cuda)
+    dst = _pinned(16)
+    grad = torch.ones(16) * 2  # compute work
+    mark = cuda.new_event()
+    mark.record(cuda.current_stream())
+    lanes.down.wait_event(mark)  # instead of wait_stream: as correct
+    with cuda.use(lanes.down):
+        cuda.copy(dst, grad, upload=False)
+        done = cuda.new_event(blocking=True)
+        done.record()
+    done.synchronize()
+    assert sim.violations == [] and torch.equal(dst, grad)
+
+
+def test_a_registered_range_is_forgotten_with_its_buffer(sim):
+    arena = HostArena(1 << 20, register=True)
+    before = len(sim.registered)
+    buf = arena.empty(1024)
+    view = buf[10:20]
+    del buf
+    assert len(sim.registered) == before + 1  # a view keeps it
+    del view
+    assert len(sim.registered) == before
+
+
+def test_a_block_that_fails_leaves_nothing_waiting_on_the_device():
+    import gc
+
+    with pytest.raises(ValueError, match="the test's own"):
+        with sim_device.installed(policy="lazy") as sim:
+            sim.set_device(0)
+            stage = copy_stage.CopyStage(torch.device("cpu"), slot_bytes=4096, slots=2)
+            stage.upload(_pinned(16), torch.zeros(16))
+            raise ValueError("the test's own error")
+    del stage
+    gc.collect()  # its finalizer neither waits nor hangs on the closed device
+    copy_stage._release_orphans()
