@@ -222,15 +222,17 @@ def run_tests(tests, env) -> tuple:
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     lines = [line[1:].strip() for line in done.stdout.splitlines() if line.startswith("E ")]
-    # The assertion or error that says why, not a rank banner or a traceback line.
-    telling = [
+    lines = [
         line
         for line in lines
-        if any(k in line for k in ("device saw", "bit-equal", "Error", "assert", "off by"))
-        and "--- rank" not in line
-        and not line.startswith(("Traceback", "File "))
+        if "--- rank" not in line and not line.startswith(("Traceback", "File ", "raise "))
     ]
-    return done.returncode, time.monotonic() - start, ((telling or lines)[:1] or [""])[0][:160]
+    # The line that says why: what the device saw first, then a value, then any error.
+    for keys in (("device saw",), ("bit-equal", "off by"), ("Error", "assert")):
+        telling = [line for line in lines if any(k in line for k in keys)]
+        if telling:
+            return done.returncode, time.monotonic() - start, telling[0][:160]
+    return done.returncode, time.monotonic() - start, (lines[:1] or [""])[0][:160]
 
 
 def main() -> int:
