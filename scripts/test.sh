@@ -3,15 +3,38 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# Everything the tests need is set up here, so a test whose prerequisite is missing fails
+# instead of skipping (tests/python/prerequisites.py), as in CI.
+export CI=${CI:-true}
+
+# phase NAME: starts timing NAME (the previous one ends); the table is printed at the end.
+phase_names=() phase_secs=() phase_start=$SECONDS
+phase() {
+  local now=$SECONDS
+  if [ ${#phase_names[@]} -gt 0 ]; then phase_secs+=($((now - phase_start))); fi
+  phase_names+=("$1") phase_start=$now
+  echo "== $1"
+}
+phase_table() {
+  phase_secs+=($((SECONDS - phase_start)))
+  echo "== Time by phase (total ${SECONDS} s)"
+  local i
+  for i in "${!phase_names[@]}"; do printf '%6d s  %s\n' "${phase_secs[$i]}" "${phase_names[$i]}"; done
+}
+trap phase_table EXIT
+
+phase "Setup (scripts/setup.sh, scripts/deepspeed-peer.sh)"
 scripts/setup.sh
+# DeepSpeed itself, beside .venv, for the tests that compare with it (never inside .venv).
+scripts/deepspeed-peer.sh
 
 # Formatting and lint first, for quick feedback; a failure still lets the tests run and
 # fails the whole run at the end.
-echo "== Lint (scripts/lint.sh: clang-format, ruff)"
+phase "Lint (scripts/lint.sh: clang-format, ruff)"
 lint_failed=0
 scripts/lint.sh || lint_failed=1
 
-echo "== C++ tests (ctest)"
+phase "C++ tests (ctest)"
 ctest --test-dir build/native --output-on-failure -j "$(nproc)" --timeout 600
 
 # build_variant DIR [cmake build args...] -- CMAKE_DEFINES...: a C++-tests-only build without
@@ -35,7 +58,7 @@ build_variant() {
 # what a machine without nvcc builds; the main build has CUDA when nvcc is here) and with
 # AddressSanitizer + LeakSanitizer, so every native test also runs checked for memory errors
 # and leaks.
-echo "== C++ tests, ZS_WITH_CUDA=OFF + AddressSanitizer variant (build/asan)"
+phase "C++ tests, ZS_WITH_CUDA=OFF + AddressSanitizer variant (build/asan)"
 build_variant asan -- -DZS_SANITIZE=ON
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -j "$(nproc)" \
   --timeout 600
@@ -43,7 +66,7 @@ ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan --output-on-failure -j "
 # ThreadSanitizer over the offload engine: its worker threads, tickets and fixed-resource
 # tables are where data races would be. Only that suite is built and run: libgomp is not
 # instrumented, so the OpenMP optimizer code would give false reports.
-echo "== C++ offload tests, ThreadSanitizer variant (build/tsan)"
+phase "C++ offload tests, ThreadSanitizer variant (build/tsan)"
 build_variant tsan --target zs_test_offload -- -DZS_TSAN=ON
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build/tsan \
   --output-on-failure -j "$(nproc)" --timeout 600 -R '^offload\.'
@@ -51,7 +74,7 @@ TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build/ts
 # On an aarch64 host the tests above already ran natively; ZS_SKIP_AARCH64=1 skips the
 # cross run (it needs apt access for the cross toolchain).
 if [ "$(uname -m)" != aarch64 ] && [ "${ZS_SKIP_AARCH64:-0}" != 1 ]; then
-  echo "== C++ tests cross-built for aarch64, under qemu-user (build/aarch64)"
+  phase "C++ tests cross-built for aarch64, under qemu-user (build/aarch64)"
   scripts/test-aarch64.sh
 fi
 
@@ -63,17 +86,17 @@ if [ ${#variant[@]} -ne 1 ] || [ ! -f "${variant[0]}" ]; then
   echo "expected one -static-libstdc++ _C under build/native/static-libstdcxx; got: ${variant[*]}" >&2
   exit 1
 fi
-echo "== Config error tests with ${variant[0]} (-static-libstdc++) loaded after torch"
+phase "Config error tests with ${variant[0]} (-static-libstdc++) loaded after torch"
 ZS_LOAD_C_FROM="${variant[0]}" .venv/bin/python -m pytest -q -p no:cacheprovider \
   tests/python/config tests/python/test_module_exports.py
 
-echo "== Python tests (pytest), but those of the device under test"
+phase "Python tests (pytest), but those of the device under test"
 .venv/bin/python -m pytest -q -ra -m "not device" "$@"
 
 # The device tests (engine parity on the device for stages 1-3 x offload none/cpu/nvme)
 # run through the one command that checks a GPU box, here on the simulated device, so that
 # command is exercised on every CI run (README: GPU path).
-echo "== scripts/gpu-check.sh --simulated"
+phase "scripts/gpu-check.sh --simulated"
 scripts/gpu-check.sh --simulated
 
 if [ "$lint_failed" -ne 0 ]; then

@@ -14,6 +14,8 @@ import tempfile
 
 import pytest
 
+from prerequisites import missing
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 
@@ -39,7 +41,7 @@ if os.environ.get("ZS_LOAD_C_FROM"):
 def compat_dir() -> pathlib.Path:
     path = SHARED / "compat" / "configs"
     if not (path / "MANIFEST.tsv").is_file():
-        pytest.skip(
+        missing(
             f"compatibility corpus not found at {path} (it ships beside the project "
             f"checkout, not with zerostream)"
         )

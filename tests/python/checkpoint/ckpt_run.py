@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "zero"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tiny_gpt import TinyGPT, make_batches  # noqa: E402
 
 GLOBAL_BATCH = 8

@@ -1,5 +1,5 @@
 """DeepSpeed's side of the migration tests, run with the DeepSpeed environment's python
-(.venv-bench, scripts/bench.sh), never imported by pytest:
+(.venv-deepspeed from scripts/deepspeed-peer.sh, or .venv-bench), never imported by pytest:
 
     python ds_run.py ROOT WORLD CASES_JSON [universal]
 
@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "zero"))
+sys.path.insert(0, os.path.join(HERE, ".."))
 
 GLOBAL_BATCH = 8
 K = 3
@@ -101,6 +101,7 @@ def scale_and_step(engine):
 def rank_main(root: str, world: int, cases) -> None:
     import deepspeed
     import torch
+
     from tiny_gpt import TinyGPT, make_batches
 
     torch.set_num_threads(1)

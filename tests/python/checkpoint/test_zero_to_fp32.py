@@ -15,9 +15,11 @@ import sys
 import pytest
 import torch
 from ckpt_run import build, train  # also puts tests/python/zero on sys.path
-from tiny_gpt import TinyGPT
 
+from equal import same_tensors
 from multirank import run_ranks
+from prerequisites import require_deepspeed_python
+from tiny_gpt import TinyGPT
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CASES = [(2, "cpu", "none", "fp32"), (3, "none", "none", "fp32"), (3, "nvme", "nvme", "fp32")]
@@ -82,7 +84,7 @@ def test_the_command_writes_bin_safetensors_and_shards(checkpoint, tmp_path):
     plain_model().load_state_dict(state, strict=True)
     subprocess.run(cli + [str(tmp_path / "st"), "--safetensors"], check=True, capture_output=True)
     st = load_file(str(tmp_path / "st" / "model.safetensors"))
-    assert all(torch.equal(st[k], whole[k]) for k in whole)
+    assert same_tensors(st, whole)
     subprocess.run(
         cli + [str(tmp_path / "sh"), "--max-shard-size", "20KB"], check=True, capture_output=True
     )
@@ -92,7 +94,7 @@ def test_the_command_writes_bin_safetensors_and_shards(checkpoint, tmp_path):
     merged = {}
     for name in shards:
         merged.update(torch.load(tmp_path / "sh" / name, weights_only=True))
-    assert all(torch.equal(merged[k], whole[k]) for k in whole)
+    assert same_tensors(merged, whole)
     bad = subprocess.run(cli[:-1] + [str(tmp_path / "nope"), "x"], capture_output=True, text=True)
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
@@ -107,22 +109,12 @@ def test_the_script_left_beside_the_checkpoint_needs_no_zerostream(checkpoint, t
     )
     subprocess.run([sys.executable, "-c", blocked], check=True, capture_output=True)
     state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
-    assert all(torch.equal(state[k], whole[k]) for k in whole)
-
-
-def _deepspeed_python():
-    python = REPO / ".venv-bench" / "bin" / "python"
-    if not python.exists():
-        return None
-    probe = subprocess.run([str(python), "-c", "import deepspeed"], capture_output=True)
-    return str(python) if probe.returncode == 0 else None
+    assert same_tensors(state, whole)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_deepspeeds_zero_to_fp32_reads_a_zerostream_checkpoint(checkpoints, case, tmp_path):
-    python = _deepspeed_python()
-    if python is None:
-        pytest.skip("DeepSpeed is not installed (scripts/bench.sh makes .venv-bench with it)")
+    python = require_deepspeed_python()
     ckpt, whole = checkpoints[case]
     code = (
         "import sys, torch; from deepspeed.utils.zero_to_fp32 import "

@@ -19,7 +19,7 @@ TOL = dict(rel=1e-4, abs=1e-5)  # the engine parity tests' tolerance
 
 def run_accelerate(compat_env, tmp_path, nproc, stage):
     args = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
-    args += [f"--master_port={free_port()}", str(HERE / "accelerate_worker.py")]
+    args += [f"--master_port={free_port()}", str(HERE / "workers" / "accelerate_worker.py")]
     done = run_python(args + [str(tmp_path), str(stage)], compat_env, timeout=420, cwd=HERE)
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])

@@ -14,7 +14,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def facts(compat_env):
-    done = run_python([str(HERE / "api_worker.py")], compat_env, timeout=300)
+    done = run_python([str(HERE / "workers" / "api_worker.py")], compat_env, timeout=300)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -20,7 +20,12 @@ HERE = pathlib.Path(__file__).resolve().parent
 @pytest.mark.multirank
 def test_deepspeed_example_calls_train_like_plain_pytorch(compat_env, tmp_path):
     args = ["-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
-    args += [str(HERE / "ds_scripts_worker.py"), "--out", str(tmp_path), "--moe-param-group"]
+    args += [
+        str(HERE / "workers" / "ds_scripts_worker.py"),
+        "--out",
+        str(tmp_path),
+        "--moe-param-group",
+    ]
     done = run_python(args, compat_env, timeout=420, cwd=HERE)
     out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[7:])
     assert out["world"] == 2 and out["args_local_rank"] == 0

@@ -49,7 +49,7 @@ def _rows(lines):
 
 @pytest.fixture(scope="module")
 def tables(compat_env):
-    done = run_python([str(HERE / "estimators_worker.py")], compat_env, timeout=300)
+    done = run_python([str(HERE / "workers" / "estimators_worker.py")], compat_env, timeout=300)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -143,7 +143,9 @@ def test_every_name_the_tools_and_scripts_use_resolves(compat_env, tmp_path):
     todo |= {(path, "from", path) for path in REQUIRED + EXPORTS + REQUIRED_REFUSED}
     spec = tmp_path / "uses.json"
     spec.write_text(json.dumps(sorted(todo)))
-    done = run_python([str(HERE / "surface_check.py"), str(spec)], compat_env, timeout=300)
+    done = run_python(
+        [str(HERE / "workers" / "surface_check.py"), str(spec)], compat_env, timeout=300
+    )
     result = json.loads(done.stdout.strip().splitlines()[-1])
 
     where = {}

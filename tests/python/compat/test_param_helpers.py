@@ -6,9 +6,9 @@ equal the reference's; values set through the helpers read back exactly, and a s
 setting weights, moments and gradients lands where the reference lands after the same
 edits. The workers import the installed compatibility package (param_helpers_worker.py)."""
 
-import param_helpers_worker as w
 import pytest
 import torch
+from workers import param_helpers_worker as w
 
 from multirank import run_ranks
 

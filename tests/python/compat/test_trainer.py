@@ -74,7 +74,9 @@ def runs(compat_env, tmp_path_factory):
     spec.write_text(json.dumps({"out": str(out), "cases": CASES}))
     env = dict(compat_env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    done = run_python([str(HERE / "trainer_worker.py"), str(spec)], env, timeout=600, cwd=HERE)
+    done = run_python(
+        [str(HERE / "workers" / "trainer_worker.py"), str(spec)], env, timeout=600, cwd=HERE
+    )
     return out, json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -139,7 +141,7 @@ def test_trainer_on_two_processes_stage3_logs_the_single_process_losses(runs, co
     losses. Needs the process state configured by the script (trainer_ranks_worker.py)."""
     out, result = runs
     args = ["-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
-    args += [str(HERE / "trainer_ranks_worker.py"), str(out / "two_processes")]
+    args += [str(HERE / "workers" / "trainer_ranks_worker.py"), str(out / "two_processes")]
     done = run_python(args, compat_env, timeout=420, cwd=HERE)
     facts = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[7:])
     assert facts["world"] == facts["num_processes"] == facts["dp_world_size"] == 2

@@ -15,10 +15,8 @@ import torch
 import zerostream
 from zerostream.zero.skips import NonFiniteStateError, SkippedStepsError, first_non_finite
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zero"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlp import MLP  # noqa: E402
-
 from multirank import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_rank_process_group")

@@ -9,11 +9,11 @@ import subprocess
 import pytest
 import torch
 
+from prerequisites import require_deepspeed_python
 from zerostream import estimate
 
 P, L = 2851 * 10**6, 32 * 10**6  # t5-3b "all_cold": total and largest layer params
 REPO = pathlib.Path(__file__).resolve().parents[3]
-DS_PYTHON = REPO / ".venv-bench" / "bin" / "python"
 
 
 def test_zero3_worked_example_bytes():
@@ -110,13 +110,9 @@ for g, n in ((8, 1), (4, 2), (1, 1), (3, 1)):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not DS_PYTHON.exists(), reason="no .venv-bench with DeepSpeed here")
 def test_same_tables_as_deepspeed(capsys):
-    done = subprocess.run(
-        [str(DS_PYTHON), "-c", _DS_SCRIPT], capture_output=True, text=True, timeout=240
-    )
-    if done.returncode != 0 and "No module named 'deepspeed'" in done.stderr:
-        pytest.skip("DeepSpeed is not installed in .venv-bench")
+    python = require_deepspeed_python()
+    done = subprocess.run([python, "-c", _DS_SCRIPT], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = [ln for ln in done.stdout.splitlines() if not ln.startswith("[")]
     for g, n in ((8, 1), (4, 2), (1, 1), (3, 1)):

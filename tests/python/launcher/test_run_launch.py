@@ -124,7 +124,7 @@ def test_unchanged_deepspeed_script_trains_on_two_ranks(tmp_path):
         ' "optimizer": {"type": "Adam", "params": {"lr": 0.01}},'
         ' "zero_optimization": {"stage": 2}}'
     )
-    script = HERE.parent / "zero" / "ds_style_script.py"
+    script = HERE.parent / "engine" / "ds_style_script.py"
     args = ["--deepspeed", "--deepspeed_config", str(cfg), "--out", str(tmp_path / "out")]
     res = launch([str(script), *args], tmp_path, OMP_NUM_THREADS="1")
     assert res.returncode == 0, res.stdout + res.stderr

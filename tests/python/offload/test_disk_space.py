@@ -18,7 +18,7 @@ import torch
 import zerostream
 from zerostream.offload import io as zio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zero"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 KEY = "zero_optimization.offload_optimizer.nvme_path"
 

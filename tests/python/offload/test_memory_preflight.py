@@ -14,10 +14,8 @@ import torch
 import zerostream
 from zerostream.offload import host_memory as hm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zero"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlp import MLP  # noqa: E402
-
 from multirank import run_ranks  # noqa: E402
 
 

@@ -20,9 +20,10 @@ import os
 import pytest
 import torch
 from test_parity import GLOBAL_BATCH, adamw_config, assert_matches_reference, reference
-from tiny_gpt import TinyGPT, make_batches
 
+from equal import same_tensors
 from multirank import run_ranks
+from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 3
 RESUME_AT = 2
@@ -148,7 +149,7 @@ def _assert_close_to_reference(losses, norms, params, reference_run, dtype) -> N
 
 
 def _bit_equal(a, b) -> bool:
-    return a[0] == b[0] and a[1] == b[1] and all(torch.equal(a[2][n], b[2][n]) for n in a[2])
+    return a[0] == b[0] and a[1] == b[1] and same_tensors(a[2], b[2])
 
 
 @pytest.fixture(scope="module")

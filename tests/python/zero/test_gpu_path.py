@@ -21,10 +21,11 @@ compared with the same run on the plain CPU:
 
 import pytest
 import torch
-from mlp import MLP
-from tiny_gpt import TinyGPT, make_batches
 
+from equal import same_tensors
+from mlp import MLP
 from multirank import run_ranks
+from tiny_gpt import TinyGPT, make_batches
 
 # Whichever test runs first runs every scenario (the module's fixture).
 pytestmark = pytest.mark.timeout(900)
@@ -252,7 +253,7 @@ def worker(rank, world, names, tmp):
 
 
 def _same(cpu, simmed) -> bool:
-    return cpu[0] == simmed[0] and all(torch.equal(a, b) for a, b in zip(cpu[1], simmed[1]))
+    return cpu[0] == simmed[0] and same_tensors(cpu[1], simmed[1])
 
 
 @pytest.fixture(scope="module")
@@ -359,7 +360,7 @@ def _dataloader_check() -> None:
 
     comm.init_distributed()
     plain, forked = _dataloader_run(0, 1, 0), _dataloader_run(0, 1, 2)
-    same = plain[0] == forked[0] and all(torch.equal(a, b) for a, b in zip(plain[1], forked[1]))
+    same = plain[0] == forked[0] and same_tensors(plain[1], forked[1])
     print("BIT-EQUAL" if same else f"DIFFERENT {plain[0]} {forked[0]}")
 
 

@@ -7,8 +7,12 @@ import pytest
 import torch
 
 from multirank import run_ranks
+from prerequisites import missing
 
-pytest.importorskip("transformers")
+try:
+    import transformers  # noqa: F401
+except ImportError as exc:  # requirements.txt pins it
+    missing(f"transformers does not import: {exc}", allow_module_level=True)
 
 STEPS, BATCH, SEQ, VOCAB = 3, 8, 16, 128
 LR = 1e-3

@@ -73,7 +73,7 @@ def train(accelerator, stage, initial, out_dir):
     engine, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     mine = [b["input_ids"] for b in loader]
     expected = [ids[rank * BATCH : (rank + 1) * BATCH] for ids in batches(world)]
-    same_data = all(torch.equal(a, b) for a, b in zip(mine, expected))
+    same_data = len(mine) == len(expected) and all(map(torch.equal, mine, expected))
 
     def step(ids):
         loss = engine(input_ids=ids, labels=ids).loss

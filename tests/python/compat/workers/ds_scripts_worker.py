@@ -161,7 +161,7 @@ def cifar_like(args, stage, world):
     return {"losses": losses, "reference": reference, "steps": len(losses)}
 
 
-def test_model_like(args, stage, world):
+def model_like(args, stage, world):
     """test_model.py's calls (fp32 here: the CPU has no fast fp16)."""
     hidden = 32
     rank = int(os.environ["RANK"])
@@ -228,7 +228,7 @@ def main():
         out[f"cifar_stage{stage}"] = cifar_like(args, stage, world)
         out["args_local_rank"] = args.local_rank
     for stage in (0, 1, 2):
-        out[f"test_model_stage{stage}"] = test_model_like(args, stage, world)
+        out[f"test_model_stage{stage}"] = model_like(args, stage, world)
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(out))
 

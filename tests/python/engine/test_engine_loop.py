@@ -11,8 +11,8 @@ import time
 
 import pytest
 import torch
-from mlp import MLP
 
+from mlp import MLP
 from multirank import free_port, run_ranks
 
 HERE = pathlib.Path(__file__).parent

@@ -1,4 +1,4 @@
-"""A DeepSpeed training script with only the import changed (used by test_engine.py)."""
+"""A DeepSpeed training script with only the import changed (used by test_engine_loop.py)."""
 
 import argparse
 

@@ -12,11 +12,13 @@ import sys
 
 import pytest
 
+from prerequisites import missing
+
 
 @pytest.mark.timeout(240)
 def test_bench_checkpoint_reports_consistent_rates_against_fio(tmp_path):
     if shutil.which("fio") is None:
-        pytest.skip("fio is not installed (scripts/setup.sh installs it)")
+        missing("fio is not installed (scripts/setup.sh installs it)")
     out = subprocess.run(
         [sys.executable, "-m", "zerostream.cli", "bench", "checkpoint", "--path", str(tmp_path),
          "--params", "17M", "--repeats", "1", "--aio", '{"queue_depth": 16}', "--json"],

@@ -248,7 +248,7 @@ def optimizer_backward_and_accumulation(deepspeed, rank):
             engine.step()
         finals.append([p.detach().clone() for _, p in trainable(model)])
         engine.destroy()
-    return all(torch.equal(a, b) for a, b in zip(*finals))
+    return len(finals[0]) == len(finals[1]) and all(map(torch.equal, *finals))
 
 
 def worker(rank, world, site, nvme, scenarios):
