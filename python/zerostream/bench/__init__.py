@@ -9,6 +9,25 @@ import sys
 from typing import Optional
 
 
+def deepspeed_unavailable() -> Optional[str]:
+    """Why DeepSpeed cannot be a peer here (not installed, or `deepspeed` is zerostream's
+    compatibility package), or None. Read from the installed distribution's metadata without
+    importing it: an import would leave `deepspeed` in sys.modules for the rest of the
+    process, where code that must run without DeepSpeed then finds it."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return "deepspeed is not installed here"
+    try:
+        version = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        return None  # a source checkout on the path: try it
+    if "zerostream" in version:
+        return f"`import deepspeed` is zerostream's compatibility package ({version})"
+    return None
+
+
 @contextlib.contextmanager
 def stdout_to_stderr(enabled: bool = True):
     """Sends everything written to stdout (Python objects and fd 1: peers' loggers, JIT build

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
-from zerostream.bench import remember, stdout_to_stderr
+from zerostream.bench import deepspeed_unavailable, remember, stdout_to_stderr
 from zerostream.offload import io as zio
 
 CHUNK_BYTES = 256 << 20  # one request per chunk; the engine splits it into blocks
@@ -131,7 +131,10 @@ class DeepSpeedRunner:
     """DeepSpeed's own aio handle, when DeepSpeed and its async_io op are available."""
 
     def __init__(self, w: Workload):
-        from deepspeed.ops.op_builder import AsyncIOBuilder  # raises ImportError when absent
+        why = deepspeed_unavailable()
+        if why is not None:
+            raise ImportError(why)
+        from deepspeed.ops.op_builder import AsyncIOBuilder
 
         if not AsyncIOBuilder().is_compatible():
             raise RuntimeError("DeepSpeed's async_io op is not compatible here (libaio?)")

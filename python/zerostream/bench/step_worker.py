@@ -107,17 +107,15 @@ def run(spec: dict) -> dict:
             }
         runner = _Torch(model.to(device, DTYPES[resolved.precision]), resolved)
     elif peer == "deepspeed":
+        from zerostream.bench import deepspeed_unavailable
+
+        why = deepspeed_unavailable()  # the compatibility package would be zerostream again
+        if why is not None:
+            return {"peer": peer, "skipped": why}
         try:
             import deepspeed
         except ImportError as exc:
             return {"peer": peer, "skipped": f"deepspeed is not importable here ({exc})"}
-        if "zerostream" in getattr(deepspeed, "__version__", ""):
-            # The compatibility package: zerostream again, not the peer.
-            return {
-                "peer": peer,
-                "skipped": f"`import deepspeed` is zerostream's compatibility package "
-                f"({deepspeed.__version__}), not DeepSpeed",
-            }
         runner = _Engine(deepspeed, model, cfg)
     else:
         import zerostream
