@@ -21,8 +21,11 @@ import torch
 
 from .. import _C
 from ..ops.adam import cpu_adam_step
+from ..ops.threads import ranks_on_this_host
 from . import sinks
-from .io import HostArena, IoEngine, SwapStore, arena_bytes, io_config_for, ranks_on_this_host
+from .host_buffers import HostArena, arena_bytes
+from .io_engine import IoEngine, io_config_for
+from .swap_store import SwapStore
 
 if TYPE_CHECKING:
     from ..config import AioConfig, OptimizerConfig, ZeroConfig, ZeroStreamExtConfig

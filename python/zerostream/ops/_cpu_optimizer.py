@@ -19,7 +19,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 import torch
 
 from zerostream import _C
-from zerostream.offload.io import aligned_empty
+from zerostream.offload.host_buffers import aligned_empty
 from zerostream.ops.threads import optimizer_threads
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {
@@ -124,7 +124,7 @@ ALIGNED_STATE_BYTES = 1 << 20
 
 def _state_tensor(shape) -> torch.Tensor:
     """An uninitialised fp32 state tensor. Large ones start on a 4 KiB boundary, so a
-    checkpoint reads and writes them straight to and from the disk (offload/io.py
+    checkpoint reads and writes them straight to and from the disk (offload/host_buffers.py
     aligned_empty) instead of through the engine's bounce buffers at half the speed."""
     shape = torch.Size(shape)
     if shape.numel() * 4 < ALIGNED_STATE_BYTES:
