@@ -255,7 +255,7 @@ def _mean_over_ranks(value: float, device) -> float:
 def _peaks_over_ranks(device) -> dict:
     """Largest peak RSS, device memory and host-arena peak over the ranks."""
     try:
-        from zerostream.offload.io import arena_totals
+        from zerostream.offload.host_buffers import arena_totals
 
         arena = arena_totals()
     except ImportError:  # DeepSpeed run
@@ -298,7 +298,7 @@ def _swap_files(cfg: dict, rank: int) -> dict:
             "allocated_bytes": sum(f.stat().st_blocks * 512 for f in files),
         }
     try:
-        from zerostream.offload.io import store_totals
+        from zerostream.offload.swap_store import store_totals
 
         used = store_totals()["used_bytes"]
     except ImportError:  # DeepSpeed run

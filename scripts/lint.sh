@@ -17,7 +17,7 @@ if [ ! -x "$ruff" ]; then
 fi
 
 cxx_sources() {
-  find csrc zero offload tests/cpp -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \) \
+  find common csrc zero offload tests/cpp -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \) \
     -print0 | sort -z
 }
 
@@ -33,7 +33,7 @@ if [ "$status" -ne 0 ]; then
   cat >&2 <<MSG
 [lint] failed. The formatters apply layout, ruff --fix what it can (imports, whitespace);
 the remaining ruff findings need an edit:
-  find csrc zero offload tests/cpp -type f \\( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \\) -print0 | xargs -0 clang-format-14 -i
+  find common csrc zero offload tests/cpp -type f \\( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \\) -print0 | xargs -0 clang-format-14 -i
   $ruff check --fix python tests examples && $ruff format python tests examples
 MSG
 fi

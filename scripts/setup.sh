@@ -31,7 +31,7 @@ fi
 # --- 3. Build and install zerostream -------------------------------------------------------
 # One CMake tree (build/native) serves the wheel and the C++ tests, so nothing compiles twice.
 src_stamp=.venv/.zs-source.sha1
-src_hash=$( (find CMakeLists.txt pyproject.toml cmake csrc zero offload python tests/cpp -type f \
+src_hash=$( (find CMakeLists.txt pyproject.toml cmake common csrc zero offload python tests/cpp -type f \
               ! -name '*.so' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha1sum) | sha1sum | cut -d' ' -f1)
 if [ "$(cat "$src_stamp" 2>/dev/null)" != "$src_hash" ] || ! .venv/bin/python -c "import zerostream._C" 2>/dev/null; then
   log "building zerostream (build/native)"

@@ -209,7 +209,7 @@ MUTATIONS = [
     ),
     (
         "pin-memory-false-registers-nothing",
-        "offload/io.py",
+        "offload/host_buffers.py",
         "        self.registers = bool(lock and register)",
         "        self.registers = bool(register)",
         [GPU_PATH + "::test_host_memory_is_registered_once_and_not_at_all_without_pin_memory"],

@@ -13,9 +13,9 @@ _BENCHES = ("io", "optim", "step", "capacity", "checkpoint")
 
 
 def _config_check(args) -> int:
-    from . import config
+    from .config_check import check
 
-    result = config.check(
+    result = check(
         args.file,
         world_size=args.world_size,
         micro_batch_size=args.micro_batch_size,

@@ -6,8 +6,7 @@ zero_force_ds_cpu_optimizer false."""
 from __future__ import annotations
 
 import inspect
-import warnings
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 import torch
 
@@ -185,33 +184,3 @@ def client_groups(client, groups: List[dict]) -> List[dict]:
     if isinstance(client, torch.optim.Optimizer):
         return [dict(g) for g in client.param_groups if g["params"]]
     return groups
-
-
-def dry_build(cfg: DeepSpeedConfig, skip: Tuple[str, ...] = ()) -> Tuple[List[str], List[str]]:
-    """Builds the config's optimizer over one dummy parameter and its LR scheduler over that
-    optimizer, exactly as initialize() will, and returns (errors, warnings) naming the section
-    ('optimizer (AdamW): ...', 'scheduler (WarmupLR): ...'). `zerostream config check` runs it
-    so that a config it passes does not fail at initialize (Adam betas of 1.5,
-    warmup_num_steps 0, a bad StepLR argument). Sections in `skip` (their values are "auto",
-    filled by the run) are not built. An optimizer zerostream does not implement is a warning:
-    initialize() refuses it only when no client optimizer replaces it."""
-    from .lr_schedules import build_scheduler
-
-    if cfg.optimizer is None or "optimizer" in skip:
-        return [], []
-    try:
-        opt = _from_config(cfg)([{"params": [torch.nn.Parameter(torch.zeros(1))]}])
-    except NotImplementedError as exc:
-        return [], [f"optimizer ({cfg.optimizer.type}): {exc}"]
-    except (ValueError, TypeError) as exc:
-        return [f"optimizer ({cfg.optimizer.type}): {exc}"], []
-    sched = cfg.scheduler
-    if sched is None or "scheduler" in skip:
-        return [], []
-    try:  # one step too: torch's schedulers check some arguments only when they step
-        with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
-            warnings.simplefilter("ignore", UserWarning)
-            build_scheduler(sched.type, opt, dict(sched.params)).step()
-    except (ValueError, TypeError, NotImplementedError) as exc:
-        return [f"scheduler ({sched.type}): {exc}"], []
-    return [], []

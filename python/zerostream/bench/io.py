@@ -26,15 +26,19 @@ from typing import Callable, Optional
 import torch
 
 from zerostream.bench import deepspeed_unavailable, remember, stdout_to_stderr
-from zerostream.offload import io as zio
+from zerostream.offload.crc32c import crc32c
+from zerostream.offload.host_buffers import HostArena, arena_bytes
+from zerostream.offload.io_engine import BACKENDS, IoEngine, warnings_emitted
+from zerostream.offload.memory_preflight import parse_bytes
+from zerostream.offload.swap_store import SwapStore
 
 CHUNK_BYTES = 256 << 20  # one request per chunk; the engine splits it into blocks
 
 
 def parse_size(text: str) -> int:
-    """'4G', '1M', '512K', '1048576' -> bytes (zio.parse_bytes), positive, for argparse."""
+    """'4G', '1M', '512K', '1048576' -> bytes (parse_bytes), positive, for argparse."""
     try:
-        value = zio.parse_bytes(text)
+        value = parse_bytes(text)
     except ValueError:
         value = -1
     if value < 0:
@@ -62,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="try block sizes x depths x threads; print the best as an aio block",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--backend", default="auto", choices=zio.BACKENDS)
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument(
         "--register-buffers",
         action="store_true",
@@ -106,14 +110,14 @@ def lay_out(path: str, size: int) -> None:
 class ZeroStreamRunner:
     def __init__(self, w: Workload, backend: str, register: bool = False):
         self.w = w
-        self.engine = zio.IoEngine(
+        self.engine = IoEngine(
             block_size=w.block,
             queue_depth=w.depth,
             threads=w.threads,
             backend=backend,
             register_buffers=register,
         )
-        self.arena = zio.HostArena(min(CHUNK_BYTES, w.size) + (1 << 20))
+        self.arena = HostArena(min(CHUNK_BYTES, w.size) + (1 << 20))
         self.buf = self.arena.empty(min(CHUNK_BYTES, w.size))
         self.buf.fill_(0x5A)  # content is irrelevant to O_DIRECT; random_ costs CPU
         self.registered = register and self.engine.register_buffer(self.buf)
@@ -168,16 +172,16 @@ class StoreRunner:
         chunk = min(self.STORE_CHUNK, w.size)
         self.count = max(1, w.size // chunk)
         self.bytes = self.count * chunk
-        self.engine = zio.IoEngine(
+        self.engine = IoEngine(
             block_size=w.block, queue_depth=w.depth, threads=w.threads, backend=backend
         )
-        self.arena = zio.HostArena(self.STORE_RING * zio.arena_bytes(chunk))
+        self.arena = HostArena(self.STORE_RING * arena_bytes(chunk))
         self.ring = [self.arena.empty(chunk) for _ in range(self.STORE_RING)]
         for i, b in enumerate(self.ring):
             b.fill_(i + 1)
         name = "bench-crc" if checksums else "bench"
         root = os.path.dirname(w.path)
-        self.store = zio.SwapStore(
+        self.store = SwapStore(
             self.engine, root, name=name, verify_checksums=checksums, grow_bytes=0
         )
         self._pass("write")  # lay the extents out once: timed passes overwrite
@@ -215,7 +219,7 @@ def checksum_cost(w: Workload, ops: list[str], loops: int, backend: str) -> dict
                     samples[(c, op)].append(runners[c].run(op))
         buf = runners[True].ring[0]
         start = time.perf_counter()
-        zio.crc32c(buf)
+        crc32c(buf)
         crc_rate = buf.numel() / (time.perf_counter() - start) / 1e9
     finally:
         for r in runners.values():
@@ -430,7 +434,7 @@ def run(args) -> int:
         if not args.keep and os.path.exists(path):
             os.unlink(path)
     out["config"] = config
-    out["notes"] = notes + [w for w in zio.warnings_emitted()]
+    out["notes"] = notes + [w for w in warnings_emitted()]
     remember("io", out)  # this machine's disk rates for `zerostream estimate`
     if args.json:
         print(json.dumps(out))

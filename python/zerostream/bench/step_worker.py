@@ -19,7 +19,7 @@ MARK = "ZS_BENCH_STEP "
 
 def _registrations() -> Dict[str, int]:
     """What zerostream's host arenas asked the GPU to register and what it refused."""
-    from ..offload.io import arena_totals
+    from ..offload.host_buffers import arena_totals
 
     totals = arena_totals()
     return {k: totals[k] for k in ("registrations", "registered", "register_failed")}

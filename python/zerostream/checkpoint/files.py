@@ -35,7 +35,7 @@ import torch
 if TYPE_CHECKING:
     from ..config import AioConfig
     from ..engine import ZeroEngine
-    from ..offload import io as zio
+    from ..offload import io_engine as zio
 from . import compat_unpickle, stream
 
 MANIFEST = "zerostream_manifest.json"
@@ -91,9 +91,9 @@ def _with_path(exc: OSError, action: str, path: str) -> OSError:
 def io_engine(aio: Optional["AioConfig"] = None, given: Iterable[str] = ()) -> "zio.IoEngine":
     """The I/O engine checkpoint files stream through: the engine's own defaults, with the
     settings the run's ds_config `aio` section sets (`given`: its keys) applied, through the
-    mapping the swap store uses (offload/io.io_config_for). One per distinct setting per
+    mapping the swap store uses (offload/io_engine.io_config_for). One per distinct setting per
     process, made on first use."""
-    from ..offload import io as zio
+    from ..offload import io_engine as zio
 
     config = zio.io_config() if aio is None else zio.io_config_for(aio, given=list(given))
     key = (

@@ -19,7 +19,7 @@ from . import files, layout, migrate, reshard, stream
 
 if TYPE_CHECKING:
     from ..engine import ZeroEngine
-    from ..offload import io as zio
+    from ..offload import io_engine as zio
 
 logger = logging.getLogger("zerostream")
 

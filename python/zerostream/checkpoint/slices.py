@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..offload import io as zio
+from ..offload.host_buffers import aligned_empty
 
 # A piece: (source, first element, element count); source None reads as zeros.
 Piece = Tuple[Any, int, int]
@@ -99,7 +99,7 @@ class ReadPlan:
                 continue
             per = max(1, SCRATCH_BYTES // src.element_size())
             if scratch is None:
-                scratch = zio.aligned_empty(SCRATCH_BYTES)
+                scratch = aligned_empty(SCRATCH_BYTES)
             for lo in range(0, src.numel(), per):
                 n = min(per, src.numel() - lo)
                 chunk = scratch[: n * src.element_size()].view(src.dtype)

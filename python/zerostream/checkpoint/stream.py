@@ -47,7 +47,9 @@ try:
 except ImportError:  # older torch
     _ser_config = None
 
-from ..offload import io as zio
+from ..offload.crc32c import crc32c, crc32c_at
+from ..offload.host_buffers import aligned_empty, populate
+from ..offload.io_engine import IoEngine
 from . import compat_unpickle
 
 # torch 2.5+ has skip_data; storage_alignment came later. Older torch: files.py's plain path.
@@ -143,7 +145,7 @@ def _pair_offsets(saved: Any, loaded: Any, out: Dict[int, int]) -> None:
 def _crc_of_bytes(data, crc: int = 0) -> int:
     """CRC32C of a bytes-like object (read-only ones too, as torch's writer passes)."""
     arr = np.frombuffer(data, dtype=np.uint8)
-    return zio.crc32c_at(arr.ctypes.data, arr.nbytes, crc) if arr.nbytes else crc
+    return crc32c_at(arr.ctypes.data, arr.nbytes, crc) if arr.nbytes else crc
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -183,7 +185,7 @@ class _RangeWriter:
         self.f.flush()
 
 
-def write_file(obj: Any, f, path: str, engine: "zio.IoEngine") -> Dict[str, Any]:
+def write_file(obj: Any, f, path: str, engine: "IoEngine") -> Dict[str, Any]:
     """Writes `obj` into the open, empty file `f` (at `path`) as Note [Streamed checkpoint
     files] describes; returns its manifest entry {"bytes", "ranges"}. The caller fsyncs."""
     sources: Dict[int, Tuple[torch.Tensor, Any]] = {}
@@ -217,7 +219,7 @@ def write_file(obj: Any, f, path: str, engine: "zio.IoEngine") -> Dict[str, Any]
 
 
 def _write_payload(
-    engine: "zio.IoEngine", path: str, offset: int, src: Any, inflight: List[Any]
+    engine: "IoEngine", path: str, offset: int, src: Any, inflight: List[Any]
 ) -> int:
     """Queues the writes of one payload at `offset`; returns its CRC32C. A live tensor's
     write is left in flight, its ticket in `inflight` (the caller's wait_all ends it), so
@@ -226,13 +228,13 @@ def _write_payload(
     if torch.is_tensor(src) and _direct(src):
         data = _byte_view(src.detach())
         inflight.append(engine.write(data, path, offset))  # the live tensor itself
-        return zio.crc32c(data)
+        return crc32c(data)
     chunks = src.chunks() if is_source(src) else _tensor_chunks(src.detach())
     crc, pos, pending = 0, offset, deque()
     for chunk in chunks:
         data = _byte_view(chunk)
         pending.append(engine.write(data, path, pos))
-        crc = zio.crc32c(data, crc)
+        crc = crc32c(data, crc)
         pos += data.numel()
         if len(pending) >= DEPTH:  # the producer reuses this chunk's buffer next
             pending.popleft().wait()
@@ -314,14 +316,14 @@ class FileTensor:
         if lo < 0 or lo + n > self.numel():
             raise IndexError(f"{self.path}: elements [{lo}, {lo + n}) of {self.numel()}")
         direct = dst.dtype == self.dtype and _direct(dst)
-        buf = dst if direct else zio.aligned_empty(n, self.dtype)
+        buf = dst if direct else aligned_empty(n, self.dtype)
         data, elem = _byte_view(buf), self.element_size()
         # Every chunk queued at once, each populated just before (fresh memory would be
         # faulted in on the I/O path instead); each is checked while later ones are read.
         start = self.offset + lo * elem
         steps = range(0, data.numel(), CHUNK_BYTES)
         tickets = [
-            self.engine.read(zio.populate(data[o : o + CHUNK_BYTES]), self.path, start + o)
+            self.engine.read(populate(data[o : o + CHUNK_BYTES]), self.path, start + o)
             for o in steps
         ]
         for o, ticket in zip(steps, tickets):
@@ -335,7 +337,7 @@ class FileTensor:
         if self._next != lo:  # out of order: this pass is not checked
             self._next = -1
             return
-        self._crc = zio.crc32c(data, self._crc)
+        self._crc = crc32c(data, self._crc)
         self._next += data.numel() // self.element_size()
         if self._next == self.numel():
             self._next = -1
@@ -367,7 +369,7 @@ def materialize(obj: Any) -> Any:
     return obj
 
 
-def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine", lazy: bool = False) -> Any:
+def read_file(path: str, entry: Optional[dict], engine: "IoEngine", lazy: bool = False) -> Any:
     """The object in `path`, every tensor read by the engine into CPU memory and checked
     against `entry`'s ranges when it has them. `lazy`: contiguous tensors of at least
     LAZY_BYTES that own their storage stay in the file as FileTensors."""
@@ -391,7 +393,7 @@ def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine", lazy: bo
             want = _range_of(entry, start, start + nbytes)
             return FileTensor(path, start, t.dtype, t.shape, engine, want)
         if sid not in storages:
-            buf = zio.populate(zio.aligned_empty(nbytes))
+            buf = populate(aligned_empty(nbytes))
             if nbytes:  # the ticket is kept: dropping it would wait for the read here
                 start = meta._checkpoint_offset
                 ticket = engine.read(buf, path, start)
@@ -406,7 +408,7 @@ def read_file(path: str, entry: Optional[dict], engine: "zio.IoEngine", lazy: bo
     engine.wait_all()
     for buf, start, want, _ in pending:
         if want is not None:
-            got = zio.crc32c(buf)
+            got = crc32c(buf)
             if got != want[2]:
                 raise ChecksumError(_damaged(path, start, want[1], got, want[2]))
     return obj

@@ -370,7 +370,7 @@ class CopyStage:
         pin: bool = True,
         consumer_thread: Optional[bool] = None,
     ):
-        from .io import HostArena, arena_bytes
+        from .host_buffers import HostArena, arena_bytes
 
         if slots < 2 or slot_bytes < 4096:
             raise ValueError(

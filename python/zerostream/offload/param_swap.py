@@ -22,10 +22,13 @@ from typing import Deque, Dict, List, Optional
 
 import torch
 
+from ..ops.threads import ranks_on_this_host
 from ..telemetry import NULL_TELEMETRY
 from ..zero.stage3.param import ZeroParam
 from .copy_stage import to_device
-from .io import HostArena, IoEngine, SwapStore, arena_bytes, ranks_on_this_host
+from .host_buffers import HostArena, arena_bytes
+from .io_engine import IoEngine
+from .swap_store import SwapStore
 
 logger = logging.getLogger("zerostream")
 

@@ -19,7 +19,8 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 import torch
 
 from zerostream import _C
-from zerostream.offload.io import aligned_empty
+from zerostream.offload.host_buffers import aligned_empty
+from zerostream.offload.readable import ReadableTensor
 from zerostream.ops.threads import optimizer_threads
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {
@@ -30,6 +31,29 @@ _DTYPE_NAMES: Dict[torch.dtype, str] = {
 GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 COPY_DTYPES = (torch.bfloat16, torch.float16)
 _SIMD_NAMES = ("scalar", "neon", "avx2", "avx512")
+
+
+def check_betas(betas) -> Tuple[float, float]:
+    """(beta1, beta2) as floats, each in [0, 1); ValueError in torch's words otherwise."""
+    try:
+        beta1, beta2 = (float(b) for b in betas)
+    except (TypeError, ValueError):
+        raise ValueError(f"betas: expected a pair of floats; got {betas!r}") from None
+    for i, b in enumerate((beta1, beta2)):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+    return beta1, beta2
+
+
+def check_hyperparams(lr, weight_decay, eps=None) -> None:
+    """torch's checks, in torch's words, of a constructor's lr, eps (when it has one) and
+    weight_decay."""
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if eps is not None and not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
 def dtype_name(dtype: torch.dtype, what: str) -> str:
@@ -124,7 +148,7 @@ ALIGNED_STATE_BYTES = 1 << 20
 
 def _state_tensor(shape) -> torch.Tensor:
     """An uninitialised fp32 state tensor. Large ones start on a 4 KiB boundary, so a
-    checkpoint reads and writes them straight to and from the disk (offload/io.py
+    checkpoint reads and writes them straight to and from the disk (offload/host_buffers.py
     aligned_empty) instead of through the engine's bounce buffers at half the speed."""
     shape = torch.Size(shape)
     if shape.numel() * 4 < ALIGNED_STATE_BYTES:
@@ -336,12 +360,13 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         for pid, p in zip(saved_ids, params):
             for key, value in state_dict["state"].get(pid, {}).items():
-                if key == "step" or not (hasattr(value, "read_into") or torch.is_tensor(value)):
+                readable = isinstance(value, ReadableTensor)  # a checkpoint's FileTensor
+                if key == "step" or not (readable or torch.is_tensor(value)):
                     continue
                 dst = _reusable(previous.get(p, {}).get(key), value.shape)
                 if dst is None:
                     dst = _state_tensor(value.shape)
-                if hasattr(value, "read_into"):  # a checkpoint FileTensor: read in once
+                if readable:  # read in once, straight into the state
                     self.state[p][key] = value.read_into(dst)
                 else:
                     self.state[p][key] = dst.copy_(value.detach())

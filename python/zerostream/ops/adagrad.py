@@ -8,7 +8,13 @@ from typing import Iterable, Optional
 import torch
 
 from zerostream import _C
-from zerostream.ops._cpu_optimizer import CPUOptimizerBase, many_buffers, run_kwargs, step_buffers
+from zerostream.ops._cpu_optimizer import (
+    CPUOptimizerBase,
+    check_hyperparams,
+    many_buffers,
+    run_kwargs,
+    step_buffers,
+)
 from zerostream.ops.threads import optimizer_threads
 
 __all__ = ["DeepSpeedCPUAdagrad", "CPUAdagrad", "cpu_adagrad_step"]
@@ -63,12 +69,7 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
                 "DeepSpeedCPUAdagrad: amsgrad=True is not supported "
                 "(as in DeepSpeed); use amsgrad=False"
             )
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        check_hyperparams(lr, weight_decay, eps)
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         super().__init__(model_params, defaults, fp32_optimizer_states, threads)
 

@@ -12,7 +12,14 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from zerostream import _C
-from zerostream.ops._cpu_optimizer import CPUOptimizerBase, many_buffers, run_kwargs, step_buffers
+from zerostream.ops._cpu_optimizer import (
+    CPUOptimizerBase,
+    check_betas,
+    check_hyperparams,
+    many_buffers,
+    run_kwargs,
+    step_buffers,
+)
 from zerostream.ops.threads import optimizer_threads
 
 __all__ = ["DeepSpeedCPUAdam", "CPUAdam", "cpu_adam_step"]
@@ -44,7 +51,7 @@ def cpu_adam_step(
     buffer that receives the updated params in the same pass. step is 1-based.
     """
     bufs = step_buffers(param, grad, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, param_copy)
-    beta1, beta2 = _betas(betas)
+    beta1, beta2 = check_betas(betas)
     _C.optim.adam_step(
         **bufs,
         lr=float(lr),
@@ -58,17 +65,6 @@ def cpu_adam_step(
         grad_scale=float(grad_scale),
         **run_kwargs(threads, simd, nontemporal),
     )
-
-
-def _betas(betas) -> Tuple[float, float]:
-    try:
-        beta1, beta2 = (float(b) for b in betas)
-    except (TypeError, ValueError):
-        raise ValueError(f"betas: expected a pair of floats; got {betas!r}") from None
-    for i, b in enumerate((beta1, beta2)):
-        if not 0.0 <= b < 1.0:
-            raise ValueError(f"Invalid beta parameter at index {i}: {b}")
-    return beta1, beta2
 
 
 class DeepSpeedCPUAdam(CPUOptimizerBase):
@@ -100,10 +96,10 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
                 "DeepSpeedCPUAdam: amsgrad=True is not supported "
                 "(as in DeepSpeed); use amsgrad=False"
             )
-        _check_hparams(lr, eps, weight_decay)
+        check_hyperparams(lr, weight_decay, eps)
         defaults = dict(
             lr=lr,
-            betas=_betas(betas),
+            betas=check_betas(betas),
             eps=eps,
             weight_decay=weight_decay,
             bias_correction=bias_correction,
@@ -118,7 +114,7 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
 
     def _group_step(self, group, items, grad_scale) -> None:
         b = many_buffers(items, self._state_names, self._display_name)
-        beta1, beta2 = _betas(group["betas"])
+        beta1, beta2 = check_betas(group["betas"])
         _C.optim.adam_step_many(
             b["params"],
             b["grads"],
@@ -139,15 +135,6 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
             copy_dtypes=b["copy_dtypes"],
             threads=optimizer_threads(self.threads),
         )
-
-
-def _check_hparams(lr, eps, weight_decay) -> None:
-    if not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr}")
-    if not 0.0 <= eps:
-        raise ValueError(f"Invalid epsilon value: {eps}")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
 # zerostream's own name for the same optimizer.

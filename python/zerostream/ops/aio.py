@@ -23,9 +23,9 @@ from typing import Optional
 
 import torch
 
-from zerostream.offload import io as _io
-
-IoError = _io.IoError
+from zerostream.offload.host_buffers import HostArena
+from zerostream.offload.io_engine import IoEngine, IoTicket, io_config
+from zerostream.offload.io_engine import IoError as IoError  # what wait() raises
 
 
 def _default_pinned_budget() -> int:
@@ -51,7 +51,7 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         intra_op_parallelism: int = 1,
         backend: str = "auto",
     ):
-        self._config = _io.io_config(
+        self._config = io_config(
             block_size=block_size,
             queue_depth=queue_depth,
             threads=intra_op_parallelism,
@@ -59,9 +59,9 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
             overlap_events=overlap_events,
             backend=backend,
         )
-        self._engine = _io.IoEngine(self._config)
-        self._pending: list[tuple[_io.IoTicket, Optional[tuple]]] = []
-        self._arena: Optional[_io.HostArena] = None
+        self._engine = IoEngine(self._config)
+        self._pending: list[tuple[IoTicket, Optional[tuple]]] = []
+        self._arena: Optional[HostArena] = None
         self._locked: dict[int, torch.Tensor] = {}
 
     # --- getters (DeepSpeed names) ---------------------------------------------------
@@ -169,7 +169,7 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
     def new_cpu_locked_tensor(self, num_elem: int, example_tensor: torch.Tensor) -> torch.Tensor:
         """A page-locked CPU tensor of ``num_elem`` elements of ``example_tensor``'s dtype."""
         if self._arena is None:
-            self._arena = _io.HostArena(_default_pinned_budget())
+            self._arena = HostArena(_default_pinned_budget())
         t = self._arena.empty(int(num_elem), example_tensor.dtype)
         self._locked[t.data_ptr()] = t
         return t

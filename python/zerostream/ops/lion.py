@@ -8,8 +8,14 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from zerostream import _C
-from zerostream.ops._cpu_optimizer import CPUOptimizerBase, many_buffers, run_kwargs, step_buffers
-from zerostream.ops.adam import _betas
+from zerostream.ops._cpu_optimizer import (
+    CPUOptimizerBase,
+    check_betas,
+    check_hyperparams,
+    many_buffers,
+    run_kwargs,
+    step_buffers,
+)
 from zerostream.ops.threads import optimizer_threads
 
 __all__ = ["DeepSpeedCPULion", "CPULion", "cpu_lion_step"]
@@ -31,7 +37,7 @@ def cpu_lion_step(
 ) -> None:
     """One fused Lion step in place (decoupled weight decay)."""
     bufs = step_buffers(param, grad, {"exp_avg": exp_avg}, param_copy)
-    beta1, beta2 = _betas(betas)
+    beta1, beta2 = check_betas(betas)
     _C.optim.lion_step(
         **bufs,
         lr=float(lr),
@@ -59,16 +65,13 @@ class DeepSpeedCPULion(CPUOptimizerBase):
         *,
         threads: Optional[int] = None,
     ):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        defaults = dict(lr=lr, betas=_betas(betas), weight_decay=weight_decay)
+        check_hyperparams(lr, weight_decay)
+        defaults = dict(lr=lr, betas=check_betas(betas), weight_decay=weight_decay)
         super().__init__(model_params, defaults, fp32_optimizer_states, threads)
 
     def _group_step(self, group, items, grad_scale) -> None:
         b = many_buffers(items, self._state_names, self._display_name)
-        beta1, beta2 = _betas(group["betas"])
+        beta1, beta2 = check_betas(group["betas"])
         _C.optim.lion_step_many(
             b["params"],
             b["grads"],

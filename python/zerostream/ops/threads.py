@@ -54,6 +54,12 @@ def local_ranks() -> Tuple[int, str]:
     return 1, ""
 
 
+def ranks_on_this_host() -> int:
+    """How many ranks of this job run on this host, and so write to one nvme_path's disk and
+    share its memory (the swap stores' and the host-memory preflight's arithmetic)."""
+    return local_ranks()[0]
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

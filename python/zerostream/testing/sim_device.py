@@ -482,11 +482,11 @@ def installed(
     import torch.distributed as dist
 
     from .. import accelerator
-    from ..offload import copy_stage, io
+    from ..offload import copy_stage, host_buffers
 
     sim = SimDevice(policy, seed, device_index, max_delay_s)
     saved_acc = accelerator._ACCELERATOR
-    saved_cuda, saved_observer = copy_stage.simulated_cuda, io.registration_observer
+    saved_cuda, saved_observer = copy_stage.simulated_cuda, host_buffers.registration_observer
     saved = {name: getattr(dist, name) for name in _TENSOR_COLLECTIVES + _DEVICE_BOUND}
 
     def tensor_collective(name, fn):
@@ -509,7 +509,7 @@ def installed(
         setattr(dist, name, device_bound(name, saved[name]))
     accelerator._ACCELERATOR = _sim_accelerator(sim)
     copy_stage.simulated_cuda = lambda device: SimCuda(sim, sim.device_index)
-    io.registration_observer = sim.register
+    host_buffers.registration_observer = sim.register
     mode = _ComputeOps(sim)
     failed = True
     try:
@@ -524,7 +524,7 @@ def installed(
             except Exception:  # the block's own error is the one to report
                 pass
         copy_stage.simulated_cuda = saved_cuda
-        io.registration_observer = saved_observer
+        host_buffers.registration_observer = saved_observer
         accelerator._ACCELERATOR = saved_acc
         for name, fn in saved.items():
             setattr(dist, name, fn)

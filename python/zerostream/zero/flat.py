@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .. import _C
-from ..offload.io import aligned_empty
+from ..offload.host_buffers import aligned_empty
 
 _INT64_MAX = 2**63 - 1
 

@@ -104,11 +104,11 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         ZeroOptimizerBase.__init__(self, inner, ctx)
 
     def _require_host_memory(self, ctx: StageContext, numel: int) -> None:
-        """Host-memory preflight (offload/host_memory.py): fp32 masters (4 bytes an element),
+        """Host-memory preflight (offload/memory_preflight.py): fp32 masters (4 bytes an element),
         gradients (4, or 2 when they land 16-bit: counted so whenever the config allows it,
         a lower bound) and Adam's two moments (8 more, made at the first step) of this rank's
         partition, times the ranks of this host, which allocate the same."""
-        from ..offload.host_memory import require_state_memory
+        from ..offload.memory_preflight import require_state_memory
 
         offloaded = self.offload_device != "none"
         grad_width = _host_grad_dtype(ctx, True).itemsize if offloaded else 4
@@ -130,7 +130,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         partitions = [sinks.values(p) for p in partitions]
         if self.offload_device == "none":
             return [p.detach().float().clone() for p in partitions]
-        from ..offload.io import HostArena, arena_bytes
+        from ..offload.host_buffers import HostArena, arena_bytes
 
         sizes = [p.numel() for p in partitions]
         # Registered: an fp32 device partition uploads straight from its master.
@@ -147,7 +147,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def _allocate_grads(self, sizes: List[int], dtype: torch.dtype, zero) -> List[torch.Tensor]:
         """Gradient partitions of `dtype` in a host arena of their own (offloaded optimizer;
         Note [Gradients to an offloaded partition] in zero/grad_reduce.py)."""
-        from ..offload.io import HostArena, arena_bytes
+        from ..offload.host_buffers import HostArena, arena_bytes
 
         pin = zero.offload_optimizer.pin_memory
         nbytes = sum(arena_bytes(dtype.itemsize * n) for n in sizes)

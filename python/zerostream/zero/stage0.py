@@ -44,11 +44,11 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         super().__init__(make_optimizer(inner), ctx)
 
     def _require_host_memory(self, ctx: StageContext) -> None:
-        """Host-memory preflight (offload/host_memory.py) when "device" memory is host
+        """Host-memory preflight (offload/memory_preflight.py) when "device" memory is host
         memory: every rank holds the whole optimizer state, which is Adam's two fp32
         moments (8 bytes an element) plus, in fp16/bf16, the fp32 masters and their
         gradients (8 more), times the ranks of this host."""
-        from ..offload.host_memory import require_state_memory
+        from ..offload.memory_preflight import require_state_memory
 
         require_state_memory(
             sum(p.numel() for p in self.params),

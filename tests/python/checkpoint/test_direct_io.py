@@ -3,7 +3,7 @@
 The I/O engine reads and writes a buffer misaligned against its file offset through 1 MiB
 bounce buffers on its completion thread (Note [Bounce buffers]): on the dev VM's disk that
 halved a load (benchmarks/checkpoint.md). torch's allocator aligns to 64 B, so the large
-tensors a checkpoint moves are allocated 4 KiB aligned instead (offload/io.aligned_empty):
+tensors a checkpoint moves are allocated 4 KiB aligned instead (offload/host_buffers.aligned_empty):
 the CPU optimizers' states and the CPU flat weight buffers. And a load fills fresh memory
 (a resumed process has never stepped, so its Adam moments are new), whose pages would be
 faulted in on the I/O path; each chunk is populated just before its read (Note [Populate
@@ -22,7 +22,8 @@ import torch
 
 from equal import same_tensors
 from multirank import run_ranks
-from zerostream.offload import io as zio
+from zerostream.offload.host_buffers import DIRECT_ALIGN, aligned_empty, populate
+from zerostream.offload.io_engine import IoEngine
 
 
 def _direct_dir(tmp_path):
@@ -39,17 +40,17 @@ def _direct_dir(tmp_path):
 def test_misaligned_buffers_bounce_and_aligned_ones_do_not(tmp_path):
     path = str(_direct_dir(tmp_path) / "data.bin")
     data = torch.randint(0, 256, (8 << 20,), dtype=torch.uint8)
-    engine = zio.IoEngine()
-    engine.write(zio.aligned_empty(data.numel()).copy_(data), path).wait()
+    engine = IoEngine()
+    engine.write(aligned_empty(data.numel()).copy_(data), path).wait()
     assert engine.bounce_buffers == 0
 
-    aligned = zio.aligned_empty(data.numel())
-    assert aligned.data_ptr() % zio.DIRECT_ALIGN == 0
-    engine.read(zio.populate(aligned), path).wait()
+    aligned = aligned_empty(data.numel())
+    assert aligned.data_ptr() % DIRECT_ALIGN == 0
+    engine.read(populate(aligned), path).wait()
     assert engine.bounce_buffers == 0 and torch.equal(aligned, data)
 
     plain = torch.empty(data.numel() + 64, dtype=torch.uint8)[64:]
-    assert plain.data_ptr() % zio.DIRECT_ALIGN != 0
+    assert plain.data_ptr() % DIRECT_ALIGN != 0
     engine.read(plain, path).wait()
     assert engine.bounce_buffers > 0 and torch.equal(plain, data)
 
@@ -58,10 +59,10 @@ def test_misaligned_buffers_bounce_and_aligned_ones_do_not(tmp_path):
     "shape,dtype", [((3, 1000), torch.float32), (5, torch.bfloat16), ((0,), torch.uint8)]
 )
 def test_aligned_empty_gives_the_asked_tensor_on_a_4k_boundary(shape, dtype):
-    t = zio.aligned_empty(shape, dtype)
+    t = aligned_empty(shape, dtype)
     want = torch.Size(shape if isinstance(shape, tuple) else (shape,))
     assert t.shape == want and t.dtype == dtype and t.is_contiguous()
-    assert t.data_ptr() % zio.DIRECT_ALIGN == 0
+    assert t.data_ptr() % DIRECT_ALIGN == 0
 
 
 def _save_and_load(rank, world, root):

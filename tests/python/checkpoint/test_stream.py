@@ -181,11 +181,11 @@ def save_and_load_through_aio(rank, world, root):
     from ckpt_run import config, train
 
     import zerostream
-    from zerostream.offload import io as zio
+    from zerostream.offload.io_engine import IoEngine
 
     used = []
     for name in ("write", "read"):
-        original = getattr(zio.IoEngine, name)
+        original = getattr(IoEngine, name)
 
         def spy(self, tensor, path, offset=0, _original=original, _name=name):
             if os.path.basename(path).endswith(".pt.partial") or path.endswith(".pt"):
@@ -195,7 +195,7 @@ def save_and_load_through_aio(rank, world, root):
                 )
             return _original(self, tensor, path, offset)
 
-        setattr(zio.IoEngine, name, spy)
+        setattr(IoEngine, name, spy)
     case = (2, "cpu", "none", "fp32")
 
     def engine():
@@ -235,7 +235,7 @@ def test_aio_keys_the_config_does_not_set_keep_the_engines_defaults_for_checkpoi
     checkpoint files take only the keys the ds_config sets, else the engine's own defaults
     (a deeper queue than DeepSpeed's 8: benchmarks/checkpoint.md)."""
     from zerostream.config import load
-    from zerostream.offload import io as zio
+    from zerostream.offload.io_engine import io_config, io_config_for
 
     cfg = load(
         {"train_micro_batch_size_per_gpu": 1, "aio": {"block_size": 262144, "use_gds": True}},
@@ -243,9 +243,9 @@ def test_aio_keys_the_config_does_not_set_keep_the_engines_defaults_for_checkpoi
         log=False,
     )
     engine = files.io_engine(cfg.aio, given=cfg.raw["aio"].keys())
-    defaults = zio.io_config()
+    defaults = io_config()
     assert engine.config.block_size == 262144
     assert engine.config.queue_depth == defaults.queue_depth != cfg.aio.queue_depth == 8
     with pytest.raises(NotImplementedError, match="aio.use_gds"):  # the swap path refuses it
-        zio.io_config_for(cfg.aio)
-    assert zio.io_config_for(cfg.aio, given=["queue_depth"]).block_size == defaults.block_size
+        io_config_for(cfg.aio)
+    assert io_config_for(cfg.aio, given=["queue_depth"]).block_size == defaults.block_size

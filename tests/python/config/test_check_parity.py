@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import zerostream
-from zerostream import config
+from zerostream import config_check
 
 
 def _cfg(optimizer=None, scheduler=None):
@@ -58,7 +58,7 @@ def _initialize_error(cfg):
 
 @pytest.mark.parametrize("cfg,message", BAD, ids=[m.split(":")[0] for _, m in BAD])
 def test_check_refuses_what_initialize_refuses_with_the_same_words(cfg, message):
-    result = config.check(cfg, world_size=1)
+    result = config_check.check(cfg, world_size=1)
     assert not result["ok"]
     (error,) = result["errors"]
     assert error.startswith(message), error
@@ -70,5 +70,5 @@ def test_check_refuses_what_initialize_refuses_with_the_same_words(cfg, message)
 
 @pytest.mark.parametrize("cfg", GOOD)
 def test_check_passes_what_initialize_accepts(cfg):
-    assert config.check(cfg, world_size=1)["ok"]
+    assert config_check.check(cfg, world_size=1)["ok"]
     assert _initialize_error(cfg) is None

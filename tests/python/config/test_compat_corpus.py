@@ -9,7 +9,7 @@ import re
 import hjson
 from deepspeed_reference import expected_values
 
-from zerostream import cli, config
+from zerostream import cli, config_check
 
 
 def manifest_rows(compat_dir):
@@ -40,7 +40,7 @@ def test_every_file_gets_its_manifest_outcome(compat_dir):
     outcomes = {"accept": 0, "reject_or_warn": 0, "reject": 0}
     for row in manifest_rows(compat_dir):
         path = compat_dir / row["file"]
-        result = config.check(str(path))
+        result = config_check.check(str(path))
         expected = row["expected"]
         outcomes[expected] += 1
         messages = result["errors"] + result["warnings"]
@@ -77,7 +77,7 @@ def test_accepted_files_resolve_what_deepspeed_would_use(compat_dir):
             continue
         path = compat_dir / row["file"]
         raw = hjson.loads(path.read_text())
-        result = config.check(str(path), world_size=world_size_for(raw))
+        result = config_check.check(str(path), world_size=world_size_for(raw))
         assert result["ok"], (row["file"], result["errors"])
         resolved = result["resolved"]
         for key, want in expected_values(raw, world_size_for(raw)).items():
@@ -95,7 +95,7 @@ def test_manifest_columns_agree_with_resolved_stage_offload_and_precision(compat
         if row["expected"] != "accept":
             continue
         path = compat_dir / row["file"]
-        r = config.check(str(path))["resolved"]
+        r = config_check.check(str(path))["resolved"]
         stage = re.match(r"\d", row["zero_stage"])
         assert r["zero_optimization.stage"]["value"] == (int(stage.group(0)) if stage else 0)
         for col, key in (

@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from zerostream import _C, cli, config
+from zerostream import _C, cli, config, config_check
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CORPUS = REPO.parent / "shared" / "compat" / "configs"
@@ -228,8 +228,8 @@ def _load(source_arg, source: str, top_keys):
 
 
 def _check(source_arg, source: str, top_keys, loaded: bool):
-    """config.check never raises, and agrees with load: what check passes, load accepts."""
-    result = config.check(source_arg, world_size=WORLD, require_batch=True)
+    """config_check.check never raises, and agrees with load: what check passes, load accepts."""
+    result = config_check.check(source_arg, world_size=WORLD, require_batch=True)
     assert result["ok"] == (not result["errors"])
     for line in result["errors"]:
         _check_message(line, source, top_keys)
@@ -350,7 +350,7 @@ def _run_text(text, ops, tmp_path, capsys, cli_mode=None):
     _check(str(path), "fuzz.json", keys, loaded)
     if cli_mode is not None:
         # `zerostream config check` leaves the batch size to the run (require_batch=False).
-        ok = config.check(str(path), world_size=WORLD)["ok"]
+        ok = config_check.check(str(path), world_size=WORLD)["ok"]
         argv = ["config", "check", str(path), "--world-size", str(WORLD)]
         rc = cli.main(argv + (["--json"] if cli_mode == "json" else []))
         out = capsys.readouterr().out
@@ -450,7 +450,7 @@ DEEP = 50_000
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from zerostream import _C, cli, config
+    from zerostream import _C, cli, config, config_check
 
     def outcome(fn):
         try:
@@ -483,7 +483,7 @@ CHILD = textwrap.dedent(
         results = {
             "read": read,
             "load": outcome(lambda: config.load(source, world_size=2, log=False)),
-            "check": outcome(lambda: config.check(source, world_size=2)),
+            "check": outcome(lambda: config_check.check(source, world_size=2)),
         }
         print(json.dumps({"done": name, "results": results}), flush=True)
     """

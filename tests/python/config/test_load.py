@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from zerostream import _C, config
+from zerostream import _C, config, config_check
 
 HERE = pathlib.Path(__file__).parent
 
@@ -250,7 +250,7 @@ def test_auto_values_are_resolved_from_the_run_and_logged(caplog):
 
 def test_python_dataclasses_cover_every_schema_key():
     """Each resolved section's keys are exactly its dataclass's fields (nothing dropped)."""
-    tree = config.check(
+    tree = config_check.check(
         {
             "train_batch_size": 1,
             "zero_optimization": {

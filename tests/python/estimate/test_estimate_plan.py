@@ -10,7 +10,7 @@ import pathlib
 import pytest
 from hf_configs import LLAMA2_70B
 
-from zerostream import config
+from zerostream import config, config_check
 from zerostream.estimate import (
     Option,
     Workload,
@@ -113,7 +113,7 @@ def test_the_recipe_is_what_the_planner_writes(tmp_path, capsys):
     )  # fmt: skip
     assert rc == 0, capsys.readouterr().err
     assert out.read_text() == RECIPE.read_text()
-    res = config.check(str(RECIPE), world_size=8)
+    res = config_check.check(str(RECIPE), world_size=8)
     assert res["ok"], res["errors"]
     loaded = config.load(str(RECIPE), world_size=8, log=False)
     z = loaded.zero_optimization

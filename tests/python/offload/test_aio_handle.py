@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from zerostream.offload import io as zio
+from zerostream.offload.fault_injection import io_faults_injected, set_io_fault
+from zerostream.offload.io_engine import IoError
 from zerostream.ops.aio import AsyncIOBuilder
 
 DTYPES = [
@@ -161,14 +162,14 @@ def test_injected_errors_surface_from_wait_with_path_and_errno(tmp_path, spec, e
     h = AsyncIOBuilder().load().aio_handle(65536, 1, False, True, 1)
     src = _random(300000, torch.uint8, seed=5)
     path = str(tmp_path / "f.bin")
-    zio.set_io_fault(spec)
+    set_io_fault(spec)
     try:
         h.async_pwrite(src, path)
         h.async_pwrite(src, str(tmp_path / "g.bin"))
-        with pytest.raises(zio.IoError) as e:
+        with pytest.raises(IoError) as e:
             h.wait()
     finally:
-        zio.set_io_fault(None)
+        set_io_fault(None)
     assert e.value.errno == err
     assert "f.bin" in str(e.value) and os.strerror(err) in str(e.value)
     assert "offset" in str(e.value)
@@ -179,14 +180,14 @@ def test_short_completions_are_finished(tmp_path):
     h = AsyncIOBuilder().load().aio_handle(65536, 1, False, True, 1)
     src = _random(500000, torch.float32, seed=6)
     path = str(tmp_path / "s.bin")
-    zio.set_io_fault("1:short:every")
+    set_io_fault("1:short:every")
     try:
         h.sync_pwrite(src, path)
         dst = torch.empty_like(src)
         h.sync_pread(dst, path)
-        injected = zio.io_faults_injected()
+        injected = io_faults_injected()
     finally:
-        zio.set_io_fault(None)
+        set_io_fault(None)
     assert injected > 10
     assert _same(dst, src)
     assert _file_bytes(path, 0, src.numel() * 4) == _tensor_bytes(src)

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import zerostream
-from zerostream.offload import io as zio
+from zerostream.offload.io_engine import IoEngine, IoError
+from zerostream.offload.swap_store import SwapStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -84,8 +85,8 @@ def test_ranks_sharing_the_disk_are_counted(full_disk, monkeypatch):
 
 
 def test_extents_are_sized_by_the_tensor_not_the_block_size(tmp_path):
-    engine = zio.IoEngine(block_size=1 << 30, queue_depth=4)  # a legal, huge aio.block_size
-    store = zio.SwapStore(engine, tmp_path, grow_bytes=0)
+    engine = IoEngine(block_size=1 << 30, queue_depth=4)  # a legal, huge aio.block_size
+    store = SwapStore(engine, tmp_path, grow_bytes=0)
     for i in range(10):
         store.write(i, torch.ones(1000, dtype=torch.float32)).wait()
     stats = store.stats()
@@ -97,25 +98,25 @@ def test_extents_are_sized_by_the_tensor_not_the_block_size(tmp_path):
 
 @pytest.mark.parametrize("align", [1 << 40, 12288, 512, -4096])
 def test_bad_alignment_is_refused_naming_the_value(tmp_path, align):
-    engine = zio.IoEngine()
+    engine = IoEngine()
     with pytest.raises(ValueError, match=rf"alignment must be a power of two .*got {align}"):
-        zio.SwapStore(engine, tmp_path, align=align)
+        SwapStore(engine, tmp_path, align=align)
     assert _swap_files(tmp_path) == []
 
 
 @pytest.mark.parametrize("block", [12288, 3 << 20, 2 << 30])
 def test_block_size_must_be_a_power_of_two_within_bounds(block):
     with pytest.raises(ValueError, match=rf"aio.block_size: expected a power of two.*got {block}"):
-        zio.IoEngine(block_size=block)
+        IoEngine(block_size=block)
 
 
 def test_a_failed_preallocation_gives_its_blocks_back(full_disk):
-    engine = zio.IoEngine(block_size=1 << 20, queue_depth=8)
-    store = zio.SwapStore(engine, full_disk, files=1, grow_bytes=0)
+    engine = IoEngine(block_size=1 << 20, queue_depth=8)
+    store = SwapStore(engine, full_disk, files=1, grow_bytes=0)
     store.write(0, torch.ones(1 << 18, dtype=torch.float32)).wait()  # 1 MiB
     before = _free(full_disk)
     size_before = os.path.getsize(_swap_files(full_disk)[0])
-    with pytest.raises(zio.IoError) as err:
+    with pytest.raises(IoError) as err:
         store.write(1, torch.ones(8 << 20, dtype=torch.float32)).wait()  # 32 MiB > the disk
     assert err.value.errno == errno.ENOSPC and "out of space" in str(err.value)
     assert _free(full_disk) == before  # ext4 keeps what a failed fallocate took: given back
@@ -133,14 +134,15 @@ def test_efbig_is_not_called_out_of_space(tmp_path):
     script = textwrap.dedent(
         f"""
         import resource, signal, torch
-        from zerostream.offload import io as zio
+        from zerostream.offload.io_engine import IoEngine, IoError
+        from zerostream.offload.swap_store import SwapStore
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
-        store = zio.SwapStore(zio.IoEngine(), {str(tmp_path)!r}, grow_bytes=64 << 20)
+        store = SwapStore(IoEngine(), {str(tmp_path)!r}, grow_bytes=64 << 20)
         store.write(0, torch.ones(1 << 18)).wait()  # 1 MiB: the 64 MiB step falls back
         try:
             store.write(1, torch.ones(2 << 20)).wait()  # 8 MiB: past the limit
-        except zio.IoError as e:
+        except IoError as e:
             print(e.errno, e)
         store.close()
         """

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from zerostream.offload import io as zio
+from zerostream.offload.io_engine import IoEngine, IoError, warnings_emitted
+from zerostream.offload.swap_store import SwapStore
 from zerostream.ops.aio import AsyncIOBuilder
 
 
@@ -19,8 +20,8 @@ def _pattern(i: int, nbytes: int) -> torch.Tensor:
 
 
 def test_swap_store_out_of_space_is_clear_and_keeps_earlier_tensors(full_disk):
-    engine = zio.IoEngine(block_size=1 << 20, queue_depth=8)
-    store = zio.SwapStore(
+    engine = IoEngine(block_size=1 << 20, queue_depth=8)
+    store = SwapStore(
         engine,
         full_disk,
         rank=0,
@@ -30,7 +31,7 @@ def test_swap_store_out_of_space_is_clear_and_keeps_earlier_tensors(full_disk):
         verify_checksums=True,
     )
     written = {}
-    with pytest.raises(zio.IoError) as e:
+    with pytest.raises(IoError) as e:
         for i in range(100):  # 100 x 1 MiB never fits in 16 MiB
             t = _pattern(i, (1 << 20) - 100 * i)
             store.write(i, t).wait()
@@ -79,7 +80,7 @@ def test_aio_write_to_a_full_disk_raises_enospc_with_the_path(full_disk):
 
 @pytest.mark.parametrize("backend", ["io_uring", "threads"])
 def test_tmpfs_path_round_trips(tmpfs_dir, backend):
-    engine = zio.IoEngine(block_size=1 << 16, queue_depth=8, backend=backend)
+    engine = IoEngine(block_size=1 << 16, queue_depth=8, backend=backend)
     t = _pattern(1, (3 << 20) + 5)
     path = os.path.join(tmpfs_dir, "x.bin")
     engine.write(t, path, 4096).wait()
@@ -90,13 +91,13 @@ def test_tmpfs_path_round_trips(tmpfs_dir, backend):
 
 @pytest.mark.parametrize("backend", ["io_uring", "threads"])
 def test_filesystem_refusing_o_direct_gets_a_warning_and_buffered_io(no_direct_dir, backend):
-    engine = zio.IoEngine(block_size=1 << 16, queue_depth=8, backend=backend)
+    engine = IoEngine(block_size=1 << 16, queue_depth=8, backend=backend)
     t = _pattern(2, (2 << 20) + 7)
     path = os.path.join(no_direct_dir, "y.bin")
     engine.write(t, path).wait()
     back = torch.empty_like(t)
     engine.read(back, path).wait()
     assert torch.equal(back, t)
-    warnings = [w for w in zio.warnings_emitted() if "refuses O_DIRECT" in w]
+    warnings = [w for w in warnings_emitted() if "refuses O_DIRECT" in w]
     assert any(no_direct_dir in w for w in warnings), warnings
     assert "buffered" in warnings[-1]

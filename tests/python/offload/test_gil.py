@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from zerostream.offload import io as zio
+from zerostream.offload.host_buffers import HostArena
 from zerostream.ops.aio import AsyncIOBuilder
 
 
@@ -60,7 +60,7 @@ def test_wait_releases_the_gil(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_arena_backpressure_releases_the_gil():
-    arena = zio.HostArena(1 << 20)
+    arena = HostArena(1 << 20)
     held = arena.empty(1 << 20)
     got = []
 
@@ -78,7 +78,7 @@ def test_arena_backpressure_releases_the_gil():
 
 
 def test_arena_timeout_names_budget_and_request():
-    arena = zio.HostArena(1 << 20)
+    arena = HostArena(1 << 20)
     held = arena.empty(1 << 20)  # noqa: F841
     with pytest.raises(RuntimeError, match=r"request for 8192 bytes.*budget of 1048576"):
         arena.empty(8192, timeout_s=0.05)
@@ -95,8 +95,8 @@ def test_low_memlock_limit_degrades_to_unlocked_memory_with_one_warning():
     if not (shutil.which("setpriv") and shutil.which("prlimit")):
         pytest.skip("setpriv/prlimit (util-linux) not installed")
     code = (
-        "from zerostream.offload import io as zio\n"
-        "a = zio.HostArena(16 << 20)\n"
+        "from zerostream.offload.host_buffers import HostArena\n"
+        "a = HostArena(16 << 20)\n"
         "x = a.empty(1 << 20); y = a.empty(1 << 20); x.fill_(3)\n"
         "print('unlocked', a.stats()['unlocked'], int(x.sum()))\n"
     )

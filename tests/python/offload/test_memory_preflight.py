@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import zerostream
-from zerostream.offload import host_memory as hm
+from zerostream.offload import memory_preflight as hm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlp import MLP  # noqa: E402

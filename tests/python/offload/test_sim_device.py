@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zerostream.offload import copy_stage
-from zerostream.offload.io import HostArena
+from zerostream.offload.host_buffers import HostArena
 from zerostream.testing import sim_device
 
 

@@ -10,7 +10,8 @@ import textwrap
 
 import torch
 
-from zerostream.offload.io import IoEngine, SwapStore
+from zerostream.offload.io_engine import IoEngine
+from zerostream.offload.swap_store import SwapStore
 
 SECOND_JOB = textwrap.dedent(
     """
@@ -52,7 +53,8 @@ def test_a_second_job_on_a_held_swap_directory_fails_naming_the_holder(tmp_path)
 def test_stores_left_open_are_closed_at_exit(tmp_path):
     script = (
         "import sys, torch\n"
-        "from zerostream.offload.io import IoEngine, SwapStore\n"
+        "from zerostream.offload.io_engine import IoEngine\n"
+        "from zerostream.offload.swap_store import SwapStore\n"
         "s = SwapStore(IoEngine(), sys.argv[1], rank=0, name='params')\n"
         "s.write(1, torch.ones(1024)).wait()\n"
         "keep = [s]; keep.append(keep)  # a reference cycle, as engines have\n"

@@ -9,17 +9,19 @@ import sys
 import pytest
 import torch
 
+from zerostream import _C
 from zerostream.config import load
-from zerostream.offload import io as zio
+from zerostream.offload.io_engine import IoEngine, IoError, io_config, io_config_for
+from zerostream.offload.swap_store import SwapStore
 
 
 @pytest.fixture(params=["io_uring", "threads"])
 def engine(request):
-    return zio.IoEngine(block_size=1 << 16, queue_depth=8, threads=2, backend=request.param)
+    return IoEngine(block_size=1 << 16, queue_depth=8, threads=2, backend=request.param)
 
 
 def test_layout_and_round_trip_against_the_files(engine, tmp_path):
-    store = zio.SwapStore(engine, str(tmp_path), rank=2, name="params", files=3)
+    store = SwapStore(engine, str(tmp_path), rank=2, name="params", files=3)
     assert store.directory == f"{tmp_path}/zerostream/rank2/params"
     files = ["swap_00.bin", "swap_01.bin", "swap_02.bin"]
     assert sorted(os.listdir(store.directory)) == [".lock", *files]  # .lock: dir_lock.h
@@ -41,22 +43,22 @@ def test_layout_and_round_trip_against_the_files(engine, tmp_path):
 
 
 def test_checksums_catch_corruption(engine, tmp_path):
-    store = zio.SwapStore(engine, str(tmp_path), verify_checksums=True)
+    store = SwapStore(engine, str(tmp_path), verify_checksums=True)
     t = torch.arange(50000, dtype=torch.int64)
     store.write(5, t).wait()
     path, offset, _ = store.extent_of(5)
     with open(path, "r+b") as f:
         f.seek(offset + 1234)
         f.write(b"\xff")
-    with pytest.raises(zio.IoError, match="checksum mismatch for tensor 5"):
+    with pytest.raises(IoError, match="checksum mismatch for tensor 5"):
         store.read(5, torch.empty_like(t)).wait()
 
 
 def test_environment_variable_fault_injection(tmp_path):
     code = (
         "import torch, sys\n"
-        "from zerostream.offload import io as zio\n"
-        "e = zio.IoEngine(block_size=65536, queue_depth=1)\n"
+        "from zerostream.offload.io_engine import IoEngine\n"
+        "e = IoEngine(block_size=65536, queue_depth=1)\n"
         "t = torch.zeros(1 << 20, dtype=torch.uint8)\n"
         f"tk = e.write(t, {str(tmp_path / 'env.bin')!r})\n"
         "try:\n"
@@ -77,7 +79,7 @@ def _aio(**section):
 
 
 def test_ds_config_aio_section_maps_onto_the_engine_config():
-    c = zio.io_config_for(
+    c = io_config_for(
         _aio(
             block_size=262144,
             queue_depth=16,
@@ -95,7 +97,7 @@ def test_ds_config_aio_section_maps_onto_the_engine_config():
         c.overlap_events,
         c.backend,
     ) == (262144, 16, 2, True, False, "threads")
-    d = zio.io_config_for(_aio())  # DeepSpeed's defaults, from the schema
+    d = io_config_for(_aio())  # DeepSpeed's defaults, from the schema
     assert (d.block_size, d.queue_depth, d.threads, d.overlap_events, d.backend) == (
         1048576,
         8,
@@ -108,12 +110,12 @@ def test_ds_config_aio_section_maps_onto_the_engine_config():
     with pytest.raises(ValueError, match="aio.backend"):
         _aio(backend="libaio")
     with pytest.raises(NotImplementedError, match="aio.use_gds"):
-        zio.io_config_for(_aio(use_gds=True))
+        io_config_for(_aio(use_gds=True))
 
 
 def test_io_config_starts_from_the_engine_defaults_and_rejects_unknown_fields():
-    native = zio._N.IoConfig()
-    c = zio.io_config(queue_depth=4)
+    native = _C.offload.IoConfig()
+    c = io_config(queue_depth=4)
     assert (c.block_size, c.queue_depth, c.threads) == (native.block_size, 4, native.threads)
     with pytest.raises(TypeError, match="intra_op_parallelism"):
-        zio.io_config(intra_op_parallelism=2)
+        io_config(intra_op_parallelism=2)

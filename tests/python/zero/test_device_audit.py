@@ -421,7 +421,7 @@ def test_nvme_staging_returns_to_the_arena_without_a_host_wait(tmp_path):
     when the staging arena is full."""
     from types import SimpleNamespace
 
-    from zerostream.offload.io import io_config
+    from zerostream.offload.io_engine import io_config
     from zerostream.offload.param_swap import ParamSwapper
     from zerostream.zero.stage3.param import ZeroParam
 

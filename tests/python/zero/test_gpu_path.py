@@ -193,7 +193,7 @@ def scenario_zero_init_device(rank, tmp):
 
 def scenario_registrations(rank, tmp):
     import zerostream
-    from zerostream.offload.io import arena_totals
+    from zerostream.offload.host_buffers import arena_totals
 
     out = {}
     for pin in (True, False):

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ... import _C, comm
-from ...offload.io import arena_bytes
+from ...offload.host_buffers import arena_bytes
 from .param import ShardState, ZeroParam, unique_zero_params, zero_param_of
 from .partitioner import Partitioner
 

@@ -96,7 +96,7 @@ class Init(contextlib.ContextDecorator):
         device = bind_run_device(comm.get_local_rank())
         swapper = None
         if offload is not None and offload.device == "nvme":
-            from ...offload.io import io_config, io_config_for
+            from ...offload.io_engine import io_config, io_config_for
             from ...offload.param_swap import ParamSwapper
 
             swapper = ParamSwapper(

@@ -99,7 +99,7 @@ def _swapper_for(module: torch.nn.Module, ctx: StageContext) -> Optional[ParamSw
         swapper = zp.partitioner.swapper if zp is not None and zp.partitioner else None
         if swapper is not None and swapper.path == zero.offload_param.nvme_path:
             return swapper
-    from ...offload.io import io_config_for
+    from ...offload.io_engine import io_config_for
 
     swapper = ParamSwapper(
         zero.offload_param,

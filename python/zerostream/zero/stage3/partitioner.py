@@ -197,7 +197,7 @@ class Partitioner:
         all-gather is an asynchronous DMA, not a synchronous copy out of pageable memory."""
         if self.shard_device().type != "cpu" or self.offload_device == "none":
             return torch.empty(numel, dtype=dtype, device=self.shard_device())
-        from ...offload.io import HostArena, arena_bytes
+        from ...offload.host_buffers import HostArena, arena_bytes
 
         nbytes = arena_bytes(numel * dtype.itemsize)
         arena = HostArena(nbytes, lock=self.pin_memory, register=True)

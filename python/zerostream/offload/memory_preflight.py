@@ -15,9 +15,25 @@ from __future__ import annotations
 import os
 from typing import Optional, Tuple
 
-from .io import parse_bytes
+from ..ops.threads import ranks_on_this_host
 
 ENV = "ZEROSTREAM_HOST_MEMORY_LIMIT"
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(text: str, what: str = "size") -> int:
+    """'4G', '1M', '512K', '1.5G', '1048576' -> bytes (binary units, as fio, ds_io and
+    DeepSpeed's aio keys use); ValueError naming `what` otherwise."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in _UNITS else (t, "")
+    try:
+        value = int(float(num) * _UNITS[unit])
+    except (ValueError, OverflowError):
+        value = -1
+    if value < 0:
+        raise ValueError(f"{what}: expected bytes or a size like 64G, 1M or 4096; got {text!r}")
+    return value
 
 
 def mem_available(meminfo: str = "/proc/meminfo") -> Optional[int]:
@@ -140,8 +156,6 @@ def require_state_memory(
     """require_host_memory_everywhere for optimizer state of `numel` elements per rank at
     `per_element` bytes each, times the ranks of this host (which allocate the same); the
     error names `what` with that arithmetic."""
-    from .io import ranks_on_this_host
-
     local = ranks_on_this_host()
     ranks = f" x {local} ranks on this host" if local > 1 else ""
     require_host_memory_everywhere(
