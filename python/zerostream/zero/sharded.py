@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from ..lazy_tensor import copy_into, materialize
 from ..offload import sinks
 from ..ops._cpu_optimizer import COPY_DTYPES, CPUOptimizerBase
 from .base import ZeroOptimizerBase
@@ -310,11 +311,9 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def _load_partitions(self, saved: List[torch.Tensor], inner: dict) -> None:
         """Restores the fp32 masters (`saved`, one flat partition per group; shorter ones are
         zero padded) and the inner optimizer state, and rewrites the 16-bit partitions.
-        Values may be checkpoint FileTensors (checkpoint/stream.py): the masters and, with
+        Values may be LazyTensors (lazy_tensor.py, a checkpoint's): the masters and, with
         offload_optimizer nvme, the moments are then read from the file straight into the
         host arena or sub-group by sub-group into the swap store, never whole in memory."""
-        from ..checkpoint import stream
-
         numels = [sinks.numel(p) for p in self.local_partitions()]
         if len(saved) != len(numels) or any(t.numel() > n for t, n in zip(saved, numels)):
             raise ValueError(
@@ -329,10 +328,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 )
                 return
             for m, t in zip(self.masters, saved):
-                stream.copy_into(m[: t.numel()], t)
+                copy_into(m[: t.numel()], t)
                 m[t.numel() :].zero_()
-            if not isinstance(self.optimizer, CPUOptimizerBase):  # it reads FileTensors itself
-                inner = stream.materialize(inner)
+            if not isinstance(self.optimizer, CPUOptimizerBase):  # it reads LazyTensors itself
+                inner = materialize(inner)
             self.optimizer.load_state_dict(inner)
             self._write_partitions(self.masters)
 
