@@ -47,7 +47,7 @@ try:
 except ImportError:  # older torch
     _ser_config = None
 
-from ..lazy_tensor import LazyTensor, copy_into, materialize  # noqa: F401 (load.py, migrate.py)
+from ..lazy_tensor import LazyTensor
 from ..offload import io as zio
 from . import compat_unpickle
 

@@ -21,7 +21,7 @@ from ..lazy_tensor import copy_into, materialize
 from ..offload import sinks
 from ..ops._cpu_optimizer import COPY_DTYPES, CPUOptimizerBase
 from .base import ZeroOptimizerBase
-from .protocol import StageContext
+from .protocol import PartitionLayout, StageContext
 from .skips import first_non_finite
 
 
@@ -292,6 +292,20 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         if self.swapper is not None:
             return self.swapper.state_dict(streamed)
         return self.optimizer.state_dict()
+
+    def _layout(self, pieces: list, partition_count) -> PartitionLayout:
+        """partition_layout() of a partitioned stage, given its pieces."""
+        return PartitionLayout(
+            zero_stage=self.stage,
+            partitioned=True,
+            groups=self.bit16_groups,
+            param_groups=self.param_groups,
+            loss_scaler=self.loss_scaler.state_dict(),
+            fp32_masters=True,
+            numels=[sinks.numel(p) for p in self.local_partitions()],
+            pieces=pieces,
+            partition_count=partition_count,
+        )
 
     def _check_loadable(self, state: dict, stages: tuple) -> None:
         """Raises unless `state` was saved by one of `stages` with this world size."""

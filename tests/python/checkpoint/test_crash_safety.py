@@ -241,7 +241,7 @@ def disagree_on_tag(rank, world, root, mode):
         else:  # Warn: the check alone (saving on would write two half checkpoints)
             from zerostream.checkpoint.save import _validate_tag
 
-            _validate_tag(engine, f"mine{rank}")
+            _validate_tag(engine._checkpoint_target(), f"mine{rank}")
     except ValueError as exc:
         outcome = str(exc)
     warnings = [r.getMessage() for r in records if "disagree" in r.getMessage()]

@@ -118,7 +118,7 @@ def _save_and_load(rank, world, root):
         "in_place": in_place,
         "moments_equal": len(loaded) == 2 and all(map(torch.equal, saved, loaded)),
         "weights_equal": all(torch.equal(weights[n], want[n]) for n in want),
-        "bounce_buffers": files.io_engine_for(fresh).bounce_buffers,
+        "bounce_buffers": files.io_engine_for(fresh._checkpoint_target()).bounce_buffers,
     }
 
 
