@@ -12,6 +12,8 @@ import torch
 
 from . import comm
 from .accelerator import bind_run_device
+from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint.target import CheckpointTarget, TrainingCounters
 from .config import DeepSpeedConfig
 from .lr_schedules import build_scheduler
 from .optim_factory import client_groups, param_groups_of
@@ -123,8 +125,9 @@ class ZeroEngine(torch.nn.Module):
     # --- training loop --------------------------------------------------------------------------
     @property
     def _incomplete_load(self) -> Optional[str]:
-        """Set when a load_checkpoint failed after it began to overwrite state (load.py);
-        kept in the run state, so the optimizer's own backward refuses too."""
+        """Set when a load_checkpoint failed after it began to overwrite state
+        (checkpoint/load.py); kept in the run state, so the optimizer's own backward refuses
+        too."""
         return self._run.inconsistent
 
     @_incomplete_load.setter
@@ -333,11 +336,14 @@ class ZeroEngine(torch.nn.Module):
     ) -> bool:
         """DeepSpeed's layout under save_dir/tag (default tag global_step<N>), written
         crash-safely; `latest` is replaced last. All ranks must call it."""
-        from .checkpoint import save_checkpoint
-
         self._require_consistent("save_checkpoint")
         return save_checkpoint(
-            self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters
+            self._checkpoint_target(),
+            save_dir,
+            tag,
+            client_state,
+            save_latest,
+            exclude_frozen_parameters,
         )
 
     def load_checkpoint(
@@ -352,10 +358,8 @@ class ZeroEngine(torch.nn.Module):
     ):
         """(path, client_state), or (None, None) when load_dir has no `latest` (and no tag
         was given). A checkpoint of another data-parallel size is resharded."""
-        from .checkpoint import load_checkpoint
-
-        return load_checkpoint(
-            self,
+        loaded = load_checkpoint(
+            self._checkpoint_target(),
             load_dir,
             tag,
             load_module_strict,
@@ -363,6 +367,35 @@ class ZeroEngine(torch.nn.Module):
             load_lr_scheduler_states,
             load_module_only,
             custom_load_fn,
+        )
+        if loaded.counters is not None:
+            self.global_steps = loaded.counters.global_steps
+            self.global_samples = loaded.counters.global_samples
+            self.skipped_steps = loaded.counters.skipped_steps
+        return loaded.path, loaded.client_state
+
+    def _checkpoint_target(self) -> CheckpointTarget:
+        """What checkpoint/ saves and loads (checkpoint/target.py): the stage's side of it
+        (Note [Stage checkpoints] in zero/protocol.py), the config sections it reads, this
+        rank's place, and the counters a save writes."""
+        cfg = self._config
+        return CheckpointTarget(
+            module=self.module,
+            stage=stage_class(cfg.zero_stage).checkpointer(self.module, self.optimizer),
+            lr_scheduler=self.lr_scheduler,
+            checkpoint=cfg.checkpoint,
+            aio=cfg.aio,
+            aio_keys=tuple((cfg.raw.get("aio") or {}).keys()),
+            ds_config=self.config,
+            global_rank=self.global_rank,
+            world_size=self.world_size,
+            dp_rank=comm.get_rank(self.dp_process_group),
+            dp_world_size=self.dp_world_size,
+            mp_world_size=self.mp_world_size,
+            bf16=self.bfloat16_enabled(),
+            train_batch_size=self.train_batch_size(),
+            counters=TrainingCounters(self.global_steps, self.global_samples, self.skipped_steps),
+            set_inconsistent=self._run.set_inconsistent,
         )
 
     # --- whole weights and stage-3 housekeeping ---------------------------------------------

@@ -34,9 +34,9 @@ import torch
 
 if TYPE_CHECKING:
     from ..config import AioConfig
-    from ..engine import ZeroEngine
     from ..offload import io_engine as zio
-from . import compat_unpickle, stream
+    from .target import CheckpointTarget
+from . import compat_unpickle, layout, stream
 
 MANIFEST = "zerostream_manifest.json"
 LATEST = "latest"
@@ -110,9 +110,9 @@ def io_engine(aio: Optional["AioConfig"] = None, given: Iterable[str] = ()) -> "
     return engine
 
 
-def io_engine_for(engine: "ZeroEngine") -> "zio.IoEngine":
-    """io_engine() for a training engine's checkpoints."""
-    return io_engine(engine._config.aio, given=(engine._config.raw.get("aio") or {}).keys())
+def io_engine_for(target: "CheckpointTarget") -> "zio.IoEngine":
+    """io_engine() for a training run's checkpoints."""
+    return io_engine(target.aio, given=target.aio_keys)
 
 
 _ENGINES: Dict[tuple, "zio.IoEngine"] = {}
@@ -300,3 +300,28 @@ def load_file(
 def _is_zip(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(4) == b"PK\x03\x04"
+
+
+class Checkpoint:
+    """One tag directory: its files, its manifest, and loading that names what failed."""
+
+    def __init__(self, directory: str, io: Optional["zio.IoEngine"] = None):
+        self.dir = directory
+        self.manifest = read_manifest(directory)
+        self.io = io  # the I/O engine its files stream through (io_engine() if None)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def load(self, name: str, lazy: bool = False) -> Any:
+        return load_file(self.path(name), self.manifest, lazy=lazy, engine=self.io)
+
+    def optim_file(self, dp_rank: int, bf16: bool) -> str:
+        for name in layout.optim_states_candidates(dp_rank, bf16):
+            if os.path.isfile(self.path(name)):
+                return name
+        raise FileNotFoundError(
+            f"checkpoint {self.dir} has no optimizer state for data-parallel rank {dp_rank} "
+            f"(looked for {layout.optim_states_name(dp_rank, bf16)}); the save did not "
+            f"complete on that rank, or the files were moved"
+        )

@@ -25,9 +25,21 @@ def default_tag(global_steps: int) -> str:
     return f"global_step{global_steps}"
 
 
-def model_states_name(stage: int, dp_rank: int) -> str:
-    """Stages 0-2: one file written by DP rank 0; stage 3: one per DP rank."""
-    if stage == 3:
+# The ZeRO stage whose checkpoints hold sharded weights (reference §3.2-3.3): a model-states
+# file per DP rank with its shards of the frozen params, and optimizer partitions made of
+# per-parameter shards. The other stages' hold whole weights in one model-states file and,
+# at stages 1/2, partitions cut from flat groups.
+SHARDED_STAGE = 3
+
+
+def sharded(zero_stage: int) -> bool:
+    """Whether a checkpoint (or an optimizer state) saved at `zero_stage` is laid out sharded."""
+    return int(zero_stage) == SHARDED_STAGE
+
+
+def model_states_name(dp_rank: int, sharded: bool) -> str:
+    """Whole weights: one file, written by DP rank 0; sharded weights: one per DP rank."""
+    if sharded:
         return f"zero_pp_rank_{dp_rank}_mp_rank_{MP_RANK:02d}_model_states.pt"
     return f"mp_rank_{MP_RANK:02d}_model_states.pt"
 

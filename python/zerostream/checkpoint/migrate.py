@@ -26,31 +26,31 @@ where it differs from zerostream's own files (reference §3.2-3.3 for the common
   as `foreach`, or DeepSpeedCPUAdam's); the saved hyperparameters are kept for the keys
   this run's optimizer has, the others come from this run.
 
-Each function is a no-op on what zerostream itself wrote.
+Each function is a no-op on what zerostream itself wrote. What they need of this run's
+optimizer comes from its stage's PartitionLayout (Note [Stage checkpoints] in
+zero/protocol.py): its inner param groups, its loss scaler's state, its groups and cuts.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import torch
 
-from . import stream
-
-if TYPE_CHECKING:
-    from ..engine import ZeroEngine
+from ..lazy_tensor import LazyTensor, materialize
+from . import layout
 
 logger = logging.getLogger("zerostream")
 
 _SCALER_KEYS = ("cur_scale", "cur_iter", "last_overflow_iter", "scale_factor", "scale_window")
 
 
-def scaler_state(saved: Optional[dict], opt, where: str) -> dict:
-    """The saved loss-scaler state in the form this run's scaler loads. Keys DeepSpeed does
-    not save (the hysteresis of its FP16 wrappers) come from this run's scaler; a scaler of
-    the other kind (static vs dynamic: the precision changed) is not loaded."""
-    current = opt.loss_scaler.state_dict()
+def scaler_state(saved: Optional[dict], current: dict, where: str) -> dict:
+    """The saved loss-scaler state in the form this run's scaler loads (`current`: its state
+    now). Keys DeepSpeed does not save (the hysteresis of its FP16 wrappers) come from this
+    run's scaler; a scaler of the other kind (static vs dynamic: the precision changed) is
+    not loaded."""
     if not isinstance(saved, dict):
         return current
     if bool(saved.get("dynamic", False)) != bool(current["dynamic"]):
@@ -87,10 +87,9 @@ def inner_state(inner: dict, current: List[dict], where: str) -> dict:
 
 
 # --- stages 1-3 -------------------------------------------------------------------------------
-def zero_state(state: dict, engine: "ZeroEngine", where: str) -> dict:
+def zero_state(state: dict, part, where: str) -> dict:
     """One rank's `optimizer_state_dict` of a ZeRO checkpoint in zerostream's layout for this
-    run (`where` names the file in errors)."""
-    opt = engine.optimizer
+    run (`part`: its stage's PartitionLayout; `where` names the file in errors)."""
     out = dict(state)
     if "zero_stage" not in out:
         if "single_partition_of_fp32_groups" not in out:
@@ -99,7 +98,7 @@ def zero_state(state: dict, engine: "ZeroEngine", where: str) -> dict:
             )
         out["zero_stage"] = 1  # DeepSpeed's BF16_Optimizer: stage 1's layout
     out["zero_stage"] = int(out["zero_stage"])
-    out["loss_scaler"] = scaler_state(out.get("loss_scaler"), opt, where)
+    out["loss_scaler"] = scaler_state(out.get("loss_scaler"), part.loss_scaler, where)
     out.setdefault("dynamic_loss_scale", bool(out["loss_scaler"].get("dynamic", False)))
     out.setdefault("overflow", False)
     for key in (inner_key(out["zero_stage"]), masters_key(out["zero_stage"])):
@@ -107,17 +106,17 @@ def zero_state(state: dict, engine: "ZeroEngine", where: str) -> dict:
             raise ValueError(f"load_checkpoint: {where} has no {key!r}")
     key = inner_key(out["zero_stage"])
     if isinstance(out[key], list):
-        inner = stream.materialize(out[key])
-        out[key] = _elastic_inner(inner, out.get("base_optimizer_state_step"), opt, where)
+        inner = materialize(out[key])
+        step = out.get("base_optimizer_state_step")
+        out[key] = _elastic_inner(inner, step, part.param_groups, where)
         out[NO_HYPERPARAMETERS] = True
     return out
 
 
-def _elastic_inner(groups: List[dict], step, opt, where: str) -> dict:
+def _elastic_inner(groups: List[dict], step, current: List[dict], where: str) -> dict:
     """zero_optimization.elastic_checkpoint: DeepSpeed saves, per group, the inner state
     without the end padding (the step apart when the optimizer keeps it in its param
-    groups) and no hyperparameters, which then come from this run."""
-    current = opt.param_groups
+    groups) and no hyperparameters, which then come from this run's (`current`)."""
     if len(groups) != len(current):
         raise ValueError(
             f"load_checkpoint: {where} holds {len(groups)} optimizer param groups; this run "
@@ -155,19 +154,21 @@ def lr_from_scheduler(scheduler) -> None:
         scheduler.step(iteration)
 
 
-def with_param_groups(state: dict, engine: "ZeroEngine", where: str) -> dict:
+def with_param_groups(state: dict, part, where: str) -> dict:
     """zero_state()'s result ready for this run's optimizer (same layout): the inner param
     groups carry this run's keys."""
     key = inner_key(state["zero_stage"])
-    return {**state, key: inner_state(state[key], engine.optimizer.param_groups, where)}
+    return {**state, key: inner_state(state[key], part.param_groups, where)}
 
 
-def inner_key(stage: int) -> str:
-    return "optimizer_state_dict" if stage == 3 else "base_optimizer_state"
+def inner_key(zero_stage: int) -> str:
+    """The key of the inner optimizer's state in a state saved at `zero_stage`."""
+    return "optimizer_state_dict" if layout.sharded(zero_stage) else "base_optimizer_state"
 
 
-def masters_key(stage: int) -> str:
-    return "fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"
+def masters_key(zero_stage: int) -> str:
+    """The key of the fp32 master partitions in a state saved at `zero_stage`."""
+    return "fp32_flat_groups" if layout.sharded(zero_stage) else "single_partition_of_fp32_groups"
 
 
 def alignment_paddings(state: dict) -> Optional[List[List[int]]]:
@@ -179,12 +180,12 @@ def alignment_paddings(state: dict) -> Optional[List[List[int]]]:
 
 
 # --- stage 0 ---------------------------------------------------------------------------------
-def stage0_state(saved: Any, engine: "ZeroEngine", where: str) -> dict:
-    """The model-states file's `optimizer` (stage 0) in the form ReplicatedOptimizer loads."""
-    opt = engine.optimizer
+def stage0_state(saved: Any, part, where: str) -> dict:
+    """The model-states file's `optimizer` (stage 0) in the form ReplicatedOptimizer loads
+    (`part`: its PartitionLayout, not partitioned)."""
     if not isinstance(saved, dict):
         raise ValueError(f"load_checkpoint: {where}: 'optimizer' is not a state dict")
-    current = opt.optimizer.param_groups
+    current = part.param_groups
     if "zero_stage" in saved:  # zerostream's own
         out = dict(saved)
         out["base_optimizer_state"] = inner_state(saved["base_optimizer_state"], current, where)
@@ -193,7 +194,7 @@ def stage0_state(saved: Any, engine: "ZeroEngine", where: str) -> dict:
         base, masters, scaler = saved, None, None
     elif "optimizer_state_dict" in saved:  # DeepSpeed's FP16 wrappers (bf16/fp16)
         base = saved["optimizer_state_dict"]
-        masters = _stage0_masters(saved, opt, where)
+        masters = _stage0_masters(saved, part, where)
         scaler = {"dynamic": bool(saved.get("dynamic_loss_scale", False))}
         scaler.update({k: saved[k] for k in _SCALER_KEYS if k in saved})
     else:
@@ -203,24 +204,26 @@ def stage0_state(saved: Any, engine: "ZeroEngine", where: str) -> dict:
         )
     out = {
         "zero_stage": 0,
-        "loss_scaler": scaler_state(scaler, opt, where),
+        "loss_scaler": scaler_state(scaler, part.loss_scaler, where),
         "overflow": False,
         "base_optimizer_state": inner_state(base, current, where),
     }
-    if opt.masters is not None:
+    if part.fp32_masters:
+        params = [p for group in part.groups for p in group]
         out["fp32_masters"] = (
-            masters if masters is not None else [p.detach().float() for p in opt.params]
+            masters if masters is not None else [p.detach().float() for p in params]
         )
     return out
 
 
-def _stage0_masters(saved: dict, opt, where: str) -> List[torch.Tensor]:
+def _stage0_masters(saved: dict, part, where: str) -> List[torch.Tensor]:
     """DeepSpeed's fp32 masters, one tensor per parameter in optimizer order."""
+    params = [p for group in part.groups for p in group]
     if "fp32_groups" in saved:
         masters = [t for group in saved["fp32_groups"] for t in group]
     elif "fp32_groups_flat" in saved:
         masters = []
-        sizes = [[p.numel() for p in g["params"]] for g in opt.optimizer.param_groups]
+        sizes = [[p.numel() for p in g["params"]] for g in part.param_groups]
         if len(sizes) != len(saved["fp32_groups_flat"]):
             raise ValueError(
                 f"load_checkpoint: {where}: 'fp32_groups_flat' has "
@@ -230,51 +233,43 @@ def _stage0_masters(saved: dict, opt, where: str) -> List[torch.Tensor]:
             masters.extend(flat.reshape(-1).split(numels)[: len(numels)])
     else:
         raise ValueError(f"load_checkpoint: {where}: no fp32 master weights ('fp32_groups')")
-    if len(masters) != len(opt.params):
+    if len(masters) != len(params):
         raise ValueError(
             f"load_checkpoint: {where} holds fp32 masters of {len(masters)} parameters; "
-            f"this run trains {len(opt.params)}"
+            f"this run trains {len(params)}"
         )
-    for i, (m, p) in enumerate(zip(masters, opt.params)):
+    for i, (m, p) in enumerate(zip(masters, params)):
         if m.numel() != p.numel():
             raise ValueError(
                 f"load_checkpoint: {where}: fp32 master {i} has {m.numel()} elements; the "
                 f"parameter it belongs to has {p.numel()}"
             )
-    return [m.float().reshape(p.shape) for m, p in zip(masters, opt.params)]
+    return [m.float().reshape(p.shape) for m, p in zip(masters, params)]
 
 
-def same_layout(sd: dict, state: dict, engine: "ZeroEngine", saved_world: int) -> bool:
-    """True when this rank's saved partitions are cut exactly as this run cuts them, so
-    they load as they are; else reshard.optimizer_state re-cuts them by parameter name."""
-    from . import layout
-
-    opt = engine.optimizer
-    stage = engine.zero_optimization_stage()
-    if saved_world != engine.dp_world_size or alignment_paddings(state) is not None:
+def same_layout(sd: dict, state: dict, module: torch.nn.Module, part, same_world: bool) -> bool:
+    """True when this rank's saved partitions are cut exactly as this run cuts them (`part`:
+    its stage's PartitionLayout), so they load as they are; else reshard.optimizer_state
+    re-cuts them by parameter name."""
+    if not same_world or alignment_paddings(state) is not None:
         return False
-    if (state["zero_stage"] == 3) != (stage == 3):
+    if layout.sharded(state["zero_stage"]) != layout.sharded(part.zero_stage):
         return False
-    ours = [list(s.keys()) for s in layout.param_shapes(engine.module, opt.bit16_groups)]
+    ours = [list(s.keys()) for s in layout.param_shapes(module, part.groups)]
     if [list(s.keys()) for s in sd.get("param_shapes") or []] != ours:
         return False
-    masters = state.get(masters_key(stage))
-    numels = [_numel(p) for p in opt.local_partitions()]
+    masters = state.get(masters_key(part.zero_stage))
+    numels = part.numels
     if masters is None or len(masters) != len(numels):
         return False
     if any(m.numel() > n for m, n in zip(masters, numels)):
         return False
-    inner = state[inner_key(stage)]
+    inner = state[inner_key(part.zero_stage)]
     for g, group in enumerate(inner["param_groups"]):
         if len(group["params"]) != 1:
             return False
         st = inner["state"].get(group["params"][0], {})
-        tensors = [v for v in st.values() if torch.is_tensor(v) or isinstance(v, stream.FileTensor)]
+        tensors = [v for v in st.values() if torch.is_tensor(v) or isinstance(v, LazyTensor)]
         if any(v.dim() > 0 and v.numel() != numels[g] for v in tensors):
             return False
     return True
-
-
-def _numel(partition) -> int:
-    n = partition.numel
-    return n if isinstance(n, int) else partition.numel()

@@ -6,7 +6,9 @@ a stage 1/2 checkpoint into a stage-3 run and the reverse).
 Every kind of optimizer state (fp32 master, exp_avg, exp_avg_sq, Adagrad's sum) is
 elementwise over the flatten order, so re-cutting is: rebuild each parameter's whole value
 of each kind from the saved partitions, by name from `param_shapes`, then cut this rank's
-partitions of this run's groups from them. The two layouts (reference §3.3):
+partitions of this run's groups from them, as the run's stage cuts them (the pieces of its
+PartitionLayout, Note [Stage checkpoints] in zero/protocol.py). The two saved layouts
+(reference §3.3):
   stages 1/2: a group is one flat vector padded to a multiple of 2*world and cut into world
     equal partitions (zero/flat.py); the saved fp32 partitions have the padding removed,
     the saved moments keep it;
@@ -18,18 +20,15 @@ each of this run's groups, from the saved group holding its first parameter.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
-from .. import _C
-from . import files, layout, migrate, stream
+from ..lazy_tensor import LazyTensor
+from . import files, layout, migrate
+from .files import Checkpoint
 from .slices import ReadPlan, Slice
 from .zero_to_fp32 import fp32_state_dict_of_dir, merge_frozen
-
-if TYPE_CHECKING:
-    from ..engine import ZeroEngine
-    from .load import Checkpoint
 
 
 def consolidated_fp32(ds_dir: str) -> Dict[str, torch.Tensor]:
@@ -38,12 +37,12 @@ def consolidated_fp32(ds_dir: str) -> Dict[str, torch.Tensor]:
     return fp32_state_dict_of_dir(ds_dir, load=lambda path: files.load_file(path, manifest))
 
 
-def frozen_fp32(ckpt: "Checkpoint", saved_world: int) -> Dict[str, torch.Tensor]:
-    """Whole values of the frozen params of a stage-3 checkpoint (every rank's model file
+def frozen_fp32(ckpt: Checkpoint, saved_world: int) -> Dict[str, torch.Tensor]:
+    """Whole values of the frozen params of a sharded checkpoint (every rank's model file
     holds its shard of them); the optimizer files are not read."""
-    models = [ckpt.load(layout.model_states_name(3, r)) for r in range(saved_world)]
+    models = [ckpt.load(layout.model_states_name(r, sharded=True)) for r in range(saved_world)]
     out: Dict[str, torch.Tensor] = {}
-    merge_frozen(out, models, 3, saved_world)
+    merge_frozen(out, models, sharded=True, world=saved_world)
     return out
 
 
@@ -82,7 +81,7 @@ def _saved_groups(state: dict, where: str) -> List[Tuple[Dict[str, Slice], dict,
 
 
 def _elementwise(value) -> bool:
-    return isinstance(value, stream.FileTensor) or (torch.is_tensor(value) and value.dim() > 0)
+    return isinstance(value, LazyTensor) or (torch.is_tensor(value) and value.dim() > 0)
 
 
 def _stage12_values(ranks, shapes, paddings, where) -> Values:
@@ -137,22 +136,13 @@ def _stage3_values(ranks, shapes, world: int, where) -> Values:
 
 
 # --- whole values -> this rank's partitions ------------------------------------------------------
-def _stage12_cut(whole: Slice, world: int, rank: int, plan: ReadPlan) -> torch.Tensor:
-    begin, size, valid = _C.stage12_partition(whole.numel, world, rank)
-    out = torch.zeros(size, dtype=torch.float32)
-    whole[begin : begin + valid].read_into(out[:valid], plan)
-    return out
-
-
-def _stage3_cut(params: List[Slice], world: int, rank: int, plan: ReadPlan) -> torch.Tensor:
-    shards = [math.ceil(value.numel / world) for value in params]
-    out = torch.zeros(sum(shards), dtype=torch.float32)
-    at = 0
-    for value, shard in zip(params, shards):
-        lo, hi = rank * shard, min(value.numel, (rank + 1) * shard)
-        if hi > lo:
-            value[lo:hi].read_into(out[at : at + hi - lo], plan)
-        at += shard
+def _cut(params: List[Slice], numel: int, pieces, plan: ReadPlan) -> torch.Tensor:
+    """This rank's fp32 partition of one group from its params' whole values: each piece the
+    stage owns, (param, first, end, offset in the partition), planned into place; zeros in
+    its padding."""
+    out = torch.zeros(numel, dtype=torch.float32)
+    for i, lo, hi, at in pieces:
+        params[i][lo:hi].read_into(out[at : at + hi - lo], plan)
     return out
 
 
@@ -167,14 +157,15 @@ def _check_names(saved: List[str], ours: List[str], where: str) -> None:
 
 
 # --- the optimizer state of this rank ----------------------------------------------------------
-def optimizer_state(ckpt: "Checkpoint", sd: dict, engine: "ZeroEngine", saved_world: int) -> dict:
-    """This rank's optimizer state (its stage's layout) re-cut by parameter name from a
-    checkpoint of `saved_world` ranks, whatever its flatten order, sub-groups and padding."""
-    stage = engine.zero_optimization_stage()
-    bf16 = engine.bfloat16_enabled()
+def optimizer_state(
+    ckpt: Checkpoint, sd: dict, module: torch.nn.Module, part, bf16: bool, saved_world: int
+) -> dict:
+    """This rank's optimizer state (its stage's layout: `part`, the stage's PartitionLayout)
+    re-cut by parameter name from a checkpoint of `saved_world` ranks, whatever its flatten
+    order, sub-groups and padding. `bf16`: the optimizer files' name prefix."""
     names = [ckpt.optim_file(r, bf16) for r in range(saved_world)]
     states = [  # lazy: see Note [Streamed re-cut]
-        migrate.zero_state(ckpt.load(n, lazy=True)["optimizer_state_dict"], engine, ckpt.path(n))
+        migrate.zero_state(ckpt.load(n, lazy=True)["optimizer_state_dict"], part, ckpt.path(n))
         for n in names
     ]
     saved_stage = states[0]["zero_stage"]  # 1/2 and 3 differ in layout: either re-cuts
@@ -185,16 +176,15 @@ def optimizer_state(ckpt: "Checkpoint", sd: dict, engine: "ZeroEngine", saved_wo
             f"checkpoint {ckpt.dir}: the model states list {len(shapes)} parameter groups "
             f"and the optimizer files {len(ranks[0])}"
         )
-    if saved_stage == 3:
+    if layout.sharded(saved_stage):
         values = _stage3_values(ranks, shapes, saved_world, ckpt.dir)
     else:
         pads = migrate.alignment_paddings(states[0])
         values = _stage12_values(ranks, shapes, pads, ckpt.dir)
     group_of = {name: g for g, group in enumerate(shapes) for name in group}
-    ours = layout.param_shapes(engine.module, engine.optimizer.bit16_groups)
+    ours = layout.param_shapes(module, part.groups)
     _check_names(list(group_of), [n for group in ours for n in group], ckpt.dir)
 
-    new, rank = engine.dp_world_size, engine.optimizer.rank
     masters, inner_state, hypers = [], {}, []
     plan = ReadPlan()
     for g, group in enumerate(ours):
@@ -203,11 +193,7 @@ def optimizer_state(ckpt: "Checkpoint", sd: dict, engine: "ZeroEngine", saved_wo
         cut = {}
         for kind in kinds:
             parts = [values[n].get(kind, Slice.zeros(values[n]["fp32"].numel)) for n in group]
-            cut[kind] = (
-                _stage3_cut(parts, new, rank, plan)
-                if stage == 3
-                else _stage12_cut(Slice.cat(parts), new, rank, plan)
-            )
+            cut[kind] = _cut(parts, part.numels[g], part.pieces[g], plan)
         masters.append(cut.pop("fp32"))
         if cut or scalars:
             inner_state[g] = {**scalars, **cut}
@@ -215,7 +201,7 @@ def optimizer_state(ckpt: "Checkpoint", sd: dict, engine: "ZeroEngine", saved_wo
     plan.run()
     inner = {
         "state": inner_state,
-        "param_groups": migrate.param_groups(hypers, engine.optimizer.param_groups, ckpt.dir),
+        "param_groups": migrate.param_groups(hypers, part.param_groups, ckpt.dir),
     }
     state = {
         k: v
@@ -224,10 +210,10 @@ def optimizer_state(ckpt: "Checkpoint", sd: dict, engine: "ZeroEngine", saved_wo
     }
     state.update(
         {
-            "zero_stage": stage,
-            migrate.masters_key(stage): masters,
-            migrate.inner_key(stage): inner,
-            "partition_count": new if stage == 3 else [new] * len(ours),
+            "zero_stage": part.zero_stage,
+            migrate.masters_key(part.zero_stage): masters,
+            migrate.inner_key(part.zero_stage): inner,
+            "partition_count": part.partition_count,
         }
     )
     return state

@@ -1,12 +1,14 @@
 """engine.save_checkpoint: DeepSpeed's layout (layout.py), written crash-safely (files.py,
 Note [Crash-safe checkpoints]).
 
-Which rank writes what: stages 0-2 keep whole weights on every rank, so DP rank 0 alone
-writes `mp_rank_00_model_states.pt`; at stage 3 every rank writes its own model-states file
-(its shards of frozen params). With ZeRO (stages 1-3) every rank writes its optimizer
-partition to `[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`; at stage 0 the optimizer
-state rides in the model-states file, as in DeepSpeed. Tensors are saved on the CPU, so a
-checkpoint from GPU ranks loads on CPU ranks and the reverse.
+Which rank writes what follows from what the stage says of itself (Note [Stage checkpoints]
+in zero/protocol.py): with whole weights on every rank (stages 0-2) DP rank 0 alone writes
+`mp_rank_00_model_states.pt`; with sharded weights (stage 3) every rank writes its own
+model-states file (its shards of frozen params). With a partitioned optimizer (stages 1-3)
+every rank writes its partition to `[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`;
+else (stage 0) the optimizer state rides in the model-states file, as in DeepSpeed.
+Tensors are saved on the CPU, so a checkpoint from GPU ranks loads on CPU ranks and the
+reverse.
 """
 
 from __future__ import annotations
@@ -14,16 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from .. import comm
-from ..zero.stage3.param import zero_param_of
 from . import files, layout, stream
-
-if TYPE_CHECKING:
-    from ..engine import ZeroEngine
+from .target import CheckpointTarget
 
 logger = logging.getLogger("zerostream")
 
@@ -50,64 +49,52 @@ def _cpu(value: Any) -> Any:
     return value
 
 
-def _frozen_state(engine: "ZeroEngine", groups: List[List[torch.nn.Parameter]]):
-    """frozen_param_shapes and frozen_param_fragments: the whole value of each parameter
-    no optimizer trains (stage 3: this rank's shard of it)."""
-    shapes, fragments = {}, {}
-    for name, p in layout.frozen_params(engine.module, groups):
-        shapes[name] = layout.full_shape(p)
-        zp = zero_param_of(p)
-        if zp is None:
-            fragments[name] = _cpu(p.detach())
-        elif zp.shard is None:  # offload_param nvme: the shard is read back from disk
-            fragments[name] = zp.partitioner.swapper.read(zp)
-        else:
-            fragments[name] = _cpu(zp.shard.detach())
-    return shapes, fragments
-
-
 def model_states(
-    engine: "ZeroEngine", client_state: dict, exclude_frozen_parameters: bool
+    target: CheckpointTarget, client_state: dict, exclude_frozen_parameters: bool, part
 ) -> Dict[str, Any]:
-    """The `*_model_states.pt` dict (reference §3.2)."""
-    stage = engine.zero_optimization_stage()
-    opt = engine.optimizer
-    module_state = engine.module.state_dict()
-    buffers = layout.buffer_names(engine.module, module_state.keys())
+    """The `*_model_states.pt` dict (reference §3.2); `part`: the stage's PartitionLayout
+    (None without an optimizer)."""
+    module, stage, counters = target.module, target.stage, target.counters
+    module_state = module.state_dict()
+    buffers = layout.buffer_names(module, module_state.keys())
     if exclude_frozen_parameters:
-        frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
+        frozen = {n for n, p in module.named_parameters() if not p.requires_grad}
         module_state = type(module_state)(
             (k, v) for k, v in module_state.items() if k not in frozen
         )
+    whole_optimizer = part is not None and not part.partitioned
+    scheduler = target.lr_scheduler
     state: Dict[str, Any] = {
         "module": _cpu(module_state),
         "buffer_names": buffers,
-        "optimizer": _cpu(opt.state_dict()) if stage == 0 and opt is not None else None,
-        "shared_params": layout.shared_params(engine.module),
+        "optimizer": _cpu(stage.save_partition_state()) if whole_optimizer else None,
+        "shared_params": layout.shared_params(module),
         "lr_scheduler": (
-            _cpu(engine.lr_scheduler.state_dict())
-            if engine.lr_scheduler is not None and hasattr(engine.lr_scheduler, "state_dict")
+            _cpu(scheduler.state_dict())
+            if scheduler is not None and hasattr(scheduler, "state_dict")
             else None
         ),
         "data_sampler": None,
         "random_ltd": None,
         "sparse_tensor_module_names": [],
-        "skipped_steps": engine.skipped_steps,
-        "global_steps": engine.global_steps,
-        "global_samples": engine.global_samples,
-        "dp_world_size": engine.dp_world_size,
-        "mp_world_size": engine.mp_world_size,
+        "skipped_steps": counters.skipped_steps,
+        "global_steps": counters.global_steps,
+        "global_samples": counters.global_samples,
+        "dp_world_size": target.dp_world_size,
+        "mp_world_size": target.mp_world_size,
         "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1},
-        "ds_config": engine.config,
+        "ds_config": target.ds_config,
         "ds_version": layout.DS_LAYOUT_VERSION,
     }
-    if stage > 0 and opt is not None:
-        groups = opt.bit16_groups
-        state["param_shapes"] = layout.param_shapes(engine.module, groups)
+    if part is not None and part.partitioned:
+        state["param_shapes"] = layout.param_shapes(module, part.groups)
         if not exclude_frozen_parameters:
-            shapes, fragments = _frozen_state(engine, groups)
-            state["frozen_param_shapes"] = shapes
-            state["frozen_param_fragments"] = fragments
+            # The whole value of each parameter no optimizer trains (sharded: this rank's
+            # shard of it).
+            named = layout.frozen_params(module, part.groups)
+            values = stage.frozen_values(named)
+            state["frozen_param_shapes"] = {name: layout.full_shape(p) for name, p in named}
+            state["frozen_param_fragments"] = {name: _cpu(values[name]) for name, _ in named}
     state.update(client_state)
     return state
 
@@ -124,7 +111,7 @@ def _check_client_state(client_state: Optional[dict]) -> dict:
     return client_state
 
 
-def _check_node_local_storage(engine: "ZeroEngine", save_dir: str) -> None:
+def _check_node_local_storage(target: CheckpointTarget, save_dir: str) -> None:
     """checkpoint.use_node_local_storage (HF's save_on_each_node): every host writes its own
     copy to a folder only it sees. On one host that is what is done anyway; across hosts
     zerostream writes one checkpoint to a folder every rank reaches (rank 0 commits it), so
@@ -133,25 +120,25 @@ def _check_node_local_storage(engine: "ZeroEngine", save_dir: str) -> None:
     hosts or on none."""
     from ..ops.threads import local_ranks
 
-    if not engine._config.checkpoint.use_node_local_storage:
+    if not target.checkpoint.use_node_local_storage:
         return
     here, told_by = local_ranks()
-    if told_by and here < engine.world_size:
+    if told_by and here < target.world_size:
         raise NotImplementedError(
             f"save_checkpoint({save_dir!r}): checkpoint.use_node_local_storage is true and "
-            f"this run spans several hosts ({engine.world_size} ranks, {here} on this one by "
+            f"this run spans several hosts ({target.world_size} ranks, {here} on this one by "
             f"{told_by}). zerostream writes one checkpoint, committed by rank 0, to a folder "
             f"every rank can reach: put save_dir on a filesystem all hosts share and set "
             f"checkpoint.use_node_local_storage to false (HF: save_on_each_node)."
         )
 
 
-def _validate_tag(engine: "ZeroEngine", tag: str) -> None:
+def _validate_tag(target: CheckpointTarget, tag: str) -> None:
     """checkpoint.tag_validation: every rank must save under the same tag."""
-    mode = engine._config.checkpoint.tag_validation.lower()
-    if mode == "ignore" or engine.world_size == 1:
+    mode = target.checkpoint.tag_validation.lower()
+    if mode == "ignore" or target.world_size == 1:
         return
-    tags: List[Optional[str]] = [None] * engine.world_size
+    tags: List[Optional[str]] = [None] * target.world_size
     comm.all_gather_object(tags, tag)
     if len(set(tags)) == 1:
         return
@@ -162,17 +149,17 @@ def _validate_tag(engine: "ZeroEngine", tag: str) -> None:
     logger.warning("%s", message)
 
 
-def _all_ok(engine: "ZeroEngine", error: Optional[BaseException]) -> List[int]:
+def _all_ok(target: CheckpointTarget, error: Optional[BaseException]) -> List[int]:
     """Ranks that failed to write (every rank learns it, so none commits alone)."""
-    if engine.world_size == 1:
+    if target.world_size == 1:
         return [0] if error is not None else []
-    flags: List[Optional[bool]] = [None] * engine.world_size
+    flags: List[Optional[bool]] = [None] * target.world_size
     comm.all_gather_object(flags, error is not None)
     return [r for r, failed in enumerate(flags) if failed]
 
 
 def save_checkpoint(
-    engine: "ZeroEngine",
+    target: CheckpointTarget,
     save_dir: str,
     tag: Optional[str] = None,
     client_state: Optional[dict] = None,
@@ -181,11 +168,12 @@ def save_checkpoint(
 ) -> bool:
     """See the module docstring. All ranks must call it; returns True."""
     client_state = _check_client_state(client_state)
-    tag = layout.check_tag(layout.default_tag(engine.global_steps) if tag is None else tag)
-    _check_node_local_storage(engine, save_dir)
-    _validate_tag(engine, tag)
-    stage = engine.zero_optimization_stage()
-    rank, dp_rank = engine.global_rank, comm.get_rank(engine.dp_process_group)
+    steps = target.counters.global_steps
+    tag = layout.check_tag(layout.default_tag(steps) if tag is None else tag)
+    _check_node_local_storage(target, save_dir)
+    _validate_tag(target, tag)
+    stage = target.stage
+    rank, dp_rank = target.global_rank, target.dp_rank
     staging = files.staging_dir(save_dir, tag)
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
@@ -195,24 +183,23 @@ def save_checkpoint(
 
     written: Dict[str, Dict[str, int]] = {}
     error: Optional[BaseException] = None
-    io = files.io_engine_for(engine)
+    io = files.io_engine_for(target)
     try:
+        part = stage.partition_layout()
         files.kill_point("before_model_states")
-        if stage == 3 or dp_rank == 0:
-            name = layout.model_states_name(stage, dp_rank)
+        if stage.sharded_weights or dp_rank == 0:
+            name = layout.model_states_name(dp_rank, stage.sharded_weights)
             written[name] = files.save_file(
-                model_states(engine, client_state, exclude_frozen_parameters),
+                model_states(target, client_state, exclude_frozen_parameters, part),
                 os.path.join(staging, name),
                 io,
             )
         files.kill_point("before_optim_states")
-        if stage > 0 and engine.optimizer is not None:
-            name = layout.optim_states_name(dp_rank, engine.bfloat16_enabled())
+        if part is not None and part.partitioned:
+            name = layout.optim_states_name(dp_rank, target.bf16)
             optim = {
-                "optimizer_state_dict": _cpu(
-                    engine.optimizer.state_dict(streamed=stream.AVAILABLE)
-                ),
-                "ds_config": engine.config,
+                "optimizer_state_dict": _cpu(stage.save_partition_state(streamed=stream.AVAILABLE)),
+                "ds_config": target.ds_config,
                 "ds_version": layout.DS_LAYOUT_VERSION,
             }
             files.kill_point("during_optim_states")
@@ -220,7 +207,7 @@ def save_checkpoint(
         files.kill_point("after_optim_states")
     except BaseException as exc:  # every rank must hear of it before anyone commits
         error = exc
-    failed = _all_ok(engine, error)
+    failed = _all_ok(target, error)
     if failed:
         if error is not None:
             raise error
@@ -230,8 +217,8 @@ def save_checkpoint(
             f"checkpoint is untouched"
         )
     manifests: List[Optional[dict]] = [written]
-    if engine.world_size > 1:
-        manifests = [None] * engine.world_size
+    if target.world_size > 1:
+        manifests = [None] * target.world_size
         comm.all_gather_object(manifests, written)
     error = None
     if rank == 0:
@@ -246,7 +233,7 @@ def save_checkpoint(
                 files.save_text(tag, os.path.join(save_dir, files.LATEST))
         except BaseException as exc:
             error = exc
-    if _all_ok(engine, error):
+    if _all_ok(target, error):
         if error is not None:
             raise error
         raise RuntimeError(

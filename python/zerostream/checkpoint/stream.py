@@ -47,6 +47,7 @@ try:
 except ImportError:  # older torch
     _ser_config = None
 
+from ..lazy_tensor import LazyTensor
 from ..offload.crc32c import crc32c, crc32c_at
 from ..offload.host_buffers import aligned_empty, populate
 from ..offload.io_engine import IoEngine
@@ -287,7 +288,7 @@ def _damaged(path: str, start: int, end: int, got: int, want: int) -> str:
 LAZY_BYTES = 1 << 20  # read_file(lazy=True) leaves contiguous tensors this big in the file
 
 
-class FileTensor:
+class FileTensor(LazyTensor):
     """A contiguous tensor whose bytes are still in a checkpoint file (read_file(lazy=True)):
     a consumer reads it piece by piece into its own memory (read_into), so a large state
     never sits whole in host memory beside its destination. Reads that cover it in order
@@ -299,12 +300,6 @@ class FileTensor:
         self._elem = torch.empty((), dtype=dtype).element_size()
         self._next = 0 if want is not None and want[0] == offset else -1
         self._crc = 0
-
-    def numel(self) -> int:
-        return self.shape.numel()
-
-    def dim(self) -> int:
-        return len(self.shape)
 
     def element_size(self) -> int:
         return self._elem
@@ -344,29 +339,6 @@ class FileTensor:
             if self._crc != self.want[2]:
                 start, end = self.want[0], self.want[1]
                 raise ChecksumError(_damaged(self.path, start, end, self._crc, self.want[2]))
-
-    def materialize(self) -> torch.Tensor:
-        return self.read_into(torch.empty(self.shape, dtype=self.dtype))
-
-
-def copy_into(dst: torch.Tensor, src: Any) -> torch.Tensor:
-    """dst.copy_(src) where src may be a FileTensor (read straight into dst); a tensor is
-    copied by element order (its shape may differ)."""
-    if isinstance(src, FileTensor):
-        return src.read_into(dst.view(-1) if dst.is_contiguous() else dst)
-    return dst.copy_(src.reshape(dst.shape))
-
-
-def materialize(obj: Any) -> Any:
-    """`obj` with every FileTensor read into an ordinary tensor."""
-    if isinstance(obj, FileTensor):
-        return obj.materialize()
-    if isinstance(obj, dict):
-        return type(obj)((k, materialize(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
-        items = [materialize(v) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    return obj
 
 
 def read_file(path: str, entry: Optional[dict], engine: "IoEngine", lazy: bool = False) -> Any:

@@ -68,17 +68,18 @@ def _numel(shape) -> int:
     return math.prod(shape)
 
 
-def _stage_of(sd: dict) -> Optional[int]:
-    """The ZeRO stage of an optimizer state; DeepSpeed's BF16_Optimizer saves none but has
-    stage 1's layout."""
+def _sharded(sd: dict) -> Optional[bool]:
+    """Whether an optimizer state is laid out sharded (ZeRO stage 3: per-rank model files,
+    partitions made of per-parameter shards) rather than flat (stages 1/2, and DeepSpeed's
+    BF16_Optimizer, which saves no stage); None when it is no ZeRO optimizer state."""
     if "zero_stage" in sd:
-        return int(sd["zero_stage"])
-    return 1 if "single_partition_of_fp32_groups" in sd else None
+        return int(sd["zero_stage"]) == 3
+    return False if "single_partition_of_fp32_groups" in sd else None
 
 
 def _fp32_partitions(optim: dict) -> List[torch.Tensor]:
     sd = optim["optimizer_state_dict"]
-    key = "fp32_flat_groups" if _stage_of(sd) == 3 else "single_partition_of_fp32_groups"
+    key = "fp32_flat_groups" if _sharded(sd) else "single_partition_of_fp32_groups"
     return list(sd[key])
 
 
@@ -93,8 +94,8 @@ def fp32_state_dict_of_dir(
     optim_files = _files(ds_dir, "_optim_states.pt")
     optims = [load(optim_files[0])]
     first = optims[0]["optimizer_state_dict"]
-    stage = _stage_of(first)
-    if stage is None:
+    sharded = _sharded(first)
+    if sharded is None:
         raise ValueError(f"{optim_files[0]} is not a ZeRO optimizer checkpoint")
     world = first["partition_count"]
     world = max(world) if isinstance(world, (list, tuple)) else int(world)
@@ -103,7 +104,7 @@ def fp32_state_dict_of_dir(
             f"Expected {world} of '*_optim_states.pt' under {ds_dir} but found "
             f"{len(optim_files)} files: a rank's save did not complete or files were removed"
         )
-    models = [load(f) for f in (model_files if stage == 3 else model_files[:1])]
+    models = [load(f) for f in (model_files if sharded else model_files[:1])]
     model = models[0]
     if "buffer_names" not in model:
         raise ValueError(f"{model_files[0]} is not a model-states checkpoint")
@@ -113,14 +114,14 @@ def fp32_state_dict_of_dir(
             out[name] = value.float() if value.is_floating_point() else value
     optims += [load(f) for f in optim_files[1:]]
     partitions = [_fp32_partitions(o) for o in optims]
-    if stage <= 2:
+    if not sharded:
         # DeepSpeed's parameter_alignment pads each parameter inside the flat group.
         pads = first.get("param_alignment_paddings")
         _merge_stage12(out, model, partitions, world, ds_dir, pads)
     else:
         _merge_stage3(out, model, partitions, world, ds_dir)
     if not exclude_frozen_parameters:
-        merge_frozen(out, models, stage, world)
+        merge_frozen(out, models, sharded, world)
     for alias, owner in model.get("shared_params", {}).items():
         if owner in out:
             out[alias] = out[owner]
@@ -163,12 +164,12 @@ def _merge_stage3(out, model, partitions, world, ds_dir) -> None:
         )
 
 
-def merge_frozen(out, models, stage, world) -> None:
-    """Adds the frozen params' whole values from the model-states dicts (stage 3: one per
-    rank, each holding its shard)."""
+def merge_frozen(out, models, sharded: bool, world) -> None:
+    """Adds the frozen params' whole values from the model-states dicts (`sharded`, stage 3:
+    one per rank, each holding its shard)."""
     shapes = models[0].get("frozen_param_shapes") or {}
     for name, shape in shapes.items():
-        if stage <= 2:
+        if not sharded:
             out[name] = models[0]["frozen_param_fragments"][name].float()
         else:
             frags = [m["frozen_param_fragments"][name].reshape(-1) for m in models]

@@ -1,5 +1,5 @@
 """Python side of the offload tiers. Host memory: host_buffers (aligned buffers, page-locked
 arenas, GPU registration), memory_preflight (what the process may still allocate). Files:
 io_engine (asynchronous reads and writes), swap_store (a rank's swap files), crc32c,
-fault_injection (test only), readable (a tensor still in a file). Above them: copy_stage,
+fault_injection (test only). Above them: copy_stage,
 optimizer_swap, param_swap, sinks."""

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, List
 import torch
 
 from .. import _C
+from ..lazy_tensor import LazyTensor
 from ..ops.adam import cpu_adam_step
 from ..ops.threads import ranks_on_this_host
 from . import sinks
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine, io_config_for
-from .readable import ReadableTensor
 from .swap_store import SwapStore
 
 if TYPE_CHECKING:
@@ -328,7 +328,7 @@ class SwappedAdam:
                 self._wait([self.store.read(3 * s.index + k, buf[:n])])
                 self.bytes_read += 4 * n
             piece = buf[a - s.lo : b - s.lo]
-            if isinstance(values, ReadableTensor):  # a checkpoint's FileTensor, piecewise
+            if isinstance(values, LazyTensor):  # a checkpoint's FileTensor, piecewise
                 values.read_into(piece, a - lo)
             else:
                 piece.copy_(values[a - lo : b - lo])
@@ -404,7 +404,7 @@ class SwappedAdam:
             ):
                 if values is None:
                     values = torch.zeros(self.numels[g])
-                elif not isinstance(values, ReadableTensor):
+                elif not isinstance(values, LazyTensor):
                     values = values.float().reshape(-1)
                 after = then if kind == "param" else None
                 self.write_state(g, 0, values, kind, after)

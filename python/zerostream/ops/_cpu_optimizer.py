@@ -19,8 +19,8 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 import torch
 
 from zerostream import _C
+from zerostream.lazy_tensor import LazyTensor
 from zerostream.offload.host_buffers import aligned_empty
-from zerostream.offload.readable import ReadableTensor
 from zerostream.ops.threads import optimizer_threads
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {
@@ -360,7 +360,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         for pid, p in zip(saved_ids, params):
             for key, value in state_dict["state"].get(pid, {}).items():
-                readable = isinstance(value, ReadableTensor)  # a checkpoint's FileTensor
+                readable = isinstance(value, LazyTensor)  # a checkpoint's FileTensor
                 if key == "step" or not (readable or torch.is_tensor(value)):
                     continue
                 dst = _reusable(previous.get(p, {}).get(key), value.shape)

@@ -10,7 +10,8 @@ import torch
 
 from .. import comm
 from ..precision import unscale_and_clip_coef
-from .protocol import StageContext, TrainingState
+from .checkpoint import WholeWeightsCheckpoint
+from .protocol import StageCheckpoint, StageContext, TrainingState
 from .skips import first_non_finite
 
 _NORM_CHUNK = 1 << 24  # elements squared at once: bounds the temporary of a huge partition
@@ -77,6 +78,12 @@ class ZeroOptimizerBase:
             with torch.no_grad():
                 for t in list(module.parameters()) + list(module.buffers()):
                     comm.broadcast(t.data, src, group=ctx.group)
+
+    @classmethod
+    def checkpointer(cls, module: torch.nn.Module, optimizer) -> StageCheckpoint:
+        """The stage's side of a checkpoint of `module` and `optimizer` (None: a run without
+        one), Note [Stage checkpoints]: the whole weights on every rank (stages 0-2)."""
+        return WholeWeightsCheckpoint(module, optimizer)
 
     def before_forward(self) -> None:
         pass

@@ -17,10 +17,11 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from ..lazy_tensor import copy_into, materialize
 from ..offload import sinks
 from ..ops._cpu_optimizer import COPY_DTYPES, CPUOptimizerBase
 from .base import ZeroOptimizerBase
-from .protocol import StageContext
+from .protocol import PartitionLayout, StageContext
 from .skips import first_non_finite
 
 
@@ -292,6 +293,20 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             return self.swapper.state_dict(streamed)
         return self.optimizer.state_dict()
 
+    def _layout(self, pieces: list, partition_count) -> PartitionLayout:
+        """partition_layout() of a partitioned stage, given its pieces."""
+        return PartitionLayout(
+            zero_stage=self.stage,
+            partitioned=True,
+            groups=self.bit16_groups,
+            param_groups=self.param_groups,
+            loss_scaler=self.loss_scaler.state_dict(),
+            fp32_masters=True,
+            numels=[sinks.numel(p) for p in self.local_partitions()],
+            pieces=pieces,
+            partition_count=partition_count,
+        )
+
     def _check_loadable(self, state: dict, stages: tuple) -> None:
         """Raises unless `state` was saved by one of `stages` with this world size."""
         if state.get("zero_stage") not in stages:
@@ -310,11 +325,9 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def _load_partitions(self, saved: List[torch.Tensor], inner: dict) -> None:
         """Restores the fp32 masters (`saved`, one flat partition per group; shorter ones are
         zero padded) and the inner optimizer state, and rewrites the 16-bit partitions.
-        Values may be checkpoint FileTensors (checkpoint/stream.py): the masters and, with
+        Values may be LazyTensors (lazy_tensor.py, a checkpoint's): the masters and, with
         offload_optimizer nvme, the moments are then read from the file straight into the
         host arena or sub-group by sub-group into the swap store, never whole in memory."""
-        from ..checkpoint import stream
-
         numels = [sinks.numel(p) for p in self.local_partitions()]
         if len(saved) != len(numels) or any(t.numel() > n for t, n in zip(saved, numels)):
             raise ValueError(
@@ -329,10 +342,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 )
                 return
             for m, t in zip(self.masters, saved):
-                stream.copy_into(m[: t.numel()], t)
+                copy_into(m[: t.numel()], t)
                 m[t.numel() :].zero_()
-            if not isinstance(self.optimizer, CPUOptimizerBase):  # it reads FileTensors itself
-                inner = stream.materialize(inner)
+            if not isinstance(self.optimizer, CPUOptimizerBase):  # it reads LazyTensors itself
+                inner = materialize(inner)
             self.optimizer.load_state_dict(inner)
             self._write_partitions(self.masters)
 

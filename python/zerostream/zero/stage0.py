@@ -13,7 +13,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from .. import comm
 from ..precision import DTYPES
 from .base import ZeroOptimizerBase
-from .protocol import StageContext
+from .protocol import PartitionLayout, StageContext
 
 
 class ReplicatedOptimizer(ZeroOptimizerBase):
@@ -148,6 +148,18 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
 
     def publish_loaded(self) -> None:
         """Nothing: every rank loaded whole weights."""
+
+    def partition_layout(self) -> PartitionLayout:
+        """Not partitioned: the whole state rides in the model-states file."""
+        params = iter(self.params)  # the inner groups hold them (or their masters) in order
+        return PartitionLayout(
+            zero_stage=0,
+            partitioned=False,
+            groups=[[next(params) for _ in g["params"]] for g in self.optimizer.param_groups],
+            param_groups=self.optimizer.param_groups,
+            loss_scaler=self.loss_scaler.state_dict(),
+            fp32_masters=self.masters is not None,
+        )
 
     def refresh_masters(self) -> None:
         """The fp32 masters from the weights (a checkpoint loaded without optimizer state)."""

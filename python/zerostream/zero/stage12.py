@@ -20,7 +20,7 @@ import torch
 from .. import comm
 from .flat import FlatGroup, ParamSlot
 from .grad_reduce import Stage1Reducer, Stage2Reducer
-from .protocol import StageContext
+from .protocol import PartitionLayout, StageContext
 from .sharded import ShardedOptimizerBase
 
 _REDUCERS = {1: Stage1Reducer, 2: Stage2Reducer}
@@ -149,6 +149,19 @@ class PartitionedOptimizer(ShardedOptimizerBase):
     def publish_loaded(self) -> None:
         """Every rank's whole 16-bit weights from the partitions just loaded (all-gather)."""
         self._publish()
+
+    def partition_layout(self) -> PartitionLayout:
+        """A group's partition is this rank's slice of the flat group (zero/flat.py), the
+        params' pieces consecutive in it."""
+        pieces = []
+        for flat in self.flat_groups:
+            owned = []
+            for i, slot in enumerate(flat.slots):
+                lo, hi = flat.overlap(slot)
+                if hi > lo:
+                    owned.append((i, lo, hi, slot.offset + lo - flat.partition_begin))
+            pieces.append(owned)
+        return self._layout(pieces, partition_count=[self.world] * len(self.flat_groups))
 
     def state_summary(self) -> dict:
         """Where this rank's state lives and what its reducer did (plain data)."""

@@ -18,9 +18,9 @@ import subprocess
 
 import pytest
 from ckpt_run import build, train
-from tiny_gpt import make_batches
 
 from multirank import run_ranks
+from tiny_gpt import make_batches
 
 CASE = (2, "cpu", "none", "fp32")
 
@@ -220,9 +220,9 @@ def disagree_on_tag(rank, world, root, mode):
     import logging
 
     from ckpt_run import config
-    from tiny_gpt import TinyGPT
 
     import zerostream
+    from tiny_gpt import TinyGPT
 
     cfg = config(CASE, world, root)
     cfg["checkpoint"] = {"tag_validation": mode}
@@ -241,7 +241,7 @@ def disagree_on_tag(rank, world, root, mode):
         else:  # Warn: the check alone (saving on would write two half checkpoints)
             from zerostream.checkpoint.save import _validate_tag
 
-            _validate_tag(engine, f"mine{rank}")
+            _validate_tag(engine._checkpoint_target(), f"mine{rank}")
     except ValueError as exc:
         outcome = str(exc)
     warnings = [r.getMessage() for r in records if "disagree" in r.getMessage()]
@@ -322,9 +322,9 @@ def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path, 
 def save_node_local(rank, world, root):
     import torch
     from ckpt_run import config
-    from tiny_gpt import TinyGPT
 
     import zerostream
+    from tiny_gpt import TinyGPT
 
     torch.manual_seed(0)
     model = TinyGPT()

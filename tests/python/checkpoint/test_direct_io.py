@@ -120,7 +120,7 @@ def _save_and_load(rank, world, root):
         "in_place": in_place,
         "moments_equal": len(loaded) == 2 and all(map(torch.equal, saved, loaded)),
         "weights_equal": same_tensors(weights, want),
-        "bounce_buffers": files.io_engine_for(fresh).bounce_buffers,
+        "bounce_buffers": files.io_engine_for(fresh._checkpoint_target()).bounce_buffers,
     }
 
 

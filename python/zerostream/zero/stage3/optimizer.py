@@ -19,9 +19,10 @@ import torch
 from ... import comm
 from ...offload.copy_stage import CopyMeter
 from ...offload.param_swap import ParamSwapper, ShardSink
-from ..protocol import StageContext
+from ..protocol import PartitionLayout, StageCheckpoint, StageContext
 from ..sharded import ShardedOptimizerBase
 from . import hooks
+from .checkpoint import Stage3Checkpoint
 from .coordinator import ParamCoordinator
 from .param import ShardState, ZeroParam, zero_param_of
 from .partitioner import Partitioner
@@ -145,6 +146,11 @@ class Stage3Optimizer(ShardedOptimizerBase):
         for b in module.buffers():
             b.data = b.data.to(ctx.device)
         ctx.module_state = Stage3Runtime(module, part, ParamCoordinator(part, zero))
+
+    @classmethod
+    def checkpointer(cls, module: torch.nn.Module, optimizer) -> StageCheckpoint:
+        """Sharded weights (zero/stage3/checkpoint.py), with or without an optimizer."""
+        return Stage3Checkpoint(module, runtime_of(module), optimizer)
 
     def __init__(
         self, ctx: StageContext, param_groups: List[dict], make_optimizer, make_swapped=None
@@ -296,6 +302,20 @@ class Stage3Optimizer(ShardedOptimizerBase):
     def publish_loaded(self) -> None:
         """Gathered copies (persistent params) re-gathered from the loaded shards."""
         self.runtime.publish_loaded()
+
+    def partition_layout(self) -> PartitionLayout:
+        """A group's partition is its params' shards, ceil(numel/world) elements each (the
+        last rank's padded), concatenated in group order."""
+        pieces = []
+        for zps in self.groups:
+            owned, at = [], 0
+            for i, zp in enumerate(zps):
+                first = zp.rank * zp.shard_numel
+                if zp.shard_valid > 0:
+                    owned.append((i, first, first + zp.shard_valid, at))
+                at += zp.shard_numel
+            pieces.append(owned)
+        return self._layout(pieces, partition_count=self.world)
 
     def state_summary(self) -> dict:
         return {
