@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from zerostream import _C
-from zerostream.bench import remember, stdout_to_stderr
+from zerostream.bench import deepspeed_unavailable, remember, stdout_to_stderr
 from zerostream.bench.optim_model import MODELS, print_model_table, run_model
 from zerostream.ops.adagrad import cpu_adagrad_step
 from zerostream.ops.adam import cpu_adam_step
@@ -254,6 +254,8 @@ def _torch_equivalent(args, param, opt, buf: _Buffers) -> Optional[_Peer]:
 
 def _deepspeed_peer(args, numel: int, buf: _Buffers) -> Optional[_Peer]:
     if args.optimizer not in ("adam", "adamw"):
+        return None
+    if deepspeed_unavailable() is not None:  # absent, or zerostream's compatibility package
         return None
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # type: ignore

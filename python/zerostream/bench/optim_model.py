@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from zerostream.bench import deepspeed_unavailable
 from zerostream.ops.adam import DeepSpeedCPUAdam
 from zerostream.ops.threads import optimizer_threads
 
@@ -81,13 +82,15 @@ def _peers(args, shapes) -> List[Tuple[str, torch.optim.Optimizer]]:
                 torch_cls(_params(shapes), foreach=True, **kw),
             )
         )
+    if deepspeed_unavailable() is not None:  # absent, or zerostream's compatibility package
+        return peers
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam as DSCPUAdam  # type: ignore
 
         peers.append(
             ("deepspeed DeepSpeedCPUAdam", DSCPUAdam(_params(shapes), adamw_mode=adamw, **kw))
         )
-    except Exception:  # not installed, or its op fails to build: reported as absent
+    except Exception:  # its op fails to build: reported as absent
         pass
     return peers
 
