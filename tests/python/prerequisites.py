@@ -3,6 +3,7 @@ compatibility corpus, transformers), and what a test does when it is missing: on
 developer's machine it skips, saying why; in CI (CI=true, and always under scripts/test.sh,
 which sets everything up) it fails, so a tier cannot switch itself off unnoticed."""
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -28,6 +29,7 @@ def missing(reason: str, allow_module_level: bool = False) -> NoReturn:
     pytest.skip(reason, allow_module_level=allow_module_level)
 
 
+@functools.lru_cache(maxsize=None)  # one probe (an import of DeepSpeed, seconds) a session
 def deepspeed_python() -> Optional[str]:
     """An interpreter that imports DeepSpeed itself (never the compatibility package), or
     None."""
