@@ -26,8 +26,8 @@ echo "[lint] clang-format $(clang-format-14 --version | grep -o '[0-9][0-9.]*' |
 # --Werror makes "would reformat" fail; each place that would change is printed.
 cxx_sources | xargs -0 clang-format-14 --dry-run --Werror || status=1
 echo "[lint] $("$ruff" --version)"
-"$ruff" check python tests examples benchmarks || status=1
-"$ruff" format --check python tests examples benchmarks || status=1
+"$ruff" check --no-cache python tests examples benchmarks || status=1
+"$ruff" format --no-cache --check python tests examples benchmarks || status=1
 
 if [ "$status" -ne 0 ]; then
   cat >&2 <<MSG

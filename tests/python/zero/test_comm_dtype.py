@@ -12,8 +12,8 @@ average; with "sum", g_0 + g_1 (and its norm), for every stage that allows it.
 
 import pytest
 import torch
-from mlp import MLP
 
+from mlp import MLP
 from multirank import run_ranks
 
 STAGES = (0, 1, 2, 3)

@@ -4,9 +4,9 @@ engine is built directly from a loaded config."""
 
 import pytest
 import torch
-from mlp import MLP
 
 import zerostream
+from mlp import MLP
 from zerostream.config import load
 from zerostream.engine import ZeroEngine
 from zerostream.optim_factory import ZeRORuntimeException

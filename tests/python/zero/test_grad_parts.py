@@ -11,9 +11,9 @@ after the first backward (`safe_get_full_grad`), the losses and the final weight
 import pytest
 import torch
 from test_parity import GLOBAL_BATCH, adamw_config, assert_matches_reference, reference
-from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
+from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 3
 MODEL = dict(checkpoint="reentrant", reuse=True)

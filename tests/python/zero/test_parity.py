@@ -15,9 +15,9 @@ import shutil
 
 import pytest
 import torch
-from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
+from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
 GLOBAL_BATCH = 16

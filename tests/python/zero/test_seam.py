@@ -5,8 +5,8 @@ import copy
 
 import pytest
 import torch
-from mlp import MLP
 
+from mlp import MLP
 from zerostream import _C
 from zerostream.config import load
 from zerostream.precision import make_loss_scaler

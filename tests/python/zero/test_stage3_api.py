@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
+from tiny_gpt import TinyGPT, make_batches
 
 
 class Reinit(nn.Module):

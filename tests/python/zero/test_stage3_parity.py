@@ -25,9 +25,9 @@ from test_parity import (
     read_extent,
     reference,
 )
-from tiny_gpt import TinyGPT, make_batches
 
 from multirank import run_ranks
+from tiny_gpt import TinyGPT, make_batches
 
 MAX_LIVE = 6000  # elements: below the model's size, above its largest module (4096 + 128)
 CASES = [
