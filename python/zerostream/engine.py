@@ -445,31 +445,12 @@ class ZeroEngine(torch.nn.Module):
 
     def empty_partition_cache(self) -> None:
         """Stage 3: releases every gathered parameter that is not persistent."""
-        from .zero.stage3.optimizer import runtime_of
-
-        runtime = runtime_of(self.module)
-        if runtime is not None:
-            runtime.part.release_all()
+        stage_class(self._config.zero_stage).release_gathered(self.module)
 
     def destroy(self) -> None:
         """Ends the engine: stage 3's module hooks go (parameters stay partitioned) and the
         swap files of NVMe offload are deleted, their directories given up."""
-        from .zero.stage3.optimizer import runtime_of
-
-        runtime = runtime_of(self.module)
-        # Copies in flight read and write host memory that goes with the engine.
-        stage = getattr(self.optimizer, "copy_stage", None)
-        if stage is not None:
-            stage.drain()
-        if runtime is not None:
-            runtime.part.release_all()
-            runtime.part.settle_uploads()
-            runtime.detach()
-            if runtime.part.swapper is not None:
-                runtime.part.swapper.close()
-        swapper = getattr(self.optimizer, "swapper", None)
-        if swapper is not None:
-            swapper.close()
+        stage_class(self._config.zero_stage).close(self.module, self.optimizer)
 
     def compile(self, backend=None, compile_kwargs=None, **kwargs) -> None:
         """DeepSpeed's engine.compile (Accelerate calls it when a dynamo backend is set);

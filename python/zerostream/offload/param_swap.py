@@ -24,7 +24,7 @@ import torch
 
 from ..ops.threads import ranks_on_this_host
 from ..telemetry import NULL_TELEMETRY
-from ..zero.stage3.param import ZeroParam
+from ..zero.stage3.param import ShardHome, ZeroParam
 from .copy_stage import to_device
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine
@@ -174,14 +174,14 @@ class ParamSwapper:
         start, before = time.perf_counter(), self.bytes_read
         for zp, off in zip(zps, offsets):
             buf = None
-            if zp.shard is None:
+            if zp.on_nvme:
                 self._ensure_arena(zp.shard_numel, zp.dtype)
                 if uploads is not None:
                     uploads.release_held()  # buffers whose uploads completed are free again
                 buf = self.arena.try_empty(zp.shard_numel, zp.dtype)
             if buf is None:
                 later.append((zp, off))
-                self.deferred_reads += zp.shard is None
+                self.deferred_reads += zp.on_nvme
                 continue
             ahead.append((zp, off, buf, self.store.read(zp.ds_id, buf)))
             self.reads += 1
@@ -201,12 +201,12 @@ class ParamSwapper:
             self._in_cpu.add(zp.ds_id)
             return False
         self._write_extent(zp, values)
-        zp.set_home_nvme()
+        zp.move_shard(ShardHome.NVME)
         return True
 
     def write(self, zp: ZeroParam, values: torch.Tensor) -> None:
         """Writes `values` (one shard) as `zp`'s shard, wherever that lives."""
-        if zp.shard is not None:
+        if not zp.on_nvme:
             with torch.no_grad():
                 zp.shard.copy_(values)
             return
@@ -241,7 +241,7 @@ class ParamSwapper:
         pending = []
         start, before = time.perf_counter(), self.bytes_read
         for zp, off in zip(zps, offsets):
-            if zp.shard is not None:
+            if not zp.on_nvme:
                 to_device(uploads, zp.shard, send[off : off + zp.shard_numel])
                 continue
             buf = self._host(zp.shard_numel, zp.dtype, uploads)
@@ -269,7 +269,7 @@ class ParamSwapper:
 
     def read(self, zp: ZeroParam) -> torch.Tensor:
         """One shard as a host tensor (a copy of it for host-resident shards)."""
-        if zp.shard is not None:
+        if not zp.on_nvme:
             return zp.shard.clone()
         out = torch.empty(zp.shard_numel, dtype=zp.dtype)
         self.read_into([zp], out, [0])

@@ -85,6 +85,20 @@ class ZeroOptimizerBase:
         one), Note [Stage checkpoints]: the whole weights on every rank (stages 0-2)."""
         return WholeWeightsCheckpoint(module, optimizer)
 
+    @classmethod
+    def release_gathered(cls, module: torch.nn.Module) -> None:
+        """Frees every gathered full parameter that is not persistent (stage 3's
+        empty_partition_cache); below stage 3 parameters are whole and nothing is gathered."""
+
+    @classmethod
+    def close(cls, module: torch.nn.Module, optimizer) -> None:
+        """Ends the stage (engine.destroy): copies in flight finish, swap files go."""
+        if optimizer is not None:
+            optimizer.close_state()
+
+    def close_state(self) -> None:
+        """The optimizer's side of close(): nothing to end without offload."""
+
     def before_forward(self) -> None:
         pass
 

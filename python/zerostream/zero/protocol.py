@@ -11,7 +11,9 @@ Note [Stage seam]
   optimizer is built, because where parameters live is the stage's decision (under
   zero.Init they arrive already partitioned). state_dict()/load_state_dict() carry the
   optimizer side of a checkpoint and partition_layout() says how it is cut (Note [Stage
-  checkpoints]); state_summary() is what tests and tools may inspect.
+  checkpoints]); state_summary() is what tests and tools may inspect. release_gathered()
+  (engine.empty_partition_cache) and close() (engine.destroy) are the stage's too, so the
+  engine never reaches into a stage's runtime.
   The phase (TrainingState) is kept apart from where bytes live (the stage's own state).
 
 Note [Stage checkpoints]
@@ -136,6 +138,14 @@ class ZeroOptimizer(Protocol):
     def checkpointer(cls, module: torch.nn.Module, optimizer) -> "StageCheckpoint":
         """The stage's side of a checkpoint (Note [Stage checkpoints]); `optimizer` is None in
         a run without one."""
+
+    @classmethod
+    def release_gathered(cls, module: torch.nn.Module) -> None:
+        """Frees every gathered full parameter that is not persistent (stage 3)."""
+
+    @classmethod
+    def close(cls, module: torch.nn.Module, optimizer) -> None:
+        """Ends the stage: copies in flight finish, module hooks go, swap files are deleted."""
 
     def before_forward(self) -> None: ...
 

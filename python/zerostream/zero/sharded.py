@@ -179,6 +179,14 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self._update(factor / divisor)
         return factor is not None
 
+    def close_state(self) -> None:
+        """Copies in flight read and write host memory that goes with the engine: they finish
+        first; then the optimizer state's swap files (offload_optimizer nvme) are deleted."""
+        if self.copy_stage is not None:
+            self.copy_stage.drain()
+        if self.swapper is not None:
+            self.swapper.close()
+
     def _update(self, factor: float) -> None:
         """Steps this rank's partitions and writes them into the 16-bit partitions; with the
         copy stage, piece by piece, each piece's upload crossing while the next is stepped."""

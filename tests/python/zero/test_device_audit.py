@@ -440,7 +440,7 @@ def test_nvme_staging_returns_to_the_arena_without_a_host_wait(tmp_path):
     values = [torch.randn(1024) for _ in range(5)]
     zps = []
     for i, v in enumerate(values):
-        zp = ZeroParam(torch.nn.Parameter(v.clone()), 9000 + i, None, 1, 0, torch.device("cpu"))
+        zp = ZeroParam(torch.nn.Parameter(v.clone()), 9000 + i, 1, 0, torch.device("cpu"))
         assert swapper.home(zp, v.clone())  # on disk now
         zps.append(zp)
 

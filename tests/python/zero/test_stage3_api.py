@@ -371,7 +371,9 @@ def external_worker(rank, world):
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))
-    external = list(engine.module.__dict__.get("_zs_external_params", {}).values())
+    from zerostream.zero.stage3.module_state import external_params
+
+    external = external_params(engine.module)
     return losses, _gathered(engine.module), len(external), optimizer.state_summary()["trace"]
 
 

@@ -99,7 +99,7 @@ def hf_worker(rank, world, kind, offload_param, offload_opt, nvme):
         torch.distributed.all_reduce(total)
         losses.append(float(total) / world)
     summary = optimizer.state_summary()
-    on_disk = sum(1 for p in model.parameters() if p._zs.shard is None)
+    on_disk = sum(1 for p in model.parameters() if p._zs.on_nvme)
     return initial, losses, tied, summary["params"], summary["trace"], on_disk
 
 

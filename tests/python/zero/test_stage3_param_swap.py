@@ -141,7 +141,7 @@ def max_in_cpu_worker(rank, world, nvme):
     engine.backward(loss)
     engine.step()
     swapper = model.layers[0].weight._zs.partitioner.swapper
-    in_memory = [layer.weight._zs.shard is not None for layer in model.layers]
+    in_memory = [not layer.weight._zs.on_nvme for layer in model.layers]
     return swapper.in_cpu_numel, in_memory, swapper.stats()["bytes_written"]
 
 

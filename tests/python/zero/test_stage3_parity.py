@@ -99,7 +99,7 @@ def mechanism_after_step(engine, optimizer, world) -> list:
             wrong.append(f"{name} is not a ZeRO-3 param")
             continue
         expected = math.ceil(p.ds_numel / world)
-        if p.ds_tensor.numel() not in (expected, 0 if p._zs.shard is None else expected):
+        if p.ds_tensor.numel() not in (expected, 0 if p._zs.on_nvme else expected):
             wrong.append(f"{name}: shard of {p.ds_tensor.numel()} elements")
         if not p.ds_persist and p.numel() != 0:
             wrong.append(f"{name}: still gathered after the step ({p.numel()} elements)")
@@ -123,7 +123,7 @@ def param_bytes_on_disk(module, summary) -> dict:
     swapped = matches = 0
     for p in module.parameters():
         zp = p._zs
-        if zp.shard is not None:
+        if not zp.on_nvme:
             continue
         swapped += 1
         path, offset, _ = zp.partitioner.swapper.extent_of(zp)

@@ -37,7 +37,7 @@ class Stage3Checkpoint(StageCheckpointBase):
             zp = zero_param_of(p)
             if zp is None:
                 out[name] = p.detach()
-            elif zp.shard is None:  # offload_param nvme: the shard is read back from disk
+            elif zp.on_nvme:  # offload_param nvme: the shard is read back from disk
                 out[name] = zp.partitioner.swapper.read(zp)
             else:
                 out[name] = zp.shard.detach()
@@ -124,7 +124,7 @@ class Stage3Checkpoint(StageCheckpointBase):
                 continue
             values = fragment.reshape(-1)
             with torch.no_grad():
-                if zp.shard is None:
+                if zp.on_nvme:
                     zp.partitioner.swapper.write(zp, values.to(zp.dtype))
                 else:
                     zp.shard.copy_(values)

@@ -15,6 +15,17 @@ Note [Stage-3 trace]
   it; in backward a parameter is released once its gradient is final (the optimizer's
   gradient hook) or at the end of backward, never by a forward that autograd re-runs
   (activation checkpointing recomputes forward inside backward).
+
+Note [Stage-3 phases]
+  The coordinator knows which part of the step runs from its own hooks, not from autograd's
+  internals: a module's forward outside backward is FORWARD; the first hook of a backward
+  (a module output's gradient, a param's final gradient, or the engine's run_backward
+  phase seen by a forward hook) opens the backward, and from then until autograd's queued
+  end-of-backward callback a module's backward gathering is PRE_BACKWARD, a gradient
+  landing POST_BACKWARD, and any forward is a RECOMPUTE (activation checkpointing), whose
+  params stay gathered for the backward that follows. `_enter` is the one place the phase
+  changes and refuses a transition _ENTERED_FROM does not allow: a RECOMPUTE outside
+  backward, or a FORWARD inside it, is a bug of this file, never silently wrong releases.
 """
 
 from __future__ import annotations
@@ -28,22 +39,39 @@ import torch
 
 from ... import _C, comm
 from ...offload.host_buffers import arena_bytes
+from ..protocol import TrainingState
+from .module_state import external_params, register_external_parameter
 from .param import ShardState, ZeroParam, unique_zero_params, zero_param_of
 from .partitioner import Partitioner
 
 logger = logging.getLogger("zerostream")
 
 
-def in_backward() -> bool:
-    """True while autograd's engine runs (a backward pass, or forward re-run inside one)."""
-    return torch._C._current_graph_task_id() != -1
+class Phase(enum.Enum):
+    """Which part of a step the coordinator's hooks are in (Note [Stage-3 phases])."""
+
+    IDLE = "idle"  # no module runs
+    FORWARD = "forward"  # modules run forward, outside backward
+    PRE_BACKWARD = "pre_backward"  # in backward: a module's params gathered for its backward
+    RECOMPUTE = "recompute"  # in backward: a forward re-run by activation checkpointing
+    POST_BACKWARD = "post_backward"  # in backward: gradients final, params being released
+
+
+_BACKWARD = {Phase.PRE_BACKWARD, Phase.RECOMPUTE, Phase.POST_BACKWARD}
+# The phases each phase may be entered from.
+_ENTERED_FROM = {
+    Phase.IDLE: set(Phase),
+    Phase.FORWARD: {Phase.IDLE, Phase.FORWARD},
+    Phase.RECOMPUTE: _BACKWARD,
+    Phase.PRE_BACKWARD: set(Phase),  # the backward opens (from any phase) or goes on
+    Phase.POST_BACKWARD: _BACKWARD,
+}
 
 
 def module_params(module: torch.nn.Module) -> List[ZeroParam]:
     """The ZeRO-3 params a module's forward uses: its own (not its children's) and the
     external ones registered with zero.register_external_parameter."""
-    external = module.__dict__.get("_zs_external_params", {}).values()
-    return unique_zero_params(list(module._parameters.values()) + list(external))
+    return unique_zero_params(list(module._parameters.values()) + external_params(module))
 
 
 def _peak_read_ahead(trace: "Trace") -> int:
@@ -56,7 +84,7 @@ def _peak_read_ahead(trace: "Trace") -> int:
     for (_, ids), planned in zip(trace.events, trace.plan):
         needed = set(ids)
         pending = [(group, nbytes) for group, nbytes in pending if not group & needed]
-        on_disk = [zp for zp in planned.prefetch if zp.shard is None]
+        on_disk = [zp for zp in planned.prefetch if zp.on_nvme]
         if on_disk:
             nbytes = sum(arena_bytes(zp.shard_numel * zp.dtype.itemsize) for zp in on_disk)
             pending.append(({zp.ds_id for zp in planned.prefetch}, nbytes))
@@ -95,8 +123,9 @@ class Trace:
 class ParamCoordinator:
     """Gathers, prefetches and releases stage-3 params around module invocations."""
 
-    def __init__(self, partitioner: Partitioner, zero=None, tracing: bool = True):
+    def __init__(self, partitioner: Partitioner, zero=None, tracing: bool = True, run=None):
         self.part = partitioner
+        self.run = run  # the engine's protocol.RunState (None under zero.Init alone)
         self.tracing = tracing
         self.prefetch_bucket_size = zero.stage3_prefetch_bucket_size if zero else 0
         if zero is not None and zero.stage3_allgather_sequential:
@@ -108,7 +137,7 @@ class ParamCoordinator:
         self.trace: Optional[Trace] = None
         self.pos = 0
         self.frames: List[Tuple[torch.nn.Module, Optional[PlannedEvent], List[ZeroParam]]] = []
-        self.backward_open = False
+        self.phase = Phase.IDLE
         self.invalidations = 0
         self.externals_found = False  # a forward read another module's param (access())
         self.prefetched_numel = 0
@@ -128,7 +157,8 @@ class ParamCoordinator:
         self._finish_trace()
         for zp in self.part.params.values():
             zp.users = 0
-        self.frames.clear()
+        self.frames.clear()  # forwards an exception abandoned
+        self._enter(Phase.IDLE)
         if not self.tracing:
             return
         trace = self.traces.setdefault(key, Trace(key))
@@ -247,12 +277,38 @@ class ParamCoordinator:
         return planned, zps
 
     # --- forward ---------------------------------------------------------------------------------
+    # --- phases (Note [Stage-3 phases]) ---------------------------------------------------------
+    def _enter(self, phase: Phase) -> None:
+        if self.phase not in _ENTERED_FROM[phase]:
+            raise RuntimeError(
+                f"ZeRO-3 coordinator: {phase.value} cannot follow {self.phase.value} "
+                f"(Note [Stage-3 phases])"
+            )
+        self.phase = phase
+
+    @property
+    def in_backward(self) -> bool:
+        return self.phase in _BACKWARD
+
+    def _open_backward(self) -> None:
+        """The first hook of a backward enters it: end_backward is queued to run when
+        autograd ends."""
+        if not self.in_backward:
+            torch.autograd.Variable._execution_engine.queue_callback(self.end_backward)
+            self._enter(Phase.PRE_BACKWARD)
+
     def pre_forward(self, module: torch.nn.Module) -> None:
+        engine_backward = self.run is not None and self.run.state is TrainingState.BACKWARD
+        if self.in_backward or engine_backward:
+            self._open_backward()
+            self._enter(Phase.RECOMPUTE)
+        else:
+            self._enter(Phase.FORWARD)
         planned, zps = self.fetch(module)
         for zp in zps:
             zp.users += 1
         self.frames.append((module, planned, zps))
-        if not in_backward():
+        if self.phase is Phase.FORWARD:
             self.forward_peak_live = max(self.forward_peak_live, self.part.live_numel)
 
     def post_forward(self, module: torch.nn.Module) -> None:
@@ -268,8 +324,14 @@ class ParamCoordinator:
         while len(self.frames) > depth:
             self._pop_frame()
         planned, zps = self._pop_frame()
-        if in_backward():
+        if self.phase is Phase.RECOMPUTE:
             return  # a forward re-run by activation checkpointing: backward needs them
+        if self.phase is not Phase.FORWARD:
+            raise RuntimeError(
+                f"ZeRO-3: forward of {type(module).__name__} ended during {self.phase.value}"
+            )
+        if not self.frames:
+            self._enter(Phase.IDLE)
         candidates = planned.release if planned is not None else zps
         for zp in candidates:
             self.part.release(zp)
@@ -287,8 +349,6 @@ class ParamCoordinator:
         zp = zero_param_of(param)
         if zp is None or zp.state is ShardState.GATHERED:
             return
-        from .. import register_external_parameter
-
         module, planned, zps = self.frames[-1]
         register_external_parameter(module, param)
         self.externals_found = True
@@ -300,9 +360,8 @@ class ParamCoordinator:
     # --- backward --------------------------------------------------------------------------------
     def pre_backward(self, module: torch.nn.Module) -> None:
         """The gradient of one of `module`'s outputs exists: its backward runs next."""
-        if not self.backward_open:
-            self.backward_open = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.end_backward)
+        self._open_backward()
+        self._enter(Phase.PRE_BACKWARD)
         self.fetch(module)
         self.backward_peak_live = max(self.backward_peak_live, self.part.live_numel)
 
@@ -318,6 +377,8 @@ class ParamCoordinator:
         hold a frozen weight has run. The trained ones are released by after_grad, which for
         a node computing both runs first (autograd runs gradient accumulation first); if one
         is still gathered, the frozen ones wait for the end of backward."""
+        self._open_backward()
+        self._enter(Phase.POST_BACKWARD)
         zps = module_params(module)
         if any(
             zp.param.requires_grad and not zp.persist and zp.state is not ShardState.SHARDED
@@ -331,13 +392,15 @@ class ParamCoordinator:
     def after_grad(self, zp: ZeroParam) -> None:
         """`zp`'s gradient is final for this backward: its full tensor is not needed again
         unless another module also uses it (tied weights wait for the end of backward)."""
+        self._open_backward()
+        self._enter(Phase.POST_BACKWARD)
         if zp.modules <= 1:
             self.part.release(zp)
 
     def end_backward(self) -> None:
         """No module runs now: forwards abandoned inside backward are closed, and every
         param that is not persistent is released."""
-        self.backward_open = False
+        self._enter(Phase.IDLE)
         while self.frames:
             self._pop_frame()
         self.part.release_all()

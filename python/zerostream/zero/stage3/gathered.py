@@ -9,6 +9,7 @@ from typing import Dict, List
 import torch
 
 from ... import comm
+from .module_state import register_external_parameter
 from .param import ShardState, ZeroParam, unique_zero_params
 from .partitioner import Partitioner
 
@@ -32,8 +33,6 @@ class GatheredParameters(contextlib.ContextDecorator):
         self.enabled = bool(enabled) and bool(self.zps)
         self.modifier_rank = modifier_rank
         if self.enabled and fwd_module is not None:
-            from .. import register_external_parameter
-
             for zp in self.zps:
                 register_external_parameter(fwd_module, zp.param)
         self._was: Dict[int, ShardState] = {}

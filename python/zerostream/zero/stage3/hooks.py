@@ -22,6 +22,7 @@ from typing import Iterator, List
 import torch
 
 from .coordinator import ParamCoordinator, module_params
+from .module_state import ensure_state, state_of
 
 
 def _pre_forward(coord: ParamCoordinator, module: torch.nn.Module, args, kwargs):
@@ -126,7 +127,10 @@ def install(modules, coord: ParamCoordinator) -> List:
     for m in modules:
         for zp in module_params(m):
             zp.modules += 1
-        m.__dict__["_parameters"] = _WatchedParams(m._parameters, coord)
+        state = ensure_state(m)
+        if state.original_params is None:
+            state.original_params = m._parameters
+        m.__dict__["_parameters"] = _WatchedParams(m._parameters, coord)  # a copy, as it is now
         handles.append(
             m.register_forward_pre_hook(functools.partial(_pre_forward, coord), with_kwargs=True)
         )
@@ -138,7 +142,12 @@ def remove(modules, handles: List) -> None:
     for h in handles:
         h.remove()
     for m in modules:
-        if isinstance(m._parameters, _WatchedParams):
-            m.__dict__["_parameters"] = dict(m._parameters)
+        state = state_of(m)
+        if state is not None and state.original_params is not None:
+            # The watched dict is a copy: params registered since then go back too.
+            state.original_params.clear()
+            state.original_params.update(dict.items(m._parameters))
+            m.__dict__["_parameters"] = state.original_params
+            state.original_params = None
         for zp in module_params(m):
             zp.modules = 0

@@ -25,6 +25,7 @@ from ... import comm
 from . import hooks
 from .coordinator import ParamCoordinator
 from .gathered import GatheredParameters
+from .module_state import ensure_state
 from .partitioner import Partitioner
 
 
@@ -150,8 +151,9 @@ class Init(contextlib.ContextDecorator):
         """Partitions the params `module` created and hooks it for on-demand gathers."""
         fresh = [p for p in module._parameters.values() if p is not None]
         self.part.partition(fresh)
-        if "_zs_init_hooks" not in module.__dict__:
-            module.__dict__["_zs_init_hooks"] = hooks.install([module], self.coord)
+        state = ensure_state(module)
+        if not state.init_hooks:
+            state.init_hooks = hooks.install([module], self.coord)
 
     def _wrap_init(self, cls) -> None:
         if "__init__" not in cls.__dict__ or getattr(cls.__init__, "_zs_wrapped", False):

@@ -24,7 +24,8 @@ from ..sharded import ShardedOptimizerBase
 from . import hooks
 from .checkpoint import Stage3Checkpoint
 from .coordinator import ParamCoordinator
-from .param import ShardState, ZeroParam, zero_param_of
+from .module_state import ensure_state, runtime_of, state_of
+from .param import ShardHome, ShardState, ZeroParam, zero_param_of
 from .partitioner import Partitioner
 from .reduce import Stage3Reducer
 
@@ -35,7 +36,7 @@ class Stage3Runtime:
     def __init__(self, root: torch.nn.Module, part: Partitioner, coord: ParamCoordinator):
         self.root, self.part, self.coord = root, part, coord
         self.handles = hooks.install(root.modules(), coord)
-        root.__dict__["_zs_stage3"] = self
+        ensure_state(root).runtime = self
 
     def publish_loaded(self) -> None:
         """After a load rewrote the shards: nothing stays gathered from before it, and the
@@ -43,18 +44,26 @@ class Stage3Runtime:
         self.part.release_all()
         self.part.refresh_gathered()
 
-    def detach(self) -> None:
+    def close(self) -> None:
+        """Nothing left gathered or uploading, the hooks removed, the param swap files gone."""
+        self.part.release_all()
+        self.part.settle_uploads()
         hooks.remove(self.root.modules(), self.handles)
         self.handles = []
-        self.root.__dict__.pop("_zs_stage3", None)
+        ensure_state(self.root).runtime = None
+        if self.part.swapper is not None:
+            self.part.swapper.close()
 
 
 def _adopt_init_params(module: torch.nn.Module, part: Partitioner, ctx: StageContext) -> None:
     """Takes over params zero.Init partitioned: same group size required; their Init-time
     hooks give way to the engine's."""
     for m in module.modules():
-        for h in m.__dict__.pop("_zs_init_hooks", []):
-            h.remove()
+        state = state_of(m)
+        if state is not None:
+            for h in state.init_hooks:
+                h.remove()
+            state.init_hooks = []
     for name, p in module.named_parameters():
         zp = zero_param_of(p)
         if zp is None:
@@ -81,11 +90,13 @@ def _adopt_init_params(module: torch.nn.Module, part: Partitioner, ctx: StageCon
 def _move_shard(zp: ZeroParam, part: Partitioner) -> None:
     """Puts an adopted param's shard where this run's offload_param says."""
     source = zp.partitioner.swapper if zp.partitioner is not None else None
-    if zp.shard is None and source is not part.swapper:
-        zp.set_shard(source.read(zp).to(part.shard_device()))
-    elif zp.shard is not None and zp.shard.device != part.shard_device():
-        zp.set_shard(zp.shard.to(part.shard_device()))
-    if zp.shard is not None and part.swapper is not None and not zp.persist:
+    if zp.on_nvme and source is not part.swapper:
+        zp.move_shard(part.new_shard_home(), source.read(zp).to(part.shard_device()))
+    elif not zp.on_nvme:
+        on_device = zp.home is ShardHome.DEVICE
+        if on_device != (part.new_shard_home() is ShardHome.DEVICE):  # offload_param changed
+            zp.move_shard(part.new_shard_home(), zp.shard.to(part.shard_device()))
+    if not zp.on_nvme and part.swapper is not None and not zp.persist:
         part.swapper.home(zp, zp.shard)
 
 
@@ -145,7 +156,25 @@ class Stage3Optimizer(ShardedOptimizerBase):
         part.partition(module.parameters())
         for b in module.buffers():
             b.data = b.data.to(ctx.device)
-        ctx.module_state = Stage3Runtime(module, part, ParamCoordinator(part, zero))
+        ctx.module_state = Stage3Runtime(module, part, ParamCoordinator(part, zero, run=ctx.run))
+
+    @classmethod
+    def release_gathered(cls, module: torch.nn.Module) -> None:
+        runtime = runtime_of(module)
+        if runtime is not None:
+            runtime.part.release_all()
+
+    @classmethod
+    def close(cls, module: torch.nn.Module, optimizer) -> None:
+        """Copies in flight finish, the module hooks go (params stay partitioned), and the
+        swap files of the params and of the optimizer state are deleted."""
+        runtime = runtime_of(module)
+        if optimizer is not None and optimizer.copy_stage is not None:
+            optimizer.copy_stage.drain()
+        if runtime is not None:
+            runtime.close()
+        if optimizer is not None:
+            optimizer.close_state()
 
     @classmethod
     def checkpointer(cls, module: torch.nn.Module, optimizer) -> StageCheckpoint:
@@ -260,7 +289,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
         if slot is None:
             return
         group, at = slot
-        values = self.part.swapper.read(zp) if zp.shard is None else zp.shard
+        values = self.part.swapper.read(zp) if zp.on_nvme else zp.shard
         with torch.no_grad():
             if self.swapper is not None:  # fp32 masters on NVMe
                 self.swapper.write_state(group, at, values.float())
@@ -331,7 +360,3 @@ class Stage3Optimizer(ShardedOptimizerBase):
             "trace": self.coord.summary(),
             **self.reducer.summary(),
         }
-
-
-def runtime_of(module: torch.nn.Module) -> Optional[Stage3Runtime]:
-    return module.__dict__.get("_zs_stage3")

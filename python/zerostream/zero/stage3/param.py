@@ -8,8 +8,20 @@ Note [Stage-3 parameter states]
   back on gather: autograd may have saved views of it during forward (a linear layer saves
   `weight.t()`), and those views share the storage, so releasing really frees the bytes
   and re-gathering before backward makes the saved views valid again (FSDP2 does the same).
-  Where the shard lives (the device, host memory for offload_param "cpu") is the
-  partitioner's choice; the phase of the step is the engine's (protocol.TrainingState).
+  Where the shard lives is its ShardHome, changed only by `move_shard` (Note [Shard
+  homes]); the phase of the step is the coordinator's (coordinator.Phase).
+
+Note [Shard homes]
+  A shard lives in one of four homes. DEVICE: the run's device (no offload_param; on a
+  machine without a GPU the device is host memory, still this home). HOST: pageable host
+  memory of its own (offload_param "cpu" or "nvme" with max_in_cpu), until a host partition
+  takes it. HOST_ARENA: a slice of a host arena partition (a param group's flat 16-bit
+  partition, or one for loose shards), page-locked and registered with the GPU when
+  offload_param.pin_memory is set, so its upload before a gather is an asynchronous DMA.
+  NVME: only in the swap store (offload/param_swap.py); `shard` is None. The partitioner
+  decides the home; `move_shard` checks the move and that the tensor fits it
+  (_SHARD_MOVES: a shard never leaves an arena for pageable memory, and reaches a home
+  from nowhere only at partitioning).
 
   DeepSpeed's per-parameter attributes that ecosystem code reads (`ds_id`, `ds_shape`,
   `ds_numel`, `ds_tensor`, `ds_status`, `ds_persist`) are plain data on the parameter,
@@ -30,6 +42,25 @@ class ShardState(enum.Enum):
     SHARDED = "sharded"
     INFLIGHT = "inflight"
     GATHERED = "gathered"
+
+
+class ShardHome(enum.Enum):
+    """Where a parameter's shard lives (Note [Shard homes])."""
+
+    DEVICE = "device"
+    HOST = "host"
+    HOST_ARENA = "host_arena"
+    NVME = "nvme"
+
+
+# The homes a shard may move to from each (None: not partitioned yet).
+_SHARD_MOVES = {
+    None: {ShardHome.DEVICE, ShardHome.HOST, ShardHome.NVME},
+    ShardHome.DEVICE: {ShardHome.DEVICE, ShardHome.HOST, ShardHome.NVME},
+    ShardHome.HOST: {ShardHome.DEVICE, ShardHome.HOST_ARENA, ShardHome.NVME},
+    ShardHome.HOST_ARENA: {ShardHome.DEVICE, ShardHome.HOST_ARENA, ShardHome.NVME},
+    ShardHome.NVME: {ShardHome.DEVICE, ShardHome.HOST, ShardHome.HOST_ARENA},
+}
 
 
 class ZeroParamStatus(enum.Enum):
@@ -54,7 +85,6 @@ class ZeroParam:
         self,
         param: torch.nn.Parameter,
         ds_id: int,
-        shard: torch.Tensor,
         world: int,
         rank: int,
         device: torch.device,
@@ -69,8 +99,8 @@ class ZeroParam:
         self.device = device  # where the full tensor lives while gathered
         self.partitioner = None  # the stage3.partitioner.Partitioner that moves it
         _, self.shard_numel, self.shard_valid = _C.stage3_param_shard(self.numel, world, rank)
-        self.shard = shard
-        self.shard_locked = False  # the shard lies in a page-locked partition (a host arena)
+        self.shard: Optional[torch.Tensor] = None  # None: not partitioned yet, or on NVMe
+        self.home: Optional[ShardHome] = None  # None until the partitioner places the shard
         self.persist = False
         self.users = 0  # modules running forward with this param now
         self.modules = 0  # modules listing it as their own or external param
@@ -122,23 +152,35 @@ class ZeroParam:
         self.state = ShardState.SHARDED
         self._publish()
 
-    def set_shard(self, shard: torch.Tensor, locked: bool = False) -> None:
-        """Moves the shard's home (into a group's flat partition, or host memory); `locked`:
-        the new home is page-locked host memory."""
-        if shard.numel() != self.shard_numel:
+    def move_shard(self, home: ShardHome, shard: Optional[torch.Tensor] = None) -> None:
+        """The one place a shard's home changes (Note [Shard homes]): `shard` is the tensor
+        that holds it now (None for NVME, whose bytes the swap store already has)."""
+        where = f"ZeRO-3 param ds_id={self.ds_id} {tuple(self.shape)}"
+        if home not in _SHARD_MOVES[self.home]:
+            was = self.home.value if self.home is not None else "unplaced"
+            raise RuntimeError(f"{where}: shard cannot move from {was} to {home.value}")
+        if (shard is None) != (home is ShardHome.NVME):
             raise RuntimeError(
-                f"ZeRO-3 param ds_id={self.ds_id}: shard of {shard.numel()} elements; "
-                f"expected {self.shard_numel}"
+                f"{where}: a shard moving to {home.value} "
+                + ("has no tensor" if shard is None else "keeps no tensor")
             )
-        self.shard = shard
-        self.shard_locked = locked
+        if shard is not None:
+            if shard.numel() != self.shard_numel:
+                raise RuntimeError(
+                    f"{where}: shard of {shard.numel()} elements; expected {self.shard_numel}"
+                )
+            on_host = shard.device.type == "cpu"
+            if home is not ShardHome.DEVICE and not on_host:
+                raise RuntimeError(f"{where}: a {home.value} shard must be in host memory")
+            if home is ShardHome.DEVICE and shard.device.type != self.device.type:
+                raise RuntimeError(f"{where}: a device shard on {shard.device}, not {self.device}")
+        self.shard, self.home = shard, home
         self._publish()
 
-    def set_home_nvme(self) -> None:
-        """The shard now lives only in the swap store (offload/param_swap.py)."""
-        self.shard = None
-        self.shard_locked = False
-        self._publish()
+    @property
+    def on_nvme(self) -> bool:
+        """The shard's bytes are only in the swap store (read before use)."""
+        return self.home is ShardHome.NVME
 
     def shard_values(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's slice of `full` (the whole parameter), zero padded past the end

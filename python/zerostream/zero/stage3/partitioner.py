@@ -13,7 +13,7 @@ import torch
 
 from ... import comm
 from ...offload.copy_stage import CopyStage, to_device
-from .param import ShardState, ZeroParam, zero_param_of
+from .param import ShardHome, ShardState, ZeroParam, zero_param_of
 
 _IDS = itertools.count()  # ds_id: unique in the process, like DeepSpeed's
 LOOSE_CHUNK_BYTES = 256 << 20  # home_loose_shards moves host shards this many bytes at a time
@@ -162,7 +162,7 @@ class Partitioner:
             if broadcast and self.world > 1:
                 comm.broadcast(data, comm.get_global_rank(self.group, 0), group=self.group)
             p.data = data
-            zp = ZeroParam(p, next(_IDS), None, self.world, self.rank, self.device, self.group)
+            zp = ZeroParam(p, next(_IDS), self.world, self.rank, self.device, self.group)
             zp.partitioner = self
             self.params[zp.ds_id] = zp
             values = zp.shard_values(data)  # a view of `data` unless padding is needed
@@ -175,13 +175,17 @@ class Partitioner:
                 shard = self._empty_shard(zp.shard_numel, data.dtype)
                 with torch.no_grad():
                     shard.copy_(values)
-                zp.set_shard(shard)
+                zp.move_shard(self.new_shard_home(), shard)
             if persist:
                 zp.persist = True
                 self.persisted_numel += zp.numel
                 zp.to_inflight().copy_(data.reshape(-1))
                 zp.to_gathered()
             del data, values
+
+    def new_shard_home(self) -> ShardHome:
+        """Where a shard kept in memory starts (Note [Shard homes])."""
+        return ShardHome.HOST if self.offload_device != "none" else ShardHome.DEVICE
 
     def _empty_shard(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A shard's first home. Host shards are pageable until a page-locked partition
@@ -210,12 +214,13 @@ class Partitioner:
         """Moves the shards of `zps` into consecutive slices of `flat` (a param group's flat
         16-bit partition, what the optimizer writes after each update)."""
         off = 0
-        locked = flat.device.type == "cpu" and self.offload_device != "none"
+        in_arena = flat.device.type == "cpu" and self.offload_device != "none"
+        home = ShardHome.HOST_ARENA if in_arena else ShardHome.DEVICE
         with torch.no_grad():
             for zp in zps:
                 view = flat[off : off + zp.shard_numel]
                 view.copy_(zp.shard)
-                zp.set_shard(view, locked=locked)
+                zp.move_shard(home, view)
                 off += zp.shard_numel
 
     def home_loose_shards(self) -> int:
@@ -243,11 +248,7 @@ class Partitioner:
 
     def _loose(self) -> List[ZeroParam]:
         """Host shards in pageable memory: no page-locked partition has taken them yet."""
-        return [
-            zp
-            for zp in self.params.values()
-            if zp.shard is not None and zp.shard.device.type == "cpu" and not zp.shard_locked
-        ]
+        return [zp for zp in self.params.values() if zp.home is ShardHome.HOST]
 
     # --- gather and release ----------------------------------------------------------------------
     def gather(self, zps: Iterable[ZeroParam], async_op: bool = False) -> Optional[InflightGather]:
@@ -283,7 +284,7 @@ class Partitioner:
         for zp in zps:
             offsets.append(off)
             off += zp.shard_numel
-        if async_op and self.swapper is not None and any(zp.shard is None for zp in zps):
+        if async_op and any(zp.on_nvme for zp in zps):
             # A prefetch from disk: the reads run while the module before it computes.
             reads = self.swapper.start_reads(zps, send, offsets, self.uploads)
             gather = InflightGather(self, zps, None, None, reads=reads)
@@ -367,7 +368,7 @@ class Partitioner:
         shard_bytes = sum(
             zp.shard_numel * zp.shard.element_size()
             for zp in self.params.values()
-            if zp.shard is not None
+            if not zp.on_nvme
         )
         return {
             "params": len(self.params),
