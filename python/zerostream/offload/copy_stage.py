@@ -85,6 +85,8 @@ from typing import Callable, Deque, Dict, List, Optional
 
 import torch
 
+from .sinks import StagedSink
+
 SLOT_BYTES = 16 << 20
 SLOTS = 4
 
@@ -622,7 +624,7 @@ class CopyMeter:
         self._seen = now
 
 
-class DeviceSink:
+class DeviceSink(StagedSink):
     """A device partition written from the host through a copy stage, in pieces of at most
     `piece` elements: the staging/commit protocol the optimizer's update already writes a
     stage-3 ShardSink through (zero/sharded.py, offload/optimizer_swap.py)."""
@@ -643,6 +645,9 @@ class DeviceSink:
     def commit(self, lo: int, hi: int) -> None:
         self.stage.commit(self._open.pop((lo, hi)), self.part[lo:hi])
 
-    def upload(self, lo: int, hi: int, host: torch.Tensor) -> None:
+    def upload_from(self, lo: int, hi: int, host: torch.Tensor) -> bool:
         """Elements [lo, hi) straight from page-locked host memory of the partition's dtype."""
+        if host.dtype != self.dtype:
+            return False
         self.stage.upload(host, self.part[lo:hi])
+        return True

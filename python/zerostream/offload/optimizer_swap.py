@@ -113,7 +113,7 @@ class SwappedAdam:
             groups, optimizer.kwargs("lr", "betas", "eps", "weight_decay", "bias_correction")
         )
         self.steps = [0] * len(sources)
-        self.numels = [s.numel if hasattr(s, "read_range") else s.numel() for s in sources]
+        self.numels = [sinks.numel(s) for s in sources]
         self.sets = max(2, offload.buffer_count // 3)
         sub_group_size = self._fit_sub_group_size(zero.sub_group_size, self.sets)
         self.sub_groups = [
@@ -210,7 +210,7 @@ class SwappedAdam:
             n = s.hi - s.lo
             src = sources[s.group]
             p[:n].copy_(
-                src.read_range(s.lo, s.hi) if hasattr(src, "read_range") else src[s.lo : s.hi]
+                src[s.lo : s.hi] if isinstance(src, torch.Tensor) else src.read_range(s.lo, s.hi)
             )
             tickets = [
                 self.store.write(3 * s.index + k, buf[:n]) for k, buf in enumerate((p, m, v))

@@ -28,6 +28,7 @@ from ..zero.stage3.param import ShardHome, ZeroParam
 from .copy_stage import to_device
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine
+from .sinks import StagedSink
 from .swap_store import SwapStore
 
 logger = logging.getLogger("zerostream")
@@ -324,7 +325,7 @@ class PendingReads:
             self.swapper.read_into(list(zps), self.send, list(offsets), self.uploads)
 
 
-class ShardSink:
+class ShardSink(StagedSink):
     """One param group's flat 16-bit partition when its shards live in the swap store: the
     optimizer writes updated values through `staging(lo, hi)` + `commit(lo, hi)` (a piece
     at a time, sub-group by sub-group) instead of into one host tensor."""

@@ -9,8 +9,10 @@ Note [Partition sinks]
     a staging slot per piece, each piece crossing while the next is stepped;
   - a ShardSink (offload/param_swap.py): stage-3 shards in the param swap store, a host piece
     written out to disk at commit.
-  The two sinks share one protocol: `staging(lo, hi)` hands out host memory for the piece and
-  `commit(lo, hi)` sends it on; `piece` (DeviceSink) bounds the piece to a staging slot.
+  The two sinks share one type, StagedSink: `staging(lo, hi)` hands out host memory for the
+  piece and `commit(lo, hi)` sends it on; `piece` (DeviceSink) bounds the piece to a staging
+  slot. A ShardSink also stands for a partition before any update (`materialize`,
+  `read_range`), where the other partitions are plain tensors.
   Where the host memory of a piece is 16-bit (`fused_target`), the fused CPU kernel writes it
   in the update pass itself (`param_copy`); otherwise `hand_on` copies the fp32 values
   afterwards. Both optimizer paths (zero/sharded.py over host masters, offload/
@@ -19,6 +21,7 @@ Note [Partition sinks]
 
 from __future__ import annotations
 
+import abc
 from typing import Optional
 
 import torch
@@ -26,19 +29,40 @@ import torch
 from ..ops._cpu_optimizer import COPY_DTYPES
 
 
+class StagedSink(abc.ABC):
+    """A partition the update writes through host staging (Note [Partition sinks])."""
+
+    numel: int
+    dtype: torch.dtype
+    piece: Optional[int] = None  # elements per hand-off piece (a staging slot); None: any
+
+    @abc.abstractmethod
+    def staging(self, lo: int, hi: int) -> torch.Tensor:
+        """Host memory for elements [lo, hi), written by the caller before commit."""
+
+    @abc.abstractmethod
+    def commit(self, lo: int, hi: int) -> None:
+        """Sends the staged elements [lo, hi) on to where the partition lives."""
+
+    def upload_from(self, lo: int, hi: int, host: torch.Tensor) -> bool:
+        """Elements [lo, hi) straight from `host` (page-locked, unchanged until the copy
+        stage's fence), without staging; False when this sink cannot (then stage them)."""
+        return False
+
+
 def numel(partition) -> int:
-    return partition.numel if hasattr(partition, "materialize") else partition.numel()
+    return partition.numel() if isinstance(partition, torch.Tensor) else partition.numel
 
 
 def values(partition) -> torch.Tensor:
     """A partition as a tensor (a ShardSink's shards are read in from the swap store)."""
-    return partition.materialize() if hasattr(partition, "materialize") else partition
+    return partition if isinstance(partition, torch.Tensor) else partition.materialize()
 
 
 def piece(sink, default: Optional[int] = None) -> int:
     """Elements per hand-off piece: a copy-stage slot of the sink's dtype, else `default`
     (the whole partition when not given)."""
-    if hasattr(sink, "piece"):
+    if isinstance(sink, StagedSink) and sink.piece is not None:
         return sink.piece
     return max(1, numel(sink) if default is None else default)
 
@@ -46,7 +70,7 @@ def piece(sink, default: Optional[int] = None) -> int:
 def fusable(sink) -> bool:
     """Whether the CPU kernel can write the sink's 16-bit values in its update pass: a sink's
     staging or a host partition, of a 16-bit dtype (not fp32 partitions, not device ones)."""
-    on_host = hasattr(sink, "staging") or sink.device.type == "cpu"
+    on_host = isinstance(sink, StagedSink) or sink.device.type == "cpu"
     return on_host and sink.dtype in COPY_DTYPES
 
 
@@ -55,7 +79,7 @@ def fused_target(sink, lo: int, hi: int) -> Optional[torch.Tensor]:
     now), else None."""
     if not fusable(sink):
         return None
-    return sink.staging(lo, hi) if hasattr(sink, "staging") else sink[lo:hi]
+    return sink.staging(lo, hi) if isinstance(sink, StagedSink) else sink[lo:hi]
 
 
 def hand_on(sink, lo: int, hi: int, master: torch.Tensor, fused: bool, stable: bool) -> None:
@@ -63,20 +87,16 @@ def hand_on(sink, lo: int, hi: int, master: torch.Tensor, fused: bool, stable: b
     kernel already wrote them into fused_target(sink, lo, hi), which is committed now.
     `stable`: `master` is page-locked memory that stays unchanged until the copy stage's
     fence (host masters), so an fp32 device partition uploads straight from it."""
-    from .copy_stage import DeviceSink
-
     if fused and fusable(sink):
-        if hasattr(sink, "commit"):
+        if isinstance(sink, StagedSink):
             sink.commit(lo, hi)
-    elif stable and isinstance(sink, DeviceSink) and sink.dtype == master.dtype:
-        sink.upload(lo, hi, master)
-    else:
+    elif not (stable and isinstance(sink, StagedSink) and sink.upload_from(lo, hi, master)):
         write_piece(sink, lo, hi, master)
 
 
 def write_piece(sink, lo: int, hi: int, values: torch.Tensor) -> None:
     """Elements [lo, hi) of a partition, copied from `values` (converted to its dtype)."""
-    if hasattr(sink, "staging"):
+    if isinstance(sink, StagedSink):
         sink.staging(lo, hi).copy_(values)
         sink.commit(lo, hi)
     else:

@@ -80,7 +80,7 @@ def test_uploads_through_staging_and_straight_from_host_memory():
     stage.fence()
     assert lanes.waited == []
     dst32 = torch.zeros(10)
-    DeviceSink(dst32, stage).upload(2, 7, values[:5])
+    assert DeviceSink(dst32, stage).upload_from(2, 7, values[:5])
     assert torch.equal(dst32[2:7], values[:5]) and dst32[:2].eq(0).all()
     assert stage.stats["h2d_bytes"] == 3000 * 2 + 5 * 4
     stage.drain()  # the host waits once per lane, on its last copy
@@ -199,9 +199,9 @@ def test_the_update_writes_16_bit_host_partitions_in_pass_and_others_through_the
 
 
 def test_a_stage3_shard_sink_is_written_by_the_kernel_in_pass():
-    from zerostream.offload.sinks import fused_target, hand_on
+    from zerostream.offload.sinks import StagedSink, fused_target, hand_on
 
-    class Sink:  # the ShardSink protocol (offload/param_swap.py): host staging, commit
+    class Sink(StagedSink):  # as ShardSink (offload/param_swap.py): host staging, commit
         dtype, numel = torch.bfloat16, 100
 
         def __init__(self):
