@@ -39,12 +39,10 @@ def check_training(facts, nproc):
     assert [f"random_states_{r}.pkl" in facts["saved"] for r in range(nproc)] == [True] * nproc
 
 
-@pytest.mark.slow
 def test_accelerate_one_process_stage2_offload(compat_env, tmp_path):
     check_training(run_accelerate(compat_env, tmp_path, 1, 2), 1)
 
 
-@pytest.mark.slow
 @pytest.mark.multirank
 def test_accelerate_two_processes_stage3_offload_and_zero3_from_pretrained(compat_env, tmp_path):
     facts = run_accelerate(compat_env, tmp_path, 2, 3)

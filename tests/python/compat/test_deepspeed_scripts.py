@@ -16,7 +16,6 @@ from multirank import free_port
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-@pytest.mark.slow
 @pytest.mark.multirank
 def test_deepspeed_example_calls_train_like_plain_pytorch(compat_env, tmp_path):
     args = ["-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]

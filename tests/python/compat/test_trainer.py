@@ -80,7 +80,6 @@ def runs(compat_env, tmp_path_factory):
     return out, json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", PARITY)
 def test_trainer_with_deepspeed_logs_plain_trainers_losses(runs, name):
     _, result = runs
@@ -102,7 +101,6 @@ def test_trainer_with_deepspeed_logs_plain_trainers_losses(runs, name):
         assert auto["persistence"] == 10 * 32
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2_s2_cpu", "llama_s3_cpu"])
 def test_save_model_and_resume_from_checkpoint(runs, name):
     out, result = runs
@@ -122,7 +120,6 @@ def test_save_model_and_resume_from_checkpoint(runs, name):
         torch.testing.assert_close(saved[key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
-@pytest.mark.slow
 def test_deepspeed_scheduler_section_with_auto_values(runs):
     _, result = runs
     run = result["gpt2_s1_sched"]
@@ -133,7 +130,6 @@ def test_deepspeed_scheduler_section_with_auto_values(runs):
     assert all(loss == loss and loss > 0 for loss in run["losses"])
 
 
-@pytest.mark.slow
 @pytest.mark.multirank
 def test_trainer_on_two_processes_stage3_logs_the_single_process_losses(runs, compat_env):
     """2 Gloo processes x micro-batch 4 at stage 3 (params and optimizer offloaded): the

@@ -6,7 +6,6 @@ venv has DeepSpeed installed, DeepSpeed's own functions printing the same tables
 import pathlib
 import subprocess
 
-import pytest
 import torch
 
 from prerequisites import require_deepspeed_python
@@ -109,7 +108,6 @@ for g, n in ((8, 1), (4, 2), (1, 1), (3, 1)):
 """
 
 
-@pytest.mark.slow
 def test_same_tables_as_deepspeed(capsys):
     python = require_deepspeed_python()
     done = subprocess.run([python, "-c", _DS_SCRIPT], capture_output=True, text=True, timeout=240)
