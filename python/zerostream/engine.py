@@ -401,11 +401,8 @@ class ZeroEngine(torch.nn.Module):
     # --- whole weights and stage-3 housekeeping ---------------------------------------------
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""
-        from .zero.stage3.consolidate import consolidated_state_dict
-
-        return consolidated_state_dict(
-            self.module, exclude_frozen_parameters=exclude_frozen_parameters
-        )
+        stage = stage_class(self._config.zero_stage)
+        return stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
 
     def save_16bit_model(
         self,
@@ -418,24 +415,17 @@ class ZeroEngine(torch.nn.Module):
         as DeepSpeed does); all ranks must call it."""
         import os
 
+        stage = stage_class(self._config.zero_stage)
         zero = self._config.zero_optimization
-        if self.zero_optimization_stage() == 3:
-            if not zero.stage3_gather_16bit_weights_on_model_save:
-                logger.warning(
-                    "save_16bit_model: nothing written; at ZeRO stage 3 set "
-                    "zero_optimization.stage3_gather_16bit_weights_on_model_save to true "
-                    "to gather the weights into one file"
-                )
-                return False
-            state = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
-        else:
-            state = {
-                k: v
-                for k, v in self.module.state_dict().items()
-                if not exclude_frozen_parameters
-                or k not in {n for n, p in self.module.named_parameters() if not p.requires_grad}
-            }
-        if self.global_rank == 0:
+        if stage.gathers_to_save and not zero.stage3_gather_16bit_weights_on_model_save:
+            logger.warning(
+                "save_16bit_model: nothing written; at ZeRO stage 3 set "
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save to true "
+                "to gather the weights into one file"
+            )
+            return False
+        state = stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
+        if state is not None:
             os.makedirs(save_dir, exist_ok=True)
             torch.save(state, os.path.join(save_dir, save_filename))
         comm.barrier()

@@ -25,16 +25,20 @@ def default_tag(global_steps: int) -> str:
     return f"global_step{global_steps}"
 
 
-# The ZeRO stage whose checkpoints hold sharded weights (reference §3.2-3.3): a model-states
-# file per DP rank with its shards of the frozen params, and optimizer partitions made of
-# per-parameter shards. The other stages' hold whole weights in one model-states file and,
-# at stages 1/2, partitions cut from flat groups.
-SHARDED_STAGE = 3
+# DeepSpeed's file layout by the ZeRO stage a file says saved it (reference §3.2-3.3): sharded
+# (stage 3: a model-states file per DP rank with its shards of the frozen params, optimizer
+# partitions made of per-parameter shards) or not (whole weights in one model-states file
+# and, at stages 1/2, partitions cut from flat groups). A fact about the files, not about the
+# stage that runs: that one states its layout itself (zero/protocol.py, PartitionLayout).
+SHARDED_LAYOUT = {0: False, 1: False, 2: False, 3: True}
 
 
 def sharded(zero_stage: int) -> bool:
     """Whether a checkpoint (or an optimizer state) saved at `zero_stage` is laid out sharded."""
-    return int(zero_stage) == SHARDED_STAGE
+    try:
+        return SHARDED_LAYOUT[int(zero_stage)]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"zero_stage {zero_stage!r} is not a ZeRO stage (0-3)") from None
 
 
 def model_states_name(dp_rank: int, sharded: bool) -> str:

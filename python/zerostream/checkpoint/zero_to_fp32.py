@@ -71,9 +71,10 @@ def _numel(shape) -> int:
 def _sharded(sd: dict) -> Optional[bool]:
     """Whether an optimizer state is laid out sharded (ZeRO stage 3: per-rank model files,
     partitions made of per-parameter shards) rather than flat (stages 1/2, and DeepSpeed's
-    BF16_Optimizer, which saves no stage); None when it is no ZeRO optimizer state."""
-    if "zero_stage" in sd:
-        return int(sd["zero_stage"]) == 3
+    BF16_Optimizer, which saves no stage); None when it is no ZeRO optimizer state. Told by
+    the key of the fp32 partitions, which names the layout."""
+    if "fp32_flat_groups" in sd:
+        return True
     return False if "single_partition_of_fp32_groups" in sd else None
 
 

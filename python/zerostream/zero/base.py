@@ -85,6 +85,21 @@ class ZeroOptimizerBase:
         one), Note [Stage checkpoints]: the whole weights on every rank (stages 0-2)."""
         return WholeWeightsCheckpoint(module, optimizer)
 
+    # Whether whole weights exist only by gathering them (DeepSpeed then asks for
+    # zero_optimization.stage3_gather_16bit_weights_on_model_save before save_16bit_model).
+    gathers_to_save = False
+
+    @classmethod
+    def whole_16bit_weights(cls, module: torch.nn.Module, exclude_frozen: bool = False):
+        """The module's whole weights and buffers on global rank 0, None on the other ranks;
+        every rank calls it. Below stage 3 they are the module's own."""
+        if comm.get_rank() != 0:
+            return None
+        frozen = {n for n, p in module.named_parameters() if not p.requires_grad}
+        return {
+            k: v for k, v in module.state_dict().items() if not exclude_frozen or k not in frozen
+        }
+
     @classmethod
     def release_gathered(cls, module: torch.nn.Module) -> None:
         """Frees every gathered full parameter that is not persistent (stage 3's

@@ -516,3 +516,14 @@ def test_a_universal_load_is_refused_by_name_not_skipped(tmp_path):
     assert message is not None and "checkpoint.load_universal" in message, message
     assert root in message and "re-cut by parameter name" in message, message
     assert unchanged and steps == 0
+
+
+def test_the_file_layout_follows_the_stage_a_file_names_and_refuses_others():
+    """layout.sharded reads the stage a file says saved it (DeepSpeed writes an int, or its
+    ZeroStageEnum, which compat_unpickle turns into one); anything else is named."""
+    from zerostream.checkpoint import layout
+
+    assert [layout.sharded(s) for s in (0, 1, 2, 3, "3")] == [False, False, False, True, True]
+    for bad in (4, -1, None, "three"):
+        with pytest.raises(ValueError, match=r"is not a ZeRO stage \(0-3\)"):
+            layout.sharded(bad)

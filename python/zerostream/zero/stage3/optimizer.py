@@ -23,6 +23,7 @@ from ..protocol import PartitionLayout, StageCheckpoint, StageContext
 from ..sharded import ShardedOptimizerBase
 from . import hooks
 from .checkpoint import Stage3Checkpoint
+from .consolidate import consolidated_state_dict
 from .coordinator import ParamCoordinator
 from .module_state import ensure_state, runtime_of, state_of
 from .param import ShardHome, ShardState, ZeroParam, zero_param_of
@@ -157,6 +158,13 @@ class Stage3Optimizer(ShardedOptimizerBase):
         for b in module.buffers():
             b.data = b.data.to(ctx.device)
         ctx.module_state = Stage3Runtime(module, part, ParamCoordinator(part, zero, run=ctx.run))
+
+    gathers_to_save = True
+
+    @classmethod
+    def whole_16bit_weights(cls, module: torch.nn.Module, exclude_frozen: bool = False):
+        """Every parameter gathered in turn and copied to host memory on rank 0 (consolidate.py)."""
+        return consolidated_state_dict(module, exclude_frozen_parameters=exclude_frozen)
 
     @classmethod
     def release_gathered(cls, module: torch.nn.Module) -> None:
