@@ -17,6 +17,7 @@ from zerostream.bench.gpt import GPTShape
 SHAPE = ["--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "512", "--seq", "16"]
 
 
+@pytest.mark.slow  # a benchmark's own run: the slow tier
 @pytest.mark.timeout(300)
 def test_capacity_bench_moves_both_tiers_and_reports_the_budget(tmp_path):
     cmd = [sys.executable, "-m", "zerostream.cli", "bench", "capacity", *SHAPE, "--steps", "2"]

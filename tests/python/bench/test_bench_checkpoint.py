@@ -15,6 +15,7 @@ import pytest
 from prerequisites import missing
 
 
+@pytest.mark.slow  # a benchmark's own run: the slow tier
 @pytest.mark.timeout(240)
 def test_bench_checkpoint_reports_consistent_rates_against_fio(tmp_path):
     if shutil.which("fio") is None:

@@ -21,6 +21,7 @@ def test_gpt_parameter_count_matches_its_formula():
         assert sum(p.numel() for p in GPT(shape).parameters()) == shape.params
 
 
+@pytest.mark.slow  # a benchmark's own run: the slow tier
 @pytest.mark.timeout(600)
 def test_peers_train_the_same_model_on_the_same_data(capsys):
     rc, res = _run(
@@ -54,6 +55,7 @@ def test_peers_train_the_same_model_on_the_same_data(capsys):
     assert res["config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
 
+@pytest.mark.slow  # a benchmark's own run: the slow tier
 @pytest.mark.timeout(600)
 def test_nvme_offload_reports_the_bytes_it_moved(capsys, tmp_path):
     rc, res = _run(

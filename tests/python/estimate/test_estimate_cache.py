@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def _zs(args, cache, **kw):
     env = {**os.environ, "ZEROSTREAM_CACHE_DIR": str(cache)}
@@ -20,6 +22,7 @@ def _zs(args, cache, **kw):
     )
 
 
+@pytest.mark.slow  # runs bench io against the disk: the slow tier
 def test_bench_io_result_becomes_the_planners_disk_rate(tmp_path):
     cache = tmp_path / "cache"
     bench = json.loads(
