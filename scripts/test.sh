@@ -5,8 +5,8 @@
 #
 # The default tier fits CI's budget (25 minutes on 2 cores). --slow (or ZS_SLOW=1) adds the
 # slow tier: the pytest cases marked `slow` (world-4 variants of parity and resharding,
-# DeepSpeed's 1-rank checkpoints, the estimator against a real run), the aarch64 cross run
-# of the C++ tests under qemu, and gpu-check's bench steps.
+# DeepSpeed's 1-rank checkpoints, the estimator against a real run, benchmark tools' own
+# runs) and the aarch64 cross run of the C++ tests under qemu.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -116,15 +116,8 @@ fi
 # The device tests (engine parity on the device for stages 1-3 x offload none/cpu/nvme)
 # run through the one command that checks a GPU box, here on the simulated device, so that
 # command is exercised on every CI run (README: GPU path).
-# Its bench steps (zerostream bench step against its peers, also covered by
-# tests/python/bench) run in the slow tier.
-if [ "$slow" = 1 ]; then
-  phase "scripts/gpu-check.sh --simulated"
-  scripts/gpu-check.sh --simulated
-else
-  phase "scripts/gpu-check.sh --simulated --no-bench"
-  scripts/gpu-check.sh --simulated --no-bench
-fi
+phase "scripts/gpu-check.sh --simulated"
+scripts/gpu-check.sh --simulated
 
 if [ "$lint_failed" -ne 0 ]; then
   echo "All tests passed, but lint failed (see '== Lint' above)" >&2
