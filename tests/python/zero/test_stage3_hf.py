@@ -14,39 +14,9 @@ try:
 except ImportError as exc:  # requirements.txt pins it
     missing(f"transformers does not import: {exc}", allow_module_level=True)
 
-STEPS, BATCH, SEQ, VOCAB = 3, 8, 16, 128
-LR = 1e-3
+from compat.workers.hf_models import LR, SEQ, VOCAB, make_model  # noqa: E402
 
-
-def make_model(kind: str):
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    if kind == "gpt2":
-        return GPT2LMHeadModel(
-            GPT2Config(
-                n_layer=2,
-                n_embd=32,
-                n_head=2,
-                vocab_size=VOCAB,
-                n_positions=SEQ,
-                bos_token_id=0,
-                eos_token_id=0,
-                resid_pdrop=0.0,  # dropout would draw different masks in the two runs
-                embd_pdrop=0.0,
-                attn_pdrop=0.0,
-            )
-        )
-    return LlamaForCausalLM(
-        LlamaConfig(
-            num_hidden_layers=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            vocab_size=VOCAB,
-            max_position_embeddings=SEQ,
-        )
-    )
+STEPS, BATCH = 3, 8
 
 
 def batches():
