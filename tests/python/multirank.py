@@ -61,7 +61,8 @@ def _context():
     spawned rank spent most of its start importing it: about 3 s of CPU per rank, 2 s of
     every multi-rank test on 2 cores). Nothing else is preloaded, so each rank imports
     zerostream and the test's module itself, under the environment _entry sets, as a spawned
-    one does; no thread has started in the server, so forking it is safe.
+    one does. The server's only other thread is OpenBLAS's pool (numpy, imported by torch),
+    which re-initialises itself in a forked child (its own atfork handlers).
     ZS_TEST_START_METHOD=spawn goes back to spawning."""
     method = os.environ.get("ZS_TEST_START_METHOD", "forkserver")
     ctx = mp.get_context(method)
