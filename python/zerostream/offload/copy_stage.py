@@ -152,6 +152,13 @@ class TorchCuda:
     def keep_alive(self, tensor: torch.Tensor, stream) -> None:
         tensor.record_stream(stream)
 
+    def seen_complete(self, event) -> None:
+        """The host saw `event` complete (query() said so). synchronize() then returns at
+        once; it is called for torch's stream sanitizer (TORCH_CUDA_SANITIZER), which models
+        synchronize() but not query(): without it, memory a lane read and the caching
+        allocator handed out again reads as a race with the compute stream's next write."""
+        event.synchronize()
+
     def bind_thread(self) -> None:
         """Makes the device current on the calling thread: a thread that never sets one is
         on device 0, where its first CUDA call creates a context (every rank's, on GPU 0)."""
@@ -205,7 +212,10 @@ class CudaLanes:
         return dict(self.busy)
 
     def ready(self, event) -> bool:
-        return event.query()
+        if not event.query():
+            return False
+        self.cuda.seen_complete(event)
+        return True
 
     def host_wait(self, event) -> None:
         event.synchronize()

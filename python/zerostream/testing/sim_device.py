@@ -96,6 +96,9 @@ class SimCuda:
     def keep_alive(self, tensor: torch.Tensor, stream: SimStream) -> None:
         self.sim.keep_alive(tensor, stream)
 
+    def seen_complete(self, event: SimEvent) -> None:
+        """Only torch's stream sanitizer needs telling (see TorchCuda.seen_complete)."""
+
     def bind_thread(self) -> None:
         self.sim.set_device(self.index)
 

@@ -113,6 +113,9 @@ class FakeCuda:
     def keep_alive(self, tensor, stream):
         self.log.append(("keep_alive", stream.name))
 
+    def seen_complete(self, event):
+        self.log.append(("seen_complete", id(event)))  # no wait: a hint for torch's sanitizer
+
     def bind_thread(self):
         self.log.append(("bind_thread", threading.current_thread().name))
 
@@ -383,6 +386,21 @@ def test_stage3_host_shards_cross_on_the_upload_lane_and_prefetches_overlap_comp
     assert sum(laned) == sum(zp.shard_numel for zp in zps) and len(laned) == len(zps)
     assert [s for s, _ in audit.on_stream if s != up.name] == []
     assert fake_cuda.main_thread_syncs == 1 and part.uploads.stats["host_waits"] == 1
+
+
+def test_an_event_seen_complete_is_declared_to_the_stream_sanitizer():
+    """TORCH_CUDA_SANITIZER models synchronize() but not query(): an event the host only
+    polled leaves the lane's reads unordered before the compute stream's next write to the
+    same (reallocated) memory. The H100 run of 2026-11-27 reported exactly that until ready()
+    declared what it saw."""
+    cuda = FakeCuda()
+    lanes = copy_stage.CudaLanes(cuda)
+    event = lanes.copy(torch.empty(4), torch.ones(4), upload=False)
+    assert not lanes.ready(event)
+    assert ("seen_complete", id(event)) not in cuda.log
+    event.synchronize()  # the fake completes on a host wait
+    assert lanes.ready(event)
+    assert cuda.log.count(("seen_complete", id(event))) == 1
 
 
 def test_lane_copies_are_timed_on_their_lane_and_counted_once_complete():
