@@ -106,6 +106,12 @@ void offload_rules(Resolution& r, int64_t stage) {
     r.errors.push_back("zero_optimization.offload_optimizer.ratio: partial offloading (" +
                        show(ratio) + " < 1) is only supported for ZeRO stage 3; got stage " +
                        std::to_string(stage));
+  const Json& in_cpu = r.at("zerostream.optimizer_max_in_cpu");
+  if (opt_device != "nvme" && in_cpu != 0)
+    r.warnings.push_back("zerostream.optimizer_max_in_cpu: " + show(in_cpu) +
+                         " has no effect: it splits optimizer state offloaded to NVMe between "
+                         "host memory and disk, and zero_optimization.offload_optimizer.device "
+                         "is \"" + (opt_device.empty() ? "none" : opt_device) + "\"");
   if (str(r, "zero_optimization.offload_optimizer.device") == "nvme" && (stage == 1 || stage == 2))
     r.notes.push_back("zero_optimization.offload_optimizer.device: \"nvme\" at stage " +
                       std::to_string(stage) +

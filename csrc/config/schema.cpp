@@ -244,7 +244,8 @@ struct Schema {
     zerostream = {"zerostream", true, true, {B("verify_swap_checksums", true),
                                              U("cpu_optimizer_threads", 0),
                                              U("max_consecutive_skipped_steps", 50),
-                                             E("offload_gradient_dtype", "auto", {"auto", "fp32"})}};
+                                             E("offload_gradient_dtype", "auto", {"auto", "fp32"}),
+                                             U("optimizer_max_in_cpu", 0).or_auto()}};
 
     root = {"", false, true, {
         I("train_batch_size", nullptr).greater_than_zero(),

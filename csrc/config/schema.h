@@ -40,6 +40,7 @@ struct Key {
   bool required = false;             // no default: the file or the run must give it
   std::optional<double> min, max;    // inclusive bounds for numbers
   bool positive = false;             // numbers must be > 0
+  bool auto_ok = false;              // kInt that also takes the string "auto" (planned at run time)
   std::vector<Json> choices;         // kEnum (strings) or kInt restricted values
   bool case_insensitive = false;     // kEnum
   const Section* section = nullptr;  // kSection
@@ -66,6 +67,10 @@ struct Key {
   }
   Key& at_most(double v) {
     max = v;
+    return *this;
+  }
+  Key& or_auto() {
+    auto_ok = true;
     return *this;
   }
   Key& greater_than_zero() {

@@ -69,12 +69,13 @@ std::optional<Json> coerce(const Key& k, const Json& v, const std::string& path,
     }
     case Kind::kInt:
     case Kind::kFloat: {
+      if (k.auto_ok && v == "auto") return v;
       double d = 0;
       if (v.is_number()) {
         d = v.get<double>();
       } else {
-        err = path + ": expected " + (k.kind == Kind::kInt ? "an integer" : "a number") + "; got " +
-              show(v);
+        err = path + ": expected " + (k.kind == Kind::kInt ? "an integer" : "a number") +
+              (k.auto_ok ? " or \"auto\"" : "") + "; got " + show(v);
         return std::nullopt;
       }
       Json out = v;
@@ -259,7 +260,7 @@ class Walker {
   }
 
   void present(const Key& k, const Json& v, const std::string& path) {
-    if (v.is_string() && v == "auto" && k.kind != Kind::kString) {
+    if (v.is_string() && v == "auto" && k.kind != Kind::kString && !k.auto_ok) {
       r_.set(path, v, Origin::kAuto);
       return;
     }

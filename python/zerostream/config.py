@@ -20,7 +20,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple, Union
 
 from . import _C
 
@@ -379,6 +379,10 @@ class ZeroStreamExtConfig:
     # Offloaded gradient partitions: "auto" keeps them 16-bit where nothing accumulates in
     # them (Note [Gradients to an offloaded partition], zero/grad_reduce.py); "fp32" always.
     offload_gradient_dtype: str
+    # offload_optimizer nvme: optimizer-state elements per rank kept in host memory (whole
+    # sub-groups, never written to the swap files), or "auto": as many as the free host
+    # memory allows (offload/tiers.py). 0: all on NVMe, DeepSpeed's behaviour.
+    optimizer_max_in_cpu: Union[int, str]
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,18 @@ the fused CPU kernel updates sub-group i; with pipeline_write the write-back of 
 i+1's compute. Buffers rotate over `sets` = max(2, buffer_count // 3) triples (p, m, v), and a
 buffer is reused only after its write-back finished, so memory stays at
 sets * 3 * sub_group_size * 4 bytes whatever the model size.
+
+Sub-groups in the host tier (zerostream.optimizer_max_in_cpu, Note [Optimizer tiers] in
+offload/tiers.py) keep their three tensors in a host arena and never touch the swap store;
+the step updates them in place while the disk reads the next NVMe sub-group.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, List
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
@@ -23,7 +27,7 @@ from .. import _C
 from ..lazy_tensor import LazyTensor
 from ..ops.adam import cpu_adam_step
 from ..ops.threads import ranks_on_this_host
-from . import sinks
+from . import sinks, tiers
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine, io_config_for
 from .swap_store import SwapStore
@@ -42,6 +46,12 @@ class SubGroup:
     lo: int  # element range inside this rank's partition of the group
     hi: int
     index: int  # position in the step order; swap ids are 3 * index + kind
+    # The host tier's (param, exp_avg, exp_avg_sq), in place; None: the state is on NVMe.
+    host: Optional[List[torch.Tensor]] = field(default=None, repr=False)
+
+    @property
+    def on_host(self) -> bool:
+        return self.host is not None
 
 
 class SwapStateSource:
@@ -65,10 +75,15 @@ class SwapStateSource:
     def chunks(self):
         sw, end = self.swapper, self.shape[0]
         bufs = [b for triple in sw.buffers for b in triple]
-        for i, s in enumerate(x for x in sw.sub_groups if x.group == self.group):
+        staged = 0
+        for s in (x for x in sw.sub_groups if x.group == self.group):
             if s.lo >= end:
                 return
-            buf = bufs[i % len(bufs)][: s.hi - s.lo]
+            if s.on_host:  # in place: valid as long as the state is
+                yield s.host[self.kind][: min(s.hi, end) - s.lo]
+                continue
+            buf = bufs[staged % len(bufs)][: s.hi - s.lo]
+            staged += 1
             sw._wait([sw.store.read(3 * s.index + self.kind, buf)])
             sw.bytes_read += buf.numel() * 4
             yield buf[: min(s.hi, end) - s.lo]
@@ -122,7 +137,22 @@ class SwappedAdam:
                 _C.plan_sub_groups(self.numels, param_starts, sub_group_size)
             )
         ]
-        width = max(s.hi - s.lo for s in self.sub_groups)
+        sizes = [s.hi - s.lo for s in self.sub_groups]
+        self.tiers = tiers.plan(
+            sizes, ext.optimizer_max_in_cpu, self.sets * 3 * 4 * max(sizes, default=0)
+        )
+        on_host = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.HOST]
+        on_disk = [s for s in self.sub_groups if s not in on_host]
+        # The host tier: each sub-group's three tensors, kept for the whole run.
+        self.host_arena = None
+        if on_host:
+            self.host_arena = HostArena(
+                sum(3 * arena_bytes(4 * (s.hi - s.lo)) for s in on_host), lock=offload.pin_memory
+            )
+            for s in on_host:
+                s.host = [self.host_arena.empty(s.hi - s.lo, torch.float32) for _ in _KINDS]
+        # Staging for the NVMe tier (and for reading any sub-group back, read_range).
+        width = max((s.hi - s.lo for s in on_disk), default=1)
         self.arena = HostArena(self.sets * 3 * arena_bytes(width * 4), lock=offload.pin_memory)
         self.buffers = [
             [self.arena.empty(width, torch.float32) for _ in _KINDS] for _ in range(self.sets)
@@ -144,11 +174,12 @@ class SwappedAdam:
             ) from exc
         self.bytes_read = self.bytes_written = 0
         self.wait_seconds = 0.0
-        self._say_if_dram_would_do(sum(self.numels) * 12)
+        if ext.optimizer_max_in_cpu == 0:
+            self._say_if_dram_would_do(sum(self.numels) * 12)
         try:
-            # Every sub-group's three fp32 extents, before a byte is written.
+            # Every NVMe sub-group's three fp32 extents, before a byte is written.
             self.store.require_space(
-                [4 * (s.hi - s.lo) for s in self.sub_groups for _ in _KINDS],
+                [4 * (s.hi - s.lo) for s in on_disk for _ in _KINDS],
                 "zero_optimization.offload_optimizer.nvme_path",
                 sharing=ranks_on_this_host(),
             )
@@ -195,7 +226,8 @@ class SwappedAdam:
             logger.warning(
                 'zero_optimization.offload_optimizer.device "nvme": this rank\'s optimizer '
                 "state (%.2f GiB) would fit in free host memory (%.1f GiB); "
-                '"device": "cpu" keeps it there and is faster. Honouring "nvme".',
+                '"device": "cpu" keeps it there and is faster (or "zerostream": '
+                '{"optimizer_max_in_cpu": "auto"} keeps what fits). Honouring "nvme".',
                 state_bytes / 2**30,
                 free / 2**30,
             )
@@ -209,9 +241,15 @@ class SwappedAdam:
         for s in self.sub_groups:
             n = s.hi - s.lo
             src = sources[s.group]
-            p[:n].copy_(
+            values = (
                 src[s.lo : s.hi] if isinstance(src, torch.Tensor) else src.read_range(s.lo, s.hi)
             )
+            if s.on_host:
+                s.host[0].copy_(values)
+                s.host[1].zero_()
+                s.host[2].zero_()
+                continue
+            p[:n].copy_(values)
             tickets = [
                 self.store.write(3 * s.index + k, buf[:n]) for k, buf in enumerate((p, m, v))
             ]
@@ -240,17 +278,25 @@ class SwappedAdam:
         partitions[g] the model-dtype partition that receives the updated params."""
         for g in range(len(self.steps)):
             self.steps[g] += 1
-        pending_reads = {0: self._read(self.sub_groups[0], 0)} if self.sub_groups else {}
+        # NVMe sub-groups take staging slots in turn (the j-th one slot j % sets); host ones
+        # are updated in place between them, while the next NVMe read is in flight.
+        disk = [s for s in self.sub_groups if not s.on_host]
+        slot_of = {s.index: j % self.sets for j, s in enumerate(disk)}
+        pending_reads = {0: self._read(disk[0], 0)} if disk else {}
         pending_writes = {}
-        for i, s in enumerate(self.sub_groups):
-            slot = i % self.sets
-            self._wait(pending_reads.pop(i))
-            nxt = i + 1
-            if self.pipeline_read and nxt < len(self.sub_groups):
+        j = 0  # the next NVMe sub-group's position in `disk`
+        for s in self.sub_groups:
+            if s.on_host:
+                self._update(s, s.host, grads, partitions, grad_scale)
+                continue
+            slot = slot_of[s.index]
+            self._wait(pending_reads.pop(j))
+            nxt, j = j + 1, j + 1
+            if self.pipeline_read and nxt < len(disk):
                 nslot = nxt % self.sets
                 self._wait(pending_writes.pop(nslot, []))
-                pending_reads[nxt] = self._read(self.sub_groups[nxt], nslot)
-            self._update(s, slot, grads, partitions, grad_scale)
+                pending_reads[nxt] = self._read(disk[nxt], nslot)
+            self._update(s, self.buffers[slot], grads, partitions, grad_scale)
             n = s.hi - s.lo
             writes = [
                 self.store.write(3 * s.index + k, buf[:n])
@@ -261,15 +307,15 @@ class SwappedAdam:
                 pending_writes[slot] = writes
             else:
                 self._wait(writes)
-            if not self.pipeline_read and nxt < len(self.sub_groups):
+            if not self.pipeline_read and nxt < len(disk):
                 nslot = nxt % self.sets
                 self._wait(pending_writes.pop(nslot, []))
-                pending_reads[nxt] = self._read(self.sub_groups[nxt], nslot)
+                pending_reads[nxt] = self._read(disk[nxt], nslot)
         for writes in pending_writes.values():
             self._wait(writes)
 
-    def _update(self, s: SubGroup, slot: int, grads, partitions, grad_scale: float) -> None:
-        p, m, v = (buf[: s.hi - s.lo] for buf in self.buffers[slot])
+    def _update(self, s: SubGroup, state, grads, partitions, grad_scale: float) -> None:
+        p, m, v = (buf[: s.hi - s.lo] for buf in state)
         group = self.hyper.param_groups[s.group]
         sink = partitions[s.group]
         # Pieces of one copy-stage slot for a DeviceSink, each crossing to the device while
@@ -295,12 +341,20 @@ class SwappedAdam:
                 param_copy=target,
                 threads=self.threads,
             )
-            # p is a swap buffer the next sub-groups reuse: never uploaded from directly.
-            sinks.hand_on(sink, lo, hi, p[a:b], fused=target is not None, stable=False)
+            # A staging buffer is reused by the next sub-groups: never uploaded from directly;
+            # a host-tier master stays until the next step rewrites it.
+            sinks.hand_on(sink, lo, hi, p[a:b], fused=target is not None, stable=s.on_host)
 
     def close(self) -> None:
         """Deletes the optimizer state's swap files (the run is over)."""
         self.store.close()
+
+    def location(self, s: SubGroup) -> str:
+        """Where sub-group `s`'s fp32 state is, in words (error messages)."""
+        if s.on_host:
+            return "host memory (zerostream.optimizer_max_in_cpu)"
+        path, offset, _ = self.store.extent_of(3 * s.index)
+        return f"{path} at offset {offset}"
 
     # --- inspection ------------------------------------------------------------------------------
     def sub_group_at(self, group: int, element: int) -> SubGroup:
@@ -324,18 +378,20 @@ class SwappedAdam:
             if s.group != group or a >= b:
                 continue
             n = s.hi - s.lo
-            if (a, b) != (s.lo, s.hi):
+            target = s.host[k] if s.on_host else buf[:n]
+            if (a, b) != (s.lo, s.hi) and not s.on_host:
                 self._wait([self.store.read(3 * s.index + k, buf[:n])])
                 self.bytes_read += 4 * n
-            piece = buf[a - s.lo : b - s.lo]
+            piece = target[a - s.lo : b - s.lo]
             if isinstance(values, LazyTensor):  # a checkpoint's FileTensor, piecewise
                 values.read_into(piece, a - lo)
             else:
                 piece.copy_(values[a - lo : b - lo])
             if then is not None:  # the whole sub-group's new values, before they go out
-                then(group, s.lo, s.hi, buf[:n])
-            self._wait([self.store.write(3 * s.index + k, buf[:n])])
-            self.bytes_written += 4 * n
+                then(group, s.lo, s.hi, target)
+            if not s.on_host:
+                self._wait([self.store.write(3 * s.index + k, buf[:n])])
+                self.bytes_written += 4 * n
 
     def read_range(self, group: int, lo: int, hi: int, kind: str = "param") -> torch.Tensor:
         """Elements [lo, hi) of group `group`'s partition of `kind`, reading only the
@@ -346,6 +402,9 @@ class SwappedAdam:
         for s in self.sub_groups:
             a, b = max(lo, s.lo), min(hi, s.hi)
             if s.group != group or a >= b:
+                continue
+            if s.on_host:
+                out[a - lo : b - lo].copy_(s.host[k][a - s.lo : b - s.lo])
                 continue
             self._wait([self.store.read(3 * s.index + k, buf[: s.hi - s.lo])])
             self.bytes_read += 4 * (s.hi - s.lo)
@@ -421,12 +480,21 @@ class SwappedAdam:
             "wait_seconds": self.wait_seconds,
             "store": self.store.stats(),
             "directory": self.store.directory,
+            "host_elements": self.tiers.host_elements,
+            "nvme_elements": self.tiers.nvme_elements,
             "sub_groups": [
                 {
                     "group": s.group,
                     "begin": s.lo,
                     "end": s.hi,
-                    **{k: self.store.extent_of(3 * s.index + i) for i, k in enumerate(_KINDS)},
+                    "tier": tiers.HOST if s.on_host else tiers.NVME,
+                    **(
+                        {}
+                        if s.on_host
+                        else {
+                            k: self.store.extent_of(3 * s.index + i) for i, k in enumerate(_KINDS)
+                        }
+                    ),
                 }
                 for s in self.sub_groups
             ],

@@ -270,11 +270,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             if at < 0:
                 continue
             s = self.swapper.sub_group_at(g, at)
-            path, offset, _ = self.swapper.store.extent_of(3 * s.index)
             return (
                 f"the weights updated from sub-group {s.index} (param group {g}, partition "
                 f"elements [{s.lo}, {s.hi}), first inf/NaN at element {at}) hold inf/NaN; its "
-                f"fp32 state is in {path} at offset {offset}"
+                f"fp32 state is in {self.swapper.location(s)}"
             )
         return None
 

@@ -222,6 +222,30 @@ TEST(Extensions, AioBackendAndChecksums) {
                "zerostream.verify: unknown key");
 }
 
+TEST(Extensions, OptimizerMaxInCpuTakesElementsOrAuto) {
+  const std::string nvme =
+      R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+         "nvme_path": "/tmp/zs"}}, )";
+  EXPECT_EQ(check(with_batch(nvme + R"("zerostream": {})")).at("zerostream.optimizer_max_in_cpu"),
+            0);
+  const Resolution r = check(with_batch(nvme + R"("zerostream": {"optimizer_max_in_cpu": 5e8})"));
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("zerostream.optimizer_max_in_cpu"), 500000000);
+  EXPECT_EQ(check(with_batch(nvme + R"("zerostream": {"optimizer_max_in_cpu": "auto"})"))
+                .at("zerostream.optimizer_max_in_cpu"),
+            "auto");
+  EXPECT_ERROR(check(with_batch(R"("zerostream": {"optimizer_max_in_cpu": "lots"})")),
+               "zerostream.optimizer_max_in_cpu: expected an integer or \"auto\"; got \"lots\"");
+  EXPECT_ERROR(check(with_batch(R"("zerostream": {"optimizer_max_in_cpu": -1})")),
+               "zerostream.optimizer_max_in_cpu: must be >= 0; got -1");
+  // Without NVMe offload there is nothing to split: said, not silently ignored.
+  const Resolution cpu = check(with_batch(
+      R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+         "zerostream": {"optimizer_max_in_cpu": "auto"})"));
+  EXPECT_OK(cpu);
+  EXPECT_WARNING(cpu, "zerostream.optimizer_max_in_cpu: \"auto\" has no effect");
+}
+
 // Note [Message sizes]: a megabyte value, a 100,000-key object or a megabyte key is quoted
 // as a prefix with its size, not whole. Found by tests/python/config/test_fuzz.py.
 TEST(Messages, HugeValuesAndKeysAreClipped) {

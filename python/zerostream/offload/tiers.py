@@ -1,0 +1,121 @@
+"""Where each optimizer sub-group's state lives under offload_optimizer nvme: host memory or
+the swap files (Note [Optimizer tiers]).
+
+Note [Optimizer tiers]
+~~~~~~~~~~~~~~~~~~~~~~
+A sub-group on NVMe costs its 12 bytes an element (fp32 master, exp_avg, exp_avg_sq) read
+and written again every step: 24 bytes an element per step over the disk, the link that
+bounds an NVMe-offloaded step. A sub-group in host memory costs 12 bytes an element of RAM
+once and no disk traffic. So every element moved to the host tier takes 24 bytes per step
+off the disk, whichever sub-group it is in; the tiers hold whole sub-groups (the unit the
+step streams), and the host ones are spread evenly over the step order so that the disk
+reads the next NVMe sub-group while the CPU updates host ones.
+
+The host tier's size is `zerostream.optimizer_max_in_cpu` (elements per rank, like
+DeepSpeed's offload_param.max_in_cpu; 0, the default, is DeepSpeed's all-on-NVMe), or
+"auto": what this rank may still allocate (offload/memory_preflight.py, shared by the ranks
+of this host) less a reserve for what the run allocates after the optimizer (gathered
+parameters, activations, the allocator's slack). The placement changes no result: Adam is
+elementwise and every sub-group runs the same kernel in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Union
+
+logger = logging.getLogger("zerostream")
+
+HOST, NVME = "host", "nvme"
+STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq, per element
+# "auto" leaves this much of the usable host memory to the rest of the run: a fixed part
+# (torch, Python, the allocator's slack) and a share that grows with the machine.
+AUTO_RESERVE_BYTES = 2 << 30
+AUTO_RESERVE_SHARE = 0.10
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    """The placement of a rank's sub-groups and what it moves per step."""
+
+    tiers: List[str]  # HOST or NVME, one per sub-group in step order
+    host_elements: int
+    nvme_elements: int
+    budget_elements: int  # what the placement was allowed to put in host memory
+    source: str  # where the budget came from: the config key or the memory reading
+
+    @property
+    def host_bytes(self) -> int:
+        return STATE_BYTES * self.host_elements
+
+    @property
+    def disk_bytes_per_step(self) -> int:
+        """Optimizer-state bytes read plus written per step."""
+        return 2 * STATE_BYTES * self.nvme_elements
+
+    def describe(self) -> str:
+        n_host = self.tiers.count(HOST)
+        total = self.host_elements + self.nvme_elements
+        return (
+            f"optimizer state tiers: {n_host} of {len(self.tiers)} sub-groups in host memory "
+            f"({self.host_elements} of {total} elements, {self.host_bytes / 2**30:.2f} GiB; "
+            f"budget {self.budget_elements} elements from {self.source}), "
+            f"{len(self.tiers) - n_host} on NVMe: {self.disk_bytes_per_step / 1e9:.2f} GB "
+            f"read+written per step (all on NVMe: {2 * STATE_BYTES * total / 1e9:.2f} GB)"
+        )
+
+
+def place(sizes: Sequence[int], budget_elements: int, source: str = "") -> TierPlan:
+    """Whole sub-groups (`sizes`, in step order) to host memory within `budget_elements`,
+    spread over the order: a sub-group goes to the host when the host tier is behind its
+    even share of the elements seen so far, and a last pass fills what is left of the
+    budget with the largest NVMe sub-groups that still fit."""
+    total = sum(sizes)
+    budget = max(0, min(int(budget_elements), total))
+    share = budget / total if total else 0.0
+    tiers = [NVME] * len(sizes)
+    used = seen = 0
+    for i, n in enumerate(sizes):
+        seen += n
+        if used + n <= budget and used + n / 2 <= share * seen:
+            tiers[i], used = HOST, used + n
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        if tiers[i] == NVME and used + sizes[i] <= budget:
+            tiers[i], used = HOST, used + sizes[i]
+    return TierPlan(tiers, used, total - used, budget, source)
+
+
+def auto_budget_elements(
+    usable_bytes: Optional[int], ranks_on_host: int, staging_bytes: int
+) -> int:
+    """The host tier of "auto": this rank's share of the usable host memory, less the reserve
+    (AUTO_RESERVE_*) and the NVMe sub-groups' staging buffers, in state elements."""
+    if usable_bytes is None:
+        return 0  # nothing could be read: stay on disk, as asked
+    share = usable_bytes // max(1, ranks_on_host)
+    free = share - AUTO_RESERVE_BYTES - int(AUTO_RESERVE_SHARE * share) - staging_bytes
+    return max(0, free // STATE_BYTES)
+
+
+def plan(sizes: Sequence[int], max_in_cpu: Union[int, str], staging_bytes: int) -> TierPlan:
+    """The placement for `zerostream.optimizer_max_in_cpu` (elements, or "auto")."""
+    if max_in_cpu == "auto":
+        from ..ops.threads import ranks_on_this_host
+        from .memory_preflight import usable_host_bytes
+
+        usable, where = usable_host_bytes()
+        ranks = ranks_on_this_host()
+        budget = auto_budget_elements(usable, ranks, staging_bytes)
+        source = (
+            f'"auto": {where} {usable / 2**30:.2f} GiB'
+            + (f" shared by {ranks} ranks" if ranks > 1 else "")
+            if usable is not None
+            else '"auto": no host-memory reading'
+        )
+        result = place(sizes, budget, source)
+    else:
+        result = place(sizes, int(max_in_cpu), f"zerostream.optimizer_max_in_cpu {max_in_cpu}")
+    if result.host_elements:
+        logger.info(result.describe())
+    return result

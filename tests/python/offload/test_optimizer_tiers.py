@@ -1,0 +1,268 @@
+"""Optimizer state in two tiers under offload_optimizer nvme (Note [Optimizer tiers],
+offload/tiers.py): `zerostream.optimizer_max_in_cpu` keeps whole sub-groups in host memory.
+
+- The placement, from budgets alone (no disk): the sub-groups and bytes computed by hand.
+- The mechanism: host sub-groups have no extent in the swap files and the disk traffic of a
+  step is 24 bytes per NVMe element only; the file sizes on disk say the same.
+- The math: a tiered run is bitwise the all-on-NVMe run (Adam is elementwise) and both match
+  plain PyTorch AdamW; a checkpoint saved tiered resumes exactly all on NVMe, and back.
+"""
+
+import pytest
+import torch
+
+from multirank import run_ranks
+from tiny_gpt import TinyGPT, make_batches
+from zerostream.offload import tiers
+from zerostream.offload.tiers import HOST, NVME
+
+STEPS, GLOBAL_BATCH, SUB_GROUP = 4, 8, 2000
+LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5
+
+
+# --- placement -----------------------------------------------------------------------------------
+def test_host_sub_groups_are_spread_over_the_step_order_within_the_budget():
+    plan = tiers.place([10] * 10, 30)
+    # Worked by hand: a sub-group goes to the host when the host tier is at least half a
+    # sub-group behind its 30% share of the elements seen so far.
+    assert [i for i, t in enumerate(plan.tiers) if t == HOST] == [1, 4, 8]
+    assert (plan.host_elements, plan.nvme_elements) == (30, 70)
+    assert plan.host_bytes == 360 and plan.disk_bytes_per_step == 2 * 12 * 70
+
+
+def test_the_last_pass_fills_the_budget_with_whole_sub_groups_only():
+    assert tiers.place([10, 10, 5], 15).tiers == [HOST, NVME, HOST]
+    assert tiers.place([10, 10, 5], 9).tiers == [NVME, NVME, HOST]  # 10 would not fit
+    assert tiers.place([10, 10, 5], 4).tiers == [NVME] * 3
+    assert tiers.place([10, 10, 5], 10**9).tiers == [HOST] * 3
+    assert tiers.place([10, 10, 5], 0).tiers == [NVME] * 3
+
+
+def test_auto_leaves_the_reserve_and_the_staging_and_shares_the_host():
+    gib = 1 << 30
+    # 20 GiB usable, 2 ranks here: 10 GiB each, less 2 GiB, less 10% (1 GiB), less 1 GiB
+    # of staging: 6 GiB of state at 12 bytes an element.
+    assert tiers.auto_budget_elements(20 * gib, 2, gib) == 6 * gib // 12
+    assert tiers.auto_budget_elements(3 * gib, 1, gib) == 0  # nothing left after the reserve
+    assert tiers.auto_budget_elements(None, 1, 0) == 0  # no reading: all on NVMe
+
+
+def test_auto_reads_the_host_memory_limit(monkeypatch):
+    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", "4G")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    plan = tiers.plan([10**8] * 4, "auto", staging_bytes=0)
+    budget = (4 * 2**30 - 2 * 2**30 - int(0.1 * 4 * 2**30)) // 12
+    assert plan.budget_elements == budget
+    assert plan.host_elements == 10**8  # one whole sub-group fits in ~0.14e9 elements
+    assert "ZEROSTREAM_HOST_MEMORY_LIMIT" in plan.source
+
+
+# --- the engine ----------------------------------------------------------------------------------
+def _config(micro, stage, nvme, max_in_cpu):
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": CLIP,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WD},
+        },
+        "zero_optimization": {
+            "stage": stage,
+            "reduce_bucket_size": 3000,
+            "sub_group_size": SUB_GROUP,
+            "offload_optimizer": {
+                "device": "nvme",
+                "nvme_path": nvme,
+                "pipeline_read": True,
+                "pipeline_write": True,
+            },
+        },
+        "zerostream": {"optimizer_max_in_cpu": max_in_cpu},
+    }
+
+
+def _train(engine, rank, world, steps, first=0):
+    import torch.distributed as dist
+
+    micro = GLOBAL_BATCH // world
+    xs, ys = make_batches(first + steps, GLOBAL_BATCH)
+    losses, traffic = [], []
+    swapper = engine.optimizer.swapper
+    for s in range(first, first + steps):
+        before = (swapper.bytes_read, swapper.bytes_written)
+        loss = engine(
+            xs[s][rank * micro : (rank + 1) * micro], ys[s][rank * micro : (rank + 1) * micro]
+        )
+        engine.backward(loss)
+        engine.step()
+        traffic.append((swapper.bytes_read - before[0], swapper.bytes_written - before[1]))
+        total = loss.detach().float().clone()
+        dist.all_reduce(total)
+        losses.append(float(total) / world)
+    return losses, traffic
+
+
+def _params(engine):
+    from zerostream.zero import GatheredParameters
+
+    with GatheredParameters(list(engine.module.parameters())):
+        return {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
+
+
+def tiers_worker(rank, world, stage, root):
+    import zerostream
+
+    out = {}
+    micro = GLOBAL_BATCH // world
+    for name, max_in_cpu in (("nvme", 0), ("tiered", 5000)):
+        torch.manual_seed(0)
+        engine, *_ = zerostream.initialize(
+            model=TinyGPT(), config=_config(micro, stage, f"{root}/{name}", max_in_cpu)
+        )
+        losses, traffic = _train(engine, rank, world, STEPS)
+        swapper = engine.optimizer.swapper
+        stats = swapper.stats()
+        # Each NVMe sub-group's fp32 master read straight from the swap file at the extent
+        # the store reports, against the optimizer's own view of those elements.
+        on_disk = []
+        for s in stats["sub_groups"]:
+            if s["tier"] == NVME:
+                path, offset, nbytes = s["param"]
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    raw = torch.frombuffer(bytearray(f.read(nbytes)), dtype=torch.float32)
+                on_disk.append(
+                    torch.equal(
+                        raw[: s["end"] - s["begin"]],  # an extent is rounded up to 4 KiB
+                        swapper.read_range(s["group"], s["begin"], s["end"]),
+                    )
+                )
+        out[name] = {
+            "on_disk_matches": on_disk,
+            "extent_bytes": sum(
+                s[k][2]
+                for s in stats["sub_groups"]
+                if s["tier"] == NVME
+                for k in ("param", "exp_avg", "exp_avg_sq")
+            ),
+            "losses": losses,
+            "traffic": traffic,
+            "sub_groups": [{k: v for k, v in s.items()} for s in stats["sub_groups"]],
+            "host": stats["host_elements"],
+            "nvme": stats["nvme_elements"],
+            "params": _params(engine),
+        }
+        engine.destroy()
+    return out
+
+
+def _reference(steps):
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
+    xs, ys = make_batches(steps, GLOBAL_BATCH)
+    losses = []
+    for s in range(steps):
+        loss = model(xs[s], ys[s])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_tiered_run_is_bitwise_the_all_nvme_run_and_moves_only_its_nvme_state(tmp_path, stage):
+    ranks = run_ranks(tiers_worker, 2, stage, str(tmp_path))
+    reference = _reference(STEPS)
+    for rank, out in enumerate(ranks):
+        nvme, tiered = out["nvme"], out["tiered"]
+        # Both tiers in use on this rank, whole sub-groups, within the 5000-element budget.
+        kinds = [s["tier"] for s in tiered["sub_groups"]]
+        assert HOST in kinds and NVME in kinds, kinds
+        host = sum(s["end"] - s["begin"] for s in tiered["sub_groups"] if s["tier"] == HOST)
+        assert host == tiered["host"] <= 5000
+        assert all(s["tier"] == NVME for s in nvme["sub_groups"]) and nvme["host"] == 0
+        # Host sub-groups have no extent in the swap files; NVMe ones have all three.
+        for s in tiered["sub_groups"]:
+            assert ("param" in s) == (s["tier"] == NVME), s
+        # A step reads and writes 12 bytes per NVMe element, none for host ones; the swap
+        # files hold the NVMe state only, and what they hold is the optimizer's state.
+        for run in (tiered, nvme):
+            assert run["traffic"] == [(12 * run["nvme"], 12 * run["nvme"])] * STEPS
+            extents = 3 * sum(s["tier"] == NVME for s in run["sub_groups"])
+            assert 12 * run["nvme"] <= run["extent_bytes"] < 12 * run["nvme"] + 4096 * extents
+            assert run["on_disk_matches"] and all(run["on_disk_matches"])
+        assert tiered["host"] + tiered["nvme"] == nvme["nvme"]
+        # The math: the same bits as all on NVMe, and plain PyTorch's losses.
+        assert tiered["losses"] == nvme["losses"]
+        for n, p in nvme["params"].items():
+            assert torch.equal(tiered["params"][n], p), n
+        assert tiered["losses"] == pytest.approx(reference, rel=1e-5)
+
+
+def resume_worker(rank, world, root):
+    import zerostream
+
+    micro = GLOBAL_BATCH // world
+    out = {}
+
+    def engine_for(name, max_in_cpu):
+        torch.manual_seed(0)
+        return zerostream.initialize(
+            model=TinyGPT(), config=_config(micro, 3, f"{root}/{name}", max_in_cpu)
+        )[0]
+
+    # Uninterrupted, tiered: the reference for both resumes.
+    engine = engine_for("whole", 5000)
+    out["whole"], _ = _train(engine, rank, world, STEPS)
+    engine.destroy()
+    for saved_as, loaded_as in ((5000, 0), (0, 5000)):
+        engine = engine_for(f"save{saved_as}", saved_as)
+        _train(engine, rank, world, 2)
+        engine.save_checkpoint(f"{root}/ckpt{saved_as}", tag="half")
+        engine.destroy()
+        engine = engine_for(f"load{loaded_as}", loaded_as)
+        engine.load_checkpoint(f"{root}/ckpt{saved_as}", tag="half")
+        out[(saved_as, loaded_as)], _ = _train(engine, rank, world, STEPS - 2, first=2)
+        out[("host", loaded_as)] = engine.optimizer.swapper.stats()["host_elements"]
+        engine.destroy()
+    return out
+
+
+def test_a_tiered_checkpoint_resumes_exactly_all_on_nvme_and_back(tmp_path):
+    for out in run_ranks(resume_worker, 2, str(tmp_path)):
+        assert out[("host", 0)] == 0 and out[("host", 5000)] > 0
+        assert out[(5000, 0)] == out["whole"][2:]  # tiered -> all on NVMe
+        assert out[(0, 5000)] == out["whole"][2:]  # all on NVMe -> tiered
+
+
+def auto_worker(rank, world, root):
+    import zerostream
+
+    torch.manual_seed(0)
+    config = _config(GLOBAL_BATCH, 2, root, "auto")
+    engine = zerostream.initialize(model=TinyGPT(), config=config)[0]
+    losses, traffic = _train(engine, rank, world, 2)
+    stats = engine.optimizer.swapper.stats()
+    engine.destroy()
+    return {
+        "host": stats["host_elements"],
+        "nvme": stats["nvme_elements"],
+        "sizes": [s["end"] - s["begin"] for s in stats["sub_groups"]],
+        "traffic": traffic,
+    }
+
+
+def test_auto_sizes_the_host_tier_from_the_host_memory_limit(tmp_path, monkeypatch):
+    # The limit leaves room for about 5000 elements after the reserve (2 GiB and 10%) and
+    # the staging (2 sets x 3 fp32 sub-groups of 2000 elements).
+    limit = 2_386_212_942
+    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(limit))
+    out = run_ranks(auto_worker, 1, str(tmp_path))[0]
+    budget = (limit - 2 * 2**30 - int(0.1 * limit) - 2 * 3 * 4 * SUB_GROUP) // 12
+    assert 4000 <= budget < 6000
+    assert out["host"] == tiers.place(out["sizes"], budget).host_elements > 0
+    assert out["traffic"] == [(12 * out["nvme"], 12 * out["nvme"])] * 2
