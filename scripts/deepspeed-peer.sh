@@ -23,6 +23,10 @@ base=$(.venv/bin/python -c 'import sys; print(sys.base_prefix)')
 own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 shared=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$shared" > "$own/zs-project-env.pth"
+# The venv's own setuptools (ensurepip's, 65.x on Python 3.11) would shadow .venv's pinned one
+# and cannot build DeepSpeed's sdist without the `wheel` package ("invalid command
+# 'bdist_wheel'"); a pip with a cached DeepSpeed wheel never builds it, a clean machine does.
+"$venv/bin/python" -m pip uninstall -y -q --disable-pip-version-check setuptools 2> /dev/null || true
 DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   --no-build-isolation --ignore-installed --no-deps "${pins[@]}"
 probe=$("$venv/bin/python" -c 'import deepspeed; print(deepspeed.__version__, deepspeed.__file__)' 2>&1 | tail -1 || true)
