@@ -19,8 +19,11 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from typing import Dict
 
 import torch
 
@@ -40,6 +43,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sub-group-size", type=float, default=5e7, help="optimizer sub-group")
     p.add_argument("--buffer-size", type=float, default=5e7, help="offload_param.buffer_size")
     p.add_argument("--max-live", type=float, default=1e8, help="stage3_max_live_parameters")
+    p.add_argument("--bf16", action="store_true", help="bf16 model (fp32 optimizer state)")
+    p.add_argument(
+        "--optimizer-max-in-cpu",
+        default="0",
+        help="zerostream.optimizer_max_in_cpu: elements of optimizer state kept in host memory, "
+        'or "auto" (default 0: all on NVMe)',
+    )
+    p.add_argument(
+        "--compare-tiers",
+        action="store_true",
+        help="run all on NVMe and tiered (--optimizer-max-in-cpu, or auto) in two processes, "
+        "measure the disk with fio, print both against the disk-bound floor",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -54,8 +70,14 @@ def _rss_now_gib() -> float:
     return psutil.Process().memory_info().rss / 2**30
 
 
+def _max_in_cpu(text: str):
+    return text if text == "auto" else int(float(text))
+
+
 def _config(args, nvme: str) -> dict:
     return {
+        "bf16": {"enabled": bool(args.bf16)},
+        "zerostream": {"optimizer_max_in_cpu": _max_in_cpu(args.optimizer_max_in_cpu)},
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
@@ -88,17 +110,20 @@ def _config(args, nvme: str) -> dict:
     }
 
 
-def host_budget_bytes(numel: int, args) -> int:
-    """Host memory the configuration implies on one rank: the fp32 gradient partition, the
-    optimizer's staging (2 sets x 3 fp32 sub-groups), the param staging arena (2 x 4 buffers),
-    the gathered parameters (max_live, fp32, twice for prefetch), and 3 GiB for torch,
-    Python and activations."""
+def host_budget_bytes(numel: int, args, host_state_elements: int = 0) -> int:
+    """Host memory the configuration implies on one rank: the gradient partition (16-bit with
+    a bf16 model, Note [Gradients to an offloaded partition]), the optimizer's staging (2 sets
+    x 3 fp32 sub-groups), the optimizer state kept in host memory (12 bytes an element), the
+    param staging arena (2 x 4 buffers), the gathered parameters (max_live, twice for
+    prefetch), and 3 GiB for torch, Python and activations."""
     sub = min(int(args.sub_group_size), numel)
+    width = 2 if args.bf16 else 4
     return (
-        4 * numel
+        width * numel
         + 2 * 3 * 4 * sub
-        + 2 * 4 * 4 * int(args.buffer_size)
-        + 2 * 4 * int(args.max_live)
+        + 12 * host_state_elements
+        + 2 * 4 * width * int(args.buffer_size)
+        + 2 * width * int(args.max_live)
         + (3 << 30)
     )
 
@@ -118,7 +143,8 @@ def measure(args) -> dict:
     try:
         start = time.perf_counter()
         torch.manual_seed(0)
-        with zerostream.zero.Init(config_dict_or_path=cfg, dtype=torch.float32):
+        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        with zerostream.zero.Init(config_dict_or_path=cfg, dtype=dtype):
             model = GPT(shape)
         built = time.perf_counter() - start
         rss_built = (_rss_gib(), _rss_now_gib())
@@ -142,6 +168,7 @@ def measure(args) -> dict:
         phases = {k: round(v, 3) for k, v in tel.seconds.items()}
         moved = {
             tier: {
+                "bytes": int(b),
                 "gib": round(b / 2**30, 3),
                 "gb_per_s": round(b / tel.tier_seconds[tier] / 1e9, 3)
                 if tel.tier_seconds.get(tier)
@@ -150,8 +177,9 @@ def measure(args) -> dict:
             for tier, b in tel.bytes.items()
         }
         numel = shape.params
-        states = 16 * numel
-        budget = host_budget_bytes(numel, args)
+        states = (14 if args.bf16 else 16) * numel
+        tiers = engine.optimizer.swapper.tiers
+        budget = host_budget_bytes(numel, args, tiers.host_elements)
         peak = _rss_gib()
         summary = optimizer.state_summary()
         return {
@@ -175,6 +203,12 @@ def measure(args) -> dict:
             "last_step_moved": moved,
             "losses": losses,
             "swap_directory_gib": round(_du(nvme) / 2**30, 2),
+            "optimizer_tiers": {
+                "host_elements": tiers.host_elements,
+                "nvme_elements": tiers.nvme_elements,
+                "budget_elements": tiers.budget_elements,
+                "source": tiers.source,
+            },
             "param_swap": summary["params"].get("swap"),
             "verdict": {
                 "states_larger_than_ram": states > ram,
@@ -197,7 +231,113 @@ def _du(path: str) -> int:
     return total
 
 
+# --- all on NVMe against tiered, in one invocation ------------------------------------------------
+_PASSED = (
+    "layers",
+    "hidden",
+    "heads",
+    "vocab",
+    "seq",
+    "micro_batch",
+    "steps",
+    "sub_group_size",
+    "buffer_size",
+    "max_live",
+)
+
+
+def _child(args, max_in_cpu: str, nvme: str) -> dict:
+    """One configuration in its own process (its own peak RSS), as --json prints it."""
+    cmd = [sys.executable, "-m", "zerostream.cli", "bench", "capacity", "--json"]
+    for name in _PASSED:
+        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    cmd += ["--optimizer-max-in-cpu", max_in_cpu, "--nvme-path", nvme]
+    if args.bf16:
+        cmd.append("--bf16")
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode not in (0, 1):  # 1: ran, but a verdict failed (reported)
+        raise RuntimeError(f"bench capacity ({max_in_cpu}) failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _per_step_bytes(res: dict) -> Dict[str, int]:
+    return {tier: m["bytes"] for tier, m in res["last_step_moved"].items()}
+
+
+def compare(args) -> dict:
+    """Both configurations, then fio on the same directory: each run's disk bytes per step
+    over fio's sequential rates give the disk-bound floor of its step."""
+    from .checkpoint import _fio
+
+    root = args.nvme_path or tempfile.mkdtemp(prefix="zs-capacity-")
+    try:
+        runs = {}
+        for name, value in (("all_nvme", "0"), ("tiered", args.optimizer_max_in_cpu)):
+            if name == "tiered" and value == "0":
+                value = "auto"
+            runs[name] = _child(args, value, os.path.join(root, name))
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        # fio moves about what a step moves (at least 256 MiB, at most 4 GiB).
+        work = sum(_per_step_bytes(runs["all_nvme"]).values())
+        probe, size = os.path.join(root, "fio.probe"), min(4 << 30, max(256 << 20, work))
+        disk = {
+            "write_gb_per_s": _fio(probe, "write", size, direct=True),
+            "read_gb_per_s": _fio(probe, "read", size, direct=True),
+        }
+        os.unlink(probe)
+    finally:
+        if args.nvme_path is None:
+            shutil.rmtree(root, ignore_errors=True)
+    for res in runs.values():
+        moved = _per_step_bytes(res)
+        read = sum(b for t, b in moved.items() if t.endswith("nvme_read"))
+        written = sum(b for t, b in moved.items() if t.endswith("nvme_write"))
+        res["disk_bytes_per_step"] = {"read": read, "written": written}
+        res["floor_seconds"] = round(
+            read / disk["read_gb_per_s"] / 1e9 + written / disk["write_gb_per_s"] / 1e9, 2
+        )
+        res["median_step_seconds"] = sorted(res["step_seconds"])[len(res["step_seconds"]) // 2]
+        res["over_floor"] = round(res["median_step_seconds"] / res["floor_seconds"], 3)
+    a, t = runs["all_nvme"], runs["tiered"]
+    return {
+        "disk": disk,
+        "runs": runs,
+        "tiered_speedup": round(a["median_step_seconds"] / t["median_step_seconds"], 3),
+        "same_losses": a["losses"] == t["losses"],
+    }
+
+
+def _print_compare(res: dict) -> None:
+    d = res["disk"]
+    print(
+        f"fio on the swap directory: read {d['read_gb_per_s']:.2f} GB/s, "
+        f"write {d['write_gb_per_s']:.2f} GB/s"
+    )
+    for name, r in res["runs"].items():
+        b, ot = r["disk_bytes_per_step"], r["optimizer_tiers"]
+        print(
+            f"{name}: step {r['median_step_seconds']} s (all {r['step_seconds']}), disk "
+            f"{b['read'] / 1e9:.1f} GB read + {b['written'] / 1e9:.1f} GB written per step, "
+            f"floor {r['floor_seconds']} s (x{r['over_floor']}), optimizer state in host memory "
+            f"{ot['host_elements']} of {ot['host_elements'] + ot['nvme_elements']} elements, "
+            f"peak RSS {r['peak_rss_gib']} GiB (budget {r['host_budget_gib']}), losses "
+            f"{[round(x, 4) for x in r['losses']]}"
+        )
+    print(
+        f"tiered over all on NVMe: {res['tiered_speedup']}x faster; "
+        f"same losses: {res['same_losses']}"
+    )
+
+
 def run(args) -> int:
+    if args.compare_tiers:
+        res = compare(args)
+        if args.json:
+            print(json.dumps(res))  # the verdicts are in it, as with one run
+            return 0
+        _print_compare(res)
+        ok = all(all(r["verdict"].values()) for r in res["runs"].values())
+        return 0 if ok and res["same_losses"] else 1
     res = measure(args)
     if args.json:
         print(json.dumps(res))

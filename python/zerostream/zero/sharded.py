@@ -40,6 +40,16 @@ def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
     return torch.float32
 
 
+def _master_dtype(ctx: StageContext) -> torch.dtype:
+    """bf16 with bf16.bf16_master_weights_and_grads (DeepSpeed >= 0.18.3): the master weights,
+    their gradients and, made by the inner optimizer like its params, the moments stay bf16.
+    The config rules admit it only without an offloaded optimizer (csrc/config/rules.cpp)."""
+    bf16 = ctx.config.bf16
+    if bf16.enabled and bf16.bf16_master_weights_and_grads:
+        return torch.bfloat16
+    return torch.float32
+
+
 class ShardedOptimizerBase(ZeroOptimizerBase):
     """fp32 masters, fp32 gradient partitions and the inner optimizer over this rank's local
     16-bit partitions (`self.local_partitions()`, one tensor per param group)."""
@@ -90,14 +100,16 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         else:
             if self.offload_device != "none" or host_partitions or ctx.device.type == "cpu":
                 self._require_host_memory(ctx, sum(sizes))
-            self.masters = self._allocate_masters(partitions, zero.offload_optimizer)
+            self.masters = self._allocate_masters(
+                partitions, zero.offload_optimizer, _master_dtype(ctx)
+            )
             inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])
             if self.offload_device == "none":
                 self.grads = [torch.zeros_like(m) for m in self.masters]
             else:
                 reads_16bit = isinstance(inner, CPUOptimizerBase)
                 self.grads = self._allocate_grads(sizes, _host_grad_dtype(ctx, reads_16bit), zero)
-            if self.grads and self.grads[0].dtype == torch.float32:
+            if self.grads and self.grads[0].dtype == self.masters[0].dtype:
                 for m, gr in zip(self.masters, self.grads):
                     m.grad = gr
             else:  # torch refuses a 16-bit .grad on an fp32 tensor: the kernel is told
@@ -125,12 +137,14 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             device=ctx.device,
         )
 
-    def _allocate_masters(self, partitions: List[torch.Tensor], offload) -> List[torch.Tensor]:
-        """fp32 master partitions: on the partitions' device, or in the host arena when the
-        optimizer is offloaded."""
+    def _allocate_masters(
+        self, partitions: List[torch.Tensor], offload, dtype: torch.dtype = torch.float32
+    ) -> List[torch.Tensor]:
+        """Master partitions (fp32, or `dtype` where the optimizer is not offloaded): on the
+        partitions' device, or in the host arena when the optimizer is offloaded."""
         partitions = [sinks.values(p) for p in partitions]
         if self.offload_device == "none":
-            return [p.detach().float().clone() for p in partitions]
+            return [p.detach().to(dtype).clone() for p in partitions]
         from ..offload.host_buffers import HostArena, arena_bytes
 
         sizes = [p.numel() for p in partitions]

@@ -84,6 +84,29 @@ TEST(Rules, MasterWeightOptions) {
                "bf16.bf16_optimizer_states: needs bf16.bf16_master_weights_and_grads");
   EXPECT_ERROR(check(cfg(R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true})")),
                "bf16.bf16_master_weights_and_grads: needs ZeRO stage 1-3");
+  // Implemented without offload (bf16 weights, gradients and moments): DeepSpeed's
+  // bf16_master_weight example config.
+  EXPECT_OK(check(cfg(R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+                                   "bf16_optimizer_states": true},
+                         "zero_optimization": {"stage": 3})")));
+  // fp32 moments beside bf16 weights exist only in DeepSpeed's offloaded CPU Adam.
+  EXPECT_ERROR(check(cfg(R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true},
+                            "zero_optimization": {"stage": 2})")),
+               "bf16.bf16_master_weights_and_grads: without an offloaded optimizer it needs "
+               "bf16.bf16_optimizer_states true as well");
+  // Refused by name where zerostream's CPU optimizer would have to keep 16-bit masters.
+  EXPECT_ERROR(check(cfg(R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+                                      "bf16_optimizer_states": true},
+                            "zero_optimization": {"stage": 3,
+                                                  "offload_optimizer": {"device": "cpu"}})")),
+               "bf16.bf16_master_weights_and_grads: with "
+               "zero_optimization.offload_optimizer.device \"cpu\" the CPU optimizer would keep "
+               "bf16 master weights, which zerostream does not support yet");
+  EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true},
+                            "zero_optimization": {"stage": 2,
+                                                  "offload_optimizer": {"device": "cpu"}})")),
+               "fp16.fp16_master_weights_and_grads: fp16 master weights in the offloaded CPU "
+               "optimizer are not supported by zerostream yet");
 }
 
 TEST(Rules, DynamicLossScaleNeedsPositiveWindowAndFloor) {

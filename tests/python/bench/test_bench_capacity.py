@@ -67,3 +67,28 @@ def test_the_bench_gpt_built_under_zero_init_equals_a_plain_build():
     plain = GPT(GPTShape(2, 64, 4, 128, 16))
     for name, p in plain.named_parameters():
         assert torch.equal(weights[name], p.detach()), name
+
+
+@pytest.mark.slow  # a benchmark's own run: the slow tier
+@pytest.mark.timeout(600)
+def test_capacity_compare_tiers_moves_fewer_disk_bytes_for_the_same_losses(tmp_path):
+    """--compare-tiers: all on NVMe and tiered in two processes, fio in the same run; the
+    tiered run keeps optimizer state in host memory, so its step reads and writes 24 bytes an
+    element less of it, and its losses are the all-NVMe run's."""
+    cmd = [sys.executable, "-m", "zerostream.cli", "bench", "capacity", *SHAPE, "--steps", "2"]
+    cmd += ["--sub-group-size", "1e5", "--buffer-size", "1e5", "--max-live", "1e6", "--bf16"]
+    cmd += ["--compare-tiers", "--optimizer-max-in-cpu", "4e5", "--nvme-path", str(tmp_path)]
+    done = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=580)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads(done.stdout.strip().splitlines()[-1])
+    a, t = res["runs"]["all_nvme"], res["runs"]["tiered"]
+    assert a["optimizer_tiers"]["host_elements"] == 0
+    host = t["optimizer_tiers"]["host_elements"]
+    assert 0 < host <= 4 * 10**5
+    saved = 12 * host  # bytes per step, each way
+    for way, tier in (("read", "nvme_read"), ("written", "nvme_write")):
+        assert a["disk_bytes_per_step"][way] > t["disk_bytes_per_step"][way]
+        moved = a["last_step_moved"][tier]["bytes"] - t["last_step_moved"][tier]["bytes"]
+        assert moved == saved, (way, moved, saved)
+    assert res["same_losses"] and len(a["losses"]) == 2
+    assert res["disk"]["read_gb_per_s"] > 0 and t["floor_seconds"] < a["floor_seconds"]

@@ -177,7 +177,7 @@ def _reference(steps):
 def test_a_tiered_run_is_bitwise_the_all_nvme_run_and_moves_only_its_nvme_state(tmp_path, stage):
     ranks = run_ranks(tiers_worker, 2, stage, str(tmp_path))
     reference = _reference(STEPS)
-    for rank, out in enumerate(ranks):
+    for out in ranks:
         nvme, tiered = out["nvme"], out["tiered"]
         # Both tiers in use on this rank, whole sub-groups, within the 5000-element budget.
         kinds = [s["tier"] for s in tiered["sub_groups"]]
