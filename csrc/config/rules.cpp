@@ -147,7 +147,8 @@ void offload_rules(Resolution& r, int64_t stage) {
     r.warnings.push_back("zerostream.optimizer_max_in_cpu: " + show(in_cpu) +
                          " has no effect: it splits optimizer state offloaded to NVMe between "
                          "host memory and disk, and zero_optimization.offload_optimizer.device "
-                         "is \"" + (opt_device.empty() ? "none" : opt_device) + "\"");
+                         "is \"" +
+                         (opt_device.empty() ? "none" : opt_device) + "\"");
   if (str(r, "zero_optimization.offload_optimizer.device") == "nvme" && (stage == 1 || stage == 2))
     r.notes.push_back("zero_optimization.offload_optimizer.device: \"nvme\" at stage " +
                       std::to_string(stage) +
