@@ -71,3 +71,24 @@ def make_batches(steps: int, global_batch: int, seq: int = 16, vocab: int = 64, 
     g = torch.Generator().manual_seed(seed)
     data = torch.randint(0, vocab, (steps, global_batch, seq + 1), generator=g)
     return data[..., :-1], data[..., 1:]
+
+
+def plain_adamw_losses(
+    steps: int, global_batch: int, lr, betas, weight_decay, clip, dtype=torch.float32
+):
+    """The plain-PyTorch reference of the parity tests: TinyGPT from seed 0 in `dtype`, AdamW
+    on its own parameters (moments in `dtype` too), the whole global batch per step, gradient
+    norm clipped to `clip`. Returns the losses."""
+    torch.manual_seed(0)
+    model = TinyGPT().to(dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+    xs, ys = make_batches(steps, global_batch)
+    losses = []
+    for s in range(steps):
+        loss = model(xs[s], ys[s])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from multirank import run_ranks
-from tiny_gpt import TinyGPT, make_batches
+from tiny_gpt import TinyGPT, make_batches, plain_adamw_losses
 from zerostream.offload import tiers
 from zerostream.offload.tiers import HOST, NVME
 
@@ -157,26 +157,10 @@ def tiers_worker(rank, world, stage, root):
     return out
 
 
-def _reference(steps):
-    torch.manual_seed(0)
-    model = TinyGPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
-    xs, ys = make_batches(steps, GLOBAL_BATCH)
-    losses = []
-    for s in range(steps):
-        loss = model(xs[s], ys[s])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
-
-
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_tiered_run_is_bitwise_the_all_nvme_run_and_moves_only_its_nvme_state(tmp_path, stage):
     ranks = run_ranks(tiers_worker, 2, stage, str(tmp_path))
-    reference = _reference(STEPS)
+    reference = plain_adamw_losses(STEPS, GLOBAL_BATCH, LR, BETAS, WD, CLIP)
     for out in ranks:
         nvme, tiered = out["nvme"], out["tiered"]
         # Both tiers in use on this rank, whole sub-groups, within the 5000-element budget.

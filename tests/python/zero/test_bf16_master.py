@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from multirank import run_ranks
-from tiny_gpt import TinyGPT, make_batches
+from tiny_gpt import TinyGPT, make_batches, plain_adamw_losses
 
 STEPS, GLOBAL_BATCH = 4, 16
 LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5
@@ -90,26 +90,10 @@ def worker(rank, world, stages, root):
     return out
 
 
-def reference(steps):
-    """Plain PyTorch: AdamW on a bf16 model's own parameters (bf16 moments), whole batch."""
-    torch.manual_seed(0)
-    model = TinyGPT().to(torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
-    xs, ys = make_batches(steps, GLOBAL_BATCH)
-    losses = []
-    for s in range(steps):
-        loss = model(xs[s], ys[s])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
-
-
 def test_bf16_masters_gradients_and_moments_train_like_plain_pytorch_bf16(tmp_path):
     ranks = run_ranks(worker, 2, (1, 2, 3), str(tmp_path))
-    ref = reference(STEPS)
+    # Plain PyTorch: AdamW on a bf16 model's own parameters (bf16 moments), whole batch.
+    ref = plain_adamw_losses(STEPS, GLOBAL_BATCH, LR, BETAS, WD, CLIP, torch.bfloat16)
     for out in ranks:
         for stage in (1, 2, 3):
             run, fp32_master = out[(stage, True)], out[(stage, False)]
