@@ -68,7 +68,7 @@ struct Schema {
         S("nvme_path", nullptr),
         U("buffer_count", 5),
         U("buffer_size", 100000000),
-        U("max_in_cpu", 1000000000),
+        U("max_in_cpu", 1000000000).or_auto(),  // "auto": zerostream plans it (offload/tiers.py)
         B("pin_memory", true),
     }};
     zero = {"zero_optimization", true, true, {

@@ -178,7 +178,7 @@ class OffloadParamConfig:
     nvme_path: Optional[str]
     buffer_count: int
     buffer_size: int
-    max_in_cpu: int
+    max_in_cpu: Union[int, str]  # "auto": the most-read shards that fit (offload/tiers.py)
     pin_memory: bool
 
 

@@ -145,7 +145,9 @@ def knobs_from_config(zero) -> Knobs:
         optimizer_buffer_count=oo.buffer_count if oo else 4,
         param_buffer_count=op.buffer_count if op else 5,
         param_buffer_size=op.buffer_size if op else int(1e8),
-        max_in_cpu=op.max_in_cpu if op else int(1e9),
+        # "auto" is decided by the run from its free memory after the first step: the
+        # estimate counts every shard on disk, the bound the preflight must pass.
+        max_in_cpu=(0 if op.max_in_cpu == "auto" else op.max_in_cpu) if op else int(1e9),
     )
 
 

@@ -118,6 +118,7 @@ class SwappedAdam:
         aio: "AioConfig",
         ext: "ZeroStreamExtConfig",
         rank: int,
+        param_bytes: int = 0,
     ):
         offload = zero.offload_optimizer
         self.adamw_mode = optimizer.adamw_mode
@@ -139,7 +140,10 @@ class SwappedAdam:
         ]
         sizes = [s.hi - s.lo for s in self.sub_groups]
         self.tiers = tiers.plan(
-            sizes, ext.optimizer_max_in_cpu, self.sets * 3 * 4 * max(sizes, default=0)
+            sizes,
+            ext.optimizer_max_in_cpu,
+            self.sets * 3 * 4 * max(sizes, default=0),
+            param_bytes,  # parameter shards "auto" will bring back (tiers.py)
         )
         on_host = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.HOST]
         on_disk = [s for s in self.sub_groups if s not in on_host]

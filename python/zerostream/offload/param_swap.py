@@ -10,7 +10,8 @@ waits for one to come back (the arena's backpressure), it never asserts. When th
 stage-3 trace reads ahead more than `buffer_count` buffers hold, buffer_count is raised to fit
 (`fit_read_ahead`, one log line naming the setting): otherwise the reads that find no buffer
 run synchronously when their module needs them. The first `max_in_cpu` elements of shards
-stay in host memory instead of going to disk.
+stay in host memory instead of going to disk; with "auto" the most-read shards come back
+into host memory after the first step (Note [Parameter shards in host memory], tiers.py).
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ class ParamSwapper:
         self.path = offload_param.nvme_path
         self.buffer_count = max(1, offload_param.buffer_count)
         self.buffer_size = max(1, offload_param.buffer_size)
-        self.max_in_cpu = offload_param.max_in_cpu
+        # "auto": every shard to disk first; rehome_by_reads() brings the most-read back.
+        self.auto = offload_param.max_in_cpu == "auto"
+        self.max_in_cpu = 0 if self.auto else int(offload_param.max_in_cpu)
+        self.kept_arena: Optional[HostArena] = None  # the shards "auto" brought back
+        self.read_counts: Dict[int, int] = {}  # ds_id -> reads in the trace "auto" used
+        self.kept_budget = 0
         self.pin_memory = offload_param.pin_memory
         try:
             self.store = SwapStore(
@@ -205,6 +211,58 @@ class ParamSwapper:
         zp.move_shard(ShardHome.NVME)
         return True
 
+    def nvme_bytes(self, zps: List[ZeroParam]) -> int:
+        """Bytes of those of `zps` whose shards are on disk."""
+        return sum(zp.shard_numel * zp.dtype.itemsize for zp in zps if zp.on_nvme)
+
+    def rehome_by_reads(self, reads: Dict[ZeroParam, int]) -> int:
+        """offload_param.max_in_cpu "auto", once the first trace says how often the step reads
+        each shard (`reads`): the most-read shards on disk that fit this rank's share of the
+        usable host memory, less the reserve, are read into one page-locked arena and live
+        there from now on (Note [Parameter shards in host memory]). Returns how many moved."""
+        from . import tiers
+
+        if not self.auto or self.kept_arena is not None:
+            return 0
+        self.read_counts = {zp.ds_id: n for zp, n in reads.items()}  # stats(), tests
+        while self.pending:  # reads issued ahead land first: no shard moves under a read
+            self.pending[0].land()
+        on_disk = [zp for zp in reads if zp.on_nvme]
+        sizes = [arena_bytes(zp.shard_numel * zp.dtype.itemsize) for zp in on_disk]
+        usable, where, ranks = tiers.usable_share()
+        budget = self.kept_budget = tiers.auto_budget_bytes(usable, ranks, 0)
+        chosen = [
+            on_disk[i] for i in tiers.place_shards([reads[z] for z in on_disk], sizes, budget)
+        ]
+        self.kept_arena = HostArena(
+            max(1, sum(sizes[on_disk.index(zp)] for zp in chosen)),
+            lock=self.pin_memory,
+            register=True,
+            pooled=True,
+        )
+        saved = 0
+        for zp in chosen:
+            buf = self.kept_arena.empty(zp.shard_numel, zp.dtype)
+            self.store.read(zp.ds_id, buf).wait()
+            self.bytes_read += buf.numel() * buf.element_size()
+            zp.move_shard(ShardHome.HOST_ARENA, buf)
+            self.in_cpu_numel += zp.shard_numel
+            self._in_cpu.add(zp.ds_id)
+            saved += (reads[zp] + 1) * zp.shard_numel * zp.dtype.itemsize
+        logger.info(
+            'zero_optimization.offload_param.max_in_cpu "auto": %d of %d shards on disk '
+            "(%.2f GiB, the most read) now live in host memory (budget %.2f GiB from %s%s); "
+            "about %.2f GB less disk traffic per step",
+            len(chosen),
+            len(on_disk),
+            sum(zp.shard_numel * zp.dtype.itemsize for zp in chosen) / 2**30,
+            budget / 2**30,
+            where,
+            f" shared by {ranks} ranks" if ranks > 1 else "",
+            saved / 1e9,
+        )
+        return len(chosen)
+
     def write(self, zp: ZeroParam, values: torch.Tensor) -> None:
         """Writes `values` (one shard) as `zp`'s shard, wherever that lives."""
         if not zp.on_nvme:
@@ -286,6 +344,9 @@ class ParamSwapper:
             "buffer_count": self.buffer_count,
             "writes": self.writes,
             "in_cpu_numel": self.in_cpu_numel,
+            "kept_ids": sorted(self._in_cpu),
+            "auto_budget_bytes": self.kept_budget,
+            "read_counts": dict(self.read_counts),
             "staging_bytes": self.arena_bytes,
             # Staging buffers the pooled arena's free space was too fragmented to hold.
             "staging_pool_misses": self.arena.stats()["pool_misses"] if self.arena else 0,
@@ -341,6 +402,10 @@ class ShardSink(StagedSink):
         self._stage: Optional[torch.Tensor] = None
         self._partial: Dict[int, torch.Tensor] = {}
         self._filled: Dict[int, int] = {}
+
+    def nvme_bytes(self) -> int:
+        """Bytes of this partition's shards that are on disk."""
+        return self.swapper.nvme_bytes(self.zps)
 
     def materialize(self) -> torch.Tensor:
         """The whole partition read into a host tensor (setup and checkpoint loading)."""

@@ -17,6 +17,16 @@ DeepSpeed's offload_param.max_in_cpu; 0, the default, is DeepSpeed's all-on-NVMe
 of this host) less a reserve for what the run allocates after the optimizer (gathered
 parameters, activations, the allocator's slack). The placement changes no result: Adam is
 elementwise and every sub-group runs the same kernel in the same order.
+
+Note [Parameter shards in host memory]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+offload_param.max_in_cpu keeps DeepSpeed's meaning (the first N elements of shards stay in
+host memory) and also takes "auto": every shard goes to disk at first; once the first step's
+stage-3 trace is recorded, the shards read most often in it (a tied embedding more often than
+a layer's weight) are read back into a page-locked arena while they fit what this rank may
+still use, less the reserve. Per byte of RAM a 16-bit shard saves more disk traffic than
+optimizer state (read in forward and backward, written after the step: 6 bytes a step for 2
+held, against 24 for 12), so an optimizer tier that is also "auto" leaves room for them.
 """
 
 from __future__ import annotations
@@ -86,30 +96,57 @@ def place(sizes: Sequence[int], budget_elements: int, source: str = "") -> TierP
     return TierPlan(tiers, used, total - used, budget, source)
 
 
+def auto_budget_bytes(usable_bytes: Optional[int], ranks_on_host: int, other_bytes: int) -> int:
+    """What "auto" may keep in host memory: this rank's share of the usable host memory, less
+    the reserve (AUTO_RESERVE_*) and `other_bytes` (staging, or what the other tier will
+    take); 0 when nothing could be read (stay on disk, as configured)."""
+    if usable_bytes is None:
+        return 0
+    share = usable_bytes // max(1, ranks_on_host)
+    return max(0, share - AUTO_RESERVE_BYTES - int(AUTO_RESERVE_SHARE * share) - other_bytes)
+
+
 def auto_budget_elements(
     usable_bytes: Optional[int], ranks_on_host: int, staging_bytes: int
 ) -> int:
-    """The host tier of "auto": this rank's share of the usable host memory, less the reserve
-    (AUTO_RESERVE_*) and the NVMe sub-groups' staging buffers, in state elements."""
-    if usable_bytes is None:
-        return 0  # nothing could be read: stay on disk, as asked
-    share = usable_bytes // max(1, ranks_on_host)
-    free = share - AUTO_RESERVE_BYTES - int(AUTO_RESERVE_SHARE * share) - staging_bytes
-    return max(0, free // STATE_BYTES)
+    """The optimizer's host tier under "auto", in state elements (12 bytes each)."""
+    return auto_budget_bytes(usable_bytes, ranks_on_host, staging_bytes) // STATE_BYTES
 
 
-def plan(sizes: Sequence[int], max_in_cpu: Union[int, str], staging_bytes: int) -> TierPlan:
-    """The placement for `zerostream.optimizer_max_in_cpu` (elements, or "auto")."""
+def usable_share() -> tuple:
+    """(bytes this process may still allocate or None, where that comes from, ranks here)."""
+    from ..ops.threads import ranks_on_this_host
+    from .memory_preflight import usable_host_bytes
+
+    usable, where = usable_host_bytes()
+    return usable, where, ranks_on_this_host()
+
+
+def place_shards(reads: Sequence[int], sizes: Sequence[int], budget_bytes: int) -> List[int]:
+    """Parameter shards to keep in host memory (Note [Parameter shards in host memory]):
+    the indices of the most-read shards (`reads` per step, `sizes` in bytes) that fit
+    `budget_bytes`, taken in order of reads (a tie keeps the earlier shard)."""
+    chosen, used = [], 0
+    for i in sorted(range(len(sizes)), key=lambda i: (-reads[i], i)):
+        if used + sizes[i] <= budget_bytes:
+            chosen.append(i)
+            used += sizes[i]
+    return sorted(chosen)
+
+
+def plan(
+    sizes: Sequence[int], max_in_cpu: Union[int, str], staging_bytes: int, param_bytes: int = 0
+) -> TierPlan:
+    """The placement for `zerostream.optimizer_max_in_cpu` (elements, or "auto"). Under
+    "auto", `param_bytes` of parameter shards that offload_param.max_in_cpu "auto" will want
+    after the first step are left free (Note [Parameter shards in host memory])."""
     if max_in_cpu == "auto":
-        from ..ops.threads import ranks_on_this_host
-        from .memory_preflight import usable_host_bytes
-
-        usable, where = usable_host_bytes()
-        ranks = ranks_on_this_host()
-        budget = auto_budget_elements(usable, ranks, staging_bytes)
+        usable, where, ranks = usable_share()
+        budget = auto_budget_elements(usable, ranks, staging_bytes + param_bytes)
         source = (
             f'"auto": {where} {usable / 2**30:.2f} GiB'
             + (f" shared by {ranks} ranks" if ranks > 1 else "")
+            + (f", {param_bytes / 2**30:.2f} GiB left to parameter shards" if param_bytes else "")
             if usable is not None
             else '"auto": no host-memory reading'
         )

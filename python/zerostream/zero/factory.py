@@ -57,6 +57,7 @@ def _nvme_adam(ctx: StageContext, client):
     """offload_optimizer nvme: Adam/AdamW whose master weights and moments live in the swap
     store (offload/optimizer_swap.py), built from the config's sections."""
     from ..offload.optimizer_swap import SwappedAdam
+    from ..offload.param_swap import ShardSink
 
     cfg = ctx.config
     opt = cfg.optimizer
@@ -73,6 +74,12 @@ def _nvme_adam(ctx: StageContext, client):
         )
 
     def make(masters, options, param_starts):
+        # Both tiers "auto": the parameter shards on disk come back first after the first
+        # step (Note [Parameter shards in host memory]); the optimizer leaves them room.
+        op = cfg.zero_optimization.offload_param
+        param_bytes = 0
+        if op is not None and op.device == "nvme" and op.max_in_cpu == "auto":
+            param_bytes = sum(s.nvme_bytes() for s in masters if isinstance(s, ShardSink))
         return SwappedAdam(
             masters,
             options,
@@ -82,6 +89,7 @@ def _nvme_adam(ctx: StageContext, client):
             aio=cfg.aio,
             ext=cfg.zerostream,
             rank=comm.get_rank(),
+            param_bytes=param_bytes,
         )
 
     return make

@@ -238,6 +238,16 @@ TEST(Extensions, OptimizerMaxInCpuTakesElementsOrAuto) {
                "zerostream.optimizer_max_in_cpu: expected an integer or \"auto\"; got \"lots\"");
   EXPECT_ERROR(check(with_batch(R"("zerostream": {"optimizer_max_in_cpu": -1})")),
                "zerostream.optimizer_max_in_cpu: must be >= 0; got -1");
+  // offload_param.max_in_cpu keeps DeepSpeed's integer and also takes "auto".
+  EXPECT_EQ(
+      check(with_batch(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+               "nvme_path": "/tmp/zs", "max_in_cpu": "auto"}})"))
+          .at("zero_optimization.offload_param.max_in_cpu"),
+      "auto");
+  EXPECT_ERROR(
+      check(with_batch(
+          R"("zero_optimization": {"stage": 3, "offload_param": {"max_in_cpu": "most"}})")),
+      "zero_optimization.offload_param.max_in_cpu: expected an integer or \"auto\"; got \"most\"");
   // Without NVMe offload there is nothing to split: said, not silently ignored.
   const Resolution cpu = check(with_batch(
       R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},

@@ -250,3 +250,12 @@ def test_auto_sizes_the_host_tier_from_the_host_memory_limit(tmp_path, monkeypat
     assert 4000 <= budget < 6000
     assert out["host"] == tiers.place(out["sizes"], budget).host_elements > 0
     assert out["traffic"] == [(12 * out["nvme"], 12 * out["nvme"])] * 2
+
+
+def test_auto_leaves_room_for_the_parameter_shards_that_come_back_first(monkeypatch):
+    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", "6G")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    alone = tiers.plan([10**7] * 100, "auto", staging_bytes=0)
+    shared = tiers.plan([10**7] * 100, "auto", staging_bytes=0, param_bytes=2**30)
+    assert abs(alone.budget_elements - shared.budget_elements - 2**30 // 12) <= 1  # rounding
+    assert "1.00 GiB left to parameter shards" in shared.source

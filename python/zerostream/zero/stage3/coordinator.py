@@ -30,6 +30,7 @@ Note [Stage-3 phases]
 
 from __future__ import annotations
 
+import collections
 import enum
 import hashlib
 import logging
@@ -214,6 +215,8 @@ class ParamCoordinator:
         trace.mode = TraceMode.COMPLETE
         swapper = self.part.swapper
         if swapper is not None:
+            reads = collections.Counter(i for _, ids in trace.events for i in ids)
+            swapper.rehome_by_reads({self.part.params[i]: n for i, n in reads.items()})
             swapper.fit_read_ahead(_peak_read_ahead(trace))
 
     def _invalidate(self, trace: Trace, why: str) -> None:
