@@ -17,7 +17,15 @@ from typing import List, Optional
 from . import zero_estimators as ds
 from .machine import DEFAULTS, build_machine
 from .model import ModelShape, assumed_shape, load_hf_config
-from .plan import OPTIONS, Option, Prediction, Workload, best, knobs_from_config, predict
+from .plan import (
+    Option,
+    Prediction,
+    Workload,
+    best,
+    knobs_from_config,
+    predict,
+    predict_all,
+)
 from .recommend import ds_config, explain, format_config, time_note
 from .units import GB, gb, parse_count, parse_rate, parse_size, seconds
 
@@ -211,10 +219,11 @@ def _plan(args):
         work = _workload(args, shape, cfg)
         z = cfg.zero_optimization
         option = Option(z.stage, z.offload_optimizer_device, z.offload_param_device)
-        preds = [predict(shape, work, machine, option, knobs_from_config(z))]
+        knobs = knobs_from_config(z, cfg.zerostream.optimizer_max_in_cpu)
+        preds = [predict(shape, work, machine, option, knobs)]
     else:
         work = _workload(args, shape)
-        preds = [predict(shape, work, machine, Option(*o)) for o in OPTIONS]
+        preds = predict_all(shape, work, machine)
     return shape, machine, work, preds
 
 
@@ -239,7 +248,7 @@ def _group(terms: dict, names) -> int:
 def _memory_table(preds: List[Prediction], machine) -> List[str]:
     where = "process" if machine.cpu_only else "GPU"
     head = (
-        f"{'option':36s} {'params':>7s} {'optim':>7s} {'activ':>7s} {'buffers':>7s} "
+        f"{'option':46s} {'params':>7s} {'optim':>7s} {'activ':>7s} {'buffers':>7s} "
         f"{'peak':>7s} | {'host':>7s} {'NVMe':>7s} | fits"
     )
     lines = [
@@ -256,7 +265,7 @@ def _memory_table(preds: List[Prediction], machine) -> List[str]:
         buffers = p.device_peak - params - optim - act
         fits = "yes" if p.fits else "no: " + "; ".join(p.problems)
         lines.append(
-            f"{p.option.label:36s} {gb(params):>7s} {gb(optim):>7s} {gb(act):>7s} "
+            f"{p.option.label:46s} {gb(params):>7s} {gb(optim):>7s} {gb(act):>7s} "
             f"{gb(buffers):>7s} {gb(p.device_peak):>7s} | {gb(p.host_node):>7s} "
             f"{gb(p.nvme_node):>7s} | {fits}"
         )
@@ -268,11 +277,11 @@ def _time_table(preds: List[Prediction]) -> List[str]:
     lines = [
         "step time lower bound, s: bytes each link moves per step / its rate; the step is "
         "at least the slowest",
-        f"{'option':36s} " + " ".join(f"{k:>10s}" for k in links) + f" {'step >=':>9s}  bound",
+        f"{'option':46s} " + " ".join(f"{k:>10s}" for k in links) + f" {'step >=':>9s}  bound",
     ]
     for p in preds:
         cells = " ".join(f"{seconds(p.seconds[k]):>10s}" for k in links)
-        lines.append(f"{p.option.label:36s} {cells} {seconds(p.step_seconds):>9s}  {p.bound_by}")
+        lines.append(f"{p.option.label:46s} {cells} {seconds(p.step_seconds):>9s}  {p.bound_by}")
     return lines
 
 

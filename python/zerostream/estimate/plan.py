@@ -61,11 +61,18 @@ class Option:
     stage: int
     optimizer: str  # offload_optimizer.device
     param: str  # offload_param.device (stage 3)
+    # Memory tiers (issue 30): with "nvme", what fits of the optimizer state
+    # (zerostream.optimizer_max_in_cpu) and of the param shards (offload_param.max_in_cpu)
+    # stays in host memory; the knobs say how much (plan_tiers).
+    tiered: bool = False
 
     @property
     def label(self) -> str:
-        text = f"stage {self.stage}, optimizer {self.optimizer}"
-        return text + (f", params {self.param}" if self.stage == 3 else "")
+        def where(device: str) -> str:
+            return device + ("+host" if self.tiered and device == "nvme" else "")
+
+        text = f"stage {self.stage}, optimizer {where(self.optimizer)}"
+        return text + (f", params {where(self.param)}" if self.stage == 3 else "")
 
     @property
     def offloads(self) -> int:
@@ -107,6 +114,7 @@ class Knobs:
     param_buffer_count: int
     param_buffer_size: int
     max_in_cpu: int
+    optimizer_max_in_cpu: int = 0  # zerostream.optimizer_max_in_cpu, elements per rank
 
 
 def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
@@ -131,8 +139,9 @@ def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
     )
 
 
-def knobs_from_config(zero) -> Knobs:
-    """The knobs of a resolved config's zero_optimization section (zerostream.config)."""
+def knobs_from_config(zero, in_cpu=0) -> Knobs:
+    """The knobs of a resolved config's zero_optimization section (zerostream.config) and
+    its zerostream.optimizer_max_in_cpu (`in_cpu`; "auto" is planned by the run)."""
     op, oo = zero.offload_param, zero.offload_optimizer
     return Knobs(
         reduce_bucket_size=zero.reduce_bucket_size,
@@ -148,6 +157,7 @@ def knobs_from_config(zero) -> Knobs:
         # "auto" is decided by the run from its free memory after the first step: the
         # estimate counts every shard on disk, the bound the preflight must pass.
         max_in_cpu=(0 if op.max_in_cpu == "auto" else op.max_in_cpu) if op else int(1e9),
+        optimizer_max_in_cpu=0 if in_cpu == "auto" else in_cpu,
     )
 
 
@@ -265,7 +275,10 @@ def _memory(shape, work, machine, option, knobs):
         name, size = host_grads or ("fp32 grads", 4 * part)
         host[name] = size
         host["optimizer staging"] = sets * 12 * width
-        nvme["fp32 master, Adam m, v"] = 12 * part
+        in_host = min(part, knobs.optimizer_max_in_cpu)
+        if in_host:
+            host["fp32 master, Adam m, v (optimizer_max_in_cpu)"] = 12 * in_host
+        nvme["fp32 master, Adam m, v"] = 12 * (part - in_host)
     if option.optimizer != "none":
         from ..offload.copy_stage import SLOT_BYTES, SLOTS
 
@@ -311,7 +324,8 @@ def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
     if option.stage == 3 and option.param != "none":
         t["h2d"] += 2 * d * part * A  # shards up for the forward and the backward gathers
     if option.optimizer == "nvme":  # fp32 master and moments, each sub-group in and out
-        t["optimizer_nvme_read"] = t["optimizer_nvme_write"] = g * 12.0 * part
+        on_disk = nvme.get("fp32 master, Adam m, v", 0)
+        t["optimizer_nvme_read"] = t["optimizer_nvme_write"] = g * float(on_disk)
     disk_shard = nvme.get(f"{'fp32' if d == 4 else '16-bit'} param shards", 0)
     if disk_shard:  # shards read for the forward and the backward gathers, written after
         t["param_nvme_read"] = g * 2.0 * disk_shard * A
@@ -403,7 +417,42 @@ def predict(
 
 
 def predict_all(shape: ModelShape, work: Workload, machine: Machine) -> List[Prediction]:
-    return [predict(shape, work, machine, Option(*o)) for o in OPTIONS]
+    out = [predict(shape, work, machine, Option(*o)) for o in OPTIONS]
+    for base in [o for o in out if o.option.stage == 3 and o.option.optimizer == "nvme"]:
+        if base.option.param in ("none", "nvme"):
+            tiered = plan_tiers(shape, work, machine, base)
+            if tiered is not None:
+                out.append(tiered)
+    return out
+
+
+def plan_tiers(
+    shape: ModelShape, work: Workload, machine: Machine, base: Prediction
+) -> Optional[Prediction]:
+    """The memory-tier placement of an NVMe option (Note [Optimizer tiers] and Note
+    [Parameter shards in host memory], offload/tiers.py): the host memory the all-on-NVMe
+    option leaves free on each node, shared by its processes, goes first to param shards
+    on disk (6 bytes of disk traffic saved per step for 2 held), then to optimizer state
+    (24 saved for 12). None when nothing is free."""
+    free = (machine.host_usable - base.host_node) // machine.gpus_per_node
+    if free <= 0:
+        return None
+    d = work.dtype_bytes
+    shards = base.nvme.get(f"{'fp32' if d == 4 else '16-bit'} param shards", 0)
+    keep = min(shards, free)
+    free -= keep
+    part = math.ceil(shape.params / machine.world)
+    from dataclasses import replace
+
+    knobs = replace(
+        base.knobs,
+        max_in_cpu=keep // d,
+        optimizer_max_in_cpu=min(part, free // 12),
+    )
+    if knobs.optimizer_max_in_cpu == part and keep == shards:
+        return None  # nothing left on disk: the "cpu" options say it
+    option = Option(base.option.stage, base.option.optimizer, base.option.param, tiered=True)
+    return predict(shape, work, machine, option, knobs)
 
 
 def best(predictions: List[Prediction]) -> Optional[Prediction]:

@@ -18,7 +18,12 @@ Key = Tuple[int, str, str]
 
 
 def _by_option(preds: List[Prediction]) -> Dict[Key, Prediction]:
-    return {(p.option.stage, p.option.optimizer, p.option.param): p for p in preds}
+    """The options without memory tiers, by (stage, optimizer, params)."""
+    return {
+        (p.option.stage, p.option.optimizer, p.option.param): p
+        for p in preds
+        if not p.option.tiered
+    }
 
 
 def _fits_where(p: Prediction) -> str:
@@ -78,6 +83,17 @@ def explain(
         f"{gb(machine.nvme)} GB), the {host_what} {gb(host_grads * per_node)} GB stay in host "
         f"RAM: host {gb(nv.host_node)} GB -> {_fits_where(nv)}"
     )
+    tiered = [p for p in preds if p.option.tiered and p.option.param == "none"]
+    if tiered:
+        t = tiered[0]
+        kept = t.host.get("fp32 master, Adam m, v (optimizer_max_in_cpu)", 0)
+        lines.append(
+            f'with memory tiers (zerostream.optimizer_max_in_cpu "auto"): the host RAM that '
+            f"leaves free keeps {gb(kept * machine.gpus_per_node)} GB of the optimizer state per node, "
+            f"{gb(t.nvme_node)} GB stay on disk: host {gb(t.host_node)} GB -> {_fits_where(t)}; "
+            f"NVMe traffic per step {gb(t.traffic['nvme_read'] + t.traffic['nvme_write'])} GB "
+            f"instead of {gb(nv.traffic['nvme_read'] + nv.traffic['nvme_write'])} GB"
+        )
     if rec is None:
         lines.append(
             "no option fits: add GPUs or nodes (every per-GPU and per-node share shrinks), "
@@ -171,10 +187,13 @@ def ds_config(rec: Prediction, shape: ModelShape, work: Workload, nvme_path: str
         )
     else:
         zero["allgather_bucket_size"] = k.allgather_bucket_size
+    cfg_ext: dict = {}  # the "zerostream" section
     if o.optimizer != "none":
         off = {"device": o.optimizer, "pin_memory": True}
         if o.optimizer == "nvme":
             zero["sub_group_size"] = k.sub_group_size
+            if o.tiered:  # the run plans the host tier from its own free memory
+                cfg_ext["optimizer_max_in_cpu"] = "auto"
             off.update(
                 {
                     "nvme_path": nvme_path,
@@ -192,7 +211,7 @@ def ds_config(rec: Prediction, shape: ModelShape, work: Workload, nvme_path: str
                     "nvme_path": nvme_path,
                     "buffer_count": k.param_buffer_count,
                     "buffer_size": k.param_buffer_size,
-                    "max_in_cpu": k.max_in_cpu,
+                    "max_in_cpu": "auto" if o.tiered else k.max_in_cpu,
                 }
             )
         zero["offload_param"] = off
@@ -208,6 +227,8 @@ def ds_config(rec: Prediction, shape: ModelShape, work: Workload, nvme_path: str
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}}
     cfg["zero_optimization"] = zero
+    if cfg_ext:
+        cfg["zerostream"] = cfg_ext
     if "nvme" in (o.optimizer, o.param):
         cfg["aio"] = {
             "block_size": 1048576,

@@ -165,3 +165,35 @@ def test_grad_accumulation_spreads_the_per_step_traffic():
     assert many.traffic["nvme_read"] == one.traffic["nvme_read"]
     assert many.traffic["d2h"] == 64 * one.traffic["d2h"]
     assert many.bound_by == "compute"
+
+
+def test_memory_tiers_fill_the_free_host_memory_with_param_shards_first():
+    """Issue 30's planner: what an all-on-NVMe option leaves of the node's usable RAM, per
+    process, keeps param shards first (6 bytes of disk traffic a step per 2 held), then whole
+    elements of optimizer state (24 per 12); the NVMe bytes and the step fall by as much."""
+    from zerostream.estimate.plan import plan_tiers, predict_all
+
+    shape, work, machine, preds = _plan70b()
+    by = {(p.option.stage, p.option.optimizer, p.option.param): p for p in preds}
+    all_out = predict_all(shape, work, machine)
+    tiered = {p.option.param: p for p in all_out if p.option.tiered}
+    assert set(tiered) == {"none", "nvme"}
+    for param, t in tiered.items():
+        base = by[(3, "nvme", param)]
+        free = (machine.host_usable - base.host_node) // 8  # per process, by hand
+        shards = base.nvme.get("16-bit param shards", 0)
+        keep = min(shards, free)
+        opt = min(PART, (free - keep) // 12)
+        assert t.knobs.max_in_cpu == keep // 2 and t.knobs.optimizer_max_in_cpu == opt
+        assert t.nvme["fp32 master, Adam m, v"] == 12 * (PART - opt)
+        assert t.traffic["optimizer_nvme_read"] == 8 * 12.0 * (PART - opt)
+        assert t.host_node <= machine.host_usable and t.fits
+        assert t.step_seconds < base.step_seconds
+    # Params on the GPUs leave the most RAM for the optimizer state: the recommendation.
+    assert best(all_out) is tiered["none"]
+    # A tier that keeps everything on the host is the "cpu" option: no tiered row for it.
+    roomy = _node(cpu_mem=10**13)
+    assert (
+        plan_tiers(shape, work, roomy, predict(shape, work, roomy, Option(3, "nvme", "none")))
+        is None
+    )
