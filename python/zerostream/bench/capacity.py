@@ -46,9 +46,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 model (fp32 optimizer state)")
     p.add_argument(
         "--optimizer-max-in-cpu",
-        default="0",
+        default=None,
         help="zerostream.optimizer_max_in_cpu: elements of optimizer state kept in host memory, "
         'or "auto" (default 0: all on NVMe)',
+    )
+    p.add_argument(
+        "--param-max-in-cpu",
+        default=None,
+        help='offload_param.max_in_cpu: elements of param shards kept in host memory, or "auto" '
+        "(the most-read after the first step; default 0: all on NVMe)",
     )
     p.add_argument(
         "--compare-tiers",
@@ -70,7 +76,10 @@ def _rss_now_gib() -> float:
     return psutil.Process().memory_info().rss / 2**30
 
 
-def _max_in_cpu(text: str):
+def _max_in_cpu(text):
+    """A --*-max-in-cpu flag's value (None: not given, 0 for one run; "auto" when tiered)."""
+    if text is None:
+        return 0
     return text if text == "auto" else int(float(text))
 
 
@@ -93,7 +102,7 @@ def _config(args, nvme: str) -> dict:
             "offload_param": {
                 "device": "nvme",
                 "nvme_path": nvme,
-                "max_in_cpu": 0,
+                "max_in_cpu": _max_in_cpu(args.param_max_in_cpu),
                 "buffer_size": int(args.buffer_size),
                 "buffer_count": 4,
                 "pin_memory": False,
@@ -203,6 +212,7 @@ def measure(args) -> dict:
             "last_step_moved": moved,
             "losses": losses,
             "swap_directory_gib": round(_du(nvme) / 2**30, 2),
+            "param_in_cpu_numel": (summary["params"].get("swap") or {}).get("in_cpu_numel", 0),
             "optimizer_tiers": {
                 "host_elements": tiers.host_elements,
                 "nvme_elements": tiers.nvme_elements,
@@ -246,12 +256,13 @@ _PASSED = (
 )
 
 
-def _child(args, max_in_cpu: str, nvme: str) -> dict:
+def _child(args, max_in_cpu: str, param_in_cpu: str, nvme: str) -> dict:
     """One configuration in its own process (its own peak RSS), as --json prints it."""
     cmd = [sys.executable, "-m", "zerostream.cli", "bench", "capacity", "--json"]
     for name in _PASSED:
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    cmd += ["--optimizer-max-in-cpu", max_in_cpu, "--nvme-path", nvme]
+    cmd += ["--optimizer-max-in-cpu", max_in_cpu, "--param-max-in-cpu", param_in_cpu]
+    cmd += ["--nvme-path", nvme]
     if args.bf16:
         cmd.append("--bf16")
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -272,10 +283,14 @@ def compare(args) -> dict:
     root = args.nvme_path or tempfile.mkdtemp(prefix="zs-capacity-")
     try:
         runs = {}
-        for name, value in (("all_nvme", "0"), ("tiered", args.optimizer_max_in_cpu)):
-            if name == "tiered" and value == "0":
-                value = "auto"
-            runs[name] = _child(args, value, os.path.join(root, name))
+        # The tiered run: the given tiers, "auto" for a flag not given.
+        opt, par = (
+            v if v is not None else "auto"
+            for v in (args.optimizer_max_in_cpu, args.param_max_in_cpu)
+        )
+        tiered = (opt, par)
+        for name, (opt, par) in (("all_nvme", ("0", "0")), ("tiered", tiered)):
+            runs[name] = _child(args, opt, par, os.path.join(root, name))
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         # fio moves about what a step moves (at least 256 MiB, at most 4 GiB).
         work = sum(_per_step_bytes(runs["all_nvme"]).values())

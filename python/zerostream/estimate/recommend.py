@@ -89,7 +89,8 @@ def explain(
         kept = t.host.get("fp32 master, Adam m, v (optimizer_max_in_cpu)", 0)
         lines.append(
             f'with memory tiers (zerostream.optimizer_max_in_cpu "auto"): the host RAM that '
-            f"leaves free keeps {gb(kept * machine.gpus_per_node)} GB of the optimizer state per node, "
+            f"leaves free keeps {gb(kept * machine.gpus_per_node)} GB of the optimizer state "
+            f"per node, "
             f"{gb(t.nvme_node)} GB stay on disk: host {gb(t.host_node)} GB -> {_fits_where(t)}; "
             f"NVMe traffic per step {gb(t.traffic['nvme_read'] + t.traffic['nvme_write'])} GB "
             f"instead of {gb(nv.traffic['nvme_read'] + nv.traffic['nvme_write'])} GB"

@@ -77,7 +77,8 @@ def test_capacity_compare_tiers_moves_fewer_disk_bytes_for_the_same_losses(tmp_p
     element less of it, and its losses are the all-NVMe run's."""
     cmd = [sys.executable, "-m", "zerostream.cli", "bench", "capacity", *SHAPE, "--steps", "2"]
     cmd += ["--sub-group-size", "1e5", "--buffer-size", "1e5", "--max-live", "1e6", "--bf16"]
-    cmd += ["--compare-tiers", "--optimizer-max-in-cpu", "4e5", "--nvme-path", str(tmp_path)]
+    cmd += ["--compare-tiers", "--optimizer-max-in-cpu", "4e5", "--param-max-in-cpu", "0"]
+    cmd += ["--nvme-path", str(tmp_path)]
     done = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=580)
     assert done.returncode == 0, done.stderr[-3000:]
     res = json.loads(done.stdout.strip().splitlines()[-1])
