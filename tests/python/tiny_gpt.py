@@ -92,3 +92,19 @@ def plain_adamw_losses(
         opt.zero_grad()
         losses.append(float(loss.detach()))
     return losses
+
+
+def adamw_ds_config(micro: int, zero: dict, lr, betas, weight_decay, clip, **sections) -> dict:
+    """The ds_config of plain_adamw_losses' optimizer: AdamW with these hyperparameters,
+    clipping `clip`, no accumulation, the `zero` section and any other `sections`."""
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": clip,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": lr, "betas": list(betas), "weight_decay": weight_decay},
+        },
+        "zero_optimization": zero,
+        **sections,
+    }

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from multirank import run_ranks
-from tiny_gpt import TinyGPT, make_batches, plain_adamw_losses
+from tiny_gpt import TinyGPT, adamw_ds_config, make_batches, plain_adamw_losses
 from zerostream.offload import tiers
 from zerostream.offload.tiers import HOST, NVME
 
@@ -59,27 +59,20 @@ def test_auto_reads_the_host_memory_limit(monkeypatch):
 
 # --- the engine ----------------------------------------------------------------------------------
 def _config(micro, stage, nvme, max_in_cpu):
-    return {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": CLIP,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WD},
+    zero = {
+        "stage": stage,
+        "reduce_bucket_size": 3000,
+        "sub_group_size": SUB_GROUP,
+        "offload_optimizer": {
+            "device": "nvme",
+            "nvme_path": nvme,
+            "pipeline_read": True,
+            "pipeline_write": True,
         },
-        "zero_optimization": {
-            "stage": stage,
-            "reduce_bucket_size": 3000,
-            "sub_group_size": SUB_GROUP,
-            "offload_optimizer": {
-                "device": "nvme",
-                "nvme_path": nvme,
-                "pipeline_read": True,
-                "pipeline_write": True,
-            },
-        },
-        "zerostream": {"optimizer_max_in_cpu": max_in_cpu},
     }
+    return adamw_ds_config(
+        micro, zero, LR, BETAS, WD, CLIP, zerostream={"optimizer_max_in_cpu": max_in_cpu}
+    )
 
 
 def _train(engine, rank, world, steps, first=0):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from multirank import run_ranks
-from tiny_gpt import TinyGPT, make_batches, plain_adamw_losses
+from tiny_gpt import TinyGPT, adamw_ds_config, make_batches, plain_adamw_losses
 
 STEPS, GLOBAL_BATCH = 4, 16
 LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5
@@ -31,17 +31,8 @@ def _config(micro, stage, master=True):
     bf16 = {"enabled": True}
     if master:
         bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
-    return {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": CLIP,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WD},
-        },
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000},
-        "bf16": bf16,
-    }
+    zero = {"stage": stage, "reduce_bucket_size": 3000}
+    return adamw_ds_config(micro, zero, LR, BETAS, WD, CLIP, bf16=bf16)
 
 
 def _train(engine, rank, world, steps, first=0):
