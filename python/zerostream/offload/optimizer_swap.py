@@ -146,12 +146,14 @@ class SwappedAdam:
             param_bytes,  # parameter shards "auto" will bring back (tiers.py)
         )
         on_host = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.HOST]
-        on_disk = [s for s in self.sub_groups if s not in on_host]
+        on_disk = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.NVME]
         # The host tier: each sub-group's three tensors, kept for the whole run.
         self.host_arena = None
         if on_host:
             self.host_arena = HostArena(
-                sum(3 * arena_bytes(4 * (s.hi - s.lo)) for s in on_host), lock=offload.pin_memory
+                sum(3 * arena_bytes(4 * (s.hi - s.lo)) for s in on_host),
+                lock=offload.pin_memory,
+                register=True,  # a host-tier master uploads straight to a device partition
             )
             for s in on_host:
                 s.host = [self.host_arena.empty(s.hi - s.lo, torch.float32) for _ in _KINDS]

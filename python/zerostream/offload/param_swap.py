@@ -231,11 +231,10 @@ class ParamSwapper:
         sizes = [arena_bytes(zp.shard_numel * zp.dtype.itemsize) for zp in on_disk]
         usable, where, ranks = tiers.usable_share()
         budget = self.kept_budget = tiers.auto_budget_bytes(usable, ranks, 0)
-        chosen = [
-            on_disk[i] for i in tiers.place_shards([reads[z] for z in on_disk], sizes, budget)
-        ]
+        picked = tiers.place_shards([reads[z] for z in on_disk], sizes, budget)
+        chosen = [on_disk[i] for i in picked]
         self.kept_arena = HostArena(
-            max(1, sum(sizes[on_disk.index(zp)] for zp in chosen)),
+            max(1, sum(sizes[i] for i in picked)),
             lock=self.pin_memory,
             register=True,
             pooled=True,
