@@ -114,6 +114,11 @@ def parse_args(argv=None):
     p.add_argument("--corpus-mb", type=float, default=8.0, help="stdlib bytes to read")
     p.add_argument("--nvme-path", help="replaces every nvme_path in the config")
     p.add_argument("--save-dir", help="save a checkpoint here at the end")
+    p.add_argument(
+        "--save-at",
+        type=int,
+        help="with --save-dir: save after this many steps of this launch instead of at the end",
+    )
     p.add_argument("--resume", help="load the latest checkpoint from here first")
     p.add_argument("--out", default="train_gpt_out", help="plot and summary go here")
     p.add_argument("--seed", type=int, default=1)
@@ -208,16 +213,16 @@ def main(argv=None) -> int:
             history[t].append(after["bytes"].get(t, 0) - before["bytes"].get(t, 0))
         if (step + 1 - start_step) % args.eval_every == 0 or step + 1 == start_step + args.steps:
             history["eval"].append((step + 1, validation_loss(engine, valid_text, args, device)))
+        if args.save_dir and args.save_at == step + 1 - start_step:
+            _save(engine, args.save_dir, rank)
         if bar is not None:
             bar.update(1)
             bar.set_postfix_str(_postfix(loss_avg, tokens_per_step / took, after, begin))
     elapsed = time.perf_counter() - t0
     if bar is not None:
         bar.close()
-    if args.save_dir:
-        engine.save_checkpoint(args.save_dir)
-        if rank == 0:
-            print(f"checkpoint: {args.save_dir}/global_step{engine.global_steps}", flush=True)
+    if args.save_dir and args.save_at is None:
+        _save(engine, args.save_dir, rank)
 
     peaks = _peaks_over_ranks(device)
     if rank == 0:
@@ -233,6 +238,12 @@ def main(argv=None) -> int:
 
 
 # --- reporting ------------------------------------------------------------------------------------
+def _save(engine, save_dir: str, rank: int) -> None:
+    engine.save_checkpoint(save_dir)
+    if rank == 0:
+        print(f"checkpoint: {save_dir}/global_step{engine.global_steps}", flush=True)
+
+
 def _progress(rank: int, start: int, steps: int):
     if rank != 0:
         return None

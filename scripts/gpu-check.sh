@@ -209,6 +209,9 @@ run_bench() {
   # A peer may take up to twice its even share: zerostream runs first, the slowest peer
   # should not starve the rest, and the step's own limit still bounds them all.
   mkdir -p "$nvme"
+  # On the simulated device the peers' numbers mean nothing (a CPU playing a GPU): each
+  # configuration runs once, zerostream alone, to check the command and its flags (CI).
+  [ "$simulated" -eq 1 ] && flags="$flags --peers zerostream"
   # shellcheck disable=SC2086
   step "bench-$name" "$cap" "$out/bench-$name.json" "$PY" -m zerostream.bench.step \
     "${bench_size[@]}" --precision "$bench_precision" --steps "$steps" --warmup 1 \

@@ -57,8 +57,12 @@ build_variant() {
   # -O0 -g1 (line tables, for the reports' stacks): the sanitizers check the same accesses at
   # any level; on a clean clone here the AddressSanitizer variant compiled in 377 s at -O1
   # (-O2 took longer still) and in 187 s at -O0, and its tests ran in 26 s either way.
+  # A unity build (16 sources a unit; CMake leaves out files with their own flags, the SIMD
+  # levels) parses the shared headers (gtest, nlohmann/json) once a unit: 58 s against 118 s
+  # for the AddressSanitizer variant on this 2-core machine, the same 182 tests.
   if ! { cmake -S . -B "$dir" -G Ninja -DZS_WITH_CUDA=OFF -DZS_BUILD_PYTHON=OFF \
            -DZS_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 \
            "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O0 -g1" \
            "$@" &&
          cmake --build "$dir" -j "$(nproc)" "${targets[@]}"; } > "$dir-build.log" 2>&1; then

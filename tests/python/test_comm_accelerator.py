@@ -11,29 +11,26 @@ from multirank import run_ranks
 
 
 def _env_probe(env: dict) -> dict:
-    """Runs _env_from_launchers in a clean child so os.environ edits stay there."""
-    code = (
-        "import json, os; from zerostream.comm import _env_from_launchers as f; f(29500); "
-        "print(json.dumps({k: os.environ.get(k) for k in "
-        "('RANK','WORLD_SIZE','LOCAL_RANK','MASTER_ADDR','MASTER_PORT')}))"
-    )
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(
-            ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "OMPI_", "PMI_")
-        )
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    import json
+    """Runs _env_from_launchers over a clean copy of the environment plus `env` and gives
+    os.environ back as it was (in-process: a child per probe cost 3 s of torch import)."""
+    from zerostream.comm import _env_from_launchers
 
-    return json.loads(out)
+    saved = dict(os.environ)
+    try:
+        for k in list(os.environ):
+            if k.startswith(
+                ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "OMPI_", "PMI_")
+            ):
+                del os.environ[k]
+        os.environ.update(env)
+        _env_from_launchers(29500)
+        return {
+            k: os.environ.get(k)
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        }
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def test_launcher_environments_are_understood():

@@ -119,18 +119,22 @@ def _config(args, nvme: str) -> dict:
     }
 
 
-def host_budget_bytes(numel: int, args, host_state_elements: int = 0) -> int:
+def host_budget_bytes(
+    numel: int, args, host_state_elements: int = 0, kept_shard_bytes: int = 0
+) -> int:
     """Host memory the configuration implies on one rank: the gradient partition (16-bit with
     a bf16 model, Note [Gradients to an offloaded partition]), the optimizer's staging (2 sets
     x 3 fp32 sub-groups), the optimizer state kept in host memory (12 bytes an element), the
-    param staging arena (2 x 4 buffers), the gathered parameters (max_live, twice for
-    prefetch), and 3 GiB for torch, Python and activations."""
+    parameter shards kept in host memory, the param staging arena (2 x 4 buffers), the
+    gathered parameters (max_live, twice for prefetch), and 3 GiB for torch, Python and
+    activations."""
     sub = min(int(args.sub_group_size), numel)
     width = 2 if args.bf16 else 4
     return (
         width * numel
         + 2 * 3 * 4 * sub
         + 12 * host_state_elements
+        + kept_shard_bytes
         + 2 * 4 * width * int(args.buffer_size)
         + 2 * width * int(args.max_live)
         + (3 << 30)
@@ -188,9 +192,13 @@ def measure(args) -> dict:
         numel = shape.params
         states = (14 if args.bf16 else 16) * numel
         tiers = engine.optimizer.swapper.tiers
-        budget = host_budget_bytes(numel, args, tiers.host_elements)
         peak = _rss_gib()
         summary = optimizer.state_summary()
+        swap = summary["params"].get("swap") or {}
+        width = 2 if args.bf16 else 4
+        # Shards kept by an element count or brought back by "auto" (arena pages).
+        kept = max(swap.get("kept_bytes", 0), width * swap.get("in_cpu_numel", 0))
+        budget = host_budget_bytes(numel, args, tiers.host_elements, kept)
         return {
             "shape": shape.__dict__,
             "params": numel,
@@ -219,6 +227,7 @@ def measure(args) -> dict:
                 "budget_elements": tiers.budget_elements,
                 "source": tiers.source,
             },
+            "param_kept_bytes": kept,
             "param_swap": summary["params"].get("swap"),
             "verdict": {
                 "states_larger_than_ram": states > ram,

@@ -11,21 +11,8 @@ Note [A child's peak RSS]
 from __future__ import annotations
 
 import resource
-from typing import Dict
 
-
-def memory_status() -> Dict[str, int]:
-    """VmRSS and VmHWM (peak) of this process, in bytes; {} where /proc has no such lines."""
-    out = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    out[key] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
+from ..offload.memory_preflight import memory_status  # noqa: F401 (this module's API)
 
 
 def reset_peak() -> bool:

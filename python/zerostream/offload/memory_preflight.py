@@ -13,7 +13,7 @@ tests, and for a user who knows better (another job will need the memory).
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from ..ops.threads import ranks_on_this_host
 
@@ -99,6 +99,32 @@ def cgroup_room(
                     rooms.append(limit - (used or 0))
                     break
     return max(0, min(rooms)) if rooms else None
+
+
+def memory_status() -> Dict[str, int]:
+    """VmRSS and VmHWM (peak) of this process, in bytes; {} where /proc has no such lines."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def peak_above_now_bytes() -> int:
+    """This process's peak resident size (VmHWM) less its resident size now: read between
+    two steps, what a step needs on top of the memory it leaves behind (its gathered
+    parameters, activations, staging churn); 0 where /proc does not say. The peak may
+    predate the step (a larger build, or the parent's size carried across exec): the
+    number errs on the large side, never the small."""
+    status = memory_status()
+    if "VmHWM" not in status or "VmRSS" not in status:
+        return 0
+    return max(0, status["VmHWM"] - status["VmRSS"])
 
 
 def usable_host_bytes() -> Tuple[Optional[int], str]:

@@ -118,7 +118,7 @@ class SwappedAdam:
         aio: "AioConfig",
         ext: "ZeroStreamExtConfig",
         rank: int,
-        param_bytes: int = 0,
+        param_tier=None,
     ):
         offload = zero.offload_optimizer
         self.adamw_mode = optimizer.adamw_mode
@@ -139,12 +139,14 @@ class SwappedAdam:
             )
         ]
         sizes = [s.hi - s.lo for s in self.sub_groups]
-        self.tiers = tiers.plan(
-            sizes,
-            ext.optimizer_max_in_cpu,
-            self.sets * 3 * 4 * max(sizes, default=0),
-            param_bytes,  # parameter shards "auto" will bring back (tiers.py)
-        )
+        self.tiers = tiers.plan(sizes, ext.optimizer_max_in_cpu)
+        # "auto": placed between two steps, after the parameter shards' own "auto" choice
+        # (`param_tier`, a ParamSwapper) where there is one (Note ["auto" is sized from a
+        # measured step] in tiers.py).
+        self.auto_pending = ext.optimizer_max_in_cpu == "auto"
+        self.param_tier = param_tier
+        self.steps_here = 0  # steps this process ran (the first one is the measurement)
+        self.pin_memory = offload.pin_memory
         on_host = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.HOST]
         on_disk = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.NVME]
         # The host tier: each sub-group's three tensors, kept for the whole run.
@@ -282,6 +284,9 @@ class SwappedAdam:
     ) -> None:
         """One Adam step of every sub-group: grads[g] is group g's fp32 gradient partition,
         partitions[g] the model-dtype partition that receives the updated params."""
+        if self.auto_pending and self.steps_here >= 1 and self._params_placed():
+            self.place_measured()
+        self.steps_here += 1
         for g in range(len(self.steps)):
             self.steps[g] += 1
         # NVMe sub-groups take staging slots in turn (the j-th one slot j % sets); host ones
@@ -319,6 +324,58 @@ class SwappedAdam:
                 pending_reads[nxt] = self._read(disk[nxt], nslot)
         for writes in pending_writes.values():
             self._wait(writes)
+
+    # --- "auto": the host tier from a measured step ---------------------------------------------
+    def _params_placed(self) -> bool:
+        """Whether the parameter shards' "auto" has chosen (it goes first), or will not:
+        without a stage-3 trace it never runs, so the optimizer waits two steps at most."""
+        pt = self.param_tier
+        return pt is None or pt.auto_decided or self.steps_here >= 3
+
+    def place_measured(self) -> int:
+        """optimizer_max_in_cpu "auto", between two steps: the sub-groups that fit what this
+        rank may still allocate now (tiers.measured_budget_bytes) move from the swap store into
+        host memory, for good; their extents are freed. Returns how many moved."""
+        from .memory_preflight import ENV, usable_host_bytes
+
+        self.auto_pending = False
+        sizes = [s.hi - s.lo for s in self.sub_groups]
+        # A fixed override of the usable memory does not drop as the parameter shards'
+        # arena fills, unlike MemAvailable or the cgroup's room: counted here instead.
+        taken = 0
+        if self.param_tier is not None and usable_host_bytes()[1] == ENV:
+            taken = self.param_tier.kept_bytes
+        budget, source = tiers.measured_budget_bytes(taken)
+        plan = tiers.place(sizes, budget // tiers.STATE_BYTES, source)
+        # Each tensor is rounded to the arena's alignment: drop sub-groups (the last in
+        # the placement's order) until the arena fits the budget.
+        moving = [s for s, t in zip(self.sub_groups, plan.tiers) if t == tiers.HOST]
+        while moving and 3 * sum(arena_bytes(4 * (s.hi - s.lo)) for s in moving) > budget:
+            moving.pop()
+        if moving:
+            self.host_arena = HostArena(
+                sum(3 * arena_bytes(4 * (s.hi - s.lo)) for s in moving),
+                lock=self.pin_memory,
+                register=True,
+            )
+            for s in moving:
+                host = [self.host_arena.empty(s.hi - s.lo, torch.float32) for _ in _KINDS]
+                self._wait([self.store.read(3 * s.index + k, t) for k, t in enumerate(host)])
+                self.bytes_read += 12 * (s.hi - s.lo)
+                for k in range(len(_KINDS)):
+                    self.store.free(3 * s.index + k)
+                s.host = host
+        placed = {s.index for s in moving}
+        host = sum(sizes[i] for i in placed)
+        self.tiers = tiers.TierPlan(
+            [tiers.HOST if s.index in placed else tiers.NVME for s in self.sub_groups],
+            host,
+            sum(sizes) - host,
+            plan.budget_elements,
+            plan.source,
+        )
+        logger.info(self.tiers.describe())
+        return len(moving)
 
     def _update(self, s: SubGroup, state, grads, partitions, grad_scale: float) -> None:
         p, m, v = (buf[: s.hi - s.lo] for buf in state)
@@ -488,6 +545,8 @@ class SwappedAdam:
             "directory": self.store.directory,
             "host_elements": self.tiers.host_elements,
             "nvme_elements": self.tiers.nvme_elements,
+            "budget_elements": self.tiers.budget_elements,
+            "tier_source": self.tiers.source,
             "sub_groups": [
                 {
                     "group": s.group,

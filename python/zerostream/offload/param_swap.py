@@ -51,6 +51,7 @@ class ParamSwapper:
         self.kept_arena: Optional[HostArena] = None  # the shards "auto" brought back
         self.read_counts: Dict[int, int] = {}  # ds_id -> reads in the trace "auto" used
         self.kept_budget = 0
+        self.kept_bytes = 0  # the kept arena's size
         self.pin_memory = offload_param.pin_memory
         try:
             self.store = SwapStore(
@@ -215,11 +216,17 @@ class ParamSwapper:
         """Bytes of those of `zps` whose shards are on disk."""
         return sum(zp.shard_numel * zp.dtype.itemsize for zp in zps if zp.on_nvme)
 
+    @property
+    def auto_decided(self) -> bool:
+        """False while max_in_cpu "auto" has yet to choose the shards it keeps."""
+        return not self.auto or self.kept_arena is not None
+
     def rehome_by_reads(self, reads: Dict[ZeroParam, int]) -> int:
         """offload_param.max_in_cpu "auto", once the first trace says how often the step reads
         each shard (`reads`): the most-read shards on disk that fit this rank's share of the
-        usable host memory, less the reserve, are read into one page-locked arena and live
-        there from now on (Note [Parameter shards in host memory]). Returns how many moved."""
+        usable host memory, less a step's measured excess and the reserve, are read into one
+        page-locked arena and live there from now on (Note [Parameter shards in host
+        memory]). Returns how many moved."""
         from . import tiers
 
         if not self.auto or self.kept_arena is not None:
@@ -229,12 +236,13 @@ class ParamSwapper:
             self.pending[0].land()
         on_disk = [zp for zp in reads if zp.on_nvme]
         sizes = [arena_bytes(zp.shard_numel * zp.dtype.itemsize) for zp in on_disk]
-        usable, where, ranks = tiers.usable_share()
-        budget = self.kept_budget = tiers.auto_budget_bytes(usable, ranks, 0)
+        budget, source = tiers.measured_budget_bytes()
+        self.kept_budget = budget
         picked = tiers.place_shards([reads[z] for z in on_disk], sizes, budget)
         chosen = [on_disk[i] for i in picked]
+        self.kept_bytes = sum(sizes[i] for i in picked)
         self.kept_arena = HostArena(
-            max(1, sum(sizes[i] for i in picked)),
+            max(1, self.kept_bytes),
             lock=self.pin_memory,
             register=True,
             pooled=True,
@@ -250,14 +258,13 @@ class ParamSwapper:
             saved += (reads[zp] + 1) * zp.shard_numel * zp.dtype.itemsize
         logger.info(
             'zero_optimization.offload_param.max_in_cpu "auto": %d of %d shards on disk '
-            "(%.2f GiB, the most read) now live in host memory (budget %.2f GiB from %s%s); "
+            "(%.2f GiB, the most read) now live in host memory (budget %.2f GiB from %s); "
             "about %.2f GB less disk traffic per step",
             len(chosen),
             len(on_disk),
             sum(zp.shard_numel * zp.dtype.itemsize for zp in chosen) / 2**30,
             budget / 2**30,
-            where,
-            f" shared by {ranks} ranks" if ranks > 1 else "",
+            source,
             saved / 1e9,
         )
         return len(chosen)
@@ -345,6 +352,7 @@ class ParamSwapper:
             "in_cpu_numel": self.in_cpu_numel,
             "kept_ids": sorted(self._in_cpu),
             "auto_budget_bytes": self.kept_budget,
+            "kept_bytes": self.kept_bytes,
             "read_counts": dict(self.read_counts),
             "staging_bytes": self.arena_bytes,
             # Staging buffers the pooled arena's free space was too fragmented to hold.

@@ -13,10 +13,24 @@ reads the next NVMe sub-group while the CPU updates host ones.
 
 The host tier's size is `zerostream.optimizer_max_in_cpu` (elements per rank, like
 DeepSpeed's offload_param.max_in_cpu; 0, the default, is DeepSpeed's all-on-NVMe), or
-"auto": what this rank may still allocate (offload/memory_preflight.py, shared by the ranks
-of this host) less a reserve for what the run allocates after the optimizer (gathered
-parameters, activations, the allocator's slack). The placement changes no result: Adam is
-elementwise and every sub-group runs the same kernel in the same order.
+"auto". The placement changes no result: Adam is elementwise and every sub-group runs the
+same kernel in the same order.
+
+Note ["auto" is sized from a measured step]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Before a step has run, the memory a step needs on top of what it leaves behind (gathered
+parameters, activations, staging, the allocator's slack) is a guess, and so are the pages of
+buffers allocated but not yet touched (a gradient partition is resident only once written).
+A guess too small fills RAM (the 3.17 B run of benchmarks/capacity.md peaked at 21.6 of 23.5
+GiB and ran slower than all on NVMe); one too large gives the win away. So "auto" decides
+after the first step: everything starts on disk; when the first step is over, what this rank
+may still allocate (memory_preflight.usable_host_bytes, MemAvailable or the cgroup's room,
+shared by the ranks of this host) less that step's measured excess (peak RSS less RSS now)
+less a small reserve (AUTO_RESERVE_*) is the budget. The parameter shards take it first (a
+byte of a shard saves more disk traffic than a byte of optimizer state, below); the
+optimizer state's sub-groups then move into host memory at the start of the next step
+that follows the parameters' choice, from what those left free. Moving costs one read of
+what moves, once; the disk extents they leave are freed.
 
 Note [Parameter shards in host memory]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -24,25 +38,27 @@ offload_param.max_in_cpu keeps DeepSpeed's meaning (the first N elements of shar
 host memory) and also takes "auto": every shard goes to disk at first; once the first step's
 stage-3 trace is recorded, the shards read most often in it (a tied embedding more often than
 a layer's weight) are read back into a page-locked arena while they fit what this rank may
-still use, less the reserve. Per byte of RAM a 16-bit shard saves more disk traffic than
+still use, less a step's measured excess and the reserve (Note ["auto" is sized from a
+measured step]). Per byte of RAM a 16-bit shard saves more disk traffic than
 optimizer state (read in forward and backward, written after the step: 6 bytes a step for 2
-held, against 24 for 12), so an optimizer tier that is also "auto" leaves room for them.
+held, against 24 for 12), so an optimizer tier that is also "auto" is placed after them.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 logger = logging.getLogger("zerostream")
 
 HOST, NVME = "host", "nvme"
 STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq, per element
-# "auto" leaves this much of the usable host memory to the rest of the run: a fixed part
-# (torch, Python, the allocator's slack) and a share that grows with the machine.
-AUTO_RESERVE_BYTES = 2 << 30
-AUTO_RESERVE_SHARE = 0.10
+# "auto" leaves this much of the usable host memory on top of the measured excess of a step
+# (Note ["auto" is sized from a measured step]): a fixed part and a share that grows with
+# the machine, for what the first step did not show (a checkpoint save, the page cache).
+AUTO_RESERVE_BYTES = 1 << 30
+AUTO_RESERVE_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -106,13 +122,6 @@ def auto_budget_bytes(usable_bytes: Optional[int], ranks_on_host: int, other_byt
     return max(0, share - AUTO_RESERVE_BYTES - int(AUTO_RESERVE_SHARE * share) - other_bytes)
 
 
-def auto_budget_elements(
-    usable_bytes: Optional[int], ranks_on_host: int, staging_bytes: int
-) -> int:
-    """The optimizer's host tier under "auto", in state elements (12 bytes each)."""
-    return auto_budget_bytes(usable_bytes, ranks_on_host, staging_bytes) // STATE_BYTES
-
-
 def usable_share() -> tuple:
     """(bytes this process may still allocate or None, where that comes from, ranks here)."""
     from ..ops.threads import ranks_on_this_host
@@ -134,25 +143,38 @@ def place_shards(reads: Sequence[int], sizes: Sequence[int], budget_bytes: int) 
     return sorted(chosen)
 
 
-def plan(
-    sizes: Sequence[int], max_in_cpu: Union[int, str], staging_bytes: int, param_bytes: int = 0
-) -> TierPlan:
-    """The placement for `zerostream.optimizer_max_in_cpu` (elements, or "auto"). Under
-    "auto", `param_bytes` of parameter shards that offload_param.max_in_cpu "auto" will want
-    after the first step are left free (Note [Parameter shards in host memory])."""
+def measured_budget_bytes(other_bytes: int = 0) -> Tuple[int, str]:
+    """(what "auto" may keep in host memory now, between two steps, where that comes from):
+    this rank's share of the usable host memory, less the excess a step was measured to
+    need, the reserve and `other_bytes` (Note ["auto" is sized from a measured step])."""
+    from .memory_preflight import peak_above_now_bytes
+
+    usable, where, ranks = usable_share()
+    if usable is None:
+        return 0, '"auto": no host-memory reading'
+    excess = peak_above_now_bytes()
+    budget = auto_budget_bytes(usable, ranks, excess + other_bytes)
+    return budget, (
+        f'"auto": {where} {usable / 2**30:.2f} GiB'
+        + (f" shared by {ranks} ranks" if ranks > 1 else "")
+        + f", less {excess / 2**30:.2f} GiB a step needs above what it leaves (measured)"
+        + (f" and {other_bytes / 2**30:.2f} GiB taken since" if other_bytes else "")
+    )
+
+
+def plan(sizes: Sequence[int], max_in_cpu: Union[int, str]) -> TierPlan:
+    """The placement for `zerostream.optimizer_max_in_cpu` (elements, or "auto") when the
+    optimizer is built: "auto" starts all on NVMe and is placed by plan_measured() after
+    the first step (Note ["auto" is sized from a measured step])."""
     if max_in_cpu == "auto":
-        usable, where, ranks = usable_share()
-        budget = auto_budget_elements(usable, ranks, staging_bytes + param_bytes)
-        source = (
-            f'"auto": {where} {usable / 2**30:.2f} GiB'
-            + (f" shared by {ranks} ranks" if ranks > 1 else "")
-            + (f", {param_bytes / 2**30:.2f} GiB left to parameter shards" if param_bytes else "")
-            if usable is not None
-            else '"auto": no host-memory reading'
-        )
-        result = place(sizes, budget, source)
-    else:
-        result = place(sizes, int(max_in_cpu), f"zerostream.optimizer_max_in_cpu {max_in_cpu}")
+        return place(sizes, 0, '"auto": sized after the first step')
+    result = place(sizes, int(max_in_cpu), f"zerostream.optimizer_max_in_cpu {max_in_cpu}")
     if result.host_elements:
         logger.info(result.describe())
     return result
+
+
+def plan_measured(sizes: Sequence[int], other_bytes: int = 0) -> TierPlan:
+    """The "auto" placement between two steps, from the memory measured then."""
+    budget, source = measured_budget_bytes(other_bytes)
+    return place(sizes, budget // STATE_BYTES, source)

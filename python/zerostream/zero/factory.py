@@ -74,12 +74,9 @@ def _nvme_adam(ctx: StageContext, client):
         )
 
     def make(masters, options, param_starts):
-        # Both tiers "auto": the parameter shards on disk come back first after the first
-        # step (Note [Parameter shards in host memory]); the optimizer leaves them room.
-        op = cfg.zero_optimization.offload_param
-        param_bytes = 0
-        if op is not None and op.device == "nvme" and op.max_in_cpu == "auto":
-            param_bytes = sum(s.nvme_bytes() for s in masters if isinstance(s, ShardSink))
+        # Both tiers "auto": the parameter shards choose first, after the first step; the
+        # optimizer's host tier waits for them (Note ["auto" is sized from a measured step]).
+        param_tier = next((s.swapper for s in masters if isinstance(s, ShardSink)), None)
         return SwappedAdam(
             masters,
             options,
@@ -89,7 +86,7 @@ def _nvme_adam(ctx: StageContext, client):
             aio=cfg.aio,
             ext=cfg.zerostream,
             rank=comm.get_rank(),
-            param_bytes=param_bytes,
+            param_tier=param_tier,
         )
 
     return make

@@ -38,14 +38,17 @@ def save_then_die(rank, world, root, point, tag):
     return "saved"
 
 
+# The default tier kills a writer mid-file, the non-writer mid-file and the writer just
+# before the commit, and replaces a tag in place; the other points are the slow tier's.
+_slow = pytest.mark.slow
 KILLS = [
-    ("before_model_states@1", "next"),
+    pytest.param("before_model_states@1", "next", marks=_slow),
     ("during_optim_states@1", "next"),
-    ("after_optim_states@0", "next"),
+    pytest.param("after_optim_states@0", "next", marks=_slow),
     ("before_commit@0", "next"),
-    ("before_latest@0", "next"),
+    pytest.param("before_latest@0", "next", marks=_slow),
     ("during_optim_states@0", "good"),  # replacing the tag in place
-    ("before_commit@0", "good"),
+    pytest.param("before_commit@0", "good", marks=_slow),
 ]
 
 

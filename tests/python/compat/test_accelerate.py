@@ -39,6 +39,7 @@ def check_training(facts, nproc):
     assert [f"random_states_{r}.pkl" in facts["saved"] for r in range(nproc)] == [True] * nproc
 
 
+@pytest.mark.slow  # the two-process stage-3 case below runs Accelerate's path in the default tier
 def test_accelerate_one_process_stage2_offload(compat_env, tmp_path):
     check_training(run_accelerate(compat_env, tmp_path, 1, 2), 1)
 

@@ -38,23 +38,42 @@ def test_the_last_pass_fills_the_budget_with_whole_sub_groups_only():
     assert tiers.place([10, 10, 5], 0).tiers == [NVME] * 3
 
 
-def test_auto_leaves_the_reserve_and_the_staging_and_shares_the_host():
+def test_auto_leaves_the_reserve_and_what_else_is_taken_and_shares_the_host():
     gib = 1 << 30
-    # 20 GiB usable, 2 ranks here: 10 GiB each, less 2 GiB, less 10% (1 GiB), less 1 GiB
-    # of staging: 6 GiB of state at 12 bytes an element.
-    assert tiers.auto_budget_elements(20 * gib, 2, gib) == 6 * gib // 12
-    assert tiers.auto_budget_elements(3 * gib, 1, gib) == 0  # nothing left after the reserve
-    assert tiers.auto_budget_elements(None, 1, 0) == 0  # no reading: all on NVMe
+    # 20 GiB usable, 2 ranks here: 10 GiB each, less 1 GiB, less 5% (0.5 GiB), less 1 GiB
+    # taken by something else (a step's measured excess): 7.5 GiB.
+    assert tiers.auto_budget_bytes(20 * gib, 2, gib) == 7 * gib + gib // 2
+    assert tiers.auto_budget_bytes(2 * gib, 1, gib) == 0  # nothing left after the reserve
+    assert tiers.auto_budget_bytes(None, 1, 0) == 0  # no reading: all on NVMe
 
 
-def test_auto_reads_the_host_memory_limit(monkeypatch):
+def test_auto_starts_on_disk_and_is_placed_from_the_measured_step(monkeypatch):
+    from zerostream.offload import memory_preflight
+
     monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", "4G")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    plan = tiers.plan([10**8] * 4, "auto", staging_bytes=0)
-    budget = (4 * 2**30 - 2 * 2**30 - int(0.1 * 4 * 2**30)) // 12
-    assert plan.budget_elements == budget
-    assert plan.host_elements == 10**8  # one whole sub-group fits in ~0.14e9 elements
-    assert "ZEROSTREAM_HOST_MEMORY_LIMIT" in plan.source
+    monkeypatch.setattr(memory_preflight, "peak_above_now_bytes", lambda: 1 << 29)
+    before = tiers.plan([10**8] * 4, "auto")
+    assert before.tiers == [NVME] * 4 and "after the first step" in before.source
+    plan = tiers.plan_measured([10**8] * 4)
+    limit = 4 * 2**30
+    assert plan.budget_elements == (limit - 2**30 - int(0.05 * limit) - 2**29) // 12
+    assert plan.host_elements == 2 * 10**8  # two of the four fit in ~0.18e9 elements
+    assert plan.tiers == [HOST, NVME, HOST, NVME]  # spread over the step order
+    assert "ZEROSTREAM_HOST_MEMORY_LIMIT" in plan.source and "0.50 GiB a step" in plan.source
+    taken = tiers.plan_measured([10**8] * 4, other_bytes=2**30)  # e.g. parameter shards
+    assert abs(plan.budget_elements - taken.budget_elements - 2**30 // 12) <= 1  # rounding
+
+
+def test_a_step_s_excess_is_measured_from_the_process_s_peak():
+    from zerostream.offload.memory_preflight import memory_status, peak_above_now_bytes
+
+    if "VmHWM" not in memory_status():
+        pytest.skip("/proc/self/status has no VmHWM here")
+    big = torch.ones(64 << 20, dtype=torch.float32)  # 256 MiB, every page touched
+    assert peak_above_now_bytes() >= 0
+    del big  # a large allocation goes back to the kernel at once
+    assert peak_above_now_bytes() >= 200 << 20
 
 
 # --- the engine ----------------------------------------------------------------------------------
@@ -218,37 +237,59 @@ def test_a_tiered_checkpoint_resumes_exactly_all_on_nvme_and_back(tmp_path):
 
 def auto_worker(rank, world, root):
     import zerostream
+    from zerostream.offload import memory_preflight
 
-    torch.manual_seed(0)
-    config = _config(GLOBAL_BATCH, 2, root, "auto")
-    engine = zerostream.initialize(model=TinyGPT(), config=config)[0]
-    losses, traffic = _train(engine, rank, world, 2)
-    stats = engine.optimizer.swapper.stats()
-    engine.destroy()
-    return {
-        "host": stats["host_elements"],
-        "nvme": stats["nvme_elements"],
-        "sizes": [s["end"] - s["begin"] for s in stats["sub_groups"]],
-        "traffic": traffic,
-    }
+    # A step's measured excess, fixed: the rank's VmHWM carries its launcher's size.
+    memory_preflight.peak_above_now_bytes = lambda: 1 << 28
+    out = {}
+    for max_in_cpu in (0, "auto"):
+        torch.manual_seed(0)
+        config = _config(GLOBAL_BATCH, 2, f"{root}/{max_in_cpu}", max_in_cpu)
+        engine = zerostream.initialize(model=TinyGPT(), config=config)[0]
+        swapper = engine.optimizer.swapper
+        host_after_init = swapper.stats()["host_elements"]
+        losses, traffic = _train(engine, rank, world, 3)
+        stats = swapper.stats()
+        out[max_in_cpu] = {
+            "host_after_init": host_after_init,
+            "host": stats["host_elements"],
+            "nvme": stats["nvme_elements"],
+            "budget": stats["budget_elements"],
+            "sizes": [s["end"] - s["begin"] for s in stats["sub_groups"]],
+            "freed": [
+                3 * s.index + k not in swapper.store
+                for s in swapper.sub_groups
+                if s.on_host
+                for k in range(3)
+            ],
+            "traffic": traffic,
+            "losses": losses,
+        }
+        engine.destroy()
+    return out
 
 
-def test_auto_sizes_the_host_tier_from_the_host_memory_limit(tmp_path, monkeypatch):
-    # The limit leaves room for about 5000 elements after the reserve (2 GiB and 10%) and
-    # the staging (2 sets x 3 fp32 sub-groups of 2000 elements).
-    limit = 2_386_212_942
+def test_auto_moves_what_fits_into_host_memory_after_the_first_step(tmp_path, monkeypatch):
+    # The limit leaves room for about 5000 elements after the reserve (1 GiB and 5%) and
+    # the measured excess (256 MiB).
+    limit = 1_412_881_348
     monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(limit))
     out = run_ranks(auto_worker, 1, str(tmp_path))[0]
-    budget = (limit - 2 * 2**30 - int(0.1 * limit) - 2 * 3 * 4 * SUB_GROUP) // 12
+    none, auto = out[0], out["auto"]
+    budget = (limit - 2**30 - int(0.05 * limit) - 2**28) // 12
     assert 4000 <= budget < 6000
-    assert out["host"] == tiers.place(out["sizes"], budget).host_elements > 0
-    assert out["traffic"] == [(12 * out["nvme"], 12 * out["nvme"])] * 2
-
-
-def test_auto_leaves_room_for_the_parameter_shards_that_come_back_first(monkeypatch):
-    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", "6G")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    alone = tiers.plan([10**7] * 100, "auto", staging_bytes=0)
-    shared = tiers.plan([10**7] * 100, "auto", staging_bytes=0, param_bytes=2**30)
-    assert abs(alone.budget_elements - shared.budget_elements - 2**30 // 12) <= 1  # rounding
-    assert "1.00 GiB left to parameter shards" in shared.source
+    assert auto["host_after_init"] == 0  # "auto" starts all on disk
+    assert auto["budget"] == budget
+    host = auto["host"]
+    assert 0 < host <= budget and host == tiers.place(auto["sizes"], budget).host_elements
+    assert auto["freed"] and all(auto["freed"])  # their extents left the swap files
+    total = host + auto["nvme"]
+    # Step 1 streams everything; step 2 reads the moving sub-groups once more, then streams
+    # only what stayed on disk; step 3 likewise.
+    assert auto["traffic"] == [
+        (12 * total, 12 * total),
+        (12 * host + 12 * auto["nvme"], 12 * auto["nvme"]),
+        (12 * auto["nvme"], 12 * auto["nvme"]),
+    ]
+    assert none["host"] == 0 and none["traffic"] == [(12 * total, 12 * total)] * 3
+    assert auto["losses"] == none["losses"]  # Adam is elementwise: the same bits

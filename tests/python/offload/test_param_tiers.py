@@ -24,33 +24,59 @@ def test_the_most_read_shards_that_fit_are_kept():
     assert tiers.place_shards([5], [10], 0) == []
 
 
-def worker(rank, world, root):
-    import zerostream
+EXCESS = 1 << 26  # a step's measured excess, fixed in the ranks (their VmHWM is their launcher's)
 
+
+def _share_for(kept_bytes: int) -> int:
+    """A per-rank share of the usable memory that leaves `kept_bytes` after the reserve (1
+    GiB and 5%) and EXCESS."""
+    return -(-(2**30 + EXCESS + kept_bytes) * 100 // 95)
+
+
+def _stage3_config(micro, root, param_max_in_cpu, optimizer=None):
+    config = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "sub_group_size": 2000,
+            "offload_param": {
+                "device": "nvme",
+                "nvme_path": f"{root}/{param_max_in_cpu}",
+                "max_in_cpu": param_max_in_cpu,
+            },
+        },
+    }
+    if optimizer is not None:  # AdamW with its state on NVMe, optimizer_max_in_cpu `optimizer`
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}
+        config["zero_optimization"]["offload_optimizer"] = {
+            "device": "nvme",
+            "nvme_path": f"{root}/{param_max_in_cpu}-opt",
+        }
+        config["zerostream"] = {"optimizer_max_in_cpu": optimizer}
+    return config
+
+
+def worker(rank, world, root, steps=3, optimizer=None):
+    import zerostream
+    from zerostream.offload import memory_preflight
+
+    memory_preflight.peak_above_now_bytes = lambda: EXCESS
     micro = GLOBAL_BATCH // world
-    xs, ys = make_batches(3, GLOBAL_BATCH)
+    xs, ys = make_batches(steps, GLOBAL_BATCH)
     out = {}
     for max_in_cpu in (0, "auto"):
         torch.manual_seed(0)
         model = TinyGPT()
-        config = {
-            "train_micro_batch_size_per_gpu": micro,
-            "gradient_clipping": 0.0,
-            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-            "zero_optimization": {
-                "stage": 3,
-                "stage3_param_persistence_threshold": 0,
-                "offload_param": {
-                    "device": "nvme",
-                    "nvme_path": f"{root}/{max_in_cpu}",
-                    "max_in_cpu": max_in_cpu,
-                },
-            },
-        }
+        tier = None if optimizer is None else (0 if max_in_cpu == 0 else optimizer)
+        config = _stage3_config(micro, root, max_in_cpu, tier)
         engine = zerostream.initialize(model=model, config=config)[0]
         swapper = engine.module.head.weight._zs.partitioner.swapper
-        losses, reads = [], []
-        for s in range(3):
+        opt_swapper = getattr(engine.optimizer, "swapper", None)
+        losses, reads, opt_host = [], [], []
+        for s in range(steps):
             before = swapper.bytes_read
             lo = rank * micro
             loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
@@ -58,6 +84,8 @@ def worker(rank, world, root):
             engine.step()
             losses.append(float(loss.detach()))
             reads.append(swapper.bytes_read - before)
+            if opt_swapper is not None:
+                opt_host.append(opt_swapper.stats()["host_elements"])
         zps = {p._zs.ds_id: p._zs for p in engine.module.parameters()}
         stats = swapper.stats()
         out[max_in_cpu] = {
@@ -67,15 +95,17 @@ def worker(rank, world, root):
             "homes": {i: zp.home.value for i, zp in zps.items()},
             "bytes": {i: zp.shard_numel * zp.dtype.itemsize for i, zp in zps.items()},
             "tied": engine.module.head.weight._zs.ds_id,
+            "opt_host": opt_host,
+            "opt": opt_swapper.stats() if opt_swapper is not None else None,
         }
         engine.destroy()
     return out
 
 
 def test_auto_brings_the_most_read_shards_back_within_the_budget(tmp_path, monkeypatch):
-    # Each of the 2 ranks here gets half of the limit, less 2 GiB and 10%: about 40 KiB.
-    share = -(-(2**31 + 40 * 1024) * 10 // 9)
-    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(2 * share))
+    # Each of the 2 ranks here gets half of the limit, less the reserve and the excess:
+    # about 40 KiB.
+    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(2 * _share_for(40 * 1024)))
     for out in run_ranks(worker, 2, str(tmp_path)):
         none, auto = out[0], out["auto"]
         stats = auto["stats"]
@@ -95,3 +125,30 @@ def test_auto_brings_the_most_read_shards_back_within_the_budget(tmp_path, monke
         saved = sum(auto["bytes"][i] for i in kept)
         assert none["reads"][2] - auto["reads"][2] >= saved > 0
         assert auto["losses"] == none["losses"]
+
+
+def test_both_tiers_auto_place_the_shards_first_and_the_optimizer_from_what_is_left(
+    tmp_path, monkeypatch
+):
+    # One rank, room for 300 KiB: every shard (about 130 KiB, a page or more each) and part
+    # of the optimizer state (28 K elements, 336 KiB): the shards choose first (after the
+    # step that completes the trace), then the optimizer's host tier takes what is left at
+    # its next step.
+    share = _share_for(300 * 1024)
+    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(share))
+    out = run_ranks(worker, 1, str(tmp_path), 4, "auto")[0]
+    none, auto = out[0], out["auto"]
+    kept = auto["stats"]["kept_bytes"]
+    assert 0 < kept <= auto["stats"]["auto_budget_bytes"]
+    assert set(auto["homes"].values()) == {"host_arena"}  # every shard came back
+    opt = auto["opt"]
+    # The optimizer's budget is what the shards left: the fixed limit does not drop by
+    # itself, so their arena is counted.
+    left = share - 2**30 - int(0.05 * share) - EXCESS - kept
+    assert opt["budget_elements"] == left // 12
+    assert 0 < opt["host_elements"] <= opt["budget_elements"]
+    # All on disk until the shards were placed; in host memory from the step after.
+    first = auto["opt_host"].index(opt["host_elements"])
+    assert auto["opt_host"][:first] == [0] * first and first >= 1
+    assert none["opt"]["host_elements"] == 0 and none["stats"]["kept_bytes"] == 0
+    assert auto["losses"] == none["losses"]  # the placement changes no bit

@@ -94,7 +94,13 @@ def reference(kind: str, initial: dict):
 @pytest.mark.multirank
 @pytest.mark.parametrize(
     "kind,offload_param,offload_opt",
-    [("gpt2", "nvme", "nvme"), ("llama", "nvme", "nvme"), ("llama", "cpu", "cpu")],
+    [
+        ("gpt2", "nvme", "nvme"),
+        pytest.param(
+            "llama", "nvme", "nvme", marks=pytest.mark.slow
+        ),  # llama, nvme: each above/below
+        ("llama", "cpu", "cpu"),
+    ],
 )
 def test_hf_model_built_under_zero_init_trains_like_plain_pytorch(
     kind, offload_param, offload_opt, tmp_path
