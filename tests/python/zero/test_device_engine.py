@@ -120,7 +120,9 @@ def train(rank, world, case, nvme: str, resume_dir=None) -> tuple:
         losses.append(float(total) / (world * gas))
         norms.append(float(engine.get_global_grad_norm()))
     summary = engine.optimizer.state_summary()
-    return losses, norms, _params(engine), summary
+    params = _params(engine)
+    engine.destroy()  # its swap files go now: a rank's exit does not run the atexit cleanup
+    return losses, norms, params, summary
 
 
 def worker(rank, world, cases, root, device_kind):
