@@ -275,9 +275,13 @@ def _child(args, max_in_cpu: str, param_in_cpu: str, nvme: str) -> dict:
     if args.bf16:
         cmd.append("--bf16")
     done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode not in (0, 1):  # 1: ran, but a verdict failed (reported)
-        raise RuntimeError(f"bench capacity ({max_in_cpu}) failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    if done.returncode not in (0, 1) or not lines:  # 1: ran, but a verdict failed (reported)
+        raise RuntimeError(
+            f"bench capacity (optimizer {max_in_cpu}, params {param_in_cpu}) exited "
+            f"{done.returncode} without its result:\n{done.stderr[-3000:]}"
+        )
+    return json.loads(lines[-1])
 
 
 def _per_step_bytes(res: dict) -> Dict[str, int]:
@@ -320,8 +324,15 @@ def compare(args) -> dict:
         res["floor_seconds"] = round(
             read / disk["read_gb_per_s"] / 1e9 + written / disk["write_gb_per_s"] / 1e9, 2
         )
-        res["median_step_seconds"] = sorted(res["step_seconds"])[len(res["step_seconds"]) // 2]
-        res["over_floor"] = round(res["median_step_seconds"] / res["floor_seconds"], 3)
+        # "auto" places the tiers between steps (Note ["auto" is sized from a measured step]):
+        # both runs are compared over their last half, after the placement.
+        late = res["step_seconds"][len(res["step_seconds"]) // 2 :]
+        res["median_step_seconds"] = sorted(late)[len(late) // 2]
+        res["over_floor"] = (
+            round(res["median_step_seconds"] / res["floor_seconds"], 3)
+            if res["floor_seconds"]
+            else None
+        )
     a, t = runs["all_nvme"], runs["tiered"]
     return {
         "disk": disk,
