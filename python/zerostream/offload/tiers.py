@@ -23,7 +23,9 @@ parameters, activations, staging, the allocator's slack) is a guess, and so are 
 buffers allocated but not yet touched (a gradient partition is resident only once written).
 A guess too small fills RAM (the 3.17 B run of benchmarks/capacity.md peaked at 21.6 of 23.5
 GiB and ran slower than all on NVMe); one too large gives the win away. So "auto" decides
-after the first step: everything starts on disk; when the first step is over, what this rank
+after a measured step: everything starts on disk; when a step has run with the stage-3
+trace's plan (the recording step has no prefetches and read-ahead, and a smaller peak: a
+budget measured on it had the same 3.17 B run killed for memory), what this rank
 may still allocate (memory_preflight.usable_host_bytes, MemAvailable or the cgroup's room,
 shared by the ranks of this host) less that step's measured excess (peak RSS less RSS now)
 less a small reserve (AUTO_RESERVE_*) is the budget. The parameter shards take it first (a
@@ -35,8 +37,8 @@ what moves, once; the disk extents they leave are freed.
 Note [Parameter shards in host memory]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 offload_param.max_in_cpu keeps DeepSpeed's meaning (the first N elements of shards stay in
-host memory) and also takes "auto": every shard goes to disk at first; once the first step's
-stage-3 trace is recorded, the shards read most often in it (a tied embedding more often than
+host memory) and also takes "auto": every shard goes to disk at first; once the stage-3
+trace is recorded and the next step has run its plan, the shards read most often in it (a tied embedding more often than
 a layer's weight) are read back into a page-locked arena while they fit what this rank may
 still use, less a step's measured excess and the reserve (Note ["auto" is sized from a
 measured step]). Per byte of RAM a 16-bit shard saves more disk traffic than
