@@ -39,11 +39,12 @@ Note [Parameter shards in host memory]
 offload_param.max_in_cpu keeps DeepSpeed's meaning (the first N elements of shards stay in
 host memory) and also takes "auto": every shard goes to disk at first; once the stage-3
 trace is recorded and the next step has run its plan, the shards read most often in it (a
-tied embedding more often than a layer's weight) are read back into a page-locked arena while they fit what this rank may
-still use, less a step's measured excess and the reserve (Note ["auto" is sized from a
-measured step]). Per byte of RAM a 16-bit shard saves more disk traffic than
-optimizer state (read in forward and backward, written after the step: 6 bytes a step for 2
-held, against 24 for 12), so an optimizer tier that is also "auto" is placed after them.
+tied embedding more often than a layer's weight) are read back into a page-locked arena
+while they fit what this rank may still use, less a step's measured excess and the reserve
+(Note ["auto" is sized from a measured step]). Per byte of RAM a 16-bit shard saves more
+disk traffic than optimizer state (read in forward and backward, written after the step: 6
+bytes a step for 2 held, against 24 for 12), so an optimizer tier that is also "auto" is
+placed after them.
 """
 
 from __future__ import annotations
