@@ -328,7 +328,8 @@ class SwappedAdam:
     # --- "auto": the host tier from a measured step ---------------------------------------------
     def _params_placed(self) -> bool:
         """Whether the parameter shards' "auto" has chosen (it goes first), or will not:
-        without a stage-3 trace it never runs, so the optimizer waits two steps at most."""
+        without a stage-3 trace it never runs, so the optimizer places its tier at its
+        fourth step at the latest."""
         pt = self.param_tier
         return pt is None or pt.auto_decided or self.steps_here >= 3
 
@@ -350,11 +351,13 @@ class SwappedAdam:
         # Each tensor is rounded to the arena's alignment: drop sub-groups (the last in
         # the placement's order) until the arena fits the budget.
         moving = [s for s, t in zip(self.sub_groups, plan.tiers) if t == tiers.HOST]
-        while moving and 3 * sum(arena_bytes(4 * (s.hi - s.lo)) for s in moving) > budget:
-            moving.pop()
+        arena = sum(3 * arena_bytes(4 * (s.hi - s.lo)) for s in moving)
+        while moving and arena > budget:
+            s = moving.pop()
+            arena -= 3 * arena_bytes(4 * (s.hi - s.lo))
         if moving:
             self.host_arena = HostArena(
-                sum(3 * arena_bytes(4 * (s.hi - s.lo)) for s in moving),
+                arena,
                 lock=self.pin_memory,
                 register=True,
             )

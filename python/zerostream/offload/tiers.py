@@ -167,7 +167,7 @@ def measured_budget_bytes(other_bytes: int = 0) -> Tuple[int, str]:
 
 def plan(sizes: Sequence[int], max_in_cpu: Union[int, str]) -> TierPlan:
     """The placement for `zerostream.optimizer_max_in_cpu` (elements, or "auto") when the
-    optimizer is built: "auto" starts all on NVMe and is placed by plan_measured() after
+    optimizer is built: "auto" starts all on NVMe and is placed by SwappedAdam.place_measured() after
     the first step (Note ["auto" is sized from a measured step])."""
     if max_in_cpu == "auto":
         return place(sizes, 0, '"auto": sized after the first step')
@@ -175,9 +175,3 @@ def plan(sizes: Sequence[int], max_in_cpu: Union[int, str]) -> TierPlan:
     if result.host_elements:
         logger.info(result.describe())
     return result
-
-
-def plan_measured(sizes: Sequence[int], other_bytes: int = 0) -> TierPlan:
-    """The "auto" placement between two steps, from the memory measured then."""
-    budget, source = measured_budget_bytes(other_bytes)
-    return place(sizes, budget // STATE_BYTES, source)
