@@ -167,8 +167,8 @@ def measured_budget_bytes(other_bytes: int = 0) -> Tuple[int, str]:
 
 def plan(sizes: Sequence[int], max_in_cpu: Union[int, str]) -> TierPlan:
     """The placement for `zerostream.optimizer_max_in_cpu` (elements, or "auto") when the
-    optimizer is built: "auto" starts all on NVMe and is placed by SwappedAdam.place_measured() after
-    the first step (Note ["auto" is sized from a measured step])."""
+    optimizer is built: "auto" starts all on NVMe and is placed after a measured step by
+    SwappedAdam.place_measured() (Note ["auto" is sized from a measured step])."""
     if max_in_cpu == "auto":
         return place(sizes, 0, '"auto": sized after the first step')
     result = place(sizes, int(max_in_cpu), f"zerostream.optimizer_max_in_cpu {max_in_cpu}")
