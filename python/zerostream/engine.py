@@ -16,6 +16,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .checkpoint.target import CheckpointTarget, TrainingCounters
 from .config import DeepSpeedConfig
 from .lr_schedules import build_scheduler
+from .offload.memory_preflight import STEP_PEAKS
 from .optim_factory import client_groups, param_groups_of
 from .precision import DTYPES, make_loss_scaler
 from .telemetry import StepTelemetry
@@ -200,6 +201,7 @@ class ZeroEngine(torch.nn.Module):
                 self.skipped_steps += 1
                 self._skips.skipped(self.global_steps + 1, self.skipped_steps)
             self._step_applied = applied
+            STEP_PEAKS.step_ended()  # "auto" tiers size from whole steps (Note [A step's excess])
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
             self._report_progress()

@@ -13,6 +13,7 @@ tests, and for a user who knows better (another job will need the memory).
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Dict, Optional, Tuple
 
 from ..ops.threads import ranks_on_this_host
@@ -115,16 +116,81 @@ def memory_status() -> Dict[str, int]:
     return out
 
 
+def restart_peak() -> bool:
+    """Restarts VmHWM from the current RSS (Linux: clear_refs 5); False where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class StepPeaks:
+    """What a step needs above what it leaves, measured over whole steps.
+
+    Note [A step's excess]
+      "auto" sizes its host tiers from the excess of a step: its peak RSS less the RSS it
+      leaves (the gathered parameters stage3_max_reuse_distance keeps across the end of
+      forward, prefetches, activations, staging). The process's VmHWM less VmRSS measures it
+      only until a placement raises the RSS: after the optimizer state's arena filled, the
+      3.17 B run's parameter shards were sized from a 0.25 GiB excess where the step needed
+      2 GiB. So while a tier waits to be placed (`waiting`), the engine ends each window at
+      its step (step_ended: the excess is noted and VmHWM restarts), and excess() is the
+      larger of the last whole step's and the one under way's. The process's peak from before
+      the restarts is kept for the benchmarks (process_peak_bytes)."""
+
+    def __init__(self):
+        self.waiting: "weakref.WeakSet" = weakref.WeakSet()  # the tiers still to be placed
+        self.last_excess: Optional[int] = None  # the last whole step's (None: none measured)
+        self.peak_before = 0  # the highest VmHWM a restart discarded
+        self.windows = 0  # steps measured
+
+    def wait_for_me(self, tier) -> None:
+        self.waiting.add(tier)
+
+    def done(self, tier) -> None:
+        self.waiting.discard(tier)
+
+    def step_ended(self) -> None:
+        """An optimizer step is over: the window closes if a tier waits to be placed."""
+        if not self.waiting:
+            return
+        status = memory_status()
+        if "VmHWM" not in status or "VmRSS" not in status:
+            return
+        if restart_peak():
+            self.last_excess = max(0, status["VmHWM"] - status["VmRSS"])
+            self.peak_before = max(self.peak_before, status["VmHWM"])
+            self.windows += 1
+
+    def excess(self) -> int:
+        """The larger of the last whole step's excess and that of the step under way (before
+        any window closed: since the process began, which errs on the large side)."""
+        status = memory_status()
+        if "VmHWM" not in status or "VmRSS" not in status:
+            return self.last_excess or 0
+        return max(self.last_excess or 0, status["VmHWM"] - status["VmRSS"])
+
+    def process_peak_bytes(self) -> Optional[int]:
+        """The process's peak RSS across the restarts (None where /proc does not say)."""
+        peak = memory_status().get("VmHWM")
+        return None if peak is None else max(peak, self.peak_before)
+
+    def forget_peak(self) -> None:
+        """The benchmarks restart the process's peak: the one kept from before goes too."""
+        self.peak_before = 0
+
+
+STEP_PEAKS = StepPeaks()
+
+
 def peak_above_now_bytes() -> int:
-    """This process's peak resident size (VmHWM) less its resident size now: read between
-    two steps, what a step needs on top of the memory it leaves behind (its gathered
-    parameters, activations, staging churn); 0 where /proc does not say. The peak may
-    predate the step (a larger build, or the parent's size carried across exec): the
-    number errs on the large side, never the small."""
-    status = memory_status()
-    if "VmHWM" not in status or "VmRSS" not in status:
-        return 0
-    return max(0, status["VmHWM"] - status["VmRSS"])
+    """What a step needs on top of the memory it leaves behind (Note [A step's excess]); 0
+    where /proc does not say. Before a step has been measured it is the process's peak less
+    its RSS now, which may predate the steps (a larger build, or the parent's size carried
+    across exec): the number errs on the large side, never the small."""
+    return STEP_PEAKS.excess()
 
 
 def usable_host_bytes() -> Tuple[Optional[int], str]:

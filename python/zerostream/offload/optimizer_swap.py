@@ -30,6 +30,7 @@ from ..ops.threads import ranks_on_this_host
 from . import sinks, tiers
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine, io_config_for
+from .memory_preflight import STEP_PEAKS
 from .swap_store import SwapStore
 
 if TYPE_CHECKING:
@@ -144,6 +145,8 @@ class SwappedAdam:
         # (`param_tier`, a ParamSwapper) where there is one (Note ["auto" is sized from a
         # measured step] in tiers.py).
         self.auto_pending = ext.optimizer_max_in_cpu == "auto"
+        if self.auto_pending:
+            STEP_PEAKS.wait_for_me(self)
         self.param_tier = param_tier
         self.steps_here = 0  # steps this process ran (the first one is the measurement)
         self.pin_memory = offload.pin_memory
@@ -329,9 +332,12 @@ class SwappedAdam:
     def _params_placed(self) -> bool:
         """Whether the parameter shards' "auto" has chosen (it goes first), or will not:
         without a stage-3 trace it never runs, so the optimizer places its tier at its
-        fourth step at the latest."""
+        fourth step at the latest, unless a recorded trace still waits for its planned step
+        (a trace recorded again after an abandoned plan: the shards choose after it)."""
         pt = self.param_tier
-        return pt is None or pt.auto_decided or self.steps_here >= 3
+        if pt is None or pt.auto_decided:
+            return True
+        return self.steps_here >= 3 and not pt.rehome_pending
 
     def place_measured(self) -> int:
         """optimizer_max_in_cpu "auto", between two steps: the sub-groups that fit what this
@@ -340,6 +346,7 @@ class SwappedAdam:
         from .memory_preflight import ENV, usable_host_bytes
 
         self.auto_pending = False
+        STEP_PEAKS.done(self)
         sizes = [s.hi - s.lo for s in self.sub_groups]
         # A fixed override of the usable memory does not drop as the parameter shards'
         # arena fills, unlike MemAvailable or the cgroup's room: counted here instead.

@@ -29,6 +29,7 @@ from ..zero.stage3.param import ShardHome, ZeroParam
 from .copy_stage import to_device
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine
+from .memory_preflight import STEP_PEAKS
 from .sinks import StagedSink
 from .swap_store import SwapStore
 
@@ -50,6 +51,12 @@ class ParamSwapper:
         self.max_in_cpu = 0 if self.auto else int(offload_param.max_in_cpu)
         self.kept_arena: Optional[HostArena] = None  # the shards "auto" brought back
         self.read_counts: Dict[int, int] = {}  # ds_id -> reads in the trace "auto" used
+        # "auto" before it chooses: the stage-3 trace's read counts, and whether a step has
+        # run its whole plan since (rehome_when_measured).
+        self.pending_reads: Optional[Dict[ZeroParam, int]] = None
+        self.plan_has_run = False
+        if self.auto:
+            STEP_PEAKS.wait_for_me(self)
         self.kept_budget = 0
         self.kept_bytes = 0  # the kept arena's size
         self.pin_memory = offload_param.pin_memory
@@ -221,6 +228,39 @@ class ParamSwapper:
         """False while max_in_cpu "auto" has yet to choose the shards it keeps."""
         return not self.auto or self.kept_arena is not None
 
+    # --- "auto": when to choose ------------------------------------------------------------------
+    def expect_rehome(self, reads: Dict[ZeroParam, int]) -> None:
+        """The stage-3 trace was recorded: how often a step reads each shard. The choice
+        waits for a step that runs the trace's whole plan (rehome_when_measured)."""
+        if not self.auto_decided:
+            self.pending_reads, self.plan_has_run = reads, False
+
+    def plan_ran(self) -> None:
+        """A step ran the trace's whole plan: its excess is the one to size "auto" from."""
+        self.plan_has_run = self.pending_reads is not None
+
+    def plan_abandoned(self) -> None:
+        """The trace's plan was abandoned mid-step (the trace is recorded again, and
+        expect_rehome called again): that step's peak is no planned step's."""
+        self.pending_reads, self.plan_has_run = None, False
+
+    @property
+    def rehome_pending(self) -> bool:
+        """A recorded trace waits for a planned step before "auto" chooses."""
+        return self.pending_reads is not None
+
+    def rehome_when_measured(self) -> int:
+        """Between two steps: brings the most-read shards back (rehome_by_reads) once a step
+        has run the trace's whole plan. Its prefetches, read-ahead and the params it keeps
+        gathered for reuse (stage3_max_reuse_distance) make a larger peak than a recording
+        step's, and "auto" is sized from the peak it measured; a step whose plan was
+        abandoned (a module found reading another's params) does not count: sizing from one
+        got the 3.17 B run of benchmarks/capacity.md killed for memory twice."""
+        if self.pending_reads is None or not self.plan_has_run:
+            return 0
+        reads, self.pending_reads, self.plan_has_run = self.pending_reads, None, False
+        return self.rehome_by_reads(reads)
+
     def rehome_by_reads(self, reads: Dict[ZeroParam, int]) -> int:
         """offload_param.max_in_cpu "auto", once the first trace says how often the step reads
         each shard (`reads`): the most-read shards on disk that fit this rank's share of the
@@ -247,6 +287,7 @@ class ParamSwapper:
             register=True,
             pooled=True,
         )
+        STEP_PEAKS.done(self)
         saved = 0
         for zp in chosen:
             buf = self.kept_arena.empty(zp.shard_numel, zp.dtype)

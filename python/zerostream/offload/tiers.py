@@ -23,16 +23,18 @@ parameters, activations, staging, the allocator's slack) is a guess, and so are 
 buffers allocated but not yet touched (a gradient partition is resident only once written).
 A guess too small fills RAM (the 3.17 B run of benchmarks/capacity.md peaked at 21.6 of 23.5
 GiB and ran slower than all on NVMe); one too large gives the win away. So "auto" decides
-after a measured step: everything starts on disk; when a step has run with the stage-3
-trace's plan (the recording step has no prefetches and read-ahead, and a smaller peak: a
-budget measured on it had the same 3.17 B run killed for memory), what this rank
-may still allocate (memory_preflight.usable_host_bytes, MemAvailable or the cgroup's room,
-shared by the ranks of this host) less that step's measured excess (peak RSS less RSS now)
-less a small reserve (AUTO_RESERVE_*) is the budget. The parameter shards take it first (a
-byte of a shard saves more disk traffic than a byte of optimizer state, below); the
-optimizer state's sub-groups then move into host memory at the start of the next step
-that follows the parameters' choice, from what those left free. Moving costs one read of
-what moves, once; the disk extents they leave are freed.
+after a measured step: everything starts on disk; when a step has run the stage-3 trace's
+whole plan (the recording step has no prefetches and read-ahead, and a smaller peak; so has
+a step whose plan was abandoned, and a budget measured on either had the same 3.17 B run
+killed for memory), what this rank may still allocate (memory_preflight.usable_host_bytes,
+MemAvailable or the cgroup's room, shared by the ranks of this host) less that step's
+measured excess (its peak RSS less the RSS it left, over whole steps: Note [A step's
+excess]) less a small reserve (AUTO_RESERVE_*) is the budget. The parameter shards take it
+first (a byte of a shard saves more disk traffic than a byte of optimizer state, below);
+the optimizer state's sub-groups wait for them (while a recorded trace waits for its
+planned step too) and move into host memory at the next optimizer step, from what the
+shards left free. Moving costs one read of what moves, once; the disk extents they leave
+are freed.
 
 Note [Parameter shards in host memory]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

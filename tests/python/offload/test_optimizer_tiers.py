@@ -77,6 +77,38 @@ def test_a_step_s_excess_is_measured_from_the_process_s_peak():
     assert peak_above_now_bytes() >= 200 << 20
 
 
+def test_a_placement_does_not_hide_the_excess_of_the_last_step():
+    # A step's 256 MiB transient, then a placement that raises the RSS above that peak for
+    # good: VmHWM - VmRSS alone reads about 0 after it (the 3.17 B run's shards were sized
+    # from 0.25 GiB where a step needed 2); the window the step closed still says 256 MiB.
+    from zerostream.offload.memory_preflight import StepPeaks, memory_status, restart_peak
+
+    if "VmHWM" not in memory_status() or not restart_peak():
+        pytest.skip("no VmHWM, or clear_refs refused, here")
+
+    class Tier:
+        pass
+
+    peaks, tier = StepPeaks(), Tier()
+    peaks.step_ended()  # nothing waits: no window closes, the peak is left alone
+    assert peaks.windows == 0 and peaks.last_excess is None
+    peaks.wait_for_me(tier)
+    big = torch.ones(64 << 20, dtype=torch.float32)
+    del big
+    peaks.step_ended()
+    assert peaks.windows == 1 and peaks.last_excess >= 200 << 20
+    step_peak = peaks.process_peak_bytes()
+    kept = torch.ones(128 << 20, dtype=torch.float32)  # 512 MiB placed, every page touched
+    status = memory_status()
+    assert status["VmHWM"] - status["VmRSS"] < 64 << 20
+    assert peaks.excess() >= 200 << 20
+    assert peaks.process_peak_bytes() >= step_peak  # the benchmarks' peak survives restarts
+    peaks.done(tier)
+    peaks.step_ended()
+    assert peaks.windows == 1
+    del kept
+
+
 # --- the engine ----------------------------------------------------------------------------------
 def _config(micro, stage, nvme, max_in_cpu):
     zero = {

@@ -60,23 +60,41 @@ def _stage3_config(micro, root, param_max_in_cpu, optimizer=None):
     return config
 
 
-def worker(rank, world, root, steps=5, optimizer=None):
+class PosReadByRoot(TinyGPT):
+    """TinyGPT whose root forward reads the position embedding's weight by attribute: the
+    first replay of the trace finds it (an external param), is abandoned, and the trace is
+    recorded again."""
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos.weight[:t]
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.head(self.ln_f(x))
+        return torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        )
+
+
+def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT):
     import zerostream
     from zerostream.offload import memory_preflight
 
     memory_preflight.peak_above_now_bytes = lambda: EXCESS
+    peaks = memory_preflight.STEP_PEAKS
     micro = GLOBAL_BATCH // world
     xs, ys = make_batches(steps, GLOBAL_BATCH)
     out = {}
     for max_in_cpu in (0, "auto"):
         torch.manual_seed(0)
-        model = TinyGPT()
+        model = model_class()
         tier = None if optimizer is None else (0 if max_in_cpu == 0 else optimizer)
         config = _stage3_config(micro, root, max_in_cpu, tier)
         engine = zerostream.initialize(model=model, config=config)[0]
         swapper = engine.module.head.weight._zs.partitioner.swapper
         opt_swapper = getattr(engine.optimizer, "swapper", None)
-        losses, reads, opt_host, kept_after = [], [], [], []
+        losses, reads, opt_host, kept_after, windows = [], [], [], [], []
+        first_window = peaks.windows
         for s in range(steps):
             before = swapper.bytes_read
             lo = rank * micro
@@ -86,6 +104,7 @@ def worker(rank, world, root, steps=5, optimizer=None):
             losses.append(float(loss.detach()))
             reads.append(swapper.bytes_read - before)
             kept_after.append(swapper.kept_arena is not None)
+            windows.append(peaks.windows - first_window)
             if opt_swapper is not None:
                 opt_host.append(opt_swapper.stats()["host_elements"])
         zps = {p._zs.ds_id: p._zs for p in engine.module.parameters()}
@@ -99,6 +118,8 @@ def worker(rank, world, root, steps=5, optimizer=None):
             "tied": engine.module.head.weight._zs.ds_id,
             "opt_host": opt_host,
             "kept_after": kept_after,
+            "windows": windows,
+            "trace": engine.optimizer.state_summary()["trace"],
             "opt": opt_swapper.stats() if opt_swapper is not None else None,
         }
         engine.destroy()
@@ -132,6 +153,26 @@ def test_auto_brings_the_most_read_shards_back_within_the_budget(tmp_path, monke
         # the shards come back as step 3 starts.
         assert auto["kept_after"] == [False, False, True, True, True]
         assert auto["losses"] == none["losses"]
+
+
+def test_a_step_whose_plan_was_abandoned_does_not_size_auto(tmp_path, monkeypatch):
+    # Step 1 records the trace; step 2 replays it, finds the root reading pos.weight and
+    # abandons the plan (its peak is not a planned step's); step 3 records again; step 4 runs
+    # the whole plan; the shards come back as step 5 starts, and the optimizer state (also
+    # "auto") at step 5's update, after them: before, it took its tier at step 4 and the
+    # shards were sized from what its arena left (benchmarks/capacity.md, session 20).
+    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(_share_for(1 << 20)))
+    out = run_ranks(worker, 1, str(tmp_path), 7, "auto", PosReadByRoot)[0]
+    none, auto = out[0], out["auto"]
+    assert auto["trace"]["invalidations"] == 1 and auto["trace"]["trace_recordings"] == 2
+    assert auto["kept_after"] == [False, False, False, False, True, True, True]
+    assert set(auto["homes"].values()) == {"host_arena"}
+    assert [n > 0 for n in auto["opt_host"]] == [False] * 4 + [True] * 3
+    # The engine closes a measuring window at each step while a tier waits to be placed
+    # (Note [A step's excess]), and none once both are: not at all without "auto".
+    assert auto["windows"] == [1, 2, 3, 4, 4, 4, 4]
+    assert none["windows"] == [0] * 7
+    assert auto["losses"] == none["losses"]
 
 
 def test_both_tiers_auto_place_the_shards_first_and_the_optimizer_from_what_is_left(

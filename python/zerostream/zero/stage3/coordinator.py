@@ -140,9 +140,6 @@ class ParamCoordinator:
         self.frames: List[Tuple[torch.nn.Module, Optional[PlannedEvent], List[ZeroParam]]] = []
         self.phase = Phase.IDLE
         self.invalidations = 0
-        # offload_param.max_in_cpu "auto": the trace's read counts, and how many steps have
-        # run with the trace's plan since (the choice waits for one: _rehome_when_measured).
-        self.pending_rehome: Optional[Tuple[Dict[ZeroParam, int], int]] = None
         self.externals_found = False  # a forward read another module's param (access())
         self.prefetched_numel = 0
         self.forward_peak_live = 0
@@ -159,7 +156,8 @@ class ParamCoordinator:
         """A forward of the root module begins: closes the previous step's trace and picks
         the trace of this kind of step."""
         self._finish_trace()
-        self._rehome_when_measured()
+        if self.part.swapper is not None:
+            self.part.swapper.rehome_when_measured()
         for zp in self.part.params.values():
             zp.users = 0
         self.frames.clear()  # forwards an exception abandoned
@@ -181,6 +179,8 @@ class ParamCoordinator:
             self._invalidate(
                 trace, f"the step ended after {self.pos} of {len(trace.events)} recorded events"
             )
+        elif trace.mode is TraceMode.COMPLETE and self.part.swapper is not None:
+            self.part.swapper.plan_ran()
 
     def _complete(self, trace: Trace) -> None:
         """Checks that every rank recorded the same trace and plans it."""
@@ -220,24 +220,8 @@ class ParamCoordinator:
         swapper = self.part.swapper
         if swapper is not None:
             reads = collections.Counter(i for _, ids in trace.events for i in ids)
-            if swapper.auto and not swapper.auto_decided:
-                self.pending_rehome = ({self.part.params[i]: n for i, n in reads.items()}, 0)
+            swapper.expect_rehome({self.part.params[i]: n for i, n in reads.items()})
             swapper.fit_read_ahead(_peak_read_ahead(trace))
-
-    def _rehome_when_measured(self) -> None:
-        """Brings the most-read shards back (ParamSwapper.rehome_by_reads) once a whole step
-        has run with the trace's plan: its prefetches and read-ahead make a larger peak than
-        the recording step's, and "auto" is sized from the peak it measured (the 3.17 B run
-        of benchmarks/capacity.md was killed for memory when it measured the recording
-        step). A trace recorded again starts the wait again."""
-        if self.pending_rehome is None:
-            return
-        reads, planned_steps = self.pending_rehome
-        if planned_steps == 0:
-            self.pending_rehome = (reads, 1)  # the step starting now runs the plan
-            return
-        self.pending_rehome = None
-        self.part.swapper.rehome_by_reads(reads)
 
     def _invalidate(self, trace: Trace, why: str) -> None:
         self.invalidations += 1
@@ -249,6 +233,8 @@ class ParamCoordinator:
             level = logging.INFO
         logger.log(level, "ZeRO-3: %s; the module trace is recorded again on the next step", why)
         trace.mode = TraceMode.INVALID
+        if self.part.swapper is not None:
+            self.part.swapper.plan_abandoned()
 
     def _advance(self, module: torch.nn.Module, zps: List[ZeroParam]) -> Optional[PlannedEvent]:
         """Records or replays one event; returns its plan when replaying in order."""
