@@ -166,7 +166,7 @@ def measure(args) -> dict:
         rss_ready = _rss_now_gib()
         data = batches(shape, args.micro_batch, engine.device)
         tel = engine.telemetry
-        step_times, losses = [], []
+        step_times, losses, settled = [], [], []
         for _ in range(args.steps):
             tel.seconds.clear()
             tel.bytes.clear()
@@ -178,6 +178,7 @@ def measure(args) -> dict:
             engine.step()
             step_times.append(time.perf_counter() - t0)
             losses.append(float(loss.detach()))
+            settled.append(_tiers_settled(engine))
         phases = {k: round(v, 3) for k, v in tel.seconds.items()}
         moved = {
             tier: {
@@ -216,6 +217,7 @@ def measure(args) -> dict:
             "build_seconds": round(built, 1),
             "initialize_seconds": round(ready, 1),
             "step_seconds": [round(t, 2) for t in step_times],
+            "tiers_settled_after_step": settled,
             "last_step_phases_seconds": phases,
             "last_step_moved": moved,
             "losses": losses,
@@ -237,6 +239,31 @@ def measure(args) -> dict:
     finally:
         if owned:
             shutil.rmtree(nvme, ignore_errors=True)
+
+
+def _tiers_settled(engine) -> bool:
+    """Whether every "auto" tier has been placed (Note ["auto" is sized from a measured
+    step]): the steps after the one that placed them are the tiered run's steady state."""
+    opt = getattr(engine.optimizer, "swapper", None)
+    if opt is not None and opt.auto_pending:
+        return False
+    for p in engine.module.parameters():
+        zp = getattr(p, "_zs", None)
+        swapper = zp.partitioner.swapper if zp is not None else None
+        if swapper is not None:
+            return swapper.auto_decided
+    return True
+
+
+def _steady_steps(res: dict) -> list:
+    """The steps after the one whose end saw every tier placed (the last half of them, for
+    a run that reports no placement); never the first step."""
+    times, settled = res["step_seconds"], res.get("tiers_settled_after_step")
+    if settled and any(settled):
+        first = max(1, settled.index(True) + 1)
+        if first < len(times):
+            return times[first:]
+    return times[len(times) // 2 :]
 
 
 def _du(path: str) -> int:
@@ -325,8 +352,9 @@ def compare(args) -> dict:
             read / disk["read_gb_per_s"] / 1e9 + written / disk["write_gb_per_s"] / 1e9, 2
         )
         # "auto" places the tiers between steps (Note ["auto" is sized from a measured step]):
-        # both runs are compared over their last half, after the placement.
-        late = res["step_seconds"][len(res["step_seconds"]) // 2 :]
+        # both runs are compared over the steps after every tier was placed.
+        late = _steady_steps(res)
+        res["steady_steps"] = len(late)
         res["median_step_seconds"] = sorted(late)[len(late) // 2]
         res["over_floor"] = (
             round(res["median_step_seconds"] / res["floor_seconds"], 3)

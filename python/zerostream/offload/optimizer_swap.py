@@ -421,6 +421,7 @@ class SwappedAdam:
     def close(self) -> None:
         """Deletes the optimizer state's swap files (the run is over)."""
         self.store.close()
+        STEP_PEAKS.done(self)  # no placement follows: the engine's windows stop
 
     def location(self, s: SubGroup) -> str:
         """Where sub-group `s`'s fp32 state is, in words (error messages)."""

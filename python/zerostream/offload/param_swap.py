@@ -403,6 +403,7 @@ class ParamSwapper:
     def close(self) -> None:
         """Deletes the shards' swap files (the run is over)."""
         self.store.close()
+        STEP_PEAKS.done(self)  # no placement follows: the engine's windows stop
 
     def extent_of(self, zp: ZeroParam):
         return self.store.extent_of(zp.ds_id)

@@ -93,3 +93,27 @@ def test_capacity_compare_tiers_moves_fewer_disk_bytes_for_the_same_losses(tmp_p
         assert moved == saved, (way, moved, saved)
     assert res["same_losses"] and len(a["losses"]) == 2
     assert res["disk"]["read_gb_per_s"] > 0 and t["floor_seconds"] < a["floor_seconds"]
+
+
+def test_compare_tiers_times_the_steps_after_every_tier_was_placed():
+    from zerostream.bench.capacity import _steady_steps
+
+    times = [9.0, 8.0, 9.5, 8.5, 12.0, 4.0, 4.2]
+    # "auto": placed during step 5 (index 4, its end is the first settled): steps 6-7 count.
+    settled = [False] * 4 + [True] * 3
+    assert _steady_steps({"step_seconds": times, "tiers_settled_after_step": settled}) == [
+        4.0,
+        4.2,
+    ]
+    # Nothing to place (all on NVMe): every step but the first.
+    assert (
+        _steady_steps({"step_seconds": times, "tiers_settled_after_step": [True] * 7})
+        == (times[1:])
+    )
+    # Placed only at the last step, or never reported: the last half.
+    late = times[3:]
+    assert (
+        _steady_steps({"step_seconds": times, "tiers_settled_after_step": [False] * 6 + [True]})
+        == late
+    )
+    assert _steady_steps({"step_seconds": times}) == late
