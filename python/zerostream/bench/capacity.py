@@ -230,6 +230,8 @@ def measure(args) -> dict:
                 "source": tiers.source,
             },
             "param_kept_bytes": kept,
+            # The stage-3 plan's peak of gathered elements (prefetch and reuse distance).
+            "planned_peak_live": summary["trace"]["planned_peak_live"],
             "param_swap": summary["params"].get("swap"),
             "verdict": {
                 "states_larger_than_ram": states > ram,
