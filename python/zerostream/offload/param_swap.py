@@ -83,6 +83,7 @@ class ParamSwapper:
         self.bytes_read = self.bytes_written = 0
         self.reads = self.writes = 0
         self.deferred_reads = 0  # prefetched shards that found no free buffer (read late)
+        self.wait_seconds = 0.0  # the host waited this long for shard reads (_land)
         self.auto_buffer_count = True  # fit_read_ahead may raise buffer_count
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
         self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
@@ -362,14 +363,16 @@ class ParamSwapper:
                 "param_nvme_read", self.bytes_read - before, time.perf_counter() - start
             )
 
-    @staticmethod
-    def _land(pending: list, send: torch.Tensor, uploads=None) -> None:
+    def _land(self, pending: list, send: torch.Tensor, uploads=None) -> None:
         """Each read's shard from its staging buffer into `send`. Buffers uploaded to the
         device stay with the copy stage until their uploads complete, then go back to the
         arena and the next disk reads (Note [Host memory of a copy in flight]); the host
-        does not wait for them here."""
+        does not wait for them here. The time spent waiting for the reads is counted
+        (`wait_seconds`: what the disk cost the step beyond what its prefetch hid)."""
         for zp, off, buf, ticket in pending:
+            start = time.perf_counter()
             ticket.wait()
+            self.wait_seconds += time.perf_counter() - start
             to_device(uploads, buf, send[off : off + zp.shard_numel])
         pending.clear()
 
@@ -388,6 +391,7 @@ class ParamSwapper:
             "bytes_written": self.bytes_written,
             "reads": self.reads,
             "deferred_reads": self.deferred_reads,
+            "wait_seconds": self.wait_seconds,
             "buffer_count": self.buffer_count,
             "writes": self.writes,
             "in_cpu_numel": self.in_cpu_numel,
@@ -424,7 +428,7 @@ class PendingReads:
             return
         self.done = True
         self.swapper.pending.remove(self)
-        ParamSwapper._land(self.ahead, self.send, self.uploads)
+        self.swapper._land(self.ahead, self.send, self.uploads)
         if self.nbytes:
             self.swapper.telemetry.moved(
                 "param_nvme_read", self.nbytes, time.perf_counter() - self.start

@@ -200,3 +200,42 @@ def test_both_tiers_auto_place_the_shards_first_and_the_optimizer_from_what_is_l
     assert auto["opt_host"][:first] == [0] * first and first >= 1
     assert none["opt"]["host_elements"] == 0 and none["stats"]["kept_bytes"] == 0
     assert auto["losses"] == none["losses"]  # the placement changes no bit
+
+
+def slow_disk_worker(rank, world, root):
+    import time
+
+    import zerostream
+
+    torch.manual_seed(0)
+    config = _stage3_config(GLOBAL_BATCH, root, 0)
+    engine = zerostream.initialize(model=TinyGPT(), config=config)[0]
+    swapper = engine.module.head.weight._zs.partitioner.swapper
+    real_read = swapper.store.read
+
+    class SlowTicket:  # each shard read completes 20 ms late
+        def __init__(self, ticket):
+            self.ticket = ticket
+
+        def wait(self):
+            time.sleep(0.02)
+            return self.ticket.wait()
+
+    swapper.store.read = lambda key, buf: SlowTicket(real_read(key, buf))
+    xs, ys = make_batches(1, GLOBAL_BATCH)
+    before, reads = swapper.wait_seconds, swapper.reads
+    start = time.perf_counter()
+    engine.backward(engine(xs[0], ys[0]))
+    engine.step()
+    took = time.perf_counter() - start
+    out = (swapper.stats()["wait_seconds"] - before, swapper.reads - reads, took)
+    engine.destroy()
+    return out
+
+
+def test_the_time_the_step_waits_for_shard_reads_is_counted(tmp_path):
+    # What the disk costs the step beyond what prefetch hides, per tier, is what an "auto"
+    # that orders the tiers by time saved needs (benchmarks/capacity.md, session 20).
+    waited, reads, took = run_ranks(slow_disk_worker, 1, str(tmp_path))[0]
+    assert reads > 0
+    assert 0.02 * reads <= waited <= took
