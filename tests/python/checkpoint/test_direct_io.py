@@ -49,8 +49,10 @@ def test_misaligned_buffers_bounce_and_aligned_ones_do_not(tmp_path):
     engine.read(populate(aligned), path).wait()
     assert engine.bounce_buffers == 0 and torch.equal(aligned, data)
 
-    plain = torch.empty(data.numel() + 64, dtype=torch.uint8)[64:]
-    assert plain.data_ptr() % DIRECT_ALIGN != 0
+    # 64 bytes past a page boundary: misaligned by construction (a plain torch.empty is
+    # 64-byte aligned and now and then lands on a page boundary; CI once saw it).
+    plain = aligned_empty(data.numel() + 64)[64:]
+    assert plain.data_ptr() % DIRECT_ALIGN == 64
     engine.read(plain, path).wait()
     assert engine.bounce_buffers > 0 and torch.equal(plain, data)
 
