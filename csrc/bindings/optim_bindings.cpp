@@ -50,15 +50,19 @@ optim::RunOptions run_options(int threads, const std::string& simd, const std::s
   return run;
 }
 
+// param_dtype and state_dtype: Note [16-bit masters and states] in optim/step_types.h.
 optim::StepBuffers buffers(uintptr_t param, uintptr_t grad, const std::string& grad_dtype,
                            uintptr_t state0, uintptr_t state1, uintptr_t copy,
-                           const std::string& copy_dtype, int64_t numel) {
+                           const std::string& copy_dtype, int64_t numel,
+                           const std::string& param_dtype, const std::string& state_dtype) {
   optim::StepBuffers b;
-  b.param = ptr<float>(param);
+  b.param = ptr<void>(param);
+  b.param_dtype = optim::parse_dtype(param_dtype, "param_dtype");
+  b.state_dtype = optim::parse_dtype(state_dtype, "state_dtype");
   b.grad = ptr<const void>(grad);
   b.grad_dtype = optim::parse_dtype(grad_dtype, "grad_dtype");
-  b.state0 = ptr<float>(state0);
-  b.state1 = ptr<float>(state1);
+  b.state0 = ptr<void>(state0);
+  b.state1 = ptr<void>(state1);
   b.param_copy = ptr<void>(copy);
   b.copy_dtype = optim::parse_dtype(copy_dtype, "copy_dtype");
   b.numel = numel;
@@ -74,7 +78,8 @@ std::vector<optim::StepBuffers> buffers_many(const Ptrs& params, const Ptrs& gra
                                              const Names& grad_dtypes, const Ptrs& state0s,
                                              const Ptrs& state1s, const Ptrs& copies,
                                              const Names& copy_dtypes,
-                                             const std::vector<int64_t>& numels) {
+                                             const std::vector<int64_t>& numels,
+                                             const Names& param_dtypes, const Names& state_dtypes) {
   const size_t n = params.size();
   auto check_len = [n](size_t len, const char* what, bool optional) {
     ZS_CHECK_VALUE(len == n || (optional && len == 0), what, ": expected ", n,
@@ -87,11 +92,15 @@ std::vector<optim::StepBuffers> buffers_many(const Ptrs& params, const Ptrs& gra
   check_len(copies.size(), "param_copies", true);
   check_len(copy_dtypes.size(), "copy_dtypes", true);
   check_len(numels.size(), "numels", false);
+  check_len(param_dtypes.size(), "param_dtypes", true);
+  check_len(state_dtypes.size(), "state_dtypes", true);
   std::vector<optim::StepBuffers> out(n);
   for (size_t i = 0; i < n; ++i) {
     out[i] = buffers(params[i], grads[i], grad_dtypes[i], state0s[i],
                      state1s.empty() ? 0 : state1s[i], copies.empty() ? 0 : copies[i],
-                     copy_dtypes.empty() ? "bf16" : copy_dtypes[i], numels[i]);
+                     copy_dtypes.empty() ? "bf16" : copy_dtypes[i], numels[i],
+                     param_dtypes.empty() ? "fp32" : param_dtypes[i],
+                     state_dtypes.empty() ? "fp32" : state_dtypes[i]);
   }
   return out;
 }
@@ -99,12 +108,14 @@ std::vector<optim::StepBuffers> buffers_many(const Ptrs& params, const Ptrs& gra
 // Keyword arguments shared by every *_step_many function, after the hyperparameters.
 #define ZS_OPTIM_MANY_ARGS                                                                    \
   py::arg("param_copies") = Ptrs{}, py::arg("copy_dtypes") = Names{}, py::arg("threads") = 0, \
-  py::arg("simd") = "", py::arg("nontemporal") = "auto"
+  py::arg("simd") = "", py::arg("nontemporal") = "auto", py::arg("param_dtypes") = Names{},   \
+  py::arg("state_dtypes") = Names {}
 
 // Keyword arguments shared by every step function, after the hyperparameters.
-#define ZS_OPTIM_COMMON_ARGS                                                         \
-  py::arg("param_copy") = 0, py::arg("copy_dtype") = "bf16", py::arg("threads") = 0, \
-  py::arg("simd") = "", py::arg("nontemporal") = "auto"
+#define ZS_OPTIM_COMMON_ARGS                                                              \
+  py::arg("param_copy") = 0, py::arg("copy_dtype") = "bf16", py::arg("threads") = 0,      \
+  py::arg("simd") = "", py::arg("nontemporal") = "auto", py::arg("param_dtype") = "fp32", \
+  py::arg("state_dtype") = "fp32"
 
 void def_adam(py::module_& m) {
   m.def(
@@ -113,16 +124,17 @@ void def_adam(py::module_& m) {
          uintptr_t exp_avg_sq, int64_t numel, double lr, double beta1, double beta2, double eps,
          double weight_decay, bool bias_correction, bool adamw_mode, int64_t step,
          double grad_scale, uintptr_t copy, const std::string& copy_dtype, int threads,
-         const std::string& simd, const std::string& nt) {
+         const std::string& simd, const std::string& nt, const std::string& param_dtype,
+         const std::string& state_dtype) {
         optim::AdamParams p{lr,         beta1, beta2,     eps, weight_decay, bias_correction,
                             adamw_mode, step,  grad_scale};
         const auto b = buffers(param, grad, grad_dtype, exp_avg, exp_avg_sq, copy, copy_dtype,
-                               numel);
+                               numel, param_dtype, state_dtype);
         const auto run = run_options(threads, simd, nt);
         py::gil_scoped_release release;
         optim::adam_step(p, b, run);
       },
-      "One fused Adam/AdamW step over raw fp32 buffers (see csrc/optim/adam.h).", py::arg("param"),
+      "One fused Adam/AdamW step over raw buffers (see csrc/optim/adam.h).", py::arg("param"),
       py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
       py::arg("numel"), py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"),
       py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction"), py::arg("adamw_mode"),
@@ -134,13 +146,13 @@ void def_adam(py::module_& m) {
          const std::vector<int64_t>& steps, double lr, double beta1, double beta2, double eps,
          double weight_decay, bool bias_correction, bool adamw_mode, double grad_scale,
          const Ptrs& copies, const Names& copy_dtypes, int threads, const std::string& simd,
-         const std::string& nt) {
+         const std::string& nt, const Names& param_dtypes, const Names& state_dtypes) {
         ZS_CHECK_VALUE(steps.size() == params.size(), "steps: expected ", params.size(),
                        " entries (one per param); got ", steps.size());
         ZS_CHECK_VALUE(exp_avg_sqs.size() == params.size(), "exp_avg_sqs: expected ", params.size(),
                        " entries (one per param); got ", exp_avg_sqs.size());
         const auto b = buffers_many(params, grads, grad_dtypes, exp_avgs, exp_avg_sqs, copies,
-                                    copy_dtypes, numels);
+                                    copy_dtypes, numels, param_dtypes, state_dtypes);
         std::vector<optim::AdamParams> p(params.size());
         for (size_t i = 0; i < p.size(); ++i) {
           p[i] = {lr,         beta1,    beta2,     eps, weight_decay, bias_correction,
@@ -165,14 +177,15 @@ void def_adagrad_lion(py::module_& m) {
       [](uintptr_t param, uintptr_t grad, const std::string& grad_dtype, uintptr_t sum_sq,
          int64_t numel, double lr, double eps, double weight_decay, double grad_scale,
          uintptr_t copy, const std::string& copy_dtype, int threads, const std::string& simd,
-         const std::string& nt) {
+         const std::string& nt, const std::string& param_dtype, const std::string& state_dtype) {
         optim::AdagradParams p{lr, eps, weight_decay, grad_scale};
-        const auto b = buffers(param, grad, grad_dtype, sum_sq, 0, copy, copy_dtype, numel);
+        const auto b = buffers(param, grad, grad_dtype, sum_sq, 0, copy, copy_dtype, numel,
+                               param_dtype, state_dtype);
         const auto run = run_options(threads, simd, nt);
         py::gil_scoped_release release;
         optim::adagrad_step(p, b, run);
       },
-      "One fused Adagrad step over raw fp32 buffers (see csrc/optim/adagrad.h).", py::arg("param"),
+      "One fused Adagrad step over raw buffers (see csrc/optim/adagrad.h).", py::arg("param"),
       py::arg("grad"), py::arg("grad_dtype"), py::arg("sum_sq"), py::arg("numel"), py::kw_only(),
       py::arg("lr"), py::arg("eps"), py::arg("weight_decay"), py::arg("grad_scale") = 1.0,
       ZS_OPTIM_COMMON_ARGS);
@@ -181,9 +194,10 @@ void def_adagrad_lion(py::module_& m) {
       [](const Ptrs& params, const Ptrs& grads, const Names& grad_dtypes, const Ptrs& sum_sqs,
          const std::vector<int64_t>& numels, double lr, double eps, double weight_decay,
          double grad_scale, const Ptrs& copies, const Names& copy_dtypes, int threads,
-         const std::string& simd, const std::string& nt) {
+         const std::string& simd, const std::string& nt, const Names& param_dtypes,
+         const Names& state_dtypes) {
         const auto b = buffers_many(params, grads, grad_dtypes, sum_sqs, {}, copies, copy_dtypes,
-                                    numels);
+                                    numels, param_dtypes, state_dtypes);
         const std::vector<optim::AdagradParams> p(params.size(),
                                                   {lr, eps, weight_decay, grad_scale});
         const auto run = run_options(threads, simd, nt);
@@ -199,14 +213,16 @@ void def_adagrad_lion(py::module_& m) {
       [](uintptr_t param, uintptr_t grad, const std::string& grad_dtype, uintptr_t exp_avg,
          int64_t numel, double lr, double beta1, double beta2, double weight_decay,
          double grad_scale, uintptr_t copy, const std::string& copy_dtype, int threads,
-         const std::string& simd, const std::string& nt) {
+         const std::string& simd, const std::string& nt, const std::string& param_dtype,
+         const std::string& state_dtype) {
         optim::LionParams p{lr, beta1, beta2, weight_decay, grad_scale};
-        const auto b = buffers(param, grad, grad_dtype, exp_avg, 0, copy, copy_dtype, numel);
+        const auto b = buffers(param, grad, grad_dtype, exp_avg, 0, copy, copy_dtype, numel,
+                               param_dtype, state_dtype);
         const auto run = run_options(threads, simd, nt);
         py::gil_scoped_release release;
         optim::lion_step(p, b, run);
       },
-      "One fused Lion step over raw fp32 buffers (see csrc/optim/lion.h).", py::arg("param"),
+      "One fused Lion step over raw buffers (see csrc/optim/lion.h).", py::arg("param"),
       py::arg("grad"), py::arg("grad_dtype"), py::arg("exp_avg"), py::arg("numel"), py::kw_only(),
       py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("weight_decay"),
       py::arg("grad_scale") = 1.0, ZS_OPTIM_COMMON_ARGS);
@@ -215,9 +231,10 @@ void def_adagrad_lion(py::module_& m) {
       [](const Ptrs& params, const Ptrs& grads, const Names& grad_dtypes, const Ptrs& exp_avgs,
          const std::vector<int64_t>& numels, double lr, double beta1, double beta2,
          double weight_decay, double grad_scale, const Ptrs& copies, const Names& copy_dtypes,
-         int threads, const std::string& simd, const std::string& nt) {
+         int threads, const std::string& simd, const std::string& nt, const Names& param_dtypes,
+         const Names& state_dtypes) {
         const auto b = buffers_many(params, grads, grad_dtypes, exp_avgs, {}, copies, copy_dtypes,
-                                    numels);
+                                    numels, param_dtypes, state_dtypes);
         const std::vector<optim::LionParams> p(params.size(),
                                                {lr, beta1, beta2, weight_decay, grad_scale});
         const auto run = run_options(threads, simd, nt);

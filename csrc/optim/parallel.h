@@ -33,11 +33,12 @@ namespace zs::optim {
 
 constexpr int64_t kChunkQuantum = 64;
 
-// Elements before `p + i` reaches a 64-byte boundary (0 when p is not even 4-byte aligned).
-inline int64_t elements_to_line(const float* p) {
+// Elements of `width` bytes before `p` reaches a 64-byte boundary (0 when p is not even
+// element-aligned).
+inline int64_t elements_to_line(const void* p, int width = 4) {
   const auto addr = reinterpret_cast<uintptr_t>(p);
-  if (addr % 4 != 0) return 0;
-  return static_cast<int64_t>((64 - addr % 64) % 64 / 4);
+  if (addr % width != 0) return 0;
+  return static_cast<int64_t>((64 - addr % 64) % 64 / width);
 }
 
 // Chunks of about kChunkTarget elements, at least 8 per thread so the shares even out.
@@ -54,11 +55,11 @@ struct ItemChunk {
   int64_t item, begin, end;
 };
 
-// The chunks of items 0..count-1 (anchors[i]: item i's param pointer, numels[i]: its size),
-// cut with one chunk size for the whole list: per item, the unaligned head, then chunks
-// from its first 64-byte aligned param on.
-inline std::vector<ItemChunk> plan_chunks(const float* const* anchors, const int64_t* numels,
-                                          int64_t count, int threads) {
+// The chunks of items 0..count-1 (anchors[i]: item i's param pointer, widths[i] its element
+// size, 4 where widths is null; numels[i]: its size), cut with one chunk size for the whole
+// list: per item, the unaligned head, then chunks from its first 64-byte aligned param on.
+inline std::vector<ItemChunk> plan_chunks(const void* const* anchors, const int* widths,
+                                          const int64_t* numels, int64_t count, int threads) {
   int64_t total = 0;
   for (int64_t i = 0; i < count; ++i) total += numels[i];
   const int64_t size = chunk_size(total, threads);
@@ -66,7 +67,8 @@ inline std::vector<ItemChunk> plan_chunks(const float* const* anchors, const int
   chunks.reserve(static_cast<size_t>(2 * count + total / size + 1));
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = numels[i];
-    const int64_t head = std::min(elements_to_line(anchors[i]), n);
+    const int width = widths == nullptr ? 4 : widths[i];
+    const int64_t head = std::min(elements_to_line(anchors[i], width), n);
     if (head > 0) chunks.push_back({i, 0, head});
     for (int64_t b = head; b < n; b += size) chunks.push_back({i, b, std::min(n, b + size)});
   }
@@ -76,15 +78,15 @@ inline std::vector<ItemChunk> plan_chunks(const float* const* anchors, const int
 // Calls fn(item, begin, end) over disjoint chunks covering every item, from up to `threads`
 // threads in one parallel region (Notes [Chunks and alignment], [Many tensors, one region]).
 template <class Fn>
-void for_each_item_chunk(const float* const* anchors, const int64_t* numels, int64_t count,
-                         int threads, const Fn& fn) {
+void for_each_item_chunk(const void* const* anchors, const int* widths, const int64_t* numels,
+                         int64_t count, int threads, const Fn& fn) {
   if (threads <= 1) {
     for (int64_t i = 0; i < count; ++i) {
       if (numels[i] > 0) fn(i, int64_t{0}, numels[i]);
     }
     return;
   }
-  const std::vector<ItemChunk> chunks = plan_chunks(anchors, numels, count, threads);
+  const std::vector<ItemChunk> chunks = plan_chunks(anchors, widths, numels, count, threads);
   const auto n = static_cast<int64_t>(chunks.size());
 #pragma omp parallel num_threads(threads)
   {
@@ -93,10 +95,11 @@ void for_each_item_chunk(const float* const* anchors, const int64_t* numels, int
   }
 }
 
-// Calls fn(begin, end) over disjoint chunks covering [0, numel) of one buffer.
+// Calls fn(begin, end) over disjoint chunks covering [0, numel) of one buffer of `width`-byte
+// elements.
 template <class Fn>
-void for_each_chunk(const float* anchor, int64_t numel, int threads, const Fn& fn) {
-  for_each_item_chunk(&anchor, &numel, 1, threads,
+void for_each_chunk(const void* anchor, int64_t numel, int threads, const Fn& fn, int width = 4) {
+  for_each_item_chunk(&anchor, &width, &numel, 1, threads,
                       [&](int64_t, int64_t begin, int64_t end) { fn(begin, end); });
 }
 

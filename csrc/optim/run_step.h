@@ -16,8 +16,9 @@ template <class Kernel, class Coeffs>
 void run_step(Kernel kernel, const Coeffs& c, const StepBuffers& b, const RunOptions& o) {
   const int threads = resolve_threads(o.threads, b.numel);
   const NonTemporal nt = resolve_nontemporal(o.nontemporal);
-  for_each_chunk(b.param, b.numel, threads,
-                 [&](int64_t begin, int64_t end) { kernel(c, b, begin, end, nt); });
+  for_each_chunk(
+      b.param, b.numel, threads, [&](int64_t begin, int64_t end) { kernel(c, b, begin, end, nt); },
+      static_cast<int>(dtype_size(b.param_dtype)));
 }
 
 // The body of every *_step_many: one hyperparameter set per item (step counts may differ),
@@ -32,20 +33,22 @@ void step_many(const std::vector<Params>& params, const std::vector<StepBuffers>
   using Coeffs = decltype(coeffs_of(params[0]));
   std::vector<Coeffs> c;
   c.reserve(b.size());
-  std::vector<const float*> anchors(b.size());
+  std::vector<const void*> anchors(b.size());
+  std::vector<int> widths(b.size());
   std::vector<int64_t> numels(b.size());
   int64_t total = 0;
   for (size_t i = 0; i < b.size(); ++i) {
     c.push_back(coeffs_of(params[i]));
     check_step_buffers(b[i], states, (std::string(who) + " tensor " + std::to_string(i)).c_str());
     anchors[i] = b[i].param;
+    widths[i] = static_cast<int>(dtype_size(b[i].param_dtype));
     numels[i] = b[i].numel;
     total += b[i].numel;
   }
   const int threads = resolve_threads(run.threads, total);
   const NonTemporal nt = resolve_nontemporal(run.nontemporal);
   for_each_item_chunk(
-      anchors.data(), numels.data(), static_cast<int64_t>(b.size()), threads,
+      anchors.data(), widths.data(), numels.data(), static_cast<int64_t>(b.size()), threads,
       [&](int64_t i, int64_t begin, int64_t end) { kernel(c[i], b[i], begin, end, nt); });
 }
 

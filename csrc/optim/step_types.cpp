@@ -42,6 +42,13 @@ void check_step_buffers(const StepBuffers& b, int states, const char* who) {
   ZS_CHECK_VALUE(states < 2 || b.state1 != nullptr, who, ": second optimizer state is null");
   ZS_CHECK_VALUE(b.param_copy == nullptr || b.copy_dtype != DType::kFloat32, who,
                  ": param_copy dtype must be bf16 or fp16; got fp32");
+  ZS_CHECK_VALUE(b.param_copy == nullptr || b.param_dtype == DType::kFloat32, who, ": a ",
+                 dtype_name(b.param_dtype),
+                 " master param is its own 16-bit copy; param_copy must be null");
+  ZS_CHECK_VALUE(b.state_dtype == DType::kFloat32 || b.state_dtype == b.param_dtype, who, ": ",
+                 dtype_name(b.state_dtype), " optimizer states need ", dtype_name(b.state_dtype),
+                 " params (fp32 states go with any params); got ", dtype_name(b.param_dtype),
+                 " params");
 }
 
 NonTemporal resolve_nontemporal(NonTemporal mode) {

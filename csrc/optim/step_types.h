@@ -12,15 +12,28 @@ namespace zs::optim {
 
 // One contiguous range of `numel` elements of a flat parameter group. Any slice of a larger
 // buffer works: pointers need only their element alignment (see Note [Chunks and alignment]).
+//
+// Note [16-bit masters and states]
+// The master params are fp32 by default; `param_dtype` bf16 or fp16 makes the 16-bit tensor
+// itself the master (DeepSpeed's bf16.bf16_master_weights_and_grads with an offloaded
+// optimizer: 2 bytes an element instead of 4, no separate copy). The states are fp32, or
+// `state_dtype` bf16/fp16 (bf16.bf16_optimizer_states, DeepSpeedCPUAdam's
+// fp32_optimizer_states=False: 2 bytes each instead of 4). Either way the update is computed
+// in fp32 from the loaded values, op for op as with fp32 buffers, and each 16-bit result is
+// rounded to nearest even once, on its store. A 16-bit master is its own copy: param_copy
+// must then be null. 16-bit buffers use ordinary stores (the streaming modes are for the fp32
+// layout, Note [Non-temporal stores]).
 struct StepBuffers {
-  float* param = nullptr;      // fp32 master params, updated in place
+  void* param = nullptr;       // master params, param_dtype, updated in place
   const void* grad = nullptr;  // gradients, grad_dtype
   DType grad_dtype = DType::kFloat32;
-  float* state0 = nullptr;              // Adam exp_avg, Adagrad sum of squares, Lion exp_avg
-  float* state1 = nullptr;              // Adam exp_avg_sq; unused (nullptr) otherwise
-  void* param_copy = nullptr;           // optional 16-bit copy of the updated params
+  void* state0 = nullptr;               // Adam exp_avg, Adagrad sum of squares, Lion exp_avg
+  void* state1 = nullptr;               // Adam exp_avg_sq; unused (nullptr) otherwise
+  void* param_copy = nullptr;           // optional 16-bit copy of the updated fp32 params
   DType copy_dtype = DType::kBFloat16;  // bf16 or fp16; ignored when param_copy is null
   int64_t numel = 0;
+  DType param_dtype = DType::kFloat32;  // Note [16-bit masters and states]
+  DType state_dtype = DType::kFloat32;
 };
 
 // Note [Non-temporal stores]

@@ -17,15 +17,42 @@ namespace {
 
 enum class Copy { kNone, kBf16, kF16 };
 
+// The element types of the master params (P) and the optimizer states (S) of a call:
+// Note [16-bit masters and states] in optim/step_types.h.
+template <DType P, DType S>
+struct Layout {
+  static constexpr DType kParam = P;
+  static constexpr DType kState = S;
+  static constexpr bool kAllFp32 = P == DType::kFloat32 && S == DType::kFloat32;
+};
+using Fp32Layout = Layout<DType::kFloat32, DType::kFloat32>;
+
+template <class V, DType T>
+inline typename V::F load_as(const void* base, int64_t i) {
+  if constexpr (T == DType::kFloat32) {
+    return V::load(static_cast<const float*>(base) + i);
+  } else if constexpr (T == DType::kBFloat16) {
+    return V::load_bf16(static_cast<const uint16_t*>(base) + i);
+  } else {
+    return V::load_f16(static_cast<const uint16_t*>(base) + i);
+  }
+}
+
+// 16-bit results are rounded to nearest even here, once (Note [16-bit rounding]).
+template <class V, DType T, bool kNt>
+inline void store_as(void* base, int64_t i, typename V::F x) {
+  if constexpr (T == DType::kFloat32) {
+    V::template store<kNt>(static_cast<float*>(base) + i, x);
+  } else if constexpr (T == DType::kBFloat16) {
+    V::template store_bf16<kNt>(static_cast<uint16_t*>(base) + i, x);
+  } else {
+    V::template store_f16<kNt>(static_cast<uint16_t*>(base) + i, x);
+  }
+}
+
 template <class V, DType G>
 inline typename V::F load_grad(const void* g, int64_t i) {
-  if constexpr (G == DType::kFloat32) {
-    return V::load(static_cast<const float*>(g) + i);
-  } else if constexpr (G == DType::kBFloat16) {
-    return V::load_bf16(static_cast<const uint16_t*>(g) + i);
-  } else {
-    return V::load_f16(static_cast<const uint16_t*>(g) + i);
-  }
+  return load_as<V, G>(g, i);
 }
 
 // Note [No streaming for the 16-bit copy]
@@ -72,22 +99,22 @@ struct AdamRule {
             c.use_l2,
             c.use_decay};
   }
-  template <class V, DType G, Copy C, bool kNt>
+  template <class V, class L, DType G, Copy C, bool kNt>
   static inline typename V::F apply(const K<V>& k, const StepBuffers& b, int64_t i) {
     using F = typename V::F;
-    F p = V::load(b.param + i);
+    F p = load_as<V, L::kParam>(b.param, i);
     F g = V::mul(load_grad<V, G>(b.grad, i), k.scale);
-    F m = V::load(b.state0 + i);
-    F v = V::load(b.state1 + i);
+    F m = load_as<V, L::kState>(b.state0, i);
+    F v = load_as<V, L::kState>(b.state1, i);
     if (k.use_l2) g = V::mul_add(k.l2, p, g);
     if (k.use_decay) p = V::mul(p, k.decay);
     m = V::mul_add(k.omb1, V::sub(g, m), m);
     v = V::mul_add(V::mul(k.omb2, g), g, V::mul(v, k.b2));
     const F denom = V::mul_add(V::sqrt(v), k.ibc2, k.eps);
     p = V::mul_add(k.nstep, V::div(m, denom), p);
-    V::template store<kNt>(b.param + i, p);
-    V::template store<kNt>(b.state0 + i, m);
-    V::template store<kNt>(b.state1 + i, v);
+    store_as<V, L::kParam, kNt>(b.param, i, p);
+    store_as<V, L::kState, kNt>(b.state0, i, m);
+    store_as<V, L::kState, kNt>(b.state1, i, v);
     store_copy<V, C>(b.param_copy, i, p);
     return p;
   }
@@ -107,18 +134,18 @@ struct AdagradRule {
   static K<V> broadcast(const Coeffs& c) {
     return {V::set1(c.grad_scale), V::set1(c.l2), V::set1(c.eps), V::set1(c.neg_lr), c.use_l2};
   }
-  template <class V, DType G, Copy C, bool kNt>
+  template <class V, class L, DType G, Copy C, bool kNt>
   static inline typename V::F apply(const K<V>& k, const StepBuffers& b, int64_t i) {
     using F = typename V::F;
-    F p = V::load(b.param + i);
+    F p = load_as<V, L::kParam>(b.param, i);
     F g = V::mul(load_grad<V, G>(b.grad, i), k.scale);
-    F s = V::load(b.state0 + i);
+    F s = load_as<V, L::kState>(b.state0, i);
     if (k.use_l2) g = V::mul_add(k.l2, p, g);
     s = V::mul_add(g, g, s);
     const F denom = V::add(V::sqrt(s), k.eps);
     p = V::mul_add(k.neg_lr, V::div(g, denom), p);
-    V::template store<kNt>(b.param + i, p);
-    V::template store<kNt>(b.state0 + i, s);
+    store_as<V, L::kParam, kNt>(b.param, i, p);
+    store_as<V, L::kState, kNt>(b.state0, i, s);
     store_copy<V, C>(b.param_copy, i, p);
     return p;
   }
@@ -143,18 +170,18 @@ struct LionRule {
             V::set1(c.one_minus_beta1), V::set1(c.beta2), V::set1(c.one_minus_beta2),
             V::set1(c.neg_lr),          c.use_decay};
   }
-  template <class V, DType G, Copy C, bool kNt>
+  template <class V, class L, DType G, Copy C, bool kNt>
   static inline typename V::F apply(const K<V>& k, const StepBuffers& b, int64_t i) {
     using F = typename V::F;
-    F p = V::load(b.param + i);
+    F p = load_as<V, L::kParam>(b.param, i);
     F g = V::mul(load_grad<V, G>(b.grad, i), k.scale);
-    F m = V::load(b.state0 + i);
+    F m = load_as<V, L::kState>(b.state0, i);
     if (k.use_decay) p = V::mul(p, k.decay);
     const F c = V::add(V::mul(m, k.b1), V::mul(g, k.omb1));
     p = V::add(p, V::mul(k.neg_lr, V::sign(c)));
     m = V::add(V::mul(m, k.b2), V::mul(g, k.omb2));
-    V::template store<kNt>(b.param + i, p);
-    V::template store<kNt>(b.state0 + i, m);
+    store_as<V, L::kParam, kNt>(b.param, i, p);
+    store_as<V, L::kState, kNt>(b.state0, i, m);
     store_copy<V, C>(b.param_copy, i, p);
     return p;
   }

@@ -13,7 +13,6 @@ in csrc/optim/parallel.h).
 
 from __future__ import annotations
 
-import warnings
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -101,17 +100,28 @@ def step_buffers(
     states: Dict[str, torch.Tensor],
     param_copy: Optional[torch.Tensor],
 ) -> dict:
-    """The positional buffers of a _C.optim step call, checked."""
+    """The positional buffers of a _C.optim step call, checked. The param is the master the
+    kernel updates: fp32, or a 16-bit tensor that is its own master; the states are fp32 or
+    of the param's 16-bit dtype (Note [16-bit masters and states] in csrc/optim/step_types.h)."""
     numel = param.numel() if isinstance(param, torch.Tensor) else -1
     out = {
-        "param": check_buffer("param", param, numel, (torch.float32,)),
+        "param": check_buffer("param", param, numel, GRAD_DTYPES),
+        "param_dtype": dtype_name(param.dtype, "param"),
         "grad": check_buffer("grad", grad, numel, GRAD_DTYPES),
         "grad_dtype": dtype_name(grad.dtype, "grad"),
         "numel": numel,
+        "state_dtype": "fp32",
     }
+    first = None
     for name, t in states.items():
-        out[name] = check_buffer(name, t, numel, (torch.float32,))
+        out[name] = check_buffer(name, t, numel, (torch.float32, param.dtype))
+        if first is not None and t.dtype != states[first].dtype:
+            raise ValueError(f"{name}: {t.dtype}, but {first} is {states[first].dtype}")
+        first = first or name
+        out["state_dtype"] = dtype_name(t.dtype, name)
     if param_copy is not None:
+        if param.dtype != torch.float32:
+            raise ValueError(f"param_copy: a {param.dtype} param is its own 16-bit copy")
         out["param_copy"] = check_buffer("param_copy", param_copy, numel, COPY_DTYPES)
         out["copy_dtype"] = dtype_name(param_copy.dtype, "param_copy")
     return out
@@ -146,19 +156,19 @@ def grad_stats(
 ALIGNED_STATE_BYTES = 1 << 20
 
 
-def _state_tensor(shape) -> torch.Tensor:
-    """An uninitialised fp32 state tensor. Large ones start on a 4 KiB boundary, so a
+def _state_tensor(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialised state tensor. Large ones start on a 4 KiB boundary, so a
     checkpoint reads and writes them straight to and from the disk (offload/host_buffers.py
     aligned_empty) instead of through the engine's bounce buffers at half the speed."""
     shape = torch.Size(shape)
-    if shape.numel() * 4 < ALIGNED_STATE_BYTES:
-        return torch.empty(shape, dtype=torch.float32)
-    return aligned_empty(shape, torch.float32)
+    if shape.numel() * dtype.itemsize < ALIGNED_STATE_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    return aligned_empty(shape, dtype)
 
 
-def _reusable(t, shape) -> Optional[torch.Tensor]:
+def _reusable(t, shape, dtype: torch.dtype) -> Optional[torch.Tensor]:
     """`t` when a loaded state of `shape` can be written into it in place."""
-    if not torch.is_tensor(t) or t.dtype != torch.float32 or t.device.type != "cpu":
+    if not torch.is_tensor(t) or t.dtype != dtype or t.device.type != "cpu":
         return None
     return t if t.shape == torch.Size(shape) and t.is_contiguous() else None
 
@@ -183,10 +193,12 @@ def param_location(optimizer: str, group: int, index: int) -> str:
 def many_buffers(items: List[StepItem], state_names: Tuple[str, ...], optimizer: str) -> dict:
     """The list arguments of a _C.optim.*_step_many call, every tensor checked first (a bad
     one is a ValueError naming its param, and nothing has been stepped). Keys: params,
-    grads, grad_dtypes, numels, param_copies (0: none), copy_dtypes and one list per state
-    name."""
+    param_dtypes, state_dtypes, grads, grad_dtypes, numels, param_copies (0: none),
+    copy_dtypes and one list per state name."""
     out: dict = {
         "params": [],
+        "param_dtypes": [],
+        "state_dtypes": [],
         "grads": [],
         "grad_dtypes": [],
         "numels": [],
@@ -200,6 +212,8 @@ def many_buffers(items: List[StepItem], state_names: Tuple[str, ...], optimizer:
         except ValueError as e:
             raise ValueError(f"{param_location(optimizer, it.group, it.index)}: {e}") from None
         out["params"].append(b["param"])
+        out["param_dtypes"].append(b["param_dtype"])
+        out["state_dtypes"].append(b["state_dtype"])
         out["grads"].append(b["grad"])
         out["grad_dtypes"].append(b["grad_dtype"])
         out["numels"].append(b["numel"])
@@ -213,9 +227,17 @@ def many_buffers(items: List[StepItem], state_names: Tuple[str, ...], optimizer:
 class CPUOptimizerBase(torch.optim.Optimizer):
     """Walks param groups and calls the subclass's fused kernel once per group.
 
-    fp32 params are updated in place. bf16/fp16 params keep an fp32 master copy in
-    ``state["fp32_param"]``: the kernel updates the master and writes the 16-bit param in
-    the same pass (the fused param copy), with the 16-bit grad read directly.
+    fp32 params are updated in place, with fp32 states. bf16/fp16 params:
+    - by default keep an fp32 master copy in ``state["fp32_param"]`` and fp32 states: the
+      kernel updates the master and writes the 16-bit param in the same pass (the fused
+      param copy), with the 16-bit grad read directly. More exact than DeepSpeed, which
+      updates the 16-bit param itself.
+    - with ``fp32_master_weights=False`` (zerostream's; the engine under
+      ``bf16.bf16_master_weights_and_grads``): the 16-bit param is its own master, updated in
+      place from the fp32 update (rounded to nearest even once), as DeepSpeedCPUAdam does;
+      states stay fp32.
+    - with ``fp32_optimizer_states=False`` (DeepSpeed's meaning): as above, and the states
+      are of the param's dtype too (6 bytes an element for Adam instead of 16).
     Subclasses define ``_state_names`` and ``_group_step(group, items, grad_scale)``, which
     steps a list of StepItem in one native call with each item's ``state["step"] + 1``.
     """
@@ -224,19 +246,28 @@ class CPUOptimizerBase(torch.optim.Optimizer):
     _display_name = "CPUOptimizer"
 
     def __init__(
-        self, params: Iterable, defaults: dict, fp32_optimizer_states: bool, threads: Optional[int]
+        self,
+        params: Iterable,
+        defaults: dict,
+        fp32_optimizer_states: bool,
+        threads: Optional[int],
+        fp32_master_weights: bool = True,
     ):
         run_kwargs(threads, None, "auto")
         self.threads = threads
         self.fp32_optimizer_states = bool(fp32_optimizer_states)
+        self.fp32_master_weights = bool(fp32_master_weights) and self.fp32_optimizer_states
         self._bound_grads: Dict[torch.Tensor, torch.Tensor] = {}
         super().__init__(params, defaults)
-        if not self.fp32_optimizer_states:
-            warnings.warn(
-                f"{self._display_name}: fp32_optimizer_states=False is accepted for "
-                "DeepSpeed compatibility; zerostream keeps optimizer states in fp32.",
-                stacklevel=3,
-            )
+
+    def state_dtype(self, p: torch.Tensor) -> torch.dtype:
+        """The dtype of p's optimizer states: p's own 16-bit dtype with
+        fp32_optimizer_states=False, fp32 otherwise."""
+        return p.dtype if not self.fp32_optimizer_states else torch.float32
+
+    def keeps_master(self, p: torch.Tensor) -> bool:
+        """Whether p (16-bit) trains against an fp32 master in its state."""
+        return p.dtype != torch.float32 and self.fp32_master_weights
 
     def bind_grads(self, grads: Dict[torch.Tensor, torch.Tensor]) -> None:
         """Gradients the kernel reads for these params instead of their .grad: a 16-bit
@@ -272,8 +303,8 @@ class CPUOptimizerBase(torch.optim.Optimizer):
     def _init_state(self, p: torch.Tensor, state: dict) -> None:
         state["step"] = 0
         for name in self._state_names:
-            state[name] = _state_tensor(p.shape).zero_()
-        if p.dtype != torch.float32:
+            state[name] = _state_tensor(p.shape, self.state_dtype(p)).zero_()
+        if self.keeps_master(p):
             state["fp32_param"] = _state_tensor(p.shape).copy_(p.detach())
 
     @torch.no_grad()
@@ -321,7 +352,9 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                     hi = min(lo + piece, p32.numel())
                     views = {n: t[lo:hi] for n, t in flat.items()}
                     views["step"] = state["step"]
-                    item = StepItem(p32[lo:hi], grad[lo:hi], views, copy_to(gi, pi, lo, hi), gi, pi)
+                    # A 16-bit param that is its own master has no separate copy to write.
+                    copy = copy_to(gi, pi, lo, hi) if p32.dtype == torch.float32 else None
+                    item = StepItem(p32[lo:hi], grad[lo:hi], views, copy, gi, pi)
                     self._group_step(group, [item], float(grad_scale))
                     done(gi, pi, lo, hi)
             for _, _, state, _ in params:
@@ -351,7 +384,8 @@ class CPUOptimizerBase(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         # torch casts floating state to the param's dtype on load; our states and masters
-        # stay fp32 whatever the param dtype, so they are restored from the saved tensors.
+        # have the dtypes this optimizer keeps (state_dtype, fp32 masters), so they are
+        # restored from the saved tensors, converted where the saved dtype differs.
         # A state tensor this optimizer already has is overwritten in place (a load into a
         # live run: no second copy in memory, no fresh pages to fault in).
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
@@ -363,10 +397,11 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 readable = isinstance(value, LazyTensor)  # a checkpoint's FileTensor
                 if key == "step" or not (readable or torch.is_tensor(value)):
                     continue
-                dst = _reusable(previous.get(p, {}).get(key), value.shape)
+                dtype = torch.float32 if key == "fp32_param" else self.state_dtype(p)
+                dst = _reusable(previous.get(p, {}).get(key), value.shape, dtype)
                 if dst is None:
-                    dst = _state_tensor(value.shape)
-                if readable:  # read in once, straight into the state
+                    dst = _state_tensor(value.shape, dtype)
+                if readable:  # read in once, straight into the state (cast to its dtype)
                     self.state[p][key] = value.read_into(dst)
                 else:
                     self.state[p][key] = dst.copy_(value.detach())

@@ -63,6 +63,7 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
         fp32_optimizer_states: bool = True,
         *,
         threads: Optional[int] = None,
+        fp32_master_weights: bool = True,
     ):
         if amsgrad:
             raise NotImplementedError(
@@ -71,7 +72,9 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
             )
         check_hyperparams(lr, weight_decay, eps)
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
-        super().__init__(model_params, defaults, fp32_optimizer_states, threads)
+        super().__init__(
+            model_params, defaults, fp32_optimizer_states, threads, fp32_master_weights
+        )
 
     def _group_step(self, group, items, grad_scale) -> None:
         b = many_buffers(items, self._state_names, self._display_name)
@@ -87,6 +90,8 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
             grad_scale=grad_scale,
             param_copies=b["param_copies"],
             copy_dtypes=b["copy_dtypes"],
+            param_dtypes=b["param_dtypes"],
+            state_dtypes=b["state_dtypes"],
             threads=optimizer_threads(self.threads),
         )
 

@@ -46,9 +46,11 @@ def cpu_adam_step(
 ) -> None:
     """One fused Adam (adamw_mode=False: L2) / AdamW step, in place, over CPU tensors.
 
-    param, exp_avg, exp_avg_sq: fp32, contiguous, same numel (any slice of a flat buffer).
-    grad: fp32, bf16 or fp16, multiplied by grad_scale first. param_copy: optional bf16/fp16
-    buffer that receives the updated params in the same pass. step is 1-based.
+    param, exp_avg, exp_avg_sq: contiguous, same numel (any slice of a flat buffer); fp32,
+    or a 16-bit param that is its own master with fp32 states or states of its dtype (Note
+    [16-bit masters and states] in csrc/optim/step_types.h). grad: fp32, bf16 or fp16,
+    multiplied by grad_scale first. param_copy: optional bf16/fp16 buffer that receives the
+    updated fp32 params in the same pass. step is 1-based.
     """
     bufs = step_buffers(param, grad, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, param_copy)
     beta1, beta2 = check_betas(betas)
@@ -90,6 +92,7 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
         fp32_optimizer_states: bool = True,
         *,
         threads: Optional[int] = None,
+        fp32_master_weights: bool = True,
     ):
         if amsgrad:
             raise NotImplementedError(
@@ -106,7 +109,9 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
             amsgrad=amsgrad,
         )
         self.adamw_mode = bool(adamw_mode)
-        super().__init__(model_params, defaults, fp32_optimizer_states, threads)
+        super().__init__(
+            model_params, defaults, fp32_optimizer_states, threads, fp32_master_weights
+        )
 
     def _check_group(self, group: dict) -> None:
         if group.get("amsgrad", False):
@@ -133,6 +138,8 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
             grad_scale=grad_scale,
             param_copies=b["param_copies"],
             copy_dtypes=b["copy_dtypes"],
+            param_dtypes=b["param_dtypes"],
+            state_dtypes=b["state_dtypes"],
             threads=optimizer_threads(self.threads),
         )
 

@@ -64,10 +64,13 @@ class DeepSpeedCPULion(CPUOptimizerBase):
         fp32_optimizer_states: bool = True,
         *,
         threads: Optional[int] = None,
+        fp32_master_weights: bool = True,
     ):
         check_hyperparams(lr, weight_decay)
         defaults = dict(lr=lr, betas=check_betas(betas), weight_decay=weight_decay)
-        super().__init__(model_params, defaults, fp32_optimizer_states, threads)
+        super().__init__(
+            model_params, defaults, fp32_optimizer_states, threads, fp32_master_weights
+        )
 
     def _group_step(self, group, items, grad_scale) -> None:
         b = many_buffers(items, self._state_names, self._display_name)
@@ -85,6 +88,8 @@ class DeepSpeedCPULion(CPUOptimizerBase):
             grad_scale=grad_scale,
             param_copies=b["param_copies"],
             copy_dtypes=b["copy_dtypes"],
+            param_dtypes=b["param_dtypes"],
+            state_dtypes=b["state_dtypes"],
             threads=optimizer_threads(self.threads),
         )
 

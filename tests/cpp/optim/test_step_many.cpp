@@ -106,8 +106,9 @@ TEST(optim_step_many, EachTensorGetsTheBitsOfItsOwnCall) {
 TEST(optim_step_many, ChunksCoverEveryElementOnceAndStartOnLines) {
   alignas(64) static float arena[4096];
   const float* anchors[] = {arena + 3, arena + 100, arena + 1000, arena + 1001};
+  const void* untyped[] = {anchors[0], anchors[1], anchors[2], anchors[3]};
   const int64_t numels[] = {90, 0, 1, 3000};
-  const auto chunks = plan_chunks(anchors, numels, 4, 2);
+  const auto chunks = plan_chunks(untyped, nullptr, numels, 4, 2);
   std::vector<std::vector<int>> seen(4);
   for (int i = 0; i < 4; ++i) seen[i].assign(static_cast<size_t>(numels[i]), 0);
   for (const ItemChunk& c : chunks) {

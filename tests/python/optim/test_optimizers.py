@@ -216,6 +216,13 @@ def test_functional_calls_name_the_bad_argument():
         cpu_adam_step(z, z, z, z.clone(), lr=1e-3, step=0)
 
 
-def test_fp32_optimizer_states_false_is_accepted_with_a_warning():
-    with pytest.warns(UserWarning, match="fp32_optimizer_states"):
-        DeepSpeedCPUAdam(_params(), fp32_optimizer_states=False)
+def test_fp32_optimizer_states_false_keeps_fp32_states_for_fp32_params():
+    """DeepSpeed's state dtype is the param's when fp32_optimizer_states=False: for fp32
+    params that is fp32, so nothing changes (16-bit params: test_half_states.py)."""
+    params = _params()
+    opt = DeepSpeedCPUAdam(params, fp32_optimizer_states=False)
+    _set_grads(params, 0)
+    opt.step()
+    for p in params:
+        assert opt.state[p]["exp_avg"].dtype == torch.float32
+        assert "fp32_param" not in opt.state[p]
