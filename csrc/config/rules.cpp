@@ -44,10 +44,9 @@ void precision_rules(Resolution& r, int64_t stage) {
           "scaling (2^power scales the fp32 loss); got " +
           show(r.at("fp16.initial_scale_power")));
   }
-  // 16-bit master weights (DeepSpeed >= 0.18.3): implemented where the optimizer steps the
-  // 16-bit tensors itself (no offload: bf16 master, gradients and moments); refused by name
-  // where DeepSpeed's CPU Adam would keep 16-bit weights beside its moments, which zerostream's
-  // CPU kernels (fp32 masters) do not do yet. Never accepted and ignored.
+  // 16-bit master weights (DeepSpeed >= 0.18.3). bf16: implemented with and without an
+  // offloaded optimizer (python/zerostream/zero/master_precision.py). fp16: refused by name
+  // where DeepSpeed would accept it, never accepted and ignored.
   const std::string od = str(r, "zero_optimization.offload_optimizer.device");
   const bool opt_offloaded = od == "cpu" || od == "nvme";
   if (on(r, "fp16.fp16_master_weights_and_grads") && !(stage >= 1 && od == "cpu"))
@@ -57,21 +56,14 @@ void precision_rules(Resolution& r, int64_t stage) {
   else if (on(r, "fp16.fp16_master_weights_and_grads"))
     r.errors.push_back(
         "fp16.fp16_master_weights_and_grads: fp16 master weights in the offloaded CPU optimizer "
-        "are not supported by zerostream yet (its CPU optimizer keeps fp32 master weights); "
+        "are not supported by zerostream yet (bf16.bf16_master_weights_and_grads is); "
         "remove the key");
   const bool bf16_master = on(r, "bf16.bf16_master_weights_and_grads");
   if (bf16_master && stage == 0)
     r.errors.push_back("bf16.bf16_master_weights_and_grads: needs ZeRO stage 1-3; got stage 0");
   if (on(r, "bf16.bf16_optimizer_states") && !bf16_master)
     r.errors.push_back("bf16.bf16_optimizer_states: needs bf16.bf16_master_weights_and_grads");
-  if (bf16_master && stage >= 1 && opt_offloaded)
-    r.errors.push_back(
-        "bf16.bf16_master_weights_and_grads: with zero_optimization.offload_optimizer.device \"" +
-        od +
-        "\" the CPU optimizer would keep bf16 master weights, which zerostream does not "
-        "support yet (its CPU optimizer keeps fp32 master weights, more exact); remove "
-        "bf16_master_weights_and_grads and bf16_optimizer_states, or the offload");
-  else if (bf16_master && stage >= 1 && !on(r, "bf16.bf16_optimizer_states"))
+  if (bf16_master && stage >= 1 && !opt_offloaded && !on(r, "bf16.bf16_optimizer_states"))
     r.errors.push_back(
         "bf16.bf16_master_weights_and_grads: without an offloaded optimizer it needs "
         "bf16.bf16_optimizer_states true as well (DeepSpeed keeps fp32 moments beside bf16 "

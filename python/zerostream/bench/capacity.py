@@ -45,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-live", type=float, default=1e8, help="stage3_max_live_parameters")
     p.add_argument("--bf16", action="store_true", help="bf16 model (fp32 optimizer state)")
     p.add_argument(
+        "--bf16-states",
+        action="store_true",
+        help="bf16 model with bf16.bf16_master_weights_and_grads and bf16_optimizer_states "
+        "(bf16 masters and moments: 6 bytes of optimizer state an element, not 12)",
+    )
+    p.add_argument(
         "--optimizer-max-in-cpu",
         default=None,
         help="zerostream.optimizer_max_in_cpu: elements of optimizer state kept in host memory, "
@@ -83,9 +89,19 @@ def _max_in_cpu(text):
     return text if text == "auto" else int(float(text))
 
 
+def _state_bytes(args) -> int:
+    """Optimizer-state bytes an element: master and two moments."""
+    return 6 if args.bf16_states else 12
+
+
 def _config(args, nvme: str) -> dict:
+    if args.bf16_states:
+        args.bf16 = True
+    bf16 = {"enabled": bool(args.bf16)}
+    if args.bf16_states:
+        bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     return {
-        "bf16": {"enabled": bool(args.bf16)},
+        "bf16": bf16,
         "zerostream": {"optimizer_max_in_cpu": _max_in_cpu(args.optimizer_max_in_cpu)},
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": 1,
@@ -124,16 +140,18 @@ def host_budget_bytes(
 ) -> int:
     """Host memory the configuration implies on one rank: the gradient partition (16-bit with
     a bf16 model, Note [Gradients to an offloaded partition]), the optimizer's staging (2 sets
-    x 3 fp32 sub-groups), the optimizer state kept in host memory (12 bytes an element), the
+    x 3 sub-groups of the widest state kind), the optimizer state kept in host memory (12
+    bytes an element, 6 with --bf16-states), the
     parameter shards kept in host memory, the param staging arena (2 x 4 buffers), the
     gathered parameters (max_live, twice for prefetch), and 3 GiB for torch, Python and
     activations."""
     sub = min(int(args.sub_group_size), numel)
-    width = 2 if args.bf16 else 4
+    width = 2 if args.bf16 or args.bf16_states else 4
+    staging = 2 if args.bf16_states else 4
     return (
         width * numel
-        + 2 * 3 * 4 * sub
-        + 12 * host_state_elements
+        + 2 * 3 * staging * sub
+        + _state_bytes(args) * host_state_elements
         + kept_shard_bytes
         + 2 * 4 * width * int(args.buffer_size)
         + 2 * width * int(args.max_live)
@@ -191,7 +209,7 @@ def measure(args) -> dict:
             for tier, b in tel.bytes.items()
         }
         numel = shape.params
-        states = (14 if args.bf16 else 16) * numel
+        states = ((2 if args.bf16 else 4) + _state_bytes(args)) * numel
         tiers = engine.optimizer.swapper.tiers
         peak = _rss_gib()
         summary = optimizer.state_summary()
@@ -303,6 +321,8 @@ def _child(args, max_in_cpu: str, param_in_cpu: str, nvme: str) -> dict:
     cmd += ["--nvme-path", nvme]
     if args.bf16:
         cmd.append("--bf16")
+    if args.bf16_states:
+        cmd.append("--bf16-states")
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode not in (0, 1) or not lines:  # 1: ran, but a verdict failed (reported)

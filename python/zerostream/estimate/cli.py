@@ -99,6 +99,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="auto: bf16 with GPUs, fp32 with --cpu-only",
     )
     w.add_argument(
+        "--bf16-master-weights",
+        action="store_true",
+        help="bf16.bf16_master_weights_and_grads: bf16 master weights (2 B, not 4)",
+    )
+    w.add_argument(
+        "--bf16-optimizer-states",
+        action="store_true",
+        help="bf16.bf16_optimizer_states: bf16 Adam moments (4 B, not 8); needs "
+        "--bf16-master-weights",
+    )
+    w.add_argument(
         "--no-activation-checkpointing",
         action="store_true",
         help="size activations without per-layer checkpointing",
@@ -197,13 +208,22 @@ def _workload(args, shape: ModelShape, cfg=None) -> Workload:
         )
     precision = args.precision
     micro, accum = _positive(args, "micro_batch"), _positive(args, "grad_accum")
+    master, states = args.bf16_master_weights, args.bf16_optimizer_states
     if cfg is not None:  # the config decides what it sets
         precision = cfg.precision
         micro = cfg.train_micro_batch_size_per_gpu or micro
         accum = cfg.gradient_accumulation_steps or accum
+        master = cfg.bf16.enabled and cfg.bf16.bf16_master_weights_and_grads
+        states = master and cfg.bf16.bf16_optimizer_states
     if precision == "auto":
         precision = "fp32" if args.cpu_only else "bf16"
-    return Workload(micro, seq, accum, precision, not args.no_activation_checkpointing)
+    if states and not master:
+        raise UsageError("--bf16-optimizer-states: needs --bf16-master-weights")
+    if master and precision != "bf16":
+        raise UsageError(f"--bf16-master-weights: needs --precision bf16; got {precision}")
+    return Workload(
+        micro, seq, accum, precision, not args.no_activation_checkpointing, master, states
+    )
 
 
 def _plan(args):

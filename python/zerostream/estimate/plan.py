@@ -23,8 +23,10 @@ offload/), so its numbers can be checked against `zerostream bench step`
                             staging (sets x 3 fp32 buffers of sub_group_size); params offloaded
                             to cpu: the shards; to nvme: max_in_cpu of them and the staging;
                             any optimizer offload: the copy stage's pinned staging slots
-  per node NVMe             nvme optimizer: fp32 master + moments, 12 B per element; nvme
-                            params: the 16-bit shards beyond max_in_cpu
+  per node NVMe             nvme optimizer: fp32 master + moments, 12 B per element (bf16
+                            masters, bf16.bf16_master_weights_and_grads: 2 + 8; with
+                            bf16_optimizer_states 2 + 4); nvme params: the 16-bit shards
+                            beyond max_in_cpu
 
 The peak of a memory is what is always there plus the larger of the two phases' transients.
 In backward, stage 3 releases a gathered parameter once its gradient is final, that is once
@@ -88,10 +90,33 @@ class Workload:
     grad_accum: int
     precision: str  # fp32 | bf16 | fp16
     checkpointing: bool
+    # bf16.bf16_master_weights_and_grads / bf16_optimizer_states (zero/master_precision.py)
+    bf16_master: bool = False
+    bf16_states: bool = False
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.precision]
+
+    @property
+    def master_bytes(self) -> int:
+        return 2 if self.bf16_master else 4
+
+    @property
+    def moment_bytes(self) -> int:
+        """Both Adam moments, per element."""
+        return 4 if self.bf16_states else 8
+
+    @property
+    def state_bytes(self) -> int:
+        """Master and moments per element: 12, 10 or 6."""
+        return self.master_bytes + self.moment_bytes
+
+    @property
+    def state_name(self) -> str:
+        """How the memory terms name the optimizer state (master and moments)."""
+        master = "bf16 master" if self.bf16_master else "fp32 master"
+        return f"{master}, {'bf16 ' if self.bf16_states else ''}Adam m, v"
 
     @property
     def tokens(self) -> int:
@@ -240,6 +265,12 @@ def offloaded_grad_bytes(d: int, work: "Workload") -> int:
     return d if d == 2 and work.grad_accum == 1 else 4
 
 
+def optimizer_state_key(work: "Workload", in_cpu: bool = False) -> str:
+    """The memory term of the NVMe optimizer's state (on disk, or its optimizer_max_in_cpu
+    part in host memory)."""
+    return work.state_name + (" (optimizer_max_in_cpu)" if in_cpu else "")
+
+
 def _memory(shape, work, machine, option, knobs):
     """(device, backward, step, host, nvme, startup) byte terms; see the module doc."""
     P, N, d = shape.params, machine.world, work.dtype_bytes
@@ -259,26 +290,32 @@ def _memory(shape, work, machine, option, knobs):
         backward["gathered params"] = d * gathered
     else:
         device[f"{dname} params"] = d * P
-    states = {"fp32 master": 4 * part, "fp32 grads": 4 * part, "Adam m, v": 8 * part}
+    master = "bf16 master" if work.bf16_master else "fp32 master"
+    moments = "bf16 Adam m, v" if work.bf16_states else "Adam m, v"
+    # Without offload the gradient partition has the master's dtype (zero/sharded.py).
+    grads_key = "bf16 grads" if work.bf16_master else "fp32 grads"
+    states = {master: work.master_bytes * part, grads_key: work.master_bytes * part}
+    states[moments] = work.moment_bytes * part
     host_grads = ("16-bit grads", 2 * part) if offloaded_grad_bytes(d, work) == 2 else None
     if option.optimizer == "none":
         device.update(states)
         step["AdamW temporaries"] = (8 if machine.cpu_only else 4) * part
     elif option.optimizer == "cpu":
         host.update(states)
-        if host_grads:
-            del host["fp32 grads"]
-            host[host_grads[0]] = host_grads[1]
+        del host[grads_key]
+        name, size = host_grads or ("fp32 grads", 4 * part)
+        host[name] = size
     else:
         sets = max(2, knobs.optimizer_buffer_count // 3)
         width = min(knobs.sub_group_size or part, part)
         name, size = host_grads or ("fp32 grads", 4 * part)
         host[name] = size
-        host["optimizer staging"] = sets * 12 * width
+        widest = 2 if work.bf16_master and work.bf16_states else 4
+        host["optimizer staging"] = sets * 3 * widest * width
         in_host = min(part, knobs.optimizer_max_in_cpu)
         if in_host:
-            host["fp32 master, Adam m, v (optimizer_max_in_cpu)"] = 12 * in_host
-        nvme["fp32 master, Adam m, v"] = 12 * (part - in_host)
+            host[optimizer_state_key(work, in_cpu=True)] = work.state_bytes * in_host
+        nvme[optimizer_state_key(work)] = work.state_bytes * (part - in_host)
     if option.optimizer != "none":
         from ..offload.copy_stage import SLOT_BYTES, SLOTS
 
@@ -323,8 +360,8 @@ def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
             t["h2d"] += d * part  # the updated 16-bit partition back
     if option.stage == 3 and option.param != "none":
         t["h2d"] += 2 * d * part * A  # shards up for the forward and the backward gathers
-    if option.optimizer == "nvme":  # fp32 master and moments, each sub-group in and out
-        on_disk = nvme.get("fp32 master, Adam m, v", 0)
+    if option.optimizer == "nvme":  # master and moments, each sub-group in and out
+        on_disk = nvme.get(optimizer_state_key(work), 0)
         t["optimizer_nvme_read"] = t["optimizer_nvme_write"] = g * float(on_disk)
     disk_shard = nvme.get(f"{'fp32' if d == 4 else '16-bit'} param shards", 0)
     if disk_shard:  # shards read for the forward and the backward gathers, written after
@@ -433,7 +470,7 @@ def plan_tiers(
     [Parameter shards in host memory], offload/tiers.py): the host memory the all-on-NVMe
     option leaves free on each node, shared by its processes, goes first to param shards
     on disk (6 bytes of disk traffic saved per step for 2 held), then to optimizer state
-    (24 saved for 12). None when nothing is free."""
+    (24 saved for 12, or 2 x state_bytes for state_bytes). None when nothing is free."""
     free = (machine.host_usable - base.host_node) // machine.gpus_per_node
     if free <= 0:
         return None
@@ -447,7 +484,7 @@ def plan_tiers(
     knobs = replace(
         base.knobs,
         max_in_cpu=keep // d,
-        optimizer_max_in_cpu=min(part, free // 12),
+        optimizer_max_in_cpu=min(part, free // work.state_bytes),
     )
     if knobs.optimizer_max_in_cpu == part and keep == shards:
         return None  # nothing left on disk: the "cpu" options say it

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .machine import Machine
 from .model import ModelShape
-from .plan import Prediction, Workload, offloaded_grad_bytes
+from .plan import Prediction, Workload, offloaded_grad_bytes, optimizer_state_key
 from .units import gb, seconds
 
 Key = Tuple[int, str, str]
@@ -55,10 +55,12 @@ def explain(
         if not machine.cpu_only and d * P + machine.gpu_reserve > machine.gpu_mem:
             params += f" ({gb(d * P)} GB > {gb(machine.gpu_mem)} GB per GPU)"
     lines.append(params)
-    opt, grads = 12 * P, 4 * P
+    opt, grads = work.state_bytes * P, 4 * P
     z3 = by[(3, "none", "none")]
     lines.append(
-        f"optimizer states (fp32 master + Adam m, v: 12 B/param) {gb(opt)} GB and fp32 "
+        f"optimizer states ({work.state_name.replace('master, ', 'master + ', 1)}: "
+        f"{work.state_bytes} "
+        f"B/param) {gb(opt)} GB and fp32 "
         f"gradients (4 B/param) {gb(grads)} GB: "
         f"{'in the processes' if machine.cpu_only else 'on the GPUs'} (stage 3, no offload) "
         f"{gb((opt + grads) / N)} GB {where} -> {_fits_where(z3)}"
@@ -86,7 +88,7 @@ def explain(
     tiered = [p for p in preds if p.option.tiered and p.option.param == "none"]
     if tiered:
         t = tiered[0]
-        kept = t.host.get("fp32 master, Adam m, v (optimizer_max_in_cpu)", 0)
+        kept = t.host.get(optimizer_state_key(work, in_cpu=True), 0)
         lines.append(
             f'with memory tiers (zerostream.optimizer_max_in_cpu "auto"): the host RAM that '
             f"leaves free keeps {gb(kept * machine.gpus_per_node)} GB of the optimizer state "

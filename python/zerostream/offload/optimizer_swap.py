@@ -1,5 +1,6 @@
-"""Optimizer state on NVMe for ZeRO stages 1/2 (and later 3): fp32 master params and Adam
-moments of this rank's partitions live in the swap store, cut into sub-groups by
+"""Optimizer state on NVMe for ZeRO stages 1-3: master params and Adam moments of this rank's
+partitions (fp32, or bf16 ones: Note [16-bit master weights with an offloaded optimizer] in
+zero/master_precision.py) live in the swap store, cut into sub-groups by
 zero/sub_groups.h (`sub_group_size` elements; 0: one per parameter, DeepSpeed's meaning),
 and stream through a few host-arena buffers during the step.
 
@@ -7,7 +8,8 @@ Note [Sub-group pipeline]: with pipeline_read the read of sub-group i+1 is in fl
 the fused CPU kernel updates sub-group i; with pipeline_write the write-back of i overlaps
 i+1's compute. Buffers rotate over `sets` = max(2, buffer_count // 3) triples (p, m, v), and a
 buffer is reused only after its write-back finished, so memory stays at
-sets * 3 * sub_group_size * 4 bytes whatever the model size.
+sets * 3 * sub_group_size * 4 bytes whatever the model size (2 with bf16 masters and moments:
+each staging buffer is raw bytes for a sub-group of the widest kind, viewed as a kind's dtype).
 
 Sub-groups in the host tier (zerostream.optimizer_max_in_cpu, Note [Optimizer tiers] in
 offload/tiers.py) keep their three tensors in a host arena and never touch the swap store;
@@ -19,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
@@ -64,7 +66,7 @@ class SwapStateSource:
     def __init__(self, swapper: "SwappedAdam", group: int, kind: str, numel: int = -1):
         self.swapper, self.group, self.kind = swapper, group, _KINDS.index(kind)
         numel = swapper.numels[group] if numel < 0 else numel
-        self.shape, self.dtype = torch.Size([numel]), torch.float32
+        self.shape, self.dtype = torch.Size([numel]), swapper.dtypes[kind]
 
     def __getitem__(self, index: slice) -> "SwapStateSource":
         """`source[:n]`: its first n elements (a partition without its alignment padding)."""
@@ -83,10 +85,10 @@ class SwapStateSource:
             if s.on_host:  # in place: valid as long as the state is
                 yield s.host[self.kind][: min(s.hi, end) - s.lo]
                 continue
-            buf = bufs[staged % len(bufs)][: s.hi - s.lo]
+            buf = bufs[staged % len(bufs)].view(self.dtype)[: s.hi - s.lo]
             staged += 1
             sw._wait([sw.store.read(3 * s.index + self.kind, buf)])
-            sw.bytes_read += buf.numel() * 4
+            sw.bytes_read += buf.numel() * buf.element_size()
             yield buf[: min(s.hi, end) - s.lo]
 
 
@@ -103,10 +105,11 @@ class _HyperParams(torch.optim.Optimizer):
 
 
 class SwappedAdam:
-    """Adam/AdamW whose fp32 state lives on NVMe (see Note [Sub-group pipeline]). Built from
+    """Adam/AdamW whose state lives on NVMe (see Note [Sub-group pipeline]). Built from
     its config sections: `optimizer` (hyperparameters, Adam vs AdamW), `zero`
     (sub_group_size, offload_optimizer), `aio` (the I/O engine) and `ext` (zerostream's
-    extension keys: swap checksums, CPU threads)."""
+    extension keys: swap checksums, CPU threads); `dtypes`: the master's and the moments'
+    (fp32, or bf16 ones)."""
 
     def __init__(
         self,
@@ -120,8 +123,14 @@ class SwappedAdam:
         ext: "ZeroStreamExtConfig",
         rank: int,
         param_tier=None,
+        dtypes: Tuple[torch.dtype, torch.dtype] = (torch.float32, torch.float32),
     ):
         offload = zero.offload_optimizer
+        master, moments = dtypes
+        self.dtypes = {"param": master, "exp_avg": moments, "exp_avg_sq": moments}
+        self.kind_dtypes = [self.dtypes[k] for k in _KINDS]
+        self.element_bytes = sum(d.itemsize for d in self.kind_dtypes)
+        self.widest = max(d.itemsize for d in self.kind_dtypes)
         self.adamw_mode = optimizer.adamw_mode
         self.threads = ext.cpu_optimizer_threads or None
         self.pipeline_read = offload.pipeline_read
@@ -140,7 +149,7 @@ class SwappedAdam:
             )
         ]
         sizes = [s.hi - s.lo for s in self.sub_groups]
-        self.tiers = tiers.plan(sizes, ext.optimizer_max_in_cpu)
+        self.tiers = tiers.plan(sizes, ext.optimizer_max_in_cpu, self.element_bytes)
         # "auto": placed between two steps, after the parameter shards' own "auto" choice
         # (`param_tier`, a ParamSwapper) where there is one (Note ["auto" is sized from a
         # measured step] in tiers.py).
@@ -156,17 +165,19 @@ class SwappedAdam:
         self.host_arena = None
         if on_host:
             self.host_arena = HostArena(
-                sum(3 * arena_bytes(4 * (s.hi - s.lo)) for s in on_host),
+                sum(self._host_bytes(s) for s in on_host),
                 lock=offload.pin_memory,
                 register=True,  # a host-tier master uploads straight to a device partition
             )
             for s in on_host:
-                s.host = [self.host_arena.empty(s.hi - s.lo, torch.float32) for _ in _KINDS]
+                s.host = self._host_state(s)
         # Staging for the NVMe tier (and for reading any sub-group back, read_range).
         width = max((s.hi - s.lo for s in on_disk), default=1)
-        self.arena = HostArena(self.sets * 3 * arena_bytes(width * 4), lock=offload.pin_memory)
+        # Raw bytes, each buffer able to hold a sub-group of any kind (viewed by _staged).
+        wide = width * self.widest
+        self.arena = HostArena(self.sets * 3 * arena_bytes(wide), lock=offload.pin_memory)
         self.buffers = [
-            [self.arena.empty(width, torch.float32) for _ in _KINDS] for _ in range(self.sets)
+            [self.arena.empty(wide, torch.uint8) for _ in _KINDS] for _ in range(self.sets)
         ]
         engine = IoEngine(io_config_for(aio))
         try:
@@ -186,11 +197,11 @@ class SwappedAdam:
         self.bytes_read = self.bytes_written = 0
         self.wait_seconds = 0.0
         if ext.optimizer_max_in_cpu == 0:
-            self._say_if_dram_would_do(sum(self.numels) * 12)
+            self._say_if_dram_would_do(sum(self.numels) * self.element_bytes)
         try:
             # Every NVMe sub-group's three fp32 extents, before a byte is written.
             self.store.require_space(
-                [4 * (s.hi - s.lo) for s in on_disk for _ in _KINDS],
+                [d.itemsize * (s.hi - s.lo) for s in on_disk for d in self.kind_dtypes],
                 "zero_optimization.offload_optimizer.nvme_path",
                 sharing=ranks_on_this_host(),
             )
@@ -200,9 +211,22 @@ class SwappedAdam:
             raise
 
     # --- setup -----------------------------------------------------------------------------------
+    def _host_bytes(self, s: SubGroup) -> int:
+        """Host-arena bytes of a host-tier sub-group's three tensors."""
+        return sum(arena_bytes(d.itemsize * (s.hi - s.lo)) for d in self.kind_dtypes)
+
+    def _host_state(self, s: SubGroup) -> List[torch.Tensor]:
+        """A host-tier sub-group's (param, exp_avg, exp_avg_sq), from the host arena."""
+        return [self.host_arena.empty(s.hi - s.lo, d) for d in self.kind_dtypes]
+
+    def _staged(self, slot: int, n: int) -> List[torch.Tensor]:
+        """Staging slot `slot`'s three buffers as n elements of each kind's dtype."""
+        return [buf.view(d)[:n] for buf, d in zip(self.buffers[slot], self.kind_dtypes)]
+
     def _fit_sub_group_size(self, sub_group_size: int, sets: int) -> int:
-        """sub_group_size, lowered (one log line) when its staging buffers (sets x 3 fp32
-        tensors of a sub-group) would take more than a quarter of the free host memory:
+        """sub_group_size, lowered (one log line) when its staging buffers (sets x 3
+        sub-group-sized buffers of the widest kind) would take more than a quarter of the
+        free host memory:
         Adam is elementwise, so where the sub-groups are cut changes no result."""
         try:
             import psutil
@@ -210,7 +234,7 @@ class SwappedAdam:
             free = psutil.virtual_memory().available
         except ImportError:
             return sub_group_size
-        fits = max(1 << 20, free // 4 // (sets * 3 * 4))
+        fits = max(1 << 20, free // 4 // (sets * 3 * self.widest))
         largest = max(self.numels, default=0) if sub_group_size == 0 else sub_group_size
         if largest <= fits:
             return sub_group_size
@@ -219,7 +243,7 @@ class SwappedAdam:
             "with offload_optimizer nvme; free host memory is %.1f GiB, so sub-groups of %d "
             "elements are used",
             largest,
-            sets * 12 * largest / 2**30,
+            sets * 3 * self.widest * largest / 2**30,
             free / 2**30,
             fits,
         )
@@ -244,11 +268,10 @@ class SwappedAdam:
             )
 
     def _write_initial_state(self, sources: List[torch.Tensor]) -> None:
-        """fp32 params (from the 16-bit partitions `sources`) and zero moments, one sub-group
+        """Masters (from the 16-bit partitions `sources`) and zero moments, one sub-group
         at a time; a source may be a stage-3 ShardSink whose shards live on NVMe."""
-        p, m, v = self.buffers[0]
-        m.zero_()
-        v.zero_()
+        for buf in self.buffers[0]:
+            buf.zero_()
         for s in self.sub_groups:
             n = s.hi - s.lo
             src = sources[s.group]
@@ -260,20 +283,19 @@ class SwappedAdam:
                 s.host[1].zero_()
                 s.host[2].zero_()
                 continue
-            p[:n].copy_(values)
-            tickets = [
-                self.store.write(3 * s.index + k, buf[:n]) for k, buf in enumerate((p, m, v))
-            ]
+            staged = self._staged(0, n)
+            staged[0].copy_(values)
+            tickets = [self.store.write(3 * s.index + k, buf) for k, buf in enumerate(staged)]
             for t in tickets:
                 t.wait()
-            self.bytes_written += 12 * n
+            self.bytes_written += self.element_bytes * n
 
     # --- the step --------------------------------------------------------------------------------
     def _read(self, s: SubGroup, slot: int):
         n = s.hi - s.lo
-        self.bytes_read += 12 * n
+        self.bytes_read += self.element_bytes * n
         return [
-            self.store.read(3 * s.index + k, buf[:n]) for k, buf in enumerate(self.buffers[slot])
+            self.store.read(3 * s.index + k, buf) for k, buf in enumerate(self._staged(slot, n))
         ]
 
     def _wait(self, tickets) -> None:
@@ -310,13 +332,11 @@ class SwappedAdam:
                 nslot = nxt % self.sets
                 self._wait(pending_writes.pop(nslot, []))
                 pending_reads[nxt] = self._read(disk[nxt], nslot)
-            self._update(s, self.buffers[slot], grads, partitions, grad_scale)
             n = s.hi - s.lo
-            writes = [
-                self.store.write(3 * s.index + k, buf[:n])
-                for k, buf in enumerate(self.buffers[slot])
-            ]
-            self.bytes_written += 12 * n
+            staged = self._staged(slot, n)
+            self._update(s, staged, grads, partitions, grad_scale)
+            writes = [self.store.write(3 * s.index + k, buf) for k, buf in enumerate(staged)]
+            self.bytes_written += self.element_bytes * n
             if self.pipeline_write:
                 pending_writes[slot] = writes
             else:
@@ -354,14 +374,14 @@ class SwappedAdam:
         if self.param_tier is not None and usable_host_bytes()[1] == ENV:
             taken = self.param_tier.kept_bytes
         budget, source = tiers.measured_budget_bytes(taken)
-        plan = tiers.place(sizes, budget // tiers.STATE_BYTES, source)
+        plan = tiers.place(sizes, budget // self.element_bytes, source, self.element_bytes)
         # Each tensor is rounded to the arena's alignment: drop sub-groups (the last in
         # the placement's order) until the arena fits the budget.
         moving = [s for s, t in zip(self.sub_groups, plan.tiers) if t == tiers.HOST]
-        arena = sum(3 * arena_bytes(4 * (s.hi - s.lo)) for s in moving)
+        arena = sum(self._host_bytes(s) for s in moving)
         while moving and arena > budget:
             s = moving.pop()
-            arena -= 3 * arena_bytes(4 * (s.hi - s.lo))
+            arena -= self._host_bytes(s)
         if moving:
             self.host_arena = HostArena(
                 arena,
@@ -369,9 +389,9 @@ class SwappedAdam:
                 register=True,
             )
             for s in moving:
-                host = [self.host_arena.empty(s.hi - s.lo, torch.float32) for _ in _KINDS]
+                host = self._host_state(s)
                 self._wait([self.store.read(3 * s.index + k, t) for k, t in enumerate(host)])
-                self.bytes_read += 12 * (s.hi - s.lo)
+                self.bytes_read += self.element_bytes * (s.hi - s.lo)
                 for k in range(len(_KINDS)):
                     self.store.free(3 * s.index + k)
                 s.host = host
@@ -383,6 +403,7 @@ class SwappedAdam:
             sum(sizes) - host,
             plan.budget_elements,
             plan.source,
+            self.element_bytes,
         )
         logger.info(self.tiers.describe())
         return len(moving)
@@ -394,9 +415,10 @@ class SwappedAdam:
         # Pieces of one copy-stage slot for a DeviceSink, each crossing to the device while
         # the next is stepped; the whole sub-group otherwise (Note [Partition sinks]).
         piece = sinks.piece(sink, s.hi - s.lo)
+        fusable = p.dtype == torch.float32  # a 16-bit master is its own copy
         for lo in range(s.lo, s.hi, piece):
             hi = min(lo + piece, s.hi)
-            target = sinks.fused_target(sink, lo, hi)
+            target = sinks.fused_target(sink, lo, hi) if fusable else None
             a, b = lo - s.lo, hi - s.lo
             cpu_adam_step(
                 p[a:b],
@@ -424,7 +446,7 @@ class SwappedAdam:
         STEP_PEAKS.done(self)  # no placement follows: the engine's windows stop
 
     def location(self, s: SubGroup) -> str:
-        """Where sub-group `s`'s fp32 state is, in words (error messages)."""
+        """Where sub-group `s`'s state is, in words (error messages)."""
         if s.on_host:
             return "host memory (zerostream.optimizer_max_in_cpu)"
         path, offset, _ = self.store.extent_of(3 * s.index)
@@ -446,7 +468,8 @@ class SwappedAdam:
         loaded), sub-group by sub-group; partly covered sub-groups are read first."""
         k = _KINDS.index(kind)
         hi = lo + values.numel()
-        buf = self.buffers[0][0]
+        dtype = self.kind_dtypes[k]
+        buf = self.buffers[0][0].view(dtype)
         for s in self.sub_groups:
             a, b = max(lo, s.lo), min(hi, s.hi)
             if s.group != group or a >= b:
@@ -455,7 +478,7 @@ class SwappedAdam:
             target = s.host[k] if s.on_host else buf[:n]
             if (a, b) != (s.lo, s.hi) and not s.on_host:
                 self._wait([self.store.read(3 * s.index + k, buf[:n])])
-                self.bytes_read += 4 * n
+                self.bytes_read += dtype.itemsize * n
             piece = target[a - s.lo : b - s.lo]
             if isinstance(values, LazyTensor):  # a checkpoint's FileTensor, piecewise
                 values.read_into(piece, a - lo)
@@ -465,14 +488,15 @@ class SwappedAdam:
                 then(group, s.lo, s.hi, target)
             if not s.on_host:
                 self._wait([self.store.write(3 * s.index + k, buf[:n])])
-                self.bytes_written += 4 * n
+                self.bytes_written += dtype.itemsize * n
 
     def read_range(self, group: int, lo: int, hi: int, kind: str = "param") -> torch.Tensor:
         """Elements [lo, hi) of group `group`'s partition of `kind`, reading only the
         sub-groups they touch (one parameter's state, zero/param_access.py)."""
         k = _KINDS.index(kind)
-        out = torch.empty(hi - lo, dtype=torch.float32)
-        buf = self.buffers[0][0]
+        dtype = self.kind_dtypes[k]
+        out = torch.empty(hi - lo, dtype=dtype)
+        buf = self.buffers[0][0].view(dtype)
         for s in self.sub_groups:
             a, b = max(lo, s.lo), min(hi, s.hi)
             if s.group != group or a >= b:
@@ -481,7 +505,7 @@ class SwappedAdam:
                 out[a - lo : b - lo].copy_(s.host[k][a - s.lo : b - s.lo])
                 continue
             self._wait([self.store.read(3 * s.index + k, buf[: s.hi - s.lo])])
-            self.bytes_read += 4 * (s.hi - s.lo)
+            self.bytes_read += dtype.itemsize * (s.hi - s.lo)
             out[a - lo : b - lo].copy_(buf[a - s.lo : b - s.lo])
         return out
 
@@ -536,14 +560,15 @@ class SwappedAdam:
                 ("exp_avg_sq", st.get("exp_avg_sq")),
             ):
                 if values is None:
-                    values = torch.zeros(self.numels[g])
-                elif not isinstance(values, LazyTensor):
-                    values = values.float().reshape(-1)
+                    values = torch.zeros(self.numels[g], dtype=self.dtypes[kind])
+                elif not isinstance(values, LazyTensor):  # (a LazyTensor is cast as read)
+                    values = values.to(self.dtypes[kind]).reshape(-1)
                 after = then if kind == "param" else None
                 self.write_state(g, 0, values, kind, after)
                 if values.numel() < self.numels[g]:
                     n = values.numel()
-                    self.write_state(g, n, torch.zeros(self.numels[g] - n), kind, after)
+                    zeros = torch.zeros(self.numels[g] - n, dtype=self.dtypes[kind])
+                    self.write_state(g, n, zeros, kind, after)
 
     def stats(self) -> dict:
         """Plain data: traffic, the store's directory and every sub-group's extents

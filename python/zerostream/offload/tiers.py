@@ -58,7 +58,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 logger = logging.getLogger("zerostream")
 
 HOST, NVME = "host", "nvme"
-STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq, per element
+STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq, per element (bf16 masters: 6 or 10)
 # "auto" leaves this much of the usable host memory on top of the measured excess of a step
 # (Note ["auto" is sized from a measured step]): a fixed part and a share that grows with
 # the machine, for what the first step did not show (a checkpoint save, the page cache).
@@ -75,15 +75,16 @@ class TierPlan:
     nvme_elements: int
     budget_elements: int  # what the placement was allowed to put in host memory
     source: str  # where the budget came from: the config key or the memory reading
+    element_bytes: int = STATE_BYTES  # master + moments, per element
 
     @property
     def host_bytes(self) -> int:
-        return STATE_BYTES * self.host_elements
+        return self.element_bytes * self.host_elements
 
     @property
     def disk_bytes_per_step(self) -> int:
         """Optimizer-state bytes read plus written per step."""
-        return 2 * STATE_BYTES * self.nvme_elements
+        return 2 * self.element_bytes * self.nvme_elements
 
     def describe(self) -> str:
         n_host = self.tiers.count(HOST)
@@ -93,11 +94,13 @@ class TierPlan:
             f"({self.host_elements} of {total} elements, {self.host_bytes / 2**30:.2f} GiB; "
             f"budget {self.budget_elements} elements from {self.source}), "
             f"{len(self.tiers) - n_host} on NVMe: {self.disk_bytes_per_step / 1e9:.2f} GB "
-            f"read+written per step (all on NVMe: {2 * STATE_BYTES * total / 1e9:.2f} GB)"
+            f"read+written per step (all on NVMe: {2 * self.element_bytes * total / 1e9:.2f} GB)"
         )
 
 
-def place(sizes: Sequence[int], budget_elements: int, source: str = "") -> TierPlan:
+def place(
+    sizes: Sequence[int], budget_elements: int, source: str = "", element_bytes: int = STATE_BYTES
+) -> TierPlan:
     """Whole sub-groups (`sizes`, in step order) to host memory within `budget_elements`,
     spread over the order: a sub-group goes to the host when the host tier is behind its
     even share of the elements seen so far, and a last pass fills what is left of the
@@ -114,7 +117,7 @@ def place(sizes: Sequence[int], budget_elements: int, source: str = "") -> TierP
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         if tiers[i] == NVME and used + sizes[i] <= budget:
             tiers[i], used = HOST, used + sizes[i]
-    return TierPlan(tiers, used, total - used, budget, source)
+    return TierPlan(tiers, used, total - used, budget, source, element_bytes)
 
 
 def auto_budget_bytes(usable_bytes: Optional[int], ranks_on_host: int, other_bytes: int) -> int:
@@ -167,13 +170,17 @@ def measured_budget_bytes(other_bytes: int = 0) -> Tuple[int, str]:
     )
 
 
-def plan(sizes: Sequence[int], max_in_cpu: Union[int, str]) -> TierPlan:
+def plan(
+    sizes: Sequence[int], max_in_cpu: Union[int, str], element_bytes: int = STATE_BYTES
+) -> TierPlan:
     """The placement for `zerostream.optimizer_max_in_cpu` (elements, or "auto") when the
     optimizer is built: "auto" starts all on NVMe and is placed after a measured step by
     SwappedAdam.place_measured() (Note ["auto" is sized from a measured step])."""
     if max_in_cpu == "auto":
-        return place(sizes, 0, '"auto": sized after the first step')
-    result = place(sizes, int(max_in_cpu), f"zerostream.optimizer_max_in_cpu {max_in_cpu}")
+        return place(sizes, 0, '"auto": sized after the first step', element_bytes)
+    result = place(
+        sizes, int(max_in_cpu), f"zerostream.optimizer_max_in_cpu {max_in_cpu}", element_bytes
+    )
     if result.host_elements:
         logger.info(result.describe())
     return result

@@ -58,6 +58,7 @@ def _nvme_adam(ctx: StageContext, client):
     store (offload/optimizer_swap.py), built from the config's sections."""
     from ..offload.optimizer_swap import SwappedAdam
     from ..offload.param_swap import ShardSink
+    from .master_precision import master_dtype, state_dtype
 
     cfg = ctx.config
     opt = cfg.optimizer
@@ -87,6 +88,7 @@ def _nvme_adam(ctx: StageContext, client):
             ext=cfg.zerostream,
             rank=comm.get_rank(),
             param_tier=param_tier,
+            dtypes=(master_dtype(ctx), state_dtype(ctx)),
         )
 
     return make

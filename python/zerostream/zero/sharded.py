@@ -21,6 +21,7 @@ from ..lazy_tensor import copy_into, materialize
 from ..offload import sinks
 from ..ops._cpu_optimizer import COPY_DTYPES, CPUOptimizerBase
 from .base import ZeroOptimizerBase
+from .master_precision import configure_inner, master_dtype, state_bytes
 from .protocol import PartitionLayout, StageContext
 from .skips import first_non_finite
 
@@ -37,16 +38,6 @@ def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
         and ctx.config.zerostream.offload_gradient_dtype == "auto"
     ):
         return ctx.dtype
-    return torch.float32
-
-
-def _master_dtype(ctx: StageContext) -> torch.dtype:
-    """bf16 with bf16.bf16_master_weights_and_grads (DeepSpeed >= 0.18.3): the master weights,
-    their gradients and, made by the inner optimizer like its params, the moments stay bf16.
-    The config rules admit it only without an offloaded optimizer (csrc/config/rules.cpp)."""
-    bf16 = ctx.config.bf16
-    if bf16.enabled and bf16.bf16_master_weights_and_grads:
-        return torch.bfloat16
     return torch.float32
 
 
@@ -101,9 +92,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             if self.offload_device != "none" or host_partitions or ctx.device.type == "cpu":
                 self._require_host_memory(ctx, sum(sizes))
             self.masters = self._allocate_masters(
-                partitions, zero.offload_optimizer, _master_dtype(ctx)
+                partitions, zero.offload_optimizer, master_dtype(ctx)
             )
             inner = make_optimizer([{**o, "params": [m]} for o, m in zip(options, self.masters)])
+            configure_inner(inner, ctx, offloaded=self.offload_device != "none")
             if self.offload_device == "none":
                 self.grads = [torch.zeros_like(m) for m in self.masters]
             else:
@@ -117,10 +109,11 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         ZeroOptimizerBase.__init__(self, inner, ctx)
 
     def _require_host_memory(self, ctx: StageContext, numel: int) -> None:
-        """Host-memory preflight (offload/memory_preflight.py): fp32 masters (4 bytes an element),
-        gradients (4, or 2 when they land 16-bit: counted so whenever the config allows it,
-        a lower bound) and Adam's two moments (8 more, made at the first step) of this rank's
-        partition, times the ranks of this host, which allocate the same."""
+        """Host-memory preflight (offload/memory_preflight.py): masters (4 bytes an element, 2
+        for bf16 ones), gradients (4, or 2 when they land 16-bit: counted so whenever the
+        config allows it, a lower bound) and Adam's two moments (8 more, 4 in bf16, made at
+        the first step) of this rank's partition, times the ranks of this host, which
+        allocate the same."""
         from ..offload.memory_preflight import require_state_memory
 
         offloaded = self.offload_device != "none"
@@ -128,8 +121,8 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         where = "offload_optimizer cpu" if offloaded else "host memory"
         require_state_memory(
             numel,
-            12 + grad_width,
-            f"the fp32 optimizer state in {where}",
+            state_bytes(ctx) + grad_width,
+            f"the optimizer state in {where}",
             'Set zero_optimization.offload_optimizer.device to "nvme" (with nvme_path) to '
             "keep it on disk, or spread the model over more ranks or nodes.",
             group=ctx.group,
@@ -140,21 +133,24 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def _allocate_masters(
         self, partitions: List[torch.Tensor], offload, dtype: torch.dtype = torch.float32
     ) -> List[torch.Tensor]:
-        """Master partitions (fp32, or `dtype` where the optimizer is not offloaded): on the
-        partitions' device, or in the host arena when the optimizer is offloaded."""
+        """Master partitions of `dtype` (fp32, or bf16: Note [16-bit master weights with an
+        offloaded optimizer] in master_precision.py): on the partitions' device, or in the
+        host arena when the optimizer is offloaded."""
         partitions = [sinks.values(p) for p in partitions]
         if self.offload_device == "none":
             return [p.detach().to(dtype).clone() for p in partitions]
         from ..offload.host_buffers import HostArena, arena_bytes
 
         sizes = [p.numel() for p in partitions]
-        # Registered: an fp32 device partition uploads straight from its master.
+        # Registered: a device partition of the master's dtype uploads straight from it.
         self.arena = HostArena(
-            sum(arena_bytes(4 * n) for n in sizes), lock=offload.pin_memory, register=True
+            sum(arena_bytes(dtype.itemsize * n) for n in sizes),
+            lock=offload.pin_memory,
+            register=True,
         )
         masters = []
         for p, n in zip(partitions, sizes):
-            m = self.arena.empty(n, torch.float32)
+            m = self.arena.empty(n, dtype)
             m.copy_(p)
             masters.append(m)
         return masters
@@ -252,9 +248,11 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             def copy_to(gi, pi, lo, hi):
                 return sinks.fused_target(partitions[gi], lo, hi)
 
+            fused = [m.dtype == torch.float32 for m in self.masters]  # a 16-bit one is copied
+
             def done(gi, pi, lo, hi):
                 master = self.masters[gi][lo:hi]
-                sinks.hand_on(partitions[gi], lo, hi, master, fused=True, stable=True)
+                sinks.hand_on(partitions[gi], lo, hi, master, fused=fused[gi], stable=True)
 
             piece = min((sinks.piece(p) for p in partitions), default=1)
             self.optimizer.step_in_pieces(piece, factor, copy_to, done)

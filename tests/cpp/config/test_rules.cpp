@@ -94,14 +94,17 @@ TEST(Rules, MasterWeightOptions) {
                             "zero_optimization": {"stage": 2})")),
                "bf16.bf16_master_weights_and_grads: without an offloaded optimizer it needs "
                "bf16.bf16_optimizer_states true as well");
-  // Refused by name where zerostream's CPU optimizer would have to keep 16-bit masters.
-  EXPECT_ERROR(check(cfg(R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
-                                      "bf16_optimizer_states": true},
-                            "zero_optimization": {"stage": 3,
-                                                  "offload_optimizer": {"device": "cpu"}})")),
-               "bf16.bf16_master_weights_and_grads: with "
-               "zero_optimization.offload_optimizer.device \"cpu\" the CPU optimizer would keep "
-               "bf16 master weights, which zerostream does not support yet");
+  // With an offloaded optimizer the CPU kernels step bf16 masters, with fp32 or bf16 moments.
+  for (const char* device : {"cpu", "nvme"}) {
+    for (const char* states : {"true", "false"}) {
+      EXPECT_OK(
+          check(cfg(std::string(R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+                                   "bf16_optimizer_states": )") +
+                    states + R"(}, "zero_optimization": {"stage": 3,
+                             "offload_optimizer": {"device": ")" +
+                    device + R"(", "nvme_path": "/tmp"}})")));
+    }
+  }
   EXPECT_ERROR(check(cfg(R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true},
                             "zero_optimization": {"stage": 2,
                                                   "offload_optimizer": {"device": "cpu"}})")),

@@ -197,3 +197,32 @@ def test_memory_tiers_fill_the_free_host_memory_with_param_shards_first():
         plan_tiers(shape, work, roomy, predict(shape, work, roomy, Option(3, "nvme", "none")))
         is None
     )
+
+
+@pytest.mark.parametrize("states", [False, True])
+def test_bf16_masters_and_moments_shrink_the_optimizer_state_by_hand(states):
+    """bf16.bf16_master_weights_and_grads (2 B masters) and bf16_optimizer_states (2 + 2 B
+    moments): 10 or 6 B/param of optimizer state instead of 12 on NVMe, in its traffic, and
+    in what the tier plan keeps per free byte; bf16 gradients without offload."""
+    from zerostream.estimate.plan import plan_tiers
+
+    shape, _, _, _ = _plan70b()
+    machine = _node(cpu_mem=4 * 10**11)  # too little for all of it: the tier plan splits
+    work = Workload(1, 4096, 1, "bf16", True, bf16_master=True, bf16_states=states)
+    per = 6 if states else 10
+    nv = predict(shape, work, machine, Option(3, "nvme", "none"))
+    key = "bf16 master, bf16 Adam m, v" if states else "bf16 master, Adam m, v"
+    assert nv.nvme == {key: per * PART}
+    assert nv.traffic["optimizer_nvme_read"] == 8 * float(per * PART)
+    assert nv.host["16-bit grads"] == 2 * PART
+    widest = 2 if states else 4
+    sets = max(2, nv.knobs.optimizer_buffer_count // 3)
+    width = min(nv.knobs.sub_group_size or PART, PART)
+    assert nv.host["optimizer staging"] == sets * 3 * widest * width
+    on_gpu = predict(shape, work, machine, Option(3, "none", "none"))
+    assert on_gpu.device["bf16 master"] == 2 * PART and on_gpu.device["bf16 grads"] == 2 * PART
+    t = plan_tiers(shape, work, machine, nv)
+    free = (machine.host_usable - nv.host_node) // 8
+    assert 0 < free // per < PART
+    assert t.knobs.optimizer_max_in_cpu == free // per
+    assert t.nvme[key] == per * (PART - t.knobs.optimizer_max_in_cpu)

@@ -11,13 +11,13 @@ import pytest
 from zerostream.offload.optimizer_swap import SwappedAdam
 
 
-def _fit(monkeypatch, free_bytes, numels, sub_group_size, sets=2):
+def _fit(monkeypatch, free_bytes, numels, sub_group_size, sets=2, widest=4):
     import psutil
 
     monkeypatch.setattr(
         psutil, "virtual_memory", lambda: types.SimpleNamespace(available=free_bytes)
     )
-    fake = types.SimpleNamespace(numels=numels)
+    fake = types.SimpleNamespace(numels=numels, widest=widest)
     return SwappedAdam._fit_sub_group_size(fake, sub_group_size, sets)
 
 
@@ -34,6 +34,22 @@ def test_a_sub_group_too_big_for_free_memory_is_cut_with_one_warning(monkeypatch
     assert 2 * 3 * 4 * size <= free // 4
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "zero_optimization.sub_group_size" in said[0]
+
+
+def test_bf16_masters_and_moments_fit_twice_the_sub_group():
+    """With bf16 masters and moments (widest kind 2 bytes) the staging of a sub-group is half
+    as large, so the cut allows twice the elements."""
+    import psutil
+
+    free = 24 << 30
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=free))
+        fake = types.SimpleNamespace(numels=[3 * 10**9], widest=2)
+        size = SwappedAdam._fit_sub_group_size(fake, 10**9, 2)
+    finally:
+        mp.undo()
+    assert size == free // 4 // (2 * 3 * 2)
 
 
 @pytest.mark.parametrize("sub_group_size", [0, 10**9])
