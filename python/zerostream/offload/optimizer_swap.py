@@ -157,6 +157,11 @@ class SwappedAdam:
         if self.auto_pending:
             STEP_PEAKS.wait_for_me(self)
         self.param_tier = param_tier
+        if param_tier is not None and self.auto_pending:
+            param_tier.optimizer_tier = self  # Note [Which tier first] in tiers.py
+        self.claimed_first = False
+        self.order_inputs: Optional[dict] = None  # what claim_first decided from
+        self.last_step_wait = 0.0  # the last step's share of wait_seconds
         self.steps_here = 0  # steps this process ran (the first one is the measurement)
         self.pin_memory = offload.pin_memory
         on_host = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.HOST]
@@ -312,6 +317,7 @@ class SwappedAdam:
         if self.auto_pending and self.steps_here >= 1 and self._params_placed():
             self.place_measured()
         self.steps_here += 1
+        wait_before = self.wait_seconds
         for g in range(len(self.steps)):
             self.steps[g] += 1
         # NVMe sub-groups take staging slots in turn (the j-th one slot j % sets); host ones
@@ -347,6 +353,33 @@ class SwappedAdam:
                 pending_reads[nxt] = self._read(disk[nxt], nslot)
         for writes in pending_writes.values():
             self._wait(writes)
+        self.last_step_wait = self.wait_seconds - wait_before
+
+    def claim_first(self, param_wait_s: float, param_disk_bytes: int) -> int:
+        """Asked by the parameter shards' "auto" as it places them: the host bytes this tier
+        claims before them (its whole disk state), or 0 (it takes what they leave). Note
+        [Which tier first] in tiers.py."""
+        disk = [s for s in self.sub_groups if not s.on_host]
+        disk_bytes = sum(self._host_bytes(s) for s in disk)
+        self.claimed_first = tiers.optimizer_first(
+            param_wait_s, param_disk_bytes, self.last_step_wait, disk_bytes
+        )
+        self.order_inputs = {
+            "optimizer_wait_seconds": self.last_step_wait,
+            "optimizer_disk_bytes": disk_bytes,
+            "param_wait_seconds": param_wait_s,
+            "param_disk_bytes": param_disk_bytes,
+        }
+        logger.info(
+            '"auto" tiers: the last step waited %.2f s on %.2f GiB of optimizer state and '
+            "%.2f s on %.2f GiB of parameter shards on disk: %s first",
+            self.last_step_wait,
+            disk_bytes / 2**30,
+            param_wait_s,
+            param_disk_bytes / 2**30,
+            "the optimizer state" if self.claimed_first else "the shards",
+        )
+        return disk_bytes if self.claimed_first else 0
 
     # --- "auto": the host tier from a measured step ---------------------------------------------
     def _params_placed(self) -> bool:
@@ -577,6 +610,9 @@ class SwappedAdam:
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
             "wait_seconds": self.wait_seconds,
+            "last_step_wait_seconds": self.last_step_wait,
+            "claimed_first": self.claimed_first,
+            "tier_order_inputs": self.order_inputs,
             "store": self.store.stats(),
             "directory": self.store.directory,
             "host_elements": self.tiers.host_elements,

@@ -84,6 +84,11 @@ class ParamSwapper:
         self.reads = self.writes = 0
         self.deferred_reads = 0  # prefetched shards that found no free buffer (read late)
         self.wait_seconds = 0.0  # the host waited this long for shard reads (_land)
+        # The last step's share of wait_seconds and, where the optimizer's state is "auto"
+        # on NVMe too, its SwappedAdam (Note [Which tier first] in tiers.py).
+        self._wait_mark = 0.0
+        self.last_step_wait = 0.0
+        self.optimizer_tier = None
         self.auto_buffer_count = True  # fit_read_ahead may raise buffer_count
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
         self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
@@ -257,6 +262,8 @@ class ParamSwapper:
         step's, and "auto" is sized from the peak it measured; a step whose plan was
         abandoned (a module found reading another's params) does not count: sizing from one
         got the 3.17 B run of benchmarks/capacity.md killed for memory twice."""
+        self.last_step_wait = self.wait_seconds - self._wait_mark
+        self._wait_mark = self.wait_seconds
         if self.pending_reads is None or not self.plan_has_run:
             return 0
         reads, self.pending_reads, self.plan_has_run = self.pending_reads, None, False
@@ -277,7 +284,13 @@ class ParamSwapper:
             self.pending[0].land()
         on_disk = [zp for zp in reads if zp.on_nvme]
         sizes = [arena_bytes(zp.shard_numel * zp.dtype.itemsize) for zp in on_disk]
-        budget, source = tiers.measured_budget_bytes()
+        # An optimizer that buys back more step time per byte goes first (Note [Which tier
+        # first]): the shards leave its whole disk state out of their budget.
+        opt = self.optimizer_tier
+        first = 0
+        if opt is not None and opt.auto_pending:
+            first = opt.claim_first(self.last_step_wait, sum(sizes))
+        budget, source = tiers.measured_budget_bytes(first)
         self.kept_budget = budget
         picked = tiers.place_shards([reads[z] for z in on_disk], sizes, budget)
         chosen = [on_disk[i] for i in picked]

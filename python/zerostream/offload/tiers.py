@@ -30,8 +30,9 @@ killed for memory), what this rank may still allocate (memory_preflight.usable_h
 MemAvailable or the cgroup's room, shared by the ranks of this host) less that step's
 measured excess (its peak RSS less the RSS it left, over whole steps: Note [A step's
 excess]) less a small reserve (AUTO_RESERVE_*) is the budget. The parameter shards take it
-first (a byte of a shard saves more disk traffic than a byte of optimizer state, below);
-the optimizer state's sub-groups wait for them (while a recorded trace waits for its
+first (a byte of a shard saves more disk traffic than a byte of optimizer state, below),
+unless the measured step says the optimizer's disk time costs more per byte (Note [Which
+tier first]); the optimizer state's sub-groups wait for them (while a recorded trace waits for its
 planned step too) and move into host memory at the next optimizer step, from what the
 shards left free. Moving costs one read of what moves, once; the disk extents they leave
 are freed.
@@ -46,7 +47,22 @@ while they fit what this rank may still use, less a step's measured excess and t
 (Note ["auto" is sized from a measured step]). Per byte of RAM a 16-bit shard saves more
 disk traffic than optimizer state (read in forward and backward, written after the step: 6
 bytes a step for 2 held, against 24 for 12), so an optimizer tier that is also "auto" is
-placed after them.
+placed after them, unless the step says otherwise (Note [Which tier first]).
+
+Note [Which tier first]
+~~~~~~~~~~~~~~~~~~~~~~~
+Bytes of traffic saved are not seconds saved. The shards are read ahead of the layer that
+needs them, and the compute of the forward and backward hides those reads; the optimizer
+step streams its sub-groups through the CPU kernel with little to hide them behind. On the
+3.17 B run of benchmarks/capacity.md (session 20) the shards, placed first by bytes, saved
+nothing: the step waited 150 of 215 s on the optimizer stream. So when both tiers are
+"auto", the measured step decides: each tier's unhidden wait in it (the time the host
+waited on that tier's reads and writes) per byte that tier holds on disk is the step time a
+byte of RAM buys back there. The optimizer goes first when its wait is significant
+(MIN_REORDER_WAIT_S: below that a reorder cannot pay for itself, and tiny test steps stay
+in the default order whatever their timer noise) and at least REORDER_MARGIN times the
+shards' per byte: the shards then see a budget less the optimizer's whole disk state
+(which it takes at its next step), and take what is left.
 """
 
 from __future__ import annotations
@@ -64,6 +80,9 @@ STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq, per element (bf16 master
 # the machine, for what the first step did not show (a checkpoint save, the page cache).
 AUTO_RESERVE_BYTES = 1 << 30
 AUTO_RESERVE_SHARE = 0.05
+# Note [Which tier first].
+MIN_REORDER_WAIT_S = 0.25
+REORDER_MARGIN = 1.5
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,19 @@ def place(
         if tiers[i] == NVME and used + sizes[i] <= budget:
             tiers[i], used = HOST, used + sizes[i]
     return TierPlan(tiers, used, total - used, budget, source, element_bytes)
+
+
+def optimizer_first(
+    param_wait_s: float, param_disk_bytes: int, opt_wait_s: float, opt_disk_bytes: int
+) -> bool:
+    """Whether the optimizer's "auto" tier takes the budget before the parameter shards'
+    (Note [Which tier first]): waits are one measured step's, bytes what each tier holds on
+    disk."""
+    if opt_wait_s < MIN_REORDER_WAIT_S or opt_disk_bytes <= 0:
+        return False
+    if param_disk_bytes <= 0:
+        return True
+    return opt_wait_s / opt_disk_bytes >= REORDER_MARGIN * param_wait_s / param_disk_bytes
 
 
 def auto_budget_bytes(usable_bytes: Optional[int], ranks_on_host: int, other_bytes: int) -> int:

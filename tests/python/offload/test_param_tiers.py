@@ -25,6 +25,17 @@ def test_the_most_read_shards_that_fit_are_kept():
     assert tiers.place_shards([5], [10], 0) == []
 
 
+def test_the_tier_that_buys_back_more_step_time_per_byte_goes_first():
+    # Note [Which tier first]: waits per byte on disk, a margin of 1.5, a floor of 0.25 s.
+    assert tiers.optimizer_first(0.1, 100, 10.0, 100)  # 100x the shards' per byte
+    assert not tiers.optimizer_first(1.0, 100, 0.2, 1)  # below the floor: never reorders
+    assert not tiers.optimizer_first(1.0, 100, 1.0, 100)  # equal: the default order
+    assert tiers.optimizer_first(1.0, 100, 1.5, 100)  # exactly the margin
+    assert not tiers.optimizer_first(1.0, 100, 2.9, 200)  # 1.45x per byte
+    assert tiers.optimizer_first(0.0, 0, 0.3, 10)  # no shard on disk
+    assert not tiers.optimizer_first(5.0, 10, 5.0, 0)  # no optimizer state on disk
+
+
 EXCESS = 1 << 26  # a step's measured excess, fixed in the ranks (their VmHWM is their launcher's)
 
 
@@ -76,7 +87,23 @@ class PosReadByRoot(TinyGPT):
         )
 
 
-def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT):
+class SlowTicket:  # a read that completes 20 ms late
+    def __init__(self, ticket):
+        self.ticket = ticket
+
+    def wait(self):
+        import time
+
+        time.sleep(0.02)
+        return self.ticket.wait()
+
+
+def _slow_reads(store) -> None:
+    real_read = store.read
+    store.read = lambda key, buf: SlowTicket(real_read(key, buf))
+
+
+def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow_optimizer=False):
     import zerostream
     from zerostream.offload import memory_preflight
 
@@ -93,6 +120,8 @@ def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT):
         engine = zerostream.initialize(model=model, config=config)[0]
         swapper = engine.module.head.weight._zs.partitioner.swapper
         opt_swapper = getattr(engine.optimizer, "swapper", None)
+        if slow_optimizer:
+            _slow_reads(opt_swapper.store)
         losses, reads, opt_host, kept_after, windows = [], [], [], [], []
         first_window = peaks.windows
         for s in range(steps):
@@ -200,6 +229,30 @@ def test_both_tiers_auto_place_the_shards_first_and_the_optimizer_from_what_is_l
     assert auto["opt_host"][:first] == [0] * first and first >= 1
     assert none["opt"]["host_elements"] == 0 and none["stats"]["kept_bytes"] == 0
     assert auto["losses"] == none["losses"]  # the placement changes no bit
+    assert not opt["claimed_first"]  # its reads are fast: the shards' default order
+    assert opt["tier_order_inputs"]["optimizer_wait_seconds"] < tiers.MIN_REORDER_WAIT_S
+
+
+def test_an_optimizer_that_waits_longer_per_byte_takes_the_budget_first(tmp_path, monkeypatch):
+    # The same run with every optimizer read 20 ms late (42 reads a step: 0.84 s of wait on
+    # 336 KiB) and the shards' reads as fast as the disk: per byte the optimizer's disk time
+    # is far the costlier (Note [Which tier first]), so it claims its whole disk state before
+    # the shards, which then find no room, and it takes the budget at its next step.
+    share = _share_for(300 * 1024)
+    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(share))
+    out = run_ranks(worker, 1, str(tmp_path), 6, "auto", TinyGPT, True)[0]
+    none, auto = out[0], out["auto"]
+    opt = auto["opt"]
+    assert opt["claimed_first"]
+    order = opt["tier_order_inputs"]
+    assert order["optimizer_wait_seconds"] >= 0.02 * 3 * 14  # 14 sub-groups of 2000 elements
+    assert order["param_wait_seconds"] < order["optimizer_wait_seconds"]
+    assert auto["stats"]["kept_bytes"] == 0  # the budget minus its 336 KiB leaves none
+    assert set(auto["homes"].values()) == {"nvme"}
+    left = share - 2**30 - int(0.05 * share) - EXCESS
+    assert opt["budget_elements"] == left // 12
+    assert 0 < opt["host_elements"] <= opt["budget_elements"]
+    assert auto["losses"] == none["losses"]
 
 
 def slow_disk_worker(rank, world, root):
@@ -211,17 +264,7 @@ def slow_disk_worker(rank, world, root):
     config = _stage3_config(GLOBAL_BATCH, root, 0)
     engine = zerostream.initialize(model=TinyGPT(), config=config)[0]
     swapper = engine.module.head.weight._zs.partitioner.swapper
-    real_read = swapper.store.read
-
-    class SlowTicket:  # each shard read completes 20 ms late
-        def __init__(self, ticket):
-            self.ticket = ticket
-
-        def wait(self):
-            time.sleep(0.02)
-            return self.ticket.wait()
-
-    swapper.store.read = lambda key, buf: SlowTicket(real_read(key, buf))
+    _slow_reads(swapper.store)  # each shard read completes 20 ms late
     xs, ys = make_batches(1, GLOBAL_BATCH)
     before, reads = swapper.wait_seconds, swapper.reads
     start = time.perf_counter()
