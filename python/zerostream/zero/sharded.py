@@ -1,5 +1,6 @@
 """What the partitioned stages (1, 2 and 3) share: each rank holds, per param group, one flat
-16-bit (model-dtype) partition it owns, an fp32 master copy of it and an fp32 gradient
+16-bit (model-dtype) partition it owns, a master copy of it (fp32, or bf16: Note [16-bit
+master weights with an offloaded optimizer] in master_precision.py) and a gradient
 partition, and steps them with the inner optimizer.
 
 Where that state lives is the offload decision: on the params' device; in the host arena
@@ -42,8 +43,8 @@ def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
 
 
 class ShardedOptimizerBase(ZeroOptimizerBase):
-    """fp32 masters, fp32 gradient partitions and the inner optimizer over this rank's local
-    16-bit partitions (`self.local_partitions()`, one tensor per param group)."""
+    """Masters, gradient partitions and the inner optimizer over this rank's local 16-bit
+    partitions (`self.local_partitions()`, one tensor per param group)."""
 
     def _init_state(
         self,

@@ -233,3 +233,27 @@ def test_bf16_optimizer_tiers_keep_six_bytes_an_element_and_move_only_the_nvme_o
         assert tiered["stored_bytes"] >= 6 * tiered["nvme_elements"]
         assert tiered["stored_bytes"] < disk["stored_bytes"]
         assert tiered["losses"] == disk["losses"]
+
+
+def client_worker(rank, world, root):
+    import zerostream
+
+    cfg = _config(GLOBAL_BATCH, 2, "cpu", root)
+    del cfg["optimizer"]
+    cfg["zero_force_ds_cpu_optimizer"] = False
+    model = TinyGPT()
+    try:
+        zerostream.initialize(
+            model=model, config=cfg, optimizer=torch.optim.AdamW(model.parameters(), lr=LR)
+        )
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_an_offloaded_torch_optimizer_cannot_step_bf16_masters_and_says_so(tmp_path):
+    """DeepSpeed asserts DeepSpeedCPUAdam here; zerostream names the key and the optimizers
+    that can (a torch optimizer would keep bf16 moments it was never asked for)."""
+    said = run_ranks(client_worker, 1, str(tmp_path))[0]
+    assert said is not None and "bf16.bf16_master_weights_and_grads" in said
+    assert "DeepSpeedCPUAdam" in said and "AdamW" in said
