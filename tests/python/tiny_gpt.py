@@ -73,6 +73,25 @@ def make_batches(steps: int, global_batch: int, seq: int = 16, vocab: int = 64, 
     return data[..., :-1], data[..., 1:]
 
 
+def train_data_parallel(engine, rank, world, steps, global_batch, first=0):
+    """Steps first..first+steps-1 of make_batches(global_batch), each rank taking its slice of
+    the batch; returns the losses averaged over the ranks."""
+    import torch.distributed as dist
+
+    micro = global_batch // world
+    xs, ys = make_batches(first + steps, global_batch)
+    losses = []
+    for s in range(first, first + steps):
+        lo = rank * micro
+        loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
+        engine.backward(loss)
+        engine.step()
+        total = loss.detach().float().clone()
+        dist.all_reduce(total)
+        losses.append(float(total) / world)
+    return losses
+
+
 def plain_adamw_losses(
     steps: int, global_batch: int, lr, betas, weight_decay, clip, dtype=torch.float32
 ):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from multirank import run_ranks
-from tiny_gpt import TinyGPT, adamw_ds_config, make_batches, plain_adamw_losses
+from tiny_gpt import TinyGPT, adamw_ds_config, plain_adamw_losses, train_data_parallel
 
 STEPS, GLOBAL_BATCH = 4, 16
 LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5
@@ -36,20 +36,7 @@ def _config(micro, stage, master=True):
 
 
 def _train(engine, rank, world, steps, first=0):
-    import torch.distributed as dist
-
-    micro = GLOBAL_BATCH // world
-    xs, ys = make_batches(first + steps, GLOBAL_BATCH)
-    losses = []
-    for s in range(first, first + steps):
-        lo = rank * micro
-        loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
-        engine.backward(loss)
-        engine.step()
-        total = loss.detach().float().clone()
-        dist.all_reduce(total)
-        losses.append(float(total) / world)
-    return losses
+    return train_data_parallel(engine, rank, world, steps, GLOBAL_BATCH, first)
 
 
 def worker(rank, world, stages, root):
