@@ -68,6 +68,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run all on NVMe and tiered (--optimizer-max-in-cpu, or auto) in two processes, "
         "measure the disk with fio, print both against the disk-bound floor",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --compare-tiers: run the pair this many times, alternating which goes "
+        "first (a shared VM's disk drifts between runs by more than small gains)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -338,22 +345,31 @@ def _per_step_bytes(res: dict) -> Dict[str, int]:
 
 
 def compare(args) -> dict:
-    """Both configurations, then fio on the same directory: each run's disk bytes per step
-    over fio's sequential rates give the disk-bound floor of its step."""
+    """Both configurations (`--rounds` times, alternating which goes first), then fio on the
+    same directory: each run's disk bytes per step over fio's sequential rates give the
+    disk-bound floor of its step. The speedup is the median over rounds of each round's
+    ratio of the two runs' steady medians; `runs` holds the first round's runs whole."""
     from .checkpoint import _fio
 
+    if args.rounds < 1:
+        raise ValueError(f"--rounds: expected >= 1; got {args.rounds}")
     root = args.nvme_path or tempfile.mkdtemp(prefix="zs-capacity-")
     try:
-        runs = {}
         # The tiered run: the given tiers, "auto" for a flag not given.
         opt, par = (
             v if v is not None else "auto"
             for v in (args.optimizer_max_in_cpu, args.param_max_in_cpu)
         )
-        tiered = (opt, par)
-        for name, (opt, par) in (("all_nvme", ("0", "0")), ("tiered", tiered)):
-            runs[name] = _child(args, opt, par, os.path.join(root, name))
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        pair = (("all_nvme", ("0", "0")), ("tiered", (opt, par)))
+        rounds = []
+        for r in range(args.rounds):
+            got = {}
+            for name, (opt, par) in pair if r % 2 == 0 else pair[::-1]:
+                got[name] = _child(args, opt, par, os.path.join(root, name))
+                got[name]["round"] = r
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            rounds.append(got)
+        runs = rounds[0]
         # fio moves about what a step moves (at least 256 MiB, at most 4 GiB).
         work = sum(_per_step_bytes(runs["all_nvme"]).values())
         probe, size = os.path.join(root, "fio.probe"), min(4 << 30, max(256 << 20, work))
@@ -365,7 +381,7 @@ def compare(args) -> dict:
     finally:
         if args.nvme_path is None:
             shutil.rmtree(root, ignore_errors=True)
-    for res in runs.values():
+    for res in (res for got in rounds for res in got.values()):
         moved = _per_step_bytes(res)
         read = sum(b for t, b in moved.items() if t.endswith("nvme_read"))
         written = sum(b for t, b in moved.items() if t.endswith("nvme_write"))
@@ -383,12 +399,26 @@ def compare(args) -> dict:
             if res["floor_seconds"]
             else None
         )
-    a, t = runs["all_nvme"], runs["tiered"]
+    ratios = [
+        round(got["all_nvme"]["median_step_seconds"] / got["tiered"]["median_step_seconds"], 3)
+        for got in rounds
+    ]
     return {
         "disk": disk,
         "runs": runs,
-        "tiered_speedup": round(a["median_step_seconds"] / t["median_step_seconds"], 3),
-        "same_losses": a["losses"] == t["losses"],
+        "rounds": [
+            {
+                "first": "all_nvme" if r % 2 == 0 else "tiered",
+                "all_nvme_median_s": got["all_nvme"]["median_step_seconds"],
+                "tiered_median_s": got["tiered"]["median_step_seconds"],
+                "speedup": ratio,
+            }
+            for r, (got, ratio) in enumerate(zip(rounds, ratios))
+        ],
+        "tiered_speedup": sorted(ratios)[len(ratios) // 2],
+        "same_losses": all(
+            got[name]["losses"] == runs["all_nvme"]["losses"] for got in rounds for name in got
+        ),
     }
 
 
@@ -408,9 +438,15 @@ def _print_compare(res: dict) -> None:
             f"peak RSS {r['peak_rss_gib']} GiB (budget {r['host_budget_gib']}), losses "
             f"{[round(x, 4) for x in r['losses']]}"
         )
+    if len(res["rounds"]) > 1:
+        for i, r in enumerate(res["rounds"]):
+            print(
+                f"round {i} ({r['first']} first): all on NVMe {r['all_nvme_median_s']} s, "
+                f"tiered {r['tiered_median_s']} s, {r['speedup']}x"
+            )
     print(
-        f"tiered over all on NVMe: {res['tiered_speedup']}x faster; "
-        f"same losses: {res['same_losses']}"
+        f"tiered over all on NVMe: {res['tiered_speedup']}x faster (median over "
+        f"{len(res['rounds'])} round(s)); same losses: {res['same_losses']}"
     )
 
 

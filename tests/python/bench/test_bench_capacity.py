@@ -117,3 +117,44 @@ def test_compare_tiers_times_the_steps_after_every_tier_was_placed():
         == late
     )
     assert _steady_steps({"step_seconds": times}) == late
+
+
+def test_compare_rounds_alternate_the_order_and_take_the_median_ratio(monkeypatch, tmp_path):
+    """--rounds 3: all-NVMe first, then tiered first, then all-NVMe first again (a disk that
+    drifts between runs weighs on both configurations); the speedup is the median of the
+    rounds' ratios, and the losses must agree in every run."""
+    import argparse
+
+    from zerostream.bench import capacity, checkpoint
+
+    order = []
+    step = {"all_nvme": [9.0, 10.0, 10.0, 10.0], "tiered": [9.0, 5.0, 5.0, 5.0]}
+    slow = iter([1.0, 1.0, 2.0, 1.0, 1.0, 1.0])  # round 1's tiered run met a slow disk
+
+    def child(args, opt, par, nvme):
+        name = "all_nvme" if (opt, par) == ("0", "0") else "tiered"
+        order.append(name)
+        k = next(slow)
+        moved = {"nvme_read": {"bytes": 10**9}, "nvme_write": {"bytes": 10**9}}
+        return {
+            "step_seconds": [x * k for x in step[name]],
+            "tiers_settled_after_step": [True] * 4,
+            "losses": [1.0, 0.9],
+            "last_step_moved": moved,
+        }
+
+    monkeypatch.setattr(capacity, "_child", child)
+
+    def fio(path, *a, **k):  # the probe file is the real one's, removed after
+        open(path, "wb").close()
+        return 1.0
+
+    monkeypatch.setattr(checkpoint, "_fio", fio)
+    p = argparse.ArgumentParser()
+    capacity.add_arguments(p)
+    args = p.parse_args(["--compare-tiers", "--rounds", "3", "--nvme-path", str(tmp_path)])
+    res = capacity.compare(args)
+    assert order == ["all_nvme", "tiered", "tiered", "all_nvme", "all_nvme", "tiered"]
+    assert [r["first"] for r in res["rounds"]] == ["all_nvme", "tiered", "all_nvme"]
+    assert [r["speedup"] for r in res["rounds"]] == [2.0, 1.0, 2.0]
+    assert res["tiered_speedup"] == 2.0 and res["same_losses"]
