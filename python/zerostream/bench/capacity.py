@@ -253,6 +253,9 @@ def measure(args) -> dict:
                 "nvme_elements": tiers.nvme_elements,
                 "budget_elements": tiers.budget_elements,
                 "source": tiers.source,
+                # "auto": the step time it predicted when it placed the tier, and why.
+                "prediction": engine.optimizer.swapper.prediction,
+                "order_inputs": engine.optimizer.swapper.order_inputs,
             },
             "param_kept_bytes": kept,
             # The stage-3 plan's peak of gathered elements (prefetch and reuse distance).
@@ -399,6 +402,11 @@ def compare(args) -> dict:
             if res["floor_seconds"]
             else None
         )
+        pred = res.get("optimizer_tiers", {}).get("prediction")
+        if pred:  # "auto" predicted the steady step when it placed: how close it came
+            res["predicted_over_measured"] = round(
+                pred["predicted_step_seconds"] / res["median_step_seconds"], 3
+            )
     ratios = [
         round(got["all_nvme"]["median_step_seconds"] / got["tiered"]["median_step_seconds"], 3)
         for got in rounds
@@ -438,6 +446,12 @@ def _print_compare(res: dict) -> None:
             f"peak RSS {r['peak_rss_gib']} GiB (budget {r['host_budget_gib']}), losses "
             f"{[round(x, 4) for x in r['losses']]}"
         )
+        pred = ot.get("prediction")
+        if pred:
+            print(
+                f'  "auto" predicted {pred["predicted_step_seconds"]} s a step when it placed '
+                f"the optimizer tier: x{r['predicted_over_measured']} of the measured median"
+            )
     if len(res["rounds"]) > 1:
         for i, r in enumerate(res["rounds"]):
             print(

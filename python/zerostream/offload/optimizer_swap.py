@@ -162,6 +162,9 @@ class SwappedAdam:
         self.claimed_first = False
         self.order_inputs: Optional[dict] = None  # what claim_first decided from
         self.last_step_wait = 0.0  # the last step's share of wait_seconds
+        self._step_started: Optional[float] = None
+        self.last_interval = 0.0  # seconds from one step() to the next: a whole iteration
+        self.prediction: Optional[dict] = None  # place_measured's predicted step time
         self.steps_here = 0  # steps this process ran (the first one is the measurement)
         self.pin_memory = offload.pin_memory
         on_host = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.HOST]
@@ -314,6 +317,10 @@ class SwappedAdam:
     ) -> None:
         """One Adam step of every sub-group: grads[g] is group g's fp32 gradient partition,
         partitions[g] the model-dtype partition that receives the updated params."""
+        now = time.perf_counter()
+        if self._step_started is not None:
+            self.last_interval = now - self._step_started
+        self._step_started = now
         if self.auto_pending and self.steps_here >= 1 and self._params_placed():
             self.place_measured()
         self.steps_here += 1
@@ -438,7 +445,18 @@ class SwappedAdam:
             plan.source,
             self.element_bytes,
         )
-        logger.info(self.tiers.describe())
+        self.prediction = tiers.predict_step(
+            self.last_interval, self.last_step_wait, sum(sizes), self.tiers.nvme_elements
+        )
+        logger.info(
+            "%s; predicted step %.2f s (the last one took %.2f s and waited %.2f s on the "
+            "optimizer state's disk, which now holds %.0f%% of it)",
+            self.tiers.describe(),
+            self.prediction["predicted_step_seconds"],
+            self.last_interval,
+            self.last_step_wait,
+            100 * self.prediction["disk_share_after"],
+        )
         return len(moving)
 
     def _update(self, s: SubGroup, state, grads, partitions, grad_scale: float) -> None:
@@ -613,6 +631,7 @@ class SwappedAdam:
             "last_step_wait_seconds": self.last_step_wait,
             "claimed_first": self.claimed_first,
             "tier_order_inputs": self.order_inputs,
+            "prediction": self.prediction,
             "store": self.store.stats(),
             "directory": self.store.directory,
             "host_elements": self.tiers.host_elements,

@@ -152,6 +152,21 @@ def optimizer_first(
     return opt_wait_s / opt_disk_bytes >= REORDER_MARGIN * param_wait_s / param_disk_bytes
 
 
+def predict_step(step_s: float, wait_s: float, elements: int, nvme_elements_after: int) -> dict:
+    """The step time "auto" expects after placing the optimizer's host tier: the last step's
+    time less the part of its wait on the optimizer's disk traffic that the host tier
+    removes, taken as proportional to the elements that left the disk (Note [Which tier
+    first]: the wait is what the disk cost beyond what the step hid). A lower bound where
+    the disk's queue was the bottleneck of other traffic too."""
+    share = nvme_elements_after / elements if elements else 0.0
+    return {
+        "last_step_seconds": round(step_s, 3),
+        "optimizer_wait_seconds": round(wait_s, 3),
+        "disk_share_after": round(share, 4),
+        "predicted_step_seconds": round(max(0.0, step_s - (1.0 - share) * wait_s), 3),
+    }
+
+
 def auto_budget_bytes(usable_bytes: Optional[int], ranks_on_host: int, other_bytes: int) -> int:
     """What "auto" may keep in host memory: this rank's share of the usable host memory, less
     the reserve (AUTO_RESERVE_*) and `other_bytes` (staging, or what the other tier will

@@ -123,6 +123,7 @@ def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow
         if slow_optimizer:
             _slow_reads(opt_swapper.store)
         losses, reads, opt_host, kept_after, windows = [], [], [], [], []
+        intervals = []
         first_window = peaks.windows
         for s in range(steps):
             before = swapper.bytes_read
@@ -136,6 +137,7 @@ def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow
             windows.append(peaks.windows - first_window)
             if opt_swapper is not None:
                 opt_host.append(opt_swapper.stats()["host_elements"])
+                intervals.append(opt_swapper.last_interval)
         zps = {p._zs.ds_id: p._zs for p in engine.module.parameters()}
         stats = swapper.stats()
         out[max_in_cpu] = {
@@ -150,6 +152,7 @@ def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow
             "windows": windows,
             "trace": engine.optimizer.state_summary()["trace"],
             "opt": opt_swapper.stats() if opt_swapper is not None else None,
+            "intervals": intervals,
         }
         engine.destroy()
     return out
@@ -253,6 +256,18 @@ def test_an_optimizer_that_waits_longer_per_byte_takes_the_budget_first(tmp_path
     assert opt["budget_elements"] == left // 12
     assert 0 < opt["host_elements"] <= opt["budget_elements"]
     assert auto["losses"] == none["losses"]
+    # The predicted step: the last one less the share of its optimizer wait that left the disk.
+    pred = opt["prediction"]
+    share = opt["nvme_elements"] / (opt["nvme_elements"] + opt["host_elements"])
+    assert pred["disk_share_after"] == round(share, 4)
+    assert pred["optimizer_wait_seconds"] >= 0.02 * 3 * 14
+    expected = pred["last_step_seconds"] - (1 - share) * pred["optimizer_wait_seconds"]
+    assert abs(pred["predicted_step_seconds"] - expected) < 2e-3
+    # The steps after the placement (they wait only on the sub-groups left on disk) take
+    # about what was predicted: far less than the slow step before it.
+    placed = auto["opt_host"].index(opt["host_elements"])
+    after = auto["intervals"][placed + 1 :]
+    assert after and max(after) < pred["last_step_seconds"]
 
 
 def slow_disk_worker(rank, world, root):
