@@ -138,6 +138,9 @@ def optimizer_maker(
         if isinstance(client, torch.optim.Optimizer):
             check_client_optimizer(client, cfg)
             cls, defaults = type(client), _constructor_kwargs(type(client), client.defaults)
+            # Settings a constructor takes but param groups do not carry (DeepSpeedCPUAdam's
+            # adamw_mode, fp32_optimizer_states, threads): lost in a rebuild otherwise.
+            defaults.update(getattr(client, "rebuild_kwargs", dict)())
             own = [id(p) for g in client.param_groups for p in g["params"]]
 
             def rebind(inner):

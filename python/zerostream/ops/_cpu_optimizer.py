@@ -260,6 +260,15 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         self._bound_grads: Dict[torch.Tensor, torch.Tensor] = {}
         super().__init__(params, defaults)
 
+    def rebuild_kwargs(self) -> dict:
+        """Constructor settings that are not param-group options, for a rebuild of this
+        optimizer over other params (ZeRO's partitions: optim_factory.optimizer_maker)."""
+        return {
+            "fp32_optimizer_states": self.fp32_optimizer_states,
+            "threads": self.threads,
+            "fp32_master_weights": self.fp32_master_weights,
+        }
+
     def state_dtype(self, p: torch.Tensor) -> torch.dtype:
         """The dtype of p's optimizer states: p's own 16-bit dtype with
         fp32_optimizer_states=False, fp32 otherwise."""

@@ -113,6 +113,9 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
             model_params, defaults, fp32_optimizer_states, threads, fp32_master_weights
         )
 
+    def rebuild_kwargs(self) -> dict:
+        return {**super().rebuild_kwargs(), "adamw_mode": self.adamw_mode}
+
     def _check_group(self, group: dict) -> None:
         if group.get("amsgrad", False):
             raise NotImplementedError("DeepSpeedCPUAdam: amsgrad=True is not supported")

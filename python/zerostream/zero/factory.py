@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import torch
+
 from .. import comm
-from ..optim_factory import client_groups, optimizer_maker
+from ..optim_factory import check_client_optimizer, client_groups, optimizer_maker
 from . import param_access
 from .protocol import StageContext, ZeroOptimizer
 from .stage0 import ReplicatedOptimizer
@@ -37,6 +39,8 @@ def build_zero_optimizer(
     cls = stage_class(stage)
     groups = client_groups(client, param_groups)
     if stage > 0 and cfg.zero_optimization.offload_optimizer_device == "nvme":
+        if isinstance(client, torch.optim.Optimizer):
+            check_client_optimizer(client, cfg)  # zero_force_ds_cpu_optimizer, as for "cpu"
         opt = cls(ctx, groups, None, make_swapped=_nvme_adam(ctx, client))
     else:
         make = optimizer_maker(client, cfg, groups)
@@ -61,18 +65,17 @@ def _nvme_adam(ctx: StageContext, client):
     from .master_precision import master_dtype, state_dtype
 
     cfg = ctx.config
-    opt = cfg.optimizer
-    if (
-        client is not None
-        or opt is None
-        or opt.name not in ("adam", "adamw")
-        or opt.params["torch_adam"]
-    ):
+    opt = cfg.optimizer if client is None else _client_adam(client)
+    if opt is None or opt.name not in ("adam", "adamw") or opt.params["torch_adam"]:
         raise NotImplementedError(
             'zero_optimization.offload_optimizer.device "nvme" keeps Adam/AdamW state on '
-            'NVMe; give "optimizer": {"type": "AdamW", ...} in the config (client '
-            "optimizers and other types are not supported with nvme yet)"
+            'NVMe; give "optimizer": {"type": "AdamW", ...} in the config, or a '
+            "DeepSpeedCPUAdam or torch.optim.Adam/AdamW to initialize() (other optimizers "
+            "are not supported with nvme yet)"
         )
+    moments = state_dtype(ctx)
+    if master_dtype(ctx) != torch.float32 and not opt.params["fp32_optimizer_states"]:
+        moments = torch.bfloat16  # DeepSpeed's reading of the client's flag (master_precision)
 
     def make(masters, options, param_starts):
         # Both tiers "auto": the parameter shards choose first, after the first step; the
@@ -88,7 +91,41 @@ def _nvme_adam(ctx: StageContext, client):
             ext=cfg.zerostream,
             rank=comm.get_rank(),
             param_tier=param_tier,
-            dtypes=(master_dtype(ctx), state_dtype(ctx)),
+            dtypes=(master_dtype(ctx), moments),
         )
 
     return make
+
+
+def _client_adam(client):
+    """A client's Adam as the config's optimizer section the NVMe optimizer is built from
+    (its hyperparameters; its param groups come with the groups): DeepSpeedCPUAdam (what
+    Accelerate and the HF Trainer pass for a config without an "optimizer" section) or
+    torch.optim.Adam/AdamW. None for anything else (refused by the caller)."""
+    from ..config import OptimizerConfig
+    from ..ops.adam import DeepSpeedCPUAdam
+
+    if isinstance(client, DeepSpeedCPUAdam):
+        adamw, fp32_states = client.adamw_mode, client.fp32_optimizer_states
+    elif type(client) in (torch.optim.Adam, torch.optim.AdamW):
+        adamw, fp32_states = type(client) is torch.optim.AdamW, True
+        for flag in ("amsgrad", "maximize"):
+            if client.defaults.get(flag):
+                raise NotImplementedError(
+                    f'zero_optimization.offload_optimizer.device "nvme": the client\'s '
+                    f"{type(client).__name__}({flag}=True) is not supported on NVMe"
+                )
+    else:
+        return None
+    d = client.defaults
+    params = {
+        "lr": d["lr"],
+        "betas": tuple(d["betas"]),
+        "eps": d["eps"],
+        "weight_decay": d["weight_decay"],
+        "bias_correction": d.get("bias_correction", True),
+        "adam_w_mode": adamw,
+        "torch_adam": False,
+        "fp32_optimizer_states": fp32_states,
+    }
+    return OptimizerConfig("AdamW" if adamw else "Adam", params, legacy_fusion=False)
