@@ -207,7 +207,7 @@ class SwappedAdam:
         if ext.optimizer_max_in_cpu == 0:
             self._say_if_dram_would_do(sum(self.numels) * self.element_bytes)
         try:
-            # Every NVMe sub-group's three fp32 extents, before a byte is written.
+            # Every NVMe sub-group's three extents, before a byte is written.
             self.store.require_space(
                 [d.itemsize * (s.hi - s.lo) for s in on_disk for d in self.kind_dtypes],
                 "zero_optimization.offload_optimizer.nvme_path",
@@ -315,8 +315,9 @@ class SwappedAdam:
     def step(
         self, grads: List[torch.Tensor], partitions: List[torch.Tensor], grad_scale: float
     ) -> None:
-        """One Adam step of every sub-group: grads[g] is group g's fp32 gradient partition,
-        partitions[g] the model-dtype partition that receives the updated params."""
+        """One Adam step of every sub-group: grads[g] is group g's gradient partition (fp32, or
+        16-bit where nothing accumulates in it), partitions[g] the model-dtype partition that
+        receives the updated params."""
         now = time.perf_counter()
         if self._step_started is not None:
             self.last_interval = now - self._step_started
@@ -466,10 +467,9 @@ class SwappedAdam:
         # Pieces of one copy-stage slot for a DeviceSink, each crossing to the device while
         # the next is stepped; the whole sub-group otherwise (Note [Partition sinks]).
         piece = sinks.piece(sink, s.hi - s.lo)
-        fusable = p.dtype == torch.float32  # a 16-bit master is its own copy
         for lo in range(s.lo, s.hi, piece):
             hi = min(lo + piece, s.hi)
-            target = sinks.fused_target(sink, lo, hi) if fusable else None
+            target = sinks.fused_target(sink, lo, hi, p.dtype)
             a, b = lo - s.lo, hi - s.lo
             cpu_adam_step(
                 p[a:b],

@@ -13,10 +13,12 @@ Note [Partition sinks]
   piece and `commit(lo, hi)` sends it on; `piece` (DeviceSink) bounds the piece to a staging
   slot. A ShardSink also stands for a partition before any update (`materialize`,
   `read_range`), where the other partitions are plain tensors.
-  Where the host memory of a piece is 16-bit (`fused_target`), the fused CPU kernel writes it
-  in the update pass itself (`param_copy`); otherwise `hand_on` copies the fp32 values
-  afterwards. Both optimizer paths (zero/sharded.py over host masters, offload/
-  optimizer_swap.py over sub-groups swapped in from NVMe) go through these functions.
+  Where the host memory of a piece is 16-bit and the master fp32 (`fused_target`), the fused
+  CPU kernel writes it in the update pass itself (`param_copy`); otherwise `hand_on` copies
+  the master's values afterwards (a 16-bit master is its own copy: Note [16-bit masters and
+  states] in csrc/optim/step_types.h). Both optimizer paths (zero/sharded.py over host
+  masters, offload/optimizer_swap.py over sub-groups swapped in from NVMe) go through these
+  functions.
 """
 
 from __future__ import annotations
@@ -67,27 +69,31 @@ def piece(sink, default: Optional[int] = None) -> int:
     return max(1, numel(sink) if default is None else default)
 
 
-def fusable(sink) -> bool:
-    """Whether the CPU kernel can write the sink's 16-bit values in its update pass: a sink's
-    staging or a host partition, of a 16-bit dtype (not fp32 partitions, not device ones)."""
+def fusable(sink, master_dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the CPU kernel can write the sink's 16-bit values in its update pass over a
+    master of `master_dtype`: a sink's staging or a host partition, of a 16-bit dtype (not
+    fp32 partitions, not device ones), beside an fp32 master (a 16-bit one is its own copy)."""
     on_host = isinstance(sink, StagedSink) or sink.device.type == "cpu"
-    return on_host and sink.dtype in COPY_DTYPES
+    return on_host and sink.dtype in COPY_DTYPES and master_dtype == torch.float32
 
 
-def fused_target(sink, lo: int, hi: int) -> Optional[torch.Tensor]:
-    """Where the kernel writes elements [lo, hi) of a fusable sink (its staging is taken
-    now), else None."""
-    if not fusable(sink):
+def fused_target(
+    sink, lo: int, hi: int, master_dtype: torch.dtype = torch.float32
+) -> Optional[torch.Tensor]:
+    """Where the kernel updating a master of `master_dtype` writes elements [lo, hi) of a
+    fusable sink (its staging is taken now), else None."""
+    if not fusable(sink, master_dtype):
         return None
     return sink.staging(lo, hi) if isinstance(sink, StagedSink) else sink[lo:hi]
 
 
 def hand_on(sink, lo: int, hi: int, master: torch.Tensor, fused: bool, stable: bool) -> None:
-    """Elements [lo, hi) of a partition from their updated fp32 `master` values. `fused`: the
-    kernel already wrote them into fused_target(sink, lo, hi), which is committed now.
+    """Elements [lo, hi) of a partition from their updated `master` values. `fused`: the
+    kernel was given fused_target(sink, lo, hi, master.dtype) and wrote them there, which is
+    committed now.
     `stable`: `master` is page-locked memory that stays unchanged until the copy stage's
     fence (host masters), so an fp32 device partition uploads straight from it."""
-    if fused and fusable(sink):
+    if fused and fusable(sink, master.dtype):
         if isinstance(sink, StagedSink):
             sink.commit(lo, hi)
     elif not (stable and isinstance(sink, StagedSink) and sink.upload_from(lo, hi, master)):

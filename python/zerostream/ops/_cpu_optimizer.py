@@ -361,9 +361,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                     hi = min(lo + piece, p32.numel())
                     views = {n: t[lo:hi] for n, t in flat.items()}
                     views["step"] = state["step"]
-                    # A 16-bit param that is its own master has no separate copy to write.
-                    copy = copy_to(gi, pi, lo, hi) if p32.dtype == torch.float32 else None
-                    item = StepItem(p32[lo:hi], grad[lo:hi], views, copy, gi, pi)
+                    item = StepItem(p32[lo:hi], grad[lo:hi], views, copy_to(gi, pi, lo, hi), gi, pi)
                     self._group_step(group, [item], float(grad_scale))
                     done(gi, pi, lo, hi)
             for _, _, state, _ in params:

@@ -73,9 +73,6 @@ def _nvme_adam(ctx: StageContext, client):
             "DeepSpeedCPUAdam or torch.optim.Adam/AdamW to initialize() (other optimizers "
             "are not supported with nvme yet)"
         )
-    moments = state_dtype(ctx)
-    if master_dtype(ctx) != torch.float32 and not opt.params["fp32_optimizer_states"]:
-        moments = torch.bfloat16  # DeepSpeed's reading of the client's flag (master_precision)
 
     def make(masters, options, param_starts):
         # Both tiers "auto": the parameter shards choose first, after the first step; the
@@ -91,7 +88,7 @@ def _nvme_adam(ctx: StageContext, client):
             ext=cfg.zerostream,
             rank=comm.get_rank(),
             param_tier=param_tier,
-            dtypes=(master_dtype(ctx), moments),
+            dtypes=(master_dtype(ctx), state_dtype(ctx, opt)),
         )
 
     return make

@@ -35,12 +35,14 @@ def master_dtype(ctx: StageContext) -> torch.dtype:
     return torch.float32
 
 
-def state_dtype(ctx: StageContext) -> torch.dtype:
+def state_dtype(ctx: StageContext, optimizer=None) -> torch.dtype:
     """The optimizer moments' dtype: bf16 under bf16.bf16_optimizer_states (or a 16-bit
-    master with the optimizer's fp32_optimizer_states false, DeepSpeed's reading), else fp32."""
+    master with the optimizer's fp32_optimizer_states false, DeepSpeed's reading), else fp32.
+    `optimizer`: the optimizer section to read (a client's, zero/factory.py), else the
+    config's."""
     if master_dtype(ctx) == torch.float32:
         return torch.float32
-    opt = ctx.config.optimizer
+    opt = ctx.config.optimizer if optimizer is None else optimizer
     fp32_states = opt is None or opt.params.get("fp32_optimizer_states", True) is not False
     if ctx.config.bf16.bf16_optimizer_states or not fp32_states:
         return torch.bfloat16

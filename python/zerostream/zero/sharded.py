@@ -247,13 +247,11 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             # The unscale/clip factor folded into the kernel's one pass, which writes each
             # piece's 16-bit copy straight into the copy stage's staging.
             def copy_to(gi, pi, lo, hi):
-                return sinks.fused_target(partitions[gi], lo, hi)
-
-            fused = [m.dtype == torch.float32 for m in self.masters]  # a 16-bit one is copied
+                return sinks.fused_target(partitions[gi], lo, hi, self.masters[gi].dtype)
 
             def done(gi, pi, lo, hi):
                 master = self.masters[gi][lo:hi]
-                sinks.hand_on(partitions[gi], lo, hi, master, fused=fused[gi], stable=True)
+                sinks.hand_on(partitions[gi], lo, hi, master, fused=True, stable=True)
 
             piece = min((sinks.piece(p) for p in partitions), default=1)
             self.optimizer.step_in_pieces(piece, factor, copy_to, done)
