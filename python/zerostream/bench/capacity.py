@@ -101,10 +101,13 @@ def _state_bytes(args) -> int:
     return 6 if args.bf16_states else 12
 
 
+def _bf16_model(args) -> bool:
+    """A bf16 model: --bf16, or --bf16-states (bf16 masters need one)."""
+    return bool(args.bf16 or args.bf16_states)
+
+
 def _config(args, nvme: str) -> dict:
-    if args.bf16_states:
-        args.bf16 = True
-    bf16 = {"enabled": bool(args.bf16)}
+    bf16 = {"enabled": _bf16_model(args)}
     if args.bf16_states:
         bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     return {
@@ -153,7 +156,7 @@ def host_budget_bytes(
     gathered parameters (max_live, twice for prefetch), and 3 GiB for torch, Python and
     activations."""
     sub = min(int(args.sub_group_size), numel)
-    width = 2 if args.bf16 or args.bf16_states else 4
+    width = 2 if _bf16_model(args) else 4
     staging = 2 if args.bf16_states else 4
     return (
         width * numel
@@ -181,7 +184,7 @@ def measure(args) -> dict:
     try:
         start = time.perf_counter()
         torch.manual_seed(0)
-        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        dtype = torch.bfloat16 if _bf16_model(args) else torch.float32
         with zerostream.zero.Init(config_dict_or_path=cfg, dtype=dtype):
             model = GPT(shape)
         built = time.perf_counter() - start
@@ -216,12 +219,12 @@ def measure(args) -> dict:
             for tier, b in tel.bytes.items()
         }
         numel = shape.params
-        states = ((2 if args.bf16 else 4) + _state_bytes(args)) * numel
+        states = ((2 if _bf16_model(args) else 4) + _state_bytes(args)) * numel
         tiers = engine.optimizer.swapper.tiers
         peak = _rss_gib()
         summary = optimizer.state_summary()
         swap = summary["params"].get("swap") or {}
-        width = 2 if args.bf16 else 4
+        width = 2 if _bf16_model(args) else 4
         # Shards kept by an element count or brought back by "auto" (arena pages).
         kept = max(swap.get("kept_bytes", 0), width * swap.get("in_cpu_numel", 0))
         budget = host_budget_bytes(numel, args, tiers.host_elements, kept)
