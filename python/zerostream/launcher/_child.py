@@ -4,6 +4,7 @@ The elastic agent starts `python -u _child.py [--cores SETS] --run KIND -- TARGE
 once per local rank, with its RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR... in the
 environment. This file then:
 
+0. asks the kernel to kill it when its agent dies (Note [Ranks die with their agent]);
 1. adds DeepSpeed's launcher variables that torch's agent does not set (LOCAL_SIZE,
    CROSS_RANK, CROSS_SIZE), so code written for `deepspeed` finds them;
 2. with --cores `0,1;2,3` (one set per local rank), binds this process to its set with
@@ -25,6 +26,41 @@ import runpy
 import sys
 import time
 import traceback
+
+
+# Note [Ranks die with their agent]
+# Elastic starts each rank in a session of its own, so a `kill -9` of `zerostream run` (the
+# agent) reaches no rank: they went on training and writing checkpoints, orphaned, racing any
+# restarted job on the same folders and, on a GPU box, holding the GPUs (issue 32). So each
+# rank sets PR_SET_PDEATHSIG = SIGKILL first thing. Two Linux details matter:
+# - the signal comes when the *thread* that forked the rank exits; elastic's agent starts the
+#   ranks from its main thread (SubprocessHandler's Popen), which lives as long as the agent;
+# - the agent may die between the fork and prctl, when no signal will ever come, so the
+#   parent is checked again afterwards against the pid the agent wrote (ZS_AGENT_PID).
+# The setting survives exec, so a --no_python program is covered too. SIGKILL, not SIGTERM:
+# a rank's own handler must not keep it alive, and a checkpoint save cut short is never
+# loaded (the tag is published by rename last).
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_agent() -> None:
+    agent = os.environ.get("ZS_AGENT_PID")
+    if agent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        print(
+            f"zerostream run (rank start-up): prctl(PR_SET_PDEATHSIG) failed: "
+            f"{os.strerror(err)}; this rank will outlive a killed agent",
+            file=sys.stderr,
+        )
+        return
+    if os.getppid() != int(agent):
+        raise SystemExit("zerostream run: the agent that started this rank is gone; stopping")
 
 
 def _deepspeed_env() -> None:
@@ -111,6 +147,7 @@ def main(argv: list) -> None:
         else:
             raise SystemExit(f"zerostream run (rank start-up): unknown option {flag}")
     target, args = argv[1], argv[2:]
+    _die_with_agent()
     _deepspeed_env()
     if cores:
         _bind(cores)

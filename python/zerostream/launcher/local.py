@@ -141,7 +141,9 @@ def launch(node: NodeRun, program: Program) -> int:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zerostream_run_"))
             logs = DefaultLogsSpecs(log_dir=tmp)
         config = _launch_config(node, logs)
-        stack.enter_context(_environment(node.env))
+        # Each rank checks that this process is its parent (_child.py, Note [Ranks die with
+        # their agent]): elastic's agent runs here and starts the ranks itself.
+        stack.enter_context(_environment({**(node.env or {}), "ZS_AGENT_PID": str(os.getpid())}))
         stack.enter_context(_quiet_process_log())
         try:
             elastic_launch(config, entrypoint)(*args)
