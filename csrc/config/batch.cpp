@@ -53,6 +53,28 @@ void store(Resolution& r, const Slot& s, bool derived) {
   r.set(s.key, *s.value, o);
 }
 
+// When train_batch_size is micro x accumulation x k for a k other than the world size, the
+// tool that filled it counted k processes: say so. k == 1 with several ranks is what
+// Accelerate (and so the HF Trainer and TRL) computes on a CPU machine when it picks no
+// process-group backend and counts one process while torchrun started several.
+std::string counted_other_world(const Slot& tb, const Slot& mb, const Slot& gas, int64_t w) {
+  const int64_t per_rank = *mb.value * *gas.value;  // no overflow: product() checked it
+  if (per_rank <= 0 || *tb.value % per_rank != 0) return "";
+  const int64_t k = *tb.value / per_rank;
+  std::string hint = "; train_batch_size is micro x accumulation x " + std::to_string(k) +
+                     ", so whatever filled it counted " + std::to_string(k) + " process" +
+                     (k == 1 ? "" : "es") + " where the process group has " + std::to_string(w) +
+                     " data-parallel ranks";
+  if (k == 1 && w > 1)
+    hint +=
+        ". Accelerate on a CPU machine counts one process when it picks no backend: pass "
+        "Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend=\"gloo\")]); for the HF "
+        "Trainer or TRL create accelerate.PartialState(backend=\"gloo\") before the "
+        "TrainingArguments and give them accelerator_config={\"use_configured_state\": True} "
+        "(docs/compat.md, Several CPU processes)";
+  return hint;
+}
+
 }  // namespace
 
 void resolve_batch(Resolution& r, const RunContext& c) {
@@ -125,7 +147,7 @@ void resolve_batch(Resolution& r, const RunContext& c) {
                        " != train_micro_batch_size_per_gpu " + std::to_string(*mb.value) +
                        " * gradient_accumulation_steps " + std::to_string(*gas.value) +
                        " * data-parallel world size " + std::to_string(w) +
-                       " (check batch related parameters)");
+                       " (check batch related parameters)" + counted_other_world(tb, mb, gas, w));
   }
 }
 

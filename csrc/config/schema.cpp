@@ -199,8 +199,11 @@ struct Schema {
         I("block_size", 1048576).greater_than_zero(),
         I("queue_depth", 8).greater_than_zero(),
         I("intra_op_parallelism", 1).greater_than_zero(),
-        I("thread_count", nullptr).deprecated(Deprecation::kRename, "intra_op_parallelism",
-                                               "renamed intra_op_parallelism in DeepSpeed 0.16.4"),
+        // Quiet: PyTorch Lightning's default config writes it on every run, and DeepSpeed
+        // drops it without a word (issue 31).
+        I("thread_count", nullptr)
+            .deprecated(Deprecation::kQuietRename, "intra_op_parallelism",
+                        "renamed intra_op_parallelism in DeepSpeed 0.16.4"),
         B("single_submit", false),
         B("overlap_events", true),
         B("use_gds", false),

@@ -24,6 +24,7 @@ enum class Kind {
 enum class Deprecation {
   kNone,
   kRename,           // value moves to `target` (same section)
+  kQuietRename,      // as kRename, with a note instead of a warning (the user cannot act on it)
   kCpuOffload,       // true -> offload_optimizer = {"device": "cpu"}
   kCpuOffloadParam,  // true -> offload_param = {"device": "cpu"}
   kWarnOnly,         // accepted, no effect

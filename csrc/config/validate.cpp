@@ -167,7 +167,8 @@ class Walker {
         continue;
       }
       const Key* target = k;
-      if (k->deprecation == Deprecation::kRename) target = spec.find(k->target);
+      if (k->deprecation == Deprecation::kRename || k->deprecation == Deprecation::kQuietRename)
+        target = spec.find(k->target);
       if (k->deprecation == Deprecation::kCpuOffload ||
           k->deprecation == Deprecation::kCpuOffloadParam)
         target = spec.find(k->target);
@@ -284,6 +285,11 @@ class Walker {
                   const std::string& path) {
     if (old_key.deprecation == Deprecation::kRename) {
       r_.warnings.push_back(old_path + ": deprecated; " + old_key.note);
+      present(target, v, path);
+      return;
+    }
+    if (old_key.deprecation == Deprecation::kQuietRename) {
+      r_.notes.push_back(old_path + " -> " + path + " (" + old_key.note + ")");
       present(target, v, path);
       return;
     }

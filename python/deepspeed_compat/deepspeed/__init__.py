@@ -17,6 +17,7 @@ from . import (
     _guard,  # refuses to load beside the real DeepSpeed (runs on import)
     accelerator,
     checkpoint,
+    checkpointing,
     comm,
     moe,
     ops,
@@ -68,6 +69,7 @@ __all__ = [
     "DeepSpeedConfig",
     "accelerator",
     "checkpoint",
+    "checkpointing",
     "comm",
     "get_accelerator",
     "log_dist",

@@ -42,10 +42,42 @@ def _natural_key(path: str):
 
 
 def _files(ds_dir: str, suffix: str) -> List[str]:
-    found = sorted(glob.glob(os.path.join(ds_dir, f"*{suffix}")), key=_natural_key)
+    return get_checkpoint_files(ds_dir, f"*{suffix}")
+
+
+def get_checkpoint_files(checkpoint_dir: str, glob_pattern: str) -> List[str]:
+    """The files of a tag folder matching `glob_pattern`, in natural order (rank 10 after
+    rank 9); FileNotFoundError naming the folder when none match. DeepSpeed's helper, which
+    PyTorch Lightning's checkpoint converter calls."""
+    found = sorted(glob.glob(os.path.join(checkpoint_dir, glob_pattern)), key=_natural_key)
     if not found:
-        raise FileNotFoundError(f"no '*{suffix}' files in {ds_dir}")
+        raise FileNotFoundError(f"no '{glob_pattern}' files in {checkpoint_dir}")
     return found
+
+
+def get_optim_files(checkpoint_dir: str) -> List[str]:
+    """Every rank's optimizer-state file of a tag folder, rank 0 first."""
+    return get_checkpoint_files(checkpoint_dir, "*_optim_states.pt")
+
+
+def get_model_state_files(checkpoint_dir: str) -> List[str]:
+    """Every model-state file of a tag folder (one per rank at stage 3, else one)."""
+    return get_checkpoint_files(checkpoint_dir, "*_model_states.pt")
+
+
+def get_model_state_file(checkpoint_dir: str, zero_stage: int) -> str:
+    """Rank 0's model-state file of a tag folder saved at `zero_stage` (the file that holds
+    the client state): `mp_rank_00_model_states.pt` at stages 0-2, the sharded name at 3."""
+    if not os.path.isdir(checkpoint_dir):
+        raise FileNotFoundError(f"checkpoint folder {checkpoint_dir} does not exist")
+    # Inline, not from layout.py: this file runs alone beside a checkpoint.
+    name = "zero_pp_rank_0_mp_rank_00" if int(zero_stage) == 3 else "mp_rank_00"
+    path = os.path.join(checkpoint_dir, f"{name}_model_states.pt")
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"no model-state file {path} (a ZeRO stage {zero_stage} checkpoint has one)"
+        )
+    return path
 
 
 def tag_dir(checkpoint_dir: str, tag: Optional[str] = None) -> str:

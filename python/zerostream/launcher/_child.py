@@ -27,7 +27,6 @@ import sys
 import time
 import traceback
 
-
 # Note [Ranks die with their agent]
 # Elastic starts each rank in a session of its own, so a `kill -9` of `zerostream run` (the
 # agent) reaches no rank: they went on training and writing checkpoints, orphaned, racing any

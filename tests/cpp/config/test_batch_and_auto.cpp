@@ -54,6 +54,28 @@ TEST(Batch, DerivationTableFromTheReference) {
   }
 }
 
+// Accelerate on a CPU machine with no backend counts one process and fills train_batch_size
+// for it, while torchrun started two ranks (issue 31): the error says what was counted and
+// gives the fix.
+TEST(Batch, ABatchFilledForAnotherWorldSizeSaysSoAndGivesAccelerateFix) {
+  RunContext ctx;
+  ctx.world_size = 2;
+  ctx.require_batch = true;
+  const Resolution r = check(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8,
+                                 "gradient_accumulation_steps": 1})",
+                             ctx);
+  EXPECT_ERROR(r, "train_batch_size: 8 != train_micro_batch_size_per_gpu 8");
+  EXPECT_ERROR(r, "counted 1 process where the process group has 2 data-parallel ranks");
+  EXPECT_ERROR(r, "InitProcessGroupKwargs(backend=\"gloo\")");
+  EXPECT_ERROR(r, "PartialState(backend=\"gloo\")");
+  // Filled for 4 ranks, run on 2: the count, without Accelerate's one-process fix.
+  const Resolution four = check(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                                    "gradient_accumulation_steps": 2})",
+                                ctx);
+  EXPECT_ERROR(four, "counted 4 processes where the process group has 2 data-parallel ranks");
+  for (const auto& e : four.errors) EXPECT_EQ(e.find("InitProcessGroupKwargs"), std::string::npos);
+}
+
 TEST(Batch, ZeroAndNegativeSizesAreRejected) {
   RunContext ctx;
   ctx.require_batch = true;

@@ -119,7 +119,9 @@ def uses_in_source(text: str, where: str) -> List[Use]:
     return uses
 
 
-def scan(packages=("transformers", "accelerate")) -> List[Use]:
+def scan(
+    packages=("transformers", "accelerate", "pytorch_lightning", "lightning_fabric"),
+) -> List[Use]:
     """Every use of `deepspeed` in the installed sources of `packages`."""
     uses: List[Use] = []
     for name in packages:

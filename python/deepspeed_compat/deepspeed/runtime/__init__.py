@@ -2,6 +2,14 @@
 paths. Submodules are imported here, as DeepSpeed's own __init__ does, so attribute paths
 such as `deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES` work after `import deepspeed`."""
 
-from . import config, engine, lr_schedules, utils, zero
+from . import activation_checkpointing, base_optimizer, config, engine, lr_schedules, utils, zero
 
-__all__ = ["config", "engine", "lr_schedules", "utils", "zero"]
+__all__ = [
+    "activation_checkpointing",
+    "base_optimizer",
+    "config",
+    "engine",
+    "lr_schedules",
+    "utils",
+    "zero",
+]

@@ -2,33 +2,22 @@
 OnDevice and the parameter-level accessors of ZeRO state (safe_get_full_fp32_param, ...;
 tensor_fragment).
 
-`logger` is zerostream's logger, so a tool that sets DeepSpeed's log level (Hugging Face
-Trainer does, from its own) sets zerostream's.
+`logger` and `log_dist` live in `deepspeed.utils.logging`, as in DeepSpeed (PyTorch Lightning
+sets the level through `deepspeed.utils.logging.logger`); `logger` is zerostream's logger, so a
+tool that sets DeepSpeed's log level (Hugging Face Trainer does, from its own) sets zerostream's.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Iterable, List, Optional
+from typing import List
 
 import torch
 
-from zerostream import comm
-
 from .._unsupported import Z3_LEAF_MODULES, unsupported
-from . import groups, init_on_device, tensor_fragment, zero_to_fp32
+from . import groups, init_on_device, logging, tensor_fragment, zero_to_fp32
 from .init_on_device import OnDevice
+from .logging import log_dist, logger
 from .tensor_fragment import *  # noqa: F403  (the safe_get/set_* accessors)
-
-logger = logging.getLogger("zerostream")
-
-
-def log_dist(message: str, ranks: Optional[Iterable[int]] = None, level: int = logging.INFO):
-    """Logs `message` on the listed ranks (all with -1 in the list; rank 0 when None)."""
-    ranks = [0] if ranks is None else list(ranks)
-    rank = comm.get_rank()
-    if -1 in ranks or rank in ranks:
-        logger.log(level, "[Rank %d] %s", rank, message)
 
 
 def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes, *args, **kwargs):
@@ -57,6 +46,7 @@ def z3_leaf_module(model: torch.nn.Module) -> bool:
 __all__ = [
     "groups",
     "init_on_device",
+    "logging",
     "tensor_fragment",
     "zero_to_fp32",
     "OnDevice",

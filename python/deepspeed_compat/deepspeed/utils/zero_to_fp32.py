@@ -6,7 +6,11 @@ import sys
 
 from zerostream.checkpoint.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
+    get_checkpoint_files,
     get_fp32_state_dict_from_zero_checkpoint,
+    get_model_state_file,
+    get_model_state_files,
+    get_optim_files,
     load_state_dict_from_zero_checkpoint,
     main,
 )
@@ -14,6 +18,10 @@ from zerostream.checkpoint.zero_to_fp32 import (
 __all__ = [
     "convert_zero_checkpoint_to_fp32_state_dict",
     "get_fp32_state_dict_from_zero_checkpoint",
+    "get_checkpoint_files",
+    "get_model_state_file",
+    "get_model_state_files",
+    "get_optim_files",
     "load_state_dict_from_zero_checkpoint",
     "main",
 ]

@@ -1,0 +1,21 @@
+"""`deepspeed.checkpointing`: activation checkpointing (zerostream/activation_checkpointing.py).
+PyTorch Lightning calls `configure` whenever its config has an `activation_checkpointing`
+section (its default config does) and models call `checkpoint` around blocks."""
+
+from zerostream.activation_checkpointing import (
+    CheckpointingConfigError,
+    checkpoint,
+    configure,
+    is_configured,
+    non_reentrant_checkpoint,
+    reset,
+)
+
+__all__ = [
+    "CheckpointingConfigError",
+    "checkpoint",
+    "configure",
+    "is_configured",
+    "non_reentrant_checkpoint",
+    "reset",
+]
