@@ -61,6 +61,12 @@ class ZeroEngine(torch.nn.Module):
         self._step_applied = False
         self._boundary_override: Optional[bool] = None
         self._in_no_sync = False
+        # managed_gradient_accumulation false: the caller owns the boundary; every step()
+        # is one, and the backwards since the last count the samples (Note [Who owns the
+        # accumulation boundary]).
+        self._managed_accumulation = cfg.managed_gradient_accumulation
+        self._unmanaged_backwards = 0
+        self._running_step = False
         self.loss_scaler = make_loss_scaler(cfg.fp16)
         device = self._device()
         self.telemetry = StepTelemetry(issue_timed=device.type == "cuda")
@@ -171,6 +177,8 @@ class ZeroEngine(torch.nn.Module):
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         # The optimizer runs it in the BACKWARD phase (the one path for optimizer.backward).
         self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
+        if not self._managed_accumulation:
+            self._unmanaged_backwards += 1
         return loss.detach() / gas
 
     def step(self, lr_kwargs: Optional[dict] = None) -> None:
@@ -180,6 +188,15 @@ class ZeroEngine(torch.nn.Module):
         self._require_consistent("step")
         if self._in_no_sync:
             raise RuntimeError("step: no step is allowed inside no_sync()")
+        self._running_step = True
+        try:
+            self._step(lr_kwargs)
+        finally:
+            self._running_step = False
+        self.micro_steps += 1
+        self._boundary_override = None
+
+    def _step(self, lr_kwargs: Optional[dict]) -> None:
         boundary = self.is_gradient_accumulation_boundary()
         self._step_applied = False
         if boundary:
@@ -203,10 +220,15 @@ class ZeroEngine(torch.nn.Module):
             self._step_applied = applied
             STEP_PEAKS.step_ended()  # "auto" tiers size from whole steps (Note [A step's excess])
             self.global_steps += 1
-            self.global_samples += self.train_batch_size()
+            self.global_samples += self._samples_this_step()
             self._report_progress()
-        self.micro_steps += 1
-        self._boundary_override = None
+
+    def _samples_this_step(self) -> int:
+        if self._managed_accumulation:
+            return self.train_batch_size()
+        per_micro = self.train_batch_size() // self.gradient_accumulation_steps()
+        samples, self._unmanaged_backwards = per_micro * self._unmanaged_backwards, 0
+        return samples
 
     def _report_progress(self) -> None:
         every = self._config.steps_per_print
@@ -222,12 +244,31 @@ class ZeroEngine(torch.nn.Module):
         logger.info("telemetry: %s", self.telemetry.report())
 
     # --- accumulation ---------------------------------------------------------------------------
+    # Note [Who owns the accumulation boundary]
+    # Managed (DeepSpeed's default): the engine counts micro-steps; the caller calls step()
+    # after every backward and the update happens on every gradient_accumulation_steps-th.
+    # With `managed_gradient_accumulation: false` the caller owns the boundary: it runs any
+    # number of backwards and then step(), and every step() reduces what was accumulated and
+    # updates. The loss is still divided by gradient_accumulation_steps (scale_wrt_gas), the
+    # boundary is True only while step() runs, global_samples advances by the micro-batches
+    # actually run, and set_gradient_accumulation_boundary is refused, as in DeepSpeed.
+    # zerostream's stages accumulate in backward without asking about the boundary (stages
+    # 2/3 reduce into their partitions as gradients arrive, 0/1 at the step), so only the
+    # engine's bookkeeping changes.
     def is_gradient_accumulation_boundary(self) -> bool:
+        if not self._managed_accumulation:
+            return self._running_step
         if self._boundary_override is not None:
             return self._boundary_override
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        if not self._managed_accumulation:
+            raise RuntimeError(
+                "set_gradient_accumulation_boundary: not allowed with "
+                "managed_gradient_accumulation false; the caller owns the boundary by calling "
+                "step()"
+            )
         self._boundary_override = bool(is_boundary)
 
     @contextlib.contextmanager

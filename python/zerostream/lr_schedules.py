@@ -10,7 +10,9 @@ torch optimizer's `param_groups`.
 Note [Schedule quirks kept for parity]
   DeepSpeed's observable behaviour is kept even where another choice would read better,
   because users compare loss curves across the two runtimes:
-  * WarmupLR with `warmup_max_lr=None` uses the *first* group's lr for every group.
+  * WarmupLR with `warmup_max_lr=None` warms each group up to its own lr. (DeepSpeed used
+    group 0's lr for every group until it fixed that; its tests at edaa722 check each
+    group's own, test_warmup_lr_inherits_per_group_lr_when_max_unspecified.)
   * WarmupCosineLR writes lr 0.0 into every group at construction (iteration -1).
   * OneCycle cycles `betas[0]` only when the optimizer's defaults have `betas`, and writes
     `(beta1, 0.99)`: beta2 is pinned to 0.99, as DeepSpeed does. Before the first step()
@@ -208,8 +210,8 @@ class WarmupLR(_Schedule):
         super().__init__(optimizer, last_batch_iteration)
         groups = self.optimizer.param_groups
         if warmup_max_lr is None:
-            # See Note [Schedule quirks kept for parity]: group 0's lr for every group.
-            warmup_max_lr = _group_lr(groups[0])
+            # See Note [Schedule quirks kept for parity]: each group's own lr.
+            warmup_max_lr = [_group_lr(g) for g in groups]
         self.min_lrs = _per_group(warmup_min_lr, len(groups), "warmup_min_lr")
         self.max_lrs = _per_group(warmup_max_lr, len(groups), "warmup_max_lr")
         self.delta_lrs = [hi - lo for hi, lo in zip(self.max_lrs, self.min_lrs)]

@@ -61,11 +61,13 @@ def test_warmup_lr_linear_and_per_group_lists():
         assert lrs == pytest.approx([0.4 * frac, 0.02 + 0.18 * frac], rel=1e-12), it
 
 
-def test_warmup_lr_default_max_is_first_group_lr():
+def test_warmup_lr_default_max_is_each_groups_own_lr():
+    # As DeepSpeed since its fix (test_warmup_lr_inherits_per_group_lr_when_max_unspecified).
     opt = _optimizer(0.3, 0.05)
     sched = L.WarmupLR(opt, warmup_num_steps=2, warmup_type="linear")
+    assert sched.max_lrs == [0.3, 0.05]
     _walk(sched, opt, 3)
-    assert _lrs(opt) == pytest.approx([0.3, 0.3])
+    assert _lrs(opt) == pytest.approx([0.3, 0.05])
 
 
 def test_warmup_num_steps_one_is_clamped_to_two():
