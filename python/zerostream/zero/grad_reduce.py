@@ -300,12 +300,23 @@ class Stage1Reducer(_Reducer):
     def __init__(self, flat_groups, targets, ctx, stage=None):
         super().__init__(flat_groups, targets, ctx, stage)
         self.local = [torch.zeros_like(f.buffer) for f in flat_groups]
+        self.accumulated = False  # gradients in `local` not yet reduced
 
     def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
         self.local[gi][slot.offset : slot.offset + slot.numel].add_(grad)
+        self.accumulated = True
 
     def after_backward(self) -> None:
         pass
+
+    def zero(self) -> None:
+        """zero_grad: also what was accumulated locally and not yet reduced (a no_sync pass,
+        or micro-steps before the boundary), or the next boundary would still add it."""
+        super().zero()
+        if self.accumulated:
+            for local in self.local:
+                local.zero_()
+            self.accumulated = False
 
     def at_boundary(self) -> None:
         for gi, flat in enumerate(self.flat_groups):
@@ -323,6 +334,7 @@ class Stage1Reducer(_Reducer):
                 # next group's reduce-scatter goes on while this one crosses.
                 self.stage.release_sources()
             local.zero_()
+        self.accumulated = False
         self.drain()
 
 

@@ -139,6 +139,41 @@ def test_accumulation_boundaries_and_no_sync():
     assert "no_sync is not compatible with ZeRO stage 2" in errors["no_sync_stage2"]
 
 
+def discarded_pass_worker(rank, world, stages):
+    """A no_sync pass, zero_grad, then a real micro-step: the discarded pass must leave
+    nothing behind (stage 1 keeps unreduced gradients in its own buffer, not in p.grad)."""
+    from zerostream.utils import safe_get_full_grad
+
+    xs = [
+        torch.randn(2, 8, generator=torch.Generator().manual_seed(10 * rank + i)) for i in range(3)
+    ]
+    out = {}
+    for stage, discard in ((stage, d) for stage in stages for d in (False, True)):
+        engine, *_ = _engine(_base(stage))
+        norms = []
+        if discard:
+            with engine.no_sync():
+                for x in xs[:2]:
+                    engine.backward(engine(x))
+            engine.zero_grad()
+        engine.backward(engine(xs[2]))
+        norms.append(float(sum(safe_get_full_grad(p).norm() for p in engine.module.parameters())))
+        engine.step()
+        out[stage, discard] = (norms, [p.detach().clone() for p in engine.module.parameters()])
+        engine.destroy()
+    return out
+
+
+@pytest.mark.multirank
+def test_zero_grad_discards_what_a_no_sync_pass_accumulated():
+    for out in run_ranks(discarded_pass_worker, 2, (0, 1)):
+        for stage in (0, 1):
+            (kept_norms, kept), (norms, params) = out[stage, False], out[stage, True]
+            assert norms == kept_norms, stage
+            for a, b in zip(params, kept):
+                assert torch.equal(a, b), stage
+
+
 def dying_rank_worker(rank, world):
     """Rank 1 is SIGKILLed in the middle of a step; rank 0 must fail fast and say why."""
     engine, *_ = _engine(_base(2))
