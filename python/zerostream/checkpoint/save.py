@@ -167,6 +167,10 @@ def save_checkpoint(
     exclude_frozen_parameters: bool = False,
 ) -> bool:
     """See the module docstring. All ranks must call it; returns True."""
+    # Every rank gets the same arguments, so each refuses them alone without a collective.
+    if not isinstance(save_dir, (str, os.PathLike)) or not os.fspath(save_dir):
+        raise ValueError(f"save_checkpoint: save_dir must be a non-empty path, got {save_dir!r}")
+    save_dir = os.fspath(save_dir)
     client_state = _check_client_state(client_state)
     steps = target.counters.global_steps
     tag = layout.check_tag(layout.default_tag(steps) if tag is None else tag)
@@ -175,14 +179,28 @@ def save_checkpoint(
     stage = target.stage
     rank, dp_rank = target.global_rank, target.dp_rank
     staging = files.staging_dir(save_dir, tag)
+    error: Optional[BaseException] = None
     if rank == 0:
-        os.makedirs(save_dir, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)  # a crashed save's leftovers
-        os.makedirs(staging)
-    comm.barrier()
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)  # a crashed save's leftovers
+            os.makedirs(staging)
+        except OSError as exc:  # the others would wait for rank 0 forever: tell them
+            error = exc
+    if _all_ok(target, error):
+        if error is not None:
+            raise OSError(
+                error.errno,
+                f"save_checkpoint: cannot create the checkpoint folder {save_dir}: "
+                f"{error.strerror}",
+                error.filename,
+            ) from error
+        raise RuntimeError(
+            f"save_checkpoint: rank 0 could not create the checkpoint folder {save_dir}; "
+            "nothing was written"
+        )
 
     written: Dict[str, Dict[str, int]] = {}
-    error: Optional[BaseException] = None
     io = files.io_engine_for(target)
     try:
         part = stage.partition_layout()

@@ -265,6 +265,37 @@ def test_ranks_saving_under_different_tags(tmp_path, mode):
             assert "rank 0: 'mine0', rank 1: 'mine1'" in warnings[0]
 
 
+def bad_save_dirs(rank, world, root):
+    engine = build(CASE, world, root)
+    train(engine, rank, world, 0, 1)
+    blocker = os.path.join(root, "a_file")
+    if rank == 0:
+        open(blocker, "w").close()
+    outcomes = {}
+    for key, save_dir in (("none", None), ("empty", ""), ("under_a_file", blocker + "/ckpt")):
+        try:
+            engine.save_checkpoint(save_dir)
+            outcomes[key] = "saved"
+        except (ValueError, OSError, RuntimeError) as exc:
+            outcomes[key] = f"{type(exc).__name__}: {exc}"
+    engine.save_checkpoint(os.path.join(root, "ckpt"))  # and the engine still saves
+    return outcomes
+
+
+def test_a_save_dir_rank_0_cannot_create_fails_every_rank_instead_of_hanging(tmp_path):
+    # Rank 0 creates the folder; the others used to wait for it at a barrier forever.
+    for outcomes in run_ranks(bad_save_dirs, 2, str(tmp_path), timeout=120):
+        assert (
+            outcomes["none"]
+            == "ValueError: save_checkpoint: save_dir must be a non-empty path, got None"
+        )
+        assert outcomes["empty"].startswith("ValueError: save_checkpoint: save_dir must be")
+        under = outcomes["under_a_file"]
+        assert "cannot create the checkpoint folder" in under or "rank 0 could not" in under, under
+        assert str(tmp_path / "a_file" / "ckpt") in under
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step1"
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     image, mnt = tmp_path / "disk.img", tmp_path / "mnt"
