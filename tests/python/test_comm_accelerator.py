@@ -114,6 +114,7 @@ def test_accelerator_on_this_machine():
         assert acc.device_name() == "cuda" and acc.communication_backend_name() == "nccl"
     else:
         assert acc.device_name() == "cpu" and acc.current_device_name() == "cpu"
+        assert acc.device_name(1) == "cpu"  # DeepSpeed's CPU accelerator: no index
         assert acc.communication_backend_name() == "gloo"
         assert acc.is_synchronized_device() and acc.is_bf16_supported()
         t = torch.ones(3)
