@@ -48,7 +48,7 @@ class CpuAccelerator(_Accelerator):
         return "cpu"
 
     def device_name(self, device_index: Optional[int] = None) -> str:
-        """"cpu" for any index, as DeepSpeed's CPU accelerator: every rank's device is the
+        """ "cpu" for any index, as DeepSpeed's CPU accelerator: every rank's device is the
         host, and code that compares names (DeepSpeed's own tests) expects no index."""
         return "cpu"
 

@@ -24,6 +24,7 @@ from .unsupported import refuse_unsupported
 from .zero.factory import build_zero_optimizer, stage_class
 from .zero.protocol import RunState, StageContext, TrainingState
 from .zero.skips import SkipGuard
+from .zero.state_offload import offload_engine_states, reload_engine_states
 
 logger = logging.getLogger("zerostream")
 
@@ -67,6 +68,7 @@ class ZeroEngine(torch.nn.Module):
         self._managed_accumulation = cfg.managed_gradient_accumulation
         self._unmanaged_backwards = 0
         self._running_step = False
+        self._parked = None  # what offload_states moved to host memory (zero/state_offload.py)
         self.loss_scaler = make_loss_scaler(cfg.fp16)
         device = self._device()
         self.telemetry = StepTelemetry(issue_timed=device.type == "cuda")
@@ -479,6 +481,15 @@ class ZeroEngine(torch.nn.Module):
     def empty_partition_cache(self) -> None:
         """Stage 3: releases every gathered parameter that is not persistent."""
         stage_class(self._config.zero_stage).release_gathered(self.module)
+
+    def offload_states(self, include=None, device="cpu", pin_memory=True, non_blocking=False):
+        """Parks the ZeRO state kinds in `include` (DeepSpeed's OffloadStateTypeEnum values;
+        None: all) in host memory until reload_states (Note [Parking state in host memory])."""
+        offload_engine_states(self, include, device, pin_memory, non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Brings back what offload_states moved; training goes on as if it never had."""
+        reload_engine_states(self, non_blocking)
 
     def destroy(self) -> None:
         """Ends the engine: stage 3's module hooks go (parameters stay partitioned) and the

@@ -109,6 +109,22 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 inner.bind_grads(dict(zip(self.masters, self.grads)))
         ZeroOptimizerBase.__init__(self, inner, ctx)
 
+    def offloadable_states(self) -> dict:
+        """The tensors of each state kind engine.offload_states may park (Note [Parking state
+        in host memory] in zero/state_offload.py). An offloaded optimizer's are host memory
+        already (the arena), so parking passes them by; on NVMe they are not tensors here."""
+        from .state_offload import OffloadStateType as K
+        from .state_offload import StateGroup
+
+        moments = [
+            v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)
+        ]
+        return {
+            K.optim_states: StateGroup(moments),
+            K.hp_params: StateGroup(list(self.masters)),
+            K.lp_grads: StateGroup(list(self.grads)),
+        }
+
     def _require_host_memory(self, ctx: StageContext, numel: int) -> None:
         """Host-memory preflight (offload/memory_preflight.py): masters (4 bytes an element, 2
         for bf16 ones), gradients (4, or 2 when they land 16-bit: counted so whenever the

@@ -109,6 +109,24 @@ class PartitionedOptimizer(ShardedOptimizerBase):
                 rows[:, lo : lo + n].copy_(out.view(self.world, n))
         self._comm(flat.buffer, time.perf_counter() - start)
 
+    def offloadable_states(self) -> dict:
+        """Beside the shared states: the flat buffers every parameter is a view of, and stage
+        1's not-yet-reduced gradients (zero/state_offload.py)."""
+        from .grad_reduce import Stage1Reducer
+        from .state_offload import OffloadStateType as K
+        from .state_offload import StateGroup
+
+        def repoint() -> None:
+            for f in self.flat_groups:
+                for s in f.slots:
+                    s.param.data = f.buffer[s.offset : s.offset + s.numel].view_as(s.param)
+
+        groups = super().offloadable_states()
+        groups[K.lp_params] = StateGroup([f.buffer for f in self.flat_groups], repoint)
+        if isinstance(self.reducer, Stage1Reducer):
+            groups[K.contiguous_grad_buffer] = StateGroup(list(self.reducer.local))
+        return groups
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.holding_grads = False
         self._zero_partition_grads()

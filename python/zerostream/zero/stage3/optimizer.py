@@ -249,6 +249,34 @@ class Stage3Optimizer(ShardedOptimizerBase):
     def local_partitions(self) -> List[torch.Tensor]:
         return self.flat16
 
+    def offloadable_states(self) -> dict:
+        """Beside the shared states: the flat shard partitions every `ds_tensor` is a view of,
+        the shards of params no group holds (frozen ones) and the full copies of persistent
+        params (zero/state_offload.py). With offload_param the engine refuses before this."""
+        from ..state_offload import OffloadStateType as K
+        from ..state_offload import StateGroup
+
+        grouped = {zp.ds_id for zps in self.groups for zp in zps}
+        loose = [zp for zp in self.part.params.values() if zp.ds_id not in grouped]
+        persistent = [zp for zp in self.part.params.values() if zp.persist and zp._full is not None]
+
+        def repoint() -> None:
+            for flat, zps in zip(self.flat16, self.groups):
+                off = 0
+                for zp in zps:
+                    zp.repoint(flat[off : off + zp.shard_numel])
+                    off += zp.shard_numel
+            for zp in loose:
+                zp.repoint(None)  # its shard tensor itself moved
+            for zp in persistent:
+                zp.repoint(None)
+
+        groups = super().offloadable_states()
+        tensors = list(self.flat16) + [zp.shard for zp in loose if zp.shard is not None]
+        tensors += [zp._full for zp in persistent]
+        groups[K.lp_params] = StateGroup(tensors, repoint)
+        return groups
+
     # --- the step's phases -----------------------------------------------------------------------
     def before_forward(self) -> None:
         self.coord.start_step((torch.is_grad_enabled(), self.runtime.root.training))

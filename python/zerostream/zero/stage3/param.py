@@ -177,6 +177,21 @@ class ZeroParam:
         self.shard, self.home = shard, home
         self._publish()
 
+    def repoint(self, shard: Optional[torch.Tensor]) -> None:
+        """The same shard (and home) in new storage, after engine.offload_states or
+        reload_states moved the partition it is a view of (zero/state_offload.py); a gathered
+        param's data is carved again from its full buffer, which moved too."""
+        if shard is not None:
+            if shard.numel() != self.shard_numel:
+                raise RuntimeError(
+                    f"ZeRO-3 param ds_id={self.ds_id}: shard of {shard.numel()} elements; "
+                    f"expected {self.shard_numel}"
+                )
+            self.shard = shard
+        if self.state is ShardState.GATHERED:
+            self.param.data = self._full.view(self.shape)
+        self._publish()
+
     @property
     def on_nvme(self) -> bool:
         """The shard's bytes are only in the swap store (read before use)."""

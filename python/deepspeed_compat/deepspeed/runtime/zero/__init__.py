@@ -10,7 +10,7 @@ from zerostream.zero import (
     unregister_external_parameter,
 )
 
-from . import config, offload_config, partition_parameters, stage3, stage_1_and_2
+from . import config, offload_config, offload_states, partition_parameters, stage3, stage_1_and_2
 
 __all__ = [
     "GatheredParameters",
@@ -20,6 +20,7 @@ __all__ = [
     "unregister_external_parameter",
     "config",
     "offload_config",
+    "offload_states",
     "partition_parameters",
     "stage3",
     "stage_1_and_2",

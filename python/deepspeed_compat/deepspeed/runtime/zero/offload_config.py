@@ -5,6 +5,7 @@ import enum
 
 from zerostream.config import OffloadOptimizerConfig as DeepSpeedZeroOffloadOptimizerConfig
 from zerostream.config import OffloadParamConfig as DeepSpeedZeroOffloadParamConfig
+from zerostream.zero.state_offload import OffloadStateType as OffloadStateTypeEnum
 
 
 class OffloadDeviceEnum(str, enum.Enum):
@@ -17,4 +18,5 @@ __all__ = [
     "DeepSpeedZeroOffloadOptimizerConfig",
     "DeepSpeedZeroOffloadParamConfig",
     "OffloadDeviceEnum",
+    "OffloadStateTypeEnum",
 ]

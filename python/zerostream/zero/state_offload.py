@@ -1,0 +1,193 @@
+"""`engine.offload_states()` / `engine.reload_states()`: DeepSpeed's API for parking a ZeRO
+engine's device-resident state in host memory between training phases (RLHF frameworks do it
+while an inference engine uses the GPU), and bringing it back.
+
+Note [Parking state in host memory]
+  What can be parked (DeepSpeed's OffloadStateTypeEnum), per stage 1-3:
+  - optim_states: the inner optimizer's state tensors (Adam's moments);
+  - hp_params: the fp32 (or bf16) master partitions;
+  - lp_grads: the gradient partitions the reducer lands into;
+  - lp_params: the 16-bit weights: stages 1/2 the flat group buffers (every parameter is a
+    view of one), stage 3 this rank's flat shard partitions (every `ds_tensor` is a view of
+    one) and the gathered copies of persistent parameters;
+  - contiguous_grad_buffer: stage 1's buffer of gradients accumulated and not yet reduced.
+  State already in host memory stays where it is (an offloaded optimizer's masters, moments
+  and gradient partitions; everything on a CPU run), so on a machine without a GPU both calls
+  move nothing. A parked tensor keeps its identity (`t.data` is swapped), so the optimizer's
+  state dict, its param groups and the reducer's targets still hold it; the views carved out
+  of a moved buffer (parameters, shards) are carved again from the new storage, both ways.
+  Between the two calls the engine refuses forward, backward, step and save_checkpoint by
+  name; reload_states puts everything back where it was and training goes on bitwise.
+  Refused as in DeepSpeed: stage 0, offload_param (the weights already live off the device),
+  NVMe as the target ("cpu" only), offloading twice without a reload.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional
+
+import torch
+
+OFFLOADED = "the engine's states are offloaded (offload_states); call engine.reload_states() first"
+
+# Tests set it so that tensors already in host memory are copied too: on a CPU run that is the
+# only way to exercise the re-pointing of views (Note [Parking state in host memory]).
+_COPY_HOST_TENSORS = False
+
+
+class OffloadStateType(str, enum.Enum):
+    """DeepSpeed's OffloadStateTypeEnum (same values)."""
+
+    optim_states = "optim_states"
+    hp_params = "hp_params"
+    lp_params = "lp_params"
+    lp_grads = "lp_grads"
+    contiguous_grad_buffer = "contiguous_grad_buffer"
+
+
+@dataclass
+class StateGroup:
+    """Tensors of one kind, and what re-carves the views of the moved ones."""
+
+    tensors: List[torch.Tensor]
+    repoint: Optional[Callable[[], None]] = None
+
+
+@dataclass
+class Parked:
+    """Where each parked tensor lived, to put it back."""
+
+    kinds: List[OffloadStateType]
+    homes: List[tuple] = field(default_factory=list)  # (tensor, device)
+    repoints: List[Callable[[], None]] = field(default_factory=list)
+    bytes: int = 0
+
+
+def kinds_of(include) -> List[OffloadStateType]:
+    """`include` (None: all) as a list of kinds; unknown names are refused by name."""
+    if include is None:
+        return list(OffloadStateType)
+    out = []
+    for item in include:
+        value = getattr(item, "value", item)
+        try:
+            out.append(OffloadStateType(value))
+        except ValueError:
+            names = ", ".join(k.value for k in OffloadStateType)
+            raise ValueError(f"offload_states: unknown state {item!r}; one of {names}") from None
+    return out
+
+
+def _movable(t: torch.Tensor) -> bool:
+    return t.numel() > 0 and (t.device.type != "cpu" or _COPY_HOST_TENSORS)
+
+
+def _host_copy(t: torch.Tensor, pin: bool, non_blocking: bool) -> torch.Tensor:
+    pin = pin and t.device.type == "cuda"  # page-locked only helps a device copy
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+    host.copy_(t.detach(), non_blocking=non_blocking and pin)
+    return host
+
+
+def park(
+    groups: Dict[OffloadStateType, StateGroup],
+    kinds: Iterable[OffloadStateType],
+    pin_memory: bool,
+    non_blocking: bool,
+) -> Parked:
+    """Moves the device-resident tensors of `kinds` to host memory."""
+    kinds = list(kinds)
+    parked = Parked(kinds)
+    seen = set()
+    with torch.no_grad():
+        for kind in kinds:
+            group = groups.get(kind)
+            if group is None:
+                continue
+            moved = False
+            for t in group.tensors:
+                if id(t) in seen or not _movable(t):
+                    continue
+                seen.add(id(t))
+                parked.homes.append((t, t.device))
+                parked.bytes += t.numel() * t.element_size()
+                t.data = _host_copy(t, pin_memory, non_blocking)
+                moved = True
+            if moved and group.repoint is not None:
+                group.repoint()
+                parked.repoints.append(group.repoint)
+    if non_blocking and torch.cuda.is_available():
+        # The device copies read the old storage, which the data swap just released to the
+        # caching allocator: they must finish before the caller reuses that memory.
+        torch.cuda.current_stream().synchronize()
+    return parked
+
+
+def unpark(parked: Parked, non_blocking: bool) -> None:
+    """Puts every parked tensor back on the device it came from, then re-carves the views."""
+    with torch.no_grad():
+        for t, device in parked.homes:
+            back = torch.empty(t.shape, dtype=t.dtype, device=device)
+            back.copy_(t.detach(), non_blocking=non_blocking and t.is_pinned())
+            t.data = back
+        for repoint in parked.repoints:
+            repoint()
+    if non_blocking and torch.cuda.is_available():
+        # Pinned host sources are released next (their last reference goes with `parked`).
+        torch.cuda.current_stream().synchronize()
+
+
+# --- the engine's two calls --------------------------------------------------------------------
+def offload_engine_states(engine, include=None, device="cpu", pin_memory=True, non_blocking=False):
+    """engine.offload_states: parks `include` (None: every kind) in host memory."""
+    import logging
+
+    from .protocol import TrainingState
+
+    target = getattr(device, "value", device)
+    if target in (None, "none"):
+        logging.getLogger("zerostream").warning("offload_states: no device given; nothing moved")
+        return
+    if target == "nvme":
+        raise ValueError('offload_states: NVMe is not a target for offloaded states; use "cpu"')
+    if target != "cpu":
+        raise ValueError(f'offload_states: device {device!r}; the only target is "cpu"')
+    if engine.optimizer is None:
+        raise RuntimeError("offload_states: the engine has no optimizer whose states to move")
+    if not hasattr(engine.optimizer, "offloadable_states"):  # stage 0's replicated optimizer
+        raise RuntimeError(
+            "offload_states: needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is "
+            f"{engine.zero_optimization_stage()})"
+        )
+    if engine._config.zero_optimization.offload_param_device != "none":
+        raise ValueError(
+            "offload_states: not supported with zero_optimization.offload_param (the "
+            "parameters already live off the device)"
+        )
+    if engine._parked is not None:
+        raise RuntimeError("offload_states: the states are offloaded already; reload_states first")
+    engine._run.require(TrainingState.IDLE, what="offload_states")
+    engine._run.require_consistent("offload_states")
+    groups = engine.optimizer.offloadable_states()
+    engine._parked = park(groups, kinds_of(include), pin_memory, non_blocking)
+    engine._run.set_inconsistent(OFFLOADED)
+
+
+def reload_engine_states(engine, non_blocking=False) -> None:
+    """engine.reload_states: everything offload_states moved goes back; nothing to do when
+    nothing is offloaded."""
+    if engine._parked is None:
+        return
+    unpark(engine._parked, non_blocking)
+    engine._parked = None
+    if engine._run.inconsistent == OFFLOADED:
+        engine._run.set_inconsistent(None)
+
+
+def state_devices(engine, kind) -> set:
+    """The devices the tensors of state `kind` are on now (DeepSpeed's get_state_devices)."""
+    (kind,) = kinds_of([kind])
+    group = engine.optimizer.offloadable_states().get(kind)
+    return {t.device for t in group.tensors} if group is not None else set()
