@@ -413,7 +413,9 @@ class OneCycle(_Schedule):
         self.second_step_size = (
             self.first_step_size
             if second is None
-            else float(_positive_int(second, "cycle_second_step_size"))
+            # 0 is allowed, as in DeepSpeed: no decreasing half (step_ratio 1.0, and x stays
+            # below 1.0 in the scale, so nothing divides by zero).
+            else float(_non_negative_int(second, "cycle_second_step_size"))
         )
         self.total_size = self.first_step_size + self.second_step_size
         self.step_ratio = self.first_step_size / self.total_size

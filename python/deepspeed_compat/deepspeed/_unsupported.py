@@ -22,3 +22,16 @@ TENSOR_PARALLELISM = "tensor parallelism (DeepSpeed AutoTP, tensor_parallel.auto
 PIPELINE_PARALLELISM = "pipeline parallelism (deepspeed.pipe, PipelineModule)"
 INFERENCE = "DeepSpeed-Inference (kernel injection, init_inference)"
 Z3_LEAF_MODULES = "ZeRO-3 leaf modules (set_z3_leaf_modules)"
+
+
+class RefusedOnUse:
+    """A DeepSpeed class zerostream does not implement, importable (DeepSpeed's own test
+    models subclass PipelineModule at import time, and code may import it for an optional
+    path) and refused, naming the feature, when built."""
+
+    _feature = ""
+    _what = ""
+    _hint = ""
+
+    def __init__(self, *args, **kwargs):
+        raise unsupported(self._feature, self._what, self._hint)

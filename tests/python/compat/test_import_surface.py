@@ -22,14 +22,14 @@ NOT_NEEDED = {
     ),
 }
 
-# Module paths the package refuses on import (UnsupportedFeatureError naming the feature),
-# with the feature named.
+# Module paths the package refuses on import or, for deepspeed.pipe's classes, when built
+# (UnsupportedFeatureError naming the feature), with the feature named.
 REFUSED_MODULES = {
     "deepspeed.runtime.sequence_parallel.ulysses_sp": "sequence parallelism",
     "deepspeed.pipe": "pipeline parallelism",
 }
 # Refused names that scripts import (not the tools): they must stay refused clearly.
-REQUIRED_REFUSED = ["deepspeed.pipe.PipelineModule"]
+REQUIRED_REFUSED = ["deepspeed.pipe.PipelineModule", "deepspeed.pipe.LayerSpec"]
 
 # Issue 15's list and what DeepSpeed's cifar10_deepspeed.py and
 # tests/small_model_debugging/test_model.py import, beyond the tools' own uses.
@@ -83,8 +83,17 @@ REQUIRED = [
 ]
 
 # DeepSpeed's own exports that training code reaches for, beyond the tools' uses (the
-# docs/compat.md rows for the param helpers, OnDevice and the memory estimators).
+# docs/compat.md rows for the param helpers, OnDevice and the memory estimators), and what
+# DeepSpeed's unit-test helpers import (unit/util.py, unit/simple_model.py: without them no
+# test file of DeepSpeed's suite imports at all).
 EXPORTS = [
+    "deepspeed.accelerator.is_current_accelerator_supported",
+    "deepspeed.git_version_info.torch_info",
+    "deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum",
+    "deepspeed.runtime.zero.offload_states.get_state_devices",
+    "deepspeed.runtime.lr_schedules.LR_RANGE_TEST_MIN_LR",
+    "deepspeed.runtime.lr_schedules.WARMUP_MAX_LR",
+    "deepspeed.runtime.base_optimizer.ZeROOptimizer",
     "deepspeed.OnDevice",
     "deepspeed.utils.OnDevice",
     "deepspeed.utils.init_on_device.OnDevice",

@@ -304,6 +304,18 @@ def test_one_cycle_validation():
         L.OneCycle(_optimizer(0.1), 0.01, 0.1, cycle_first_step_size=0)
     with pytest.raises(ValueError, match="cycle_second_stair_count"):
         L.OneCycle(_optimizer(0.1), 0.01, 0.1, cycle_second_stair_count=-1)
+    with pytest.raises(ValueError, match="cycle_second_step_size"):
+        L.OneCycle(_optimizer(0.1), 0.01, 0.1, cycle_second_step_size=-1)
+
+
+def test_one_cycle_without_a_decreasing_half():
+    # cycle_second_step_size 0, as DeepSpeed allows: the lr rises over the first half only.
+    opt = _optimizer(0.1)
+    sched = L.OneCycle(opt, 0.001, 0.1, cycle_first_step_size=100, cycle_second_step_size=0)
+    assert sched.step_ratio == 1.0 and sched.get_lr() == [pytest.approx(0.001)]
+    for _ in range(3):
+        sched.step()
+    assert 0.001 < sched.get_lr()[0] < 0.1
 
 
 # --- shared protocol ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         uses = json.load(f)
     import deepspeed
-    from deepspeed._unsupported import UnsupportedFeatureError
+    from deepspeed._unsupported import RefusedOnUse, UnsupportedFeatureError
 
     assert deepspeed  # imported first on purpose: the attribute chains see only its own work
     # Chains on `import deepspeed` first: nothing else has been imported yet.
@@ -47,7 +47,9 @@ def main() -> None:
     out = {}
     for path, kind, root in uses:
         try:
-            _resolve(path, kind, root)
+            obj = _resolve(path, kind, root)
+            if isinstance(obj, type) and issubclass(obj, RefusedOnUse):
+                obj()  # importable, refused when built
             out[path] = "ok"
         except UnsupportedFeatureError as exc:
             out[path] = f"refused: {exc}"
