@@ -20,7 +20,7 @@ LOCAL_TAG = "+zerostream."
 # Files or folders that only DeepSpeed's own `deepspeed` package contains; this package never
 # ships them, so finding one beside this file means the two were mixed in one folder.
 REAL_ONLY_PATHS = (
-    "git_version_info_installed.py",  # written by its setup.py (this package has git_version_info.py)
+    "git_version_info_installed.py",  # its setup.py writes it (this package: git_version_info)
     "module_inject",
     "inference",
     "autotuning",
