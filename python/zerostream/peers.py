@@ -28,7 +28,9 @@ logger = logging.getLogger("zerostream")
 #   exception, or its program ended). On a failure the survivor reads those records and names
 #   the ranks that left one, or whose process is gone where it shares this machine's pid
 #   namespace (/proc: no such pid, a zombie, or the pid reused by a later process): a rank
-#   killed by a signal leaves no exit record, its process is the evidence. Ranks on other
+#   killed by a signal leaves no exit record, its process is the evidence. A rank that is
+#   alive but stopped (SIGSTOP, a debugger: state T in /proc) is named too, when the
+#   collective times out waiting for it. Ranks on other
 #   machines without an exit record stay unnamed. The lookups run under a short store timeout,
 #   so a dead store costs seconds, not the collectives' timeout; a dead store means the
 #   process hosting it is gone (rank 0's, unless the launcher's agent hosts it). Nothing here
@@ -125,6 +127,9 @@ def _peer_fate(store, rank: int, here: Optional[str]) -> Optional[str]:
     stat = _proc_stat(peer["pid"])
     if stat is None or stat[0] in ("Z", "X") or stat[1] != peer["start"]:
         return f"{who} is gone: its process ended without exiting Python (killed, or crashed)"
+    if stat[0] in ("T", "t"):
+        # Alive but not running: SIGSTOP (Ctrl-Z, a job-control stop) or a debugger's hold.
+        return f"{who} is stopped (SIGSTOP, or held by a debugger), so it cannot answer"
     return None
 
 

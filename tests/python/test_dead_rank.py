@@ -157,3 +157,37 @@ def test_a_peer_that_exited_through_python_is_named_with_its_reason():
         r"\(uncaught ValueError: boom-rank-1\); ",
         message,
     ), message
+
+
+def stopped_peer_worker(rank, world):
+    """Rank 1 stops itself (SIGSTOP): alive, holding its sockets, answering nothing. Rank 0's
+    collective times out; the error must name rank 1 as stopped. Rank 0 then kills it."""
+    from zerostream import comm
+
+    comm.init_distributed(timeout=datetime.timedelta(seconds=4))
+    comm.all_reduce(torch.ones(2))
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(0.5)
+    start = time.monotonic()
+    message = _error(lambda: comm.all_reduce(torch.ones(2)))
+    elapsed = time.monotonic() - start
+    import json
+
+    import zerostream.peers as peers
+
+    record = json.loads(peers._default_store().get(peers._PEER_KEY.format(1)))
+    os.kill(record["pid"], signal.SIGKILL)
+    return message, elapsed
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_rank_is_named_when_the_collective_times_out():
+    rank0, rank1 = run_ranks(stopped_peer_worker, 2, timeout=100, expect_failure=True)
+    assert rank1 == ("missing", "exit code -9")
+    status, payload = rank0
+    assert status == "ok", payload
+    message, elapsed = torch.load(io.BytesIO(payload))
+    stopped = r"rank 1 \(pid \d+ on host [^)]+\) is stopped \(SIGSTOP, or held by a debugger\)"
+    assert re.match(r"\[rank 0\] all_reduce failed: " + stopped, message), message
+    assert elapsed < 30, elapsed  # the configured timeout (4 s), not a default one
