@@ -84,6 +84,29 @@ def _env_from_launchers(distributed_port: int) -> bool:
     return True
 
 
+# Note [A restarted rank's store]
+#   Under torch's elastic agent (zerostream run, torchrun) the ranks share the agent's
+#   TCPStore, and torch adds no per-attempt prefix to it, on the belief that each restart gets
+#   a new store. It does not: after `--max_restarts` restarted the ranks, the new ranks read
+#   the previous attempt's keys (the dead ranks' Gloo addresses) and failed to connect
+#   ("Connection refused"; pytorch issue 167288 reports the same with NCCL). So zerostream
+#   opens the agent's store itself and keys this attempt's group under
+#   /zerostream/attempt_<TORCHELASTIC_RESTART_COUNT>.
+def _elastic_attempt_store(timeout: datetime.timedelta):
+    """The agent's store under this attempt's prefix, or None outside an elastic agent."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    try:
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        world = int(os.environ["WORLD_SIZE"])
+        int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(addr, port, world_size=world, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/zerostream/attempt_{attempt}", store)
+
+
 def init_distributed(
     dist_backend: Optional[str] = None,
     auto_mpi_discovery: bool = True,
@@ -116,6 +139,14 @@ def init_distributed(
         # on one machine never fight over a port (DeepSpeed's 29500 would collide).
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
         logger.info("zerostream: no launcher environment found; running as a single process")
+    elif "store" not in kwargs and init_method is None:
+        store = _elastic_attempt_store(kwargs["timeout"])
+        if store is not None:
+            kwargs.update(
+                store=store,
+                rank=int(os.environ["RANK"]),
+                world_size=int(os.environ["WORLD_SIZE"]),
+            )
     if backend == "nccl":
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(**kwargs)

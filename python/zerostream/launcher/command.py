@@ -117,6 +117,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the script is a program, run without python",
     )
     how.add_argument(
+        "--max_restarts",
+        type=int,
+        default=0,
+        help="restart this node's ranks up to N times after one fails (torchrun's flag); the "
+        "script resumes from its newest checkpoint (README: several machines)",
+    )
+    how.add_argument(
+        "--elastic_training",
+        action="store_true",
+        help="DeepSpeed's elastic training (nodes joining, leaving): refused; see --max_restarts",
+    )
+    how.add_argument("--min_elastic_nodes", type=int, default=-1, help=argparse.SUPPRESS)
+    how.add_argument("--max_elastic_nodes", type=int, default=-1, help=argparse.SUPPRESS)
+    how.add_argument(
         "--enable_each_rank_log",
         default=None,
         metavar="DIR",

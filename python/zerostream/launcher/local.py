@@ -7,7 +7,9 @@ Mapping onto elastic's LaunchConfig:
   the agent takes a free port, so two jobs on one machine never collide;
 - otherwise rendezvous "static" at master_addr:master_port with rank = node_rank (torchrun's
   --master_addr/--master_port/--node_rank), run id "zerostream" on every node;
-- max_restarts = 0: one rank's failure ends the job and elastic stops the other ranks;
+- max_restarts (--max_restarts, 0 by default): after a rank fails, elastic stops the others
+  and starts this node's ranks again, up to that many times (TORCHELASTIC_RESTART_COUNT
+  tells a rank which attempt it is); past it, or at 0, the failure ends the job;
 - each rank runs `python -u _child.py ... -- TARGET [--local_rank=${local_rank}] ARGS`;
   elastic substitutes ${local_rank} and sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
   GROUP_RANK, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_ERROR_FILE; _child.py adds
@@ -54,6 +56,7 @@ class NodeRun:
     core_sets: Optional[List[List[int]]] = None  # --bind_cores_to_rank, one set per rank
     env: Optional[Dict[str, str]] = None  # extra environment for the ranks (device mask)
     rank_log_dir: Optional[str] = None  # --enable_each_rank_log
+    max_restarts: int = 0  # --max_restarts
 
 
 def rank_command(program: Program, core_sets: Optional[Sequence[Sequence[int]]]):
@@ -91,7 +94,7 @@ def _launch_config(node: NodeRun, logs_specs):
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_configs=rdzv_configs,
-        max_restarts=0,
+        max_restarts=node.max_restarts,
         start_method="spawn",
     )
 

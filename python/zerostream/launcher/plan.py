@@ -66,6 +66,24 @@ def check_flags(args) -> None:
             "--launcher ssh starts every node from here; --node_rank/--no_ssh run one node's "
             "share on the node itself: give one or the other"
         )
+    if args.max_restarts < 0:
+        raise ValueError(f"--max_restarts {args.max_restarts}: expected 0 or more")
+    elastic = [
+        f
+        for f, on in (
+            ("--elastic_training", args.elastic_training),
+            ("--min_elastic_nodes", args.min_elastic_nodes != -1),
+            ("--max_elastic_nodes", args.max_elastic_nodes != -1),
+        )
+        if on
+    ]
+    if elastic:
+        raise NotImplementedError(
+            f"{', '.join(elastic)}: a job whose node count changes while it runs is not "
+            "supported by zerostream run; jobs keep their size, and --max_restarts N restarts "
+            "the ranks after a failure (the script resumes from its newest checkpoint, which "
+            "loads into another world size too)"
+        )
     if args.bind_core_list and not args.bind_cores_to_rank:
         raise ValueError("--bind_core_list needs --bind_cores_to_rank")
     if args.launcher not in ("local", "ssh"):
@@ -151,6 +169,7 @@ def _node_run(args, nnodes, node_rank, slots, master_addr, master_port) -> NodeR
         core_sets=_core_sets(args, len(slots)),
         env=_device_env(slots),
         rank_log_dir=args.enable_each_rank_log,
+        max_restarts=args.max_restarts,
     )
 
 
@@ -224,6 +243,8 @@ def forwarded_flags(args) -> List[str]:
         out.append(f"--bind_core_list={args.bind_core_list}")
     if args.enable_each_rank_log:
         out.append(f"--enable_each_rank_log={args.enable_each_rank_log}")
+    if args.max_restarts:
+        out.append(f"--max_restarts={args.max_restarts}")
     for flag in ("no_local_rank", "module", "no_python"):
         if getattr(args, flag):
             out.append(f"--{flag}")

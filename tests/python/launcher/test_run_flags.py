@@ -5,6 +5,7 @@ starting any rank."""
 from __future__ import annotations
 
 import argparse
+import re
 import socket
 
 import pytest
@@ -110,3 +111,21 @@ def test_included_gpus_become_the_ranks_visible_devices(tmp_path, monkeypatch):
     assert node.nproc == 3 and node.env == {"CUDA_VISIBLE_DEVICES": "5,6,7"}
     node, _ = _plan(tmp_path, monkeypatch, [])  # all of them: left as they are
     assert node.nproc == 4 and node.env is None
+
+
+def test_elastic_membership_flags_are_refused_by_name_and_restarts_checked():
+    from zerostream.launcher import command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    for flags, want in (
+        (["--elastic_training"], "--elastic_training: a job whose node count changes"),
+        (["--min_elastic_nodes", "1"], "--min_elastic_nodes: a job whose node count changes"),
+        (["--max_restarts", "-1"], "--max_restarts -1: expected 0 or more"),
+    ):
+        args = parser.parse_args([*flags, "train.py"])
+        with pytest.raises((ValueError, NotImplementedError), match=re.escape(want)):
+            plan.check_flags(args)
+    args = parser.parse_args(["--max_restarts", "3", "train.py"])
+    plan.check_flags(args)
+    assert "--max_restarts=3" in plan.forwarded_flags(args)  # each node's command keeps it
