@@ -318,6 +318,14 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
 
+def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, **kwargs):
+    """DeepSpeed's all-reduce for inference kernels (a shared-memory path on its CPU
+    accelerator); here the same in-place all-reduce, synchronous like DeepSpeed's (which
+    ignores async_op too). Returns the tensor."""
+    all_reduce(tensor, op=op, group=group)
+    return tensor
+
+
 @_named
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
     return dist.reduce(tensor, dst, op=op, group=group, async_op=async_op)

@@ -17,6 +17,7 @@ from zerostream.comm import (
     destroy_process_group,
     gather,
     get_all_ranks_from_group,
+    inference_all_reduce,
     get_backend,
     get_global_rank,
     get_local_rank,
@@ -40,6 +41,7 @@ from zerostream.comm import (
     send,
 )
 
+
 __all__ = [
     "ReduceOp",
     "all_gather",
@@ -55,6 +57,7 @@ __all__ = [
     "broadcast_object_list",
     "destroy_process_group",
     "gather",
+    "inference_all_reduce",
     "get_all_ranks_from_group",
     "get_backend",
     "get_global_rank",

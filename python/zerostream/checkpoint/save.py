@@ -13,6 +13,7 @@ reverse.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -21,7 +22,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .. import comm
-from . import files, layout, stream
+from . import files, layout, stream, writer_lock
 from .target import CheckpointTarget
 
 logger = logging.getLogger("zerostream")
@@ -183,11 +184,14 @@ def save_checkpoint(
     if rank == 0:
         try:
             os.makedirs(save_dir, exist_ok=True)
+            writer_lock.claim(save_dir)  # Note [Checkpoint folder ownership]
             shutil.rmtree(staging, ignore_errors=True)  # a crashed save's leftovers
             os.makedirs(staging)
         except OSError as exc:  # the others would wait for rank 0 forever: tell them
             error = exc
     if _all_ok(target, error):
+        if error is not None and error.errno == errno.EBUSY:
+            raise error
         if error is not None:
             raise OSError(
                 error.errno,
@@ -196,8 +200,8 @@ def save_checkpoint(
                 error.filename,
             ) from error
         raise RuntimeError(
-            f"save_checkpoint: rank 0 could not create the checkpoint folder {save_dir}; "
-            "nothing was written"
+            f"save_checkpoint: rank 0 could not create the checkpoint folder {save_dir} or "
+            "another live job writes it (rank 0's error says which); nothing was written"
         )
 
     written: Dict[str, Dict[str, int]] = {}

@@ -335,6 +335,19 @@ def safe_set_full_grad(param, value: torch.Tensor) -> None:
         target.copy_(piece * access.divisor if summed else piece)
 
 
+def safe_update_full_grad_vectorized(params, update_func) -> None:
+    """Replaces each trainable param's whole gradient g by `update_func(g, param)` (DeepSpeed's
+    vectorized gradient update: clipping or masking before the step). `g` is what
+    safe_get_full_grad returns (fp32, the average over ranks), so return the new gradient in
+    that dtype. A collective at stages 1-3, param by param: every rank passes the same list."""
+    for p in params:
+        if not getattr(p, "requires_grad", False):
+            continue
+        grad = safe_get_full_grad(p)
+        if grad is not None:
+            safe_set_full_grad(p, update_func(grad, p))
+
+
 # --- this rank's shard (ZeRO-3) -----------------------------------------------------------------
 def _local(param, what: str) -> Optional[Tuple[_Access, Tuple[int, int, int]]]:
     access = _access(param)
@@ -419,6 +432,7 @@ __all__ = [
     "safe_set_full_optimizer_state",
     "safe_get_full_grad",
     "safe_set_full_grad",
+    "safe_update_full_grad_vectorized",
     "safe_get_local_fp32_param",
     "safe_set_local_fp32_param",
     "safe_get_local_optimizer_state",

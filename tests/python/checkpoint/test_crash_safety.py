@@ -14,9 +14,13 @@ import filecmp
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 
 import pytest
+import torch
 from ckpt_run import build, train
 
 from multirank import run_ranks
@@ -293,6 +297,58 @@ def test_a_save_dir_rank_0_cannot_create_fails_every_rank_instead_of_hanging(tmp
         under = outcomes["under_a_file"]
         assert "cannot create the checkpoint folder" in under or "rank 0 could not" in under, under
         assert str(tmp_path / "a_file" / "ckpt") in under
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step1"
+
+
+def save_beside_a_live_writer(rank, world, root):
+    engine = build(CASE, world, root)
+    train(engine, rank, world, 0, 1)
+    ckpt = os.path.join(root, "ckpt")
+    outcomes = []
+    for _ in range(2):  # the holder is alive, then it is gone
+        try:
+            engine.save_checkpoint(ckpt)
+            outcomes.append("saved")
+        except (OSError, RuntimeError) as exc:
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+        if rank == 0 and not outcomes[-1] == "saved":
+            with open(os.path.join(root, "holder.pid")) as f:
+                os.kill(int(f.read()), signal.SIGKILL)  # the other job dies
+            time.sleep(0.5)
+        torch.distributed.barrier()
+    return outcomes
+
+
+def test_a_folder_another_live_job_writes_is_refused_by_name(tmp_path):
+    # Another live job (a process holding the folder: Note [Checkpoint folder ownership]).
+    (tmp_path / "ckpt").mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time; from zerostream.checkpoint import writer_lock; "
+            "writer_lock.claim(sys.argv[1]); "
+            "open(sys.argv[2], 'w').write(str(os.getpid())); time.sleep(120)",
+            str(tmp_path / "ckpt"),
+            str(tmp_path / "holder.pid.tmp"),
+        ]
+    )
+    try:
+        for _ in range(600):  # the holder imports zerostream (torch) first
+            if (tmp_path / "holder.pid.tmp").exists() and (tmp_path / "holder.pid.tmp").read_text():
+                break
+            time.sleep(0.05)
+        os.rename(tmp_path / "holder.pid.tmp", tmp_path / "holder.pid")
+        results = run_ranks(save_beside_a_live_writer, 2, str(tmp_path), timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    (first0, then0), (first1, then1) = results
+    assert first0.startswith("OSError: [Errno 16] save_checkpoint: the checkpoint folder "), first0
+    assert f"is being written by another live job (pid {holder.pid} on host " in first0, first0
+    assert first1.startswith("RuntimeError: save_checkpoint: rank 0 could not"), first1
+    # Once that job is gone the lock is the kernel's to drop: this job saves.
+    assert then0 == then1 == "saved"
     assert (tmp_path / "ckpt" / "latest").read_text() == "global_step1"
 
 

@@ -17,6 +17,9 @@ def comm_worker(rank, world):
     rs = torch.empty(3)
     comm.reduce_scatter(rs, inputs)
     out["reduce_scatter"] = rs
+    # inference_all_reduce: in place, the sum, the tensor returned.
+    t = torch.full((2,), float(rank + 1))
+    out["inference_all_reduce"] = (comm.inference_all_reduce(t) is t, t)
     # all_reduce_coalesced: each tensor summed, shapes kept.
     a, b = torch.full((2, 2), float(rank + 1)), torch.arange(3.0) * (rank + 1)
     comm.all_reduce_coalesced([a, b])
@@ -48,6 +51,8 @@ def test_added_collectives_compute_what_deepspeed_comm_does():
         assert out["available"] and out["ranks"] == [0, 1]
         expected = sum(10 * r + rank for r in range(world))
         torch.testing.assert_close(out["reduce_scatter"], torch.full((3,), float(expected)))
+        same, summed = out["inference_all_reduce"]
+        assert same and torch.equal(summed, torch.full((2,), 3.0))
         a, b = out["coalesced"]
         torch.testing.assert_close(a, torch.full((2, 2), 3.0))
         torch.testing.assert_close(b, torch.arange(3.0) * 3)

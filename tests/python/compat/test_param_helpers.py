@@ -64,6 +64,9 @@ def test_set_reads_back_and_steps_like_the_reference(runs, ref, name):
             assert torch.equal(m, w.modified(n, "exp_avg", out["exp_avg"][n]))
             assert torch.equal(v, w.modified(n, "exp_avg_sq", out["exp_avg_sq"][n]))
             torch.testing.assert_close(grad, w.modified(n, "grad", out["grad"][n]))
+        # safe_update_full_grad_vectorized called update_func once per trainable param it
+        # was given (not the frozen one), with the whole current gradient.
+        assert out["vectorized_saw_current_grads"] == [True, True]
         _close(out["final"], ref["final"], f"rank {rank} fp32 after the edited step")
         # The model's weights took the edited masters' update at that step.
         _close(out["final_weights"], ref["final"], f"rank {rank} weights after the edited step")

@@ -68,6 +68,7 @@ def scenario(deepspeed, rank, stage, offload, nvme, optimizer_backward):
         safe_set_full_fp32_param,
         safe_set_full_grad,
         safe_set_full_optimizer_state,
+        safe_update_full_grad_vectorized,
     )
 
     model = make_model()
@@ -106,12 +107,24 @@ def scenario(deepspeed, rank, stage, offload, nvme, optimizer_backward):
     out["grad"] = {n: safe_get_full_grad(p) for n, p in trainable(model)}
     if stage == 3:
         out["local_grad"] = local_grads(deepspeed, model, out["grad"], rank)
-    # Set everything through the helpers between backward and step, then step once.
-    for n, p in trainable(model):
+    # Set everything through the helpers between backward and step, then step once: the
+    # gradients of the first param through safe_set_full_grad, the others through
+    # safe_update_full_grad_vectorized (which hands update_func the current whole gradient).
+    names = {id(p): n for n, p in trainable(model)}
+    for i, (n, p) in enumerate(trainable(model)):
         safe_set_full_fp32_param(p, modified(n, "param", out["fp32"][n]))
         for kind in ("exp_avg", "exp_avg_sq"):
             safe_set_full_optimizer_state(p, modified(n, kind, out[kind][n]), kind)
-        safe_set_full_grad(p, modified(n, "grad", out["grad"][n]))
+        if i == 0:
+            safe_set_full_grad(p, modified(n, "grad", out["grad"][n]))
+    seen = []
+
+    def update(grad, p):
+        seen.append(torch.equal(grad, out["grad"][names[id(p)]]))
+        return modified(names[id(p)], "grad", grad)
+
+    safe_update_full_grad_vectorized([p for _, p in trainable(model)[1:]] + [model[0].bias], update)
+    out["vectorized_saw_current_grads"] = seen
     out["read_back"] = {
         n: (
             safe_get_full_fp32_param(p),
