@@ -17,13 +17,13 @@ from zerostream.comm import (
     destroy_process_group,
     gather,
     get_all_ranks_from_group,
-    inference_all_reduce,
     get_backend,
     get_global_rank,
     get_local_rank,
     get_rank,
     get_world_group,
     get_world_size,
+    inference_all_reduce,
     init_distributed,
     irecv,
     is_available,
@@ -40,7 +40,6 @@ from zerostream.comm import (
     scatter,
     send,
 )
-
 
 __all__ = [
     "ReduceOp",
