@@ -2,20 +2,5 @@
 PyTorch Lightning calls `configure` whenever its config has an `activation_checkpointing`
 section (its default config does) and models call `checkpoint` around blocks."""
 
-from zerostream.activation_checkpointing import (
-    CheckpointingConfigError,
-    checkpoint,
-    configure,
-    is_configured,
-    non_reentrant_checkpoint,
-    reset,
-)
-
-__all__ = [
-    "CheckpointingConfigError",
-    "checkpoint",
-    "configure",
-    "is_configured",
-    "non_reentrant_checkpoint",
-    "reset",
-]
+from zerostream.activation_checkpointing import *  # noqa: F403
+from zerostream.activation_checkpointing import __all__  # noqa: F401
