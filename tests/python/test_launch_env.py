@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "OMPI_", "PMI_")
 
 SINGLE_RUN = (
@@ -24,6 +26,7 @@ def _clean_env(**extra) -> dict:
     return {**env, **extra}
 
 
+@pytest.mark.slow  # CI's 25 minutes
 def test_two_single_process_runs_on_one_machine_do_not_collide():
     # Something else holds DeepSpeed's default port, as a first job would.
     holder = socket.socket()

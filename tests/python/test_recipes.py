@@ -105,6 +105,7 @@ def _one_step_per_recipe(rank, world, recipes, tmp):
     return results
 
 
+@pytest.mark.slow  # CI's 25 minutes; each recipe is validated in the default tier
 @pytest.mark.timeout(300)
 def test_every_recipe_trains_on_two_ranks(tmp_path):
     recipes = [(p.stem, _read(p)) for p in RECIPES]

@@ -49,7 +49,7 @@ KILLS = [
     pytest.param("before_model_states@1", "next", marks=_slow),
     ("during_optim_states@1", "next"),
     pytest.param("after_optim_states@0", "next", marks=_slow),
-    ("before_commit@0", "next"),
+    pytest.param("before_commit@0", "next", marks=_slow),
     pytest.param("before_latest@0", "next", marks=_slow),
     ("during_optim_states@0", "good"),  # replacing the tag in place
     pytest.param("before_commit@0", "good", marks=_slow),

@@ -65,7 +65,11 @@ LOADS = [
     pytest.param((2, ""), 2, BASE + LAYOUTS, id="ds2-to-zs2"),
     pytest.param((1, ""), 2, BASE, marks=pytest.mark.slow, id="ds1-to-zs2"),
     pytest.param(
-        (2, ""), 1, BASE + [c for c in LAYOUTS if c[2] in ("rr", "sub", "align")], id="ds2-to-zs1"
+        (2, ""),
+        1,
+        BASE + [c for c in LAYOUTS if c[2] in ("rr", "sub", "align")],
+        marks=pytest.mark.slow,  # CI's 25 minutes; ds2-to-zs2 runs in the default tier
+        id="ds2-to-zs1",
     ),
     pytest.param((2, "offload"), 2, OFFLOAD, marks=pytest.mark.slow, id="ds2-offload-to-zs2"),
     pytest.param((2, "offload"), 1, OFFLOAD, marks=pytest.mark.slow, id="ds2-offload-to-zs1"),

@@ -109,8 +109,8 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_one(saved):
 # Fewer and more ranks run in the default tier; world 4 is the slow tier's.
 @pytest.mark.parametrize(
     "saved_world,world",
-    [(2, 1), (1, 2)]
-    + [pytest.param(*w, marks=pytest.mark.slow) for w in [(2, 4), (4, 2), (1, 4), (4, 1)]],
+    [(2, 1)]
+    + [pytest.param(*w, marks=pytest.mark.slow) for w in [(1, 2), (2, 4), (4, 2), (1, 4), (4, 1)]],
 )
 def test_a_checkpoint_loads_into_another_world_size(saved, saved_world, world):
     root, _, by_world = saved

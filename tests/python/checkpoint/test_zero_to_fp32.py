@@ -74,6 +74,7 @@ def test_the_fp32_weights_are_the_ones_the_engine_held(checkpoints, case):
     assert set(state) - set(without) == set(FROZEN)
 
 
+@pytest.mark.slow  # CI's 25 minutes: the weights themselves are checked in the default tier
 def test_the_command_writes_bin_safetensors_and_shards(checkpoint, tmp_path):
     from safetensors.torch import load_file
 

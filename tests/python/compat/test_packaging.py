@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from compat_run import run_python
 
 
@@ -63,6 +64,7 @@ def test_refuses_when_the_real_deepspeed_is_installed_beside_it(compat_env, tmp_
     assert "0.19.8 at " + str(info) in done.stderr and "pip uninstall deepspeed" in done.stderr
 
 
+@pytest.mark.slow  # CI's 25 minutes; the guard's other refusal runs in the default tier
 def test_refuses_when_the_real_deepspeeds_files_were_unpacked_over_it(
     compat_site, compat_env, tmp_path
 ):

@@ -209,6 +209,9 @@ def test_a_killed_rank_makes_the_others_fail_clearly_within_the_timeout():
     assert results[1][0] == "missing"  # the killed rank reported nothing
 
 
+# Slow tier (CI's 25 minutes): the launcher's test_unchanged_deepspeed_script_trains_on_two_ranks
+# runs the same unchanged script in the default tier.
+@pytest.mark.slow
 def test_a_deepspeed_script_runs_unchanged_under_torchrun(tmp_path):
     """examples-style script: argparse + add_config_arguments + initialize(args=...) +
     engine.backward/step, launched by torchrun with --deepspeed_config."""
@@ -465,6 +468,7 @@ def optimizer_threads_worker(rank, world, threads):
 
 
 @pytest.mark.multirank
+@pytest.mark.slow  # CI's 25 minutes; the threads rule itself is unit-tested in tests/python/optim
 def test_cpu_optimizer_threads_come_from_the_config_or_the_node_default():
     # 2 ranks on this node: the default shares the process's cores between them.
     name, threads, used = run_ranks(optimizer_threads_worker, 2, None)[0]

@@ -6,7 +6,7 @@ machines": load the newest checkpoint when one exists), for test_run_restarts.py
 KILL "none" trains uninterrupted. KILL "both": on the first attempt rank 1 SIGKILLs itself
 between backward and step of step 2 (in the middle of a step); on the second, inside the save
 after step 4 (in the middle of writing its optimizer state). Rank 0 appends {"step", "loss",
-"attempt"} per step to OUT/losses.jsonl.
+"attempt"} per step to OUT/losses.jsonl, after backward (a step that dies is recorded too).
 """
 
 import json
@@ -44,12 +44,12 @@ for step in range(start, STEPS):
     x = torch.randn(4, 8, generator=g)
     loss = (engine(x) - x.sum(dim=1, keepdim=True).sin()).square().mean()
     engine.backward(loss)
+    if rank == 0:  # before step(): a step that dies is recorded, and again when redone
+        with open(out / "losses.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "loss": loss.item(), "attempt": attempt}) + "\n")
     if kill == "both" and attempt == 0 and step == KILL_IN_STEP and rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     engine.step()
-    if rank == 0:
-        with open(out / "losses.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, "loss": loss.item(), "attempt": attempt}) + "\n")
     if kill == "both" and attempt == 1 and step == KILL_IN_SAVE:
         os.environ["ZEROSTREAM_TEST_KILL_AT"] = "during_optim_states@1"
     engine.save_checkpoint(str(ckpt), client_state={"step": step + 1})

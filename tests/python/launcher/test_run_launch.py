@@ -36,6 +36,7 @@ def test_two_ranks_all_reduce_and_get_deepspeed_argv_and_env(tmp_path):
         assert rec["path0"] == str(HERE)  # as `python probe.py` would have it
 
 
+@pytest.mark.slow  # CI's 25 minutes
 @pytest.mark.timeout(120)
 def test_module_without_local_rank_and_cores_bound_per_rank(tmp_path):
     cores = sorted(os.sched_getaffinity(0))

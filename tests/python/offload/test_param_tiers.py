@@ -9,6 +9,7 @@ embedding, read by two modules, comes back first), the disk reads of later steps
 least the bytes brought back, and the losses are bitwise those of max_in_cpu 0.
 """
 
+import pytest
 import torch
 
 from multirank import run_ranks
@@ -236,6 +237,7 @@ def test_both_tiers_auto_place_the_shards_first_and_the_optimizer_from_what_is_l
     assert opt["tier_order_inputs"]["optimizer_wait_seconds"] < tiers.MIN_REORDER_WAIT_S
 
 
+@pytest.mark.slow  # CI's 25 minutes; tiers.optimizer_first's rule is tested by hand
 def test_an_optimizer_that_waits_longer_per_byte_takes_the_budget_first(tmp_path, monkeypatch):
     # The same run with every optimizer read 20 ms late (42 reads a step: 0.84 s of wait on
     # 336 KiB) and the shards' reads as fast as the disk: per byte the optimizer's disk time
