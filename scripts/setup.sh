@@ -30,10 +30,10 @@ if [ "$(cat "$req_stamp" 2>/dev/null)" != "$req_hash" ]; then
   .venv/bin/python -m pip install -q \
     $(grep -E '^(pybind11|scikit-build-core|setuptools|packaging)==' requirements.txt)
   log "installing pinned Python packages (requirements.txt), beside the native build"
-  # --no-compile: no .pyc for the thousands of files of torch & co up front; Python writes
-  # them as modules are first imported (most never are).
-  .venv/bin/python -m pip install -q --no-compile -r requirements.txt \
-    > .venv/pip-install.log 2>&1 &
+  # Not --no-compile: where PYTHONDONTWRITEBYTECODE is set (this sandbox sets it) no .pyc
+  # would ever be written, and every process would compile torch from source at import
+  # (a clean-clone run's pytest took minutes longer).
+  .venv/bin/python -m pip install -q -r requirements.txt > .venv/pip-install.log 2>&1 &
   pip_pid=$!
 fi
 finish_pip() {

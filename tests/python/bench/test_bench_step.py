@@ -82,6 +82,7 @@ def test_nvme_offload_reports_the_bytes_it_moved(capsys, tmp_path):
     assert not any(tmp_path.rglob("*.bin")) and not any(tmp_path.rglob(".lock"))
 
 
+@pytest.mark.slow  # CI's 25 minutes
 def test_a_config_without_offload_skips_the_no_offload_peer(capsys):
     rc, res = _run(capsys, "--stage", "0", "--peers", "zerostream,no-offload")
     assert rc == 0 and res["peers"]["no-offload"] == {
