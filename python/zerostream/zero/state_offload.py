@@ -59,10 +59,8 @@ class StateGroup:
 class Parked:
     """Where each parked tensor lived, to put it back."""
 
-    kinds: List[OffloadStateType]
     homes: List[tuple] = field(default_factory=list)  # (tensor, device)
     repoints: List[Callable[[], None]] = field(default_factory=list)
-    bytes: int = 0
 
 
 def kinds_of(include) -> List[OffloadStateType]:
@@ -98,8 +96,7 @@ def park(
     non_blocking: bool,
 ) -> Parked:
     """Moves the device-resident tensors of `kinds` to host memory."""
-    kinds = list(kinds)
-    parked = Parked(kinds)
+    parked = Parked()
     seen = set()
     with torch.no_grad():
         for kind in kinds:
@@ -112,15 +109,15 @@ def park(
                     continue
                 seen.add(id(t))
                 parked.homes.append((t, t.device))
-                parked.bytes += t.numel() * t.element_size()
                 t.data = _host_copy(t, pin_memory, non_blocking)
                 moved = True
             if moved and group.repoint is not None:
                 group.repoint()
                 parked.repoints.append(group.repoint)
     if non_blocking and torch.cuda.is_available():
-        # The device copies read the old storage, which the data swap just released to the
-        # caching allocator: they must finish before the caller reuses that memory.
+        # The host copies are complete only when the device says so; the caller may read
+        # them (get_state_devices, a save) or hand the device memory to another process
+        # (the point of parking) right after this returns.
         torch.cuda.current_stream().synchronize()
     return parked
 
