@@ -119,7 +119,11 @@ def parse_args(argv=None):
         type=int,
         help="with --save-dir: save after this many steps of this launch instead of at the end",
     )
-    p.add_argument("--resume", help="load the latest checkpoint from here first")
+    p.add_argument(
+        "--resume",
+        help="load the latest checkpoint from here first (default: --save-dir's, when it has "
+        "one: a run restarted by `zerostream run --max_restarts` goes on from its newest save)",
+    )
     p.add_argument("--out", default="train_gpt_out", help="plot and summary go here")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
@@ -181,6 +185,9 @@ def main(argv=None) -> int:
     device = engine.device
     if not args.verbose:  # the bar and the summary carry what the steps_per_print lines say
         logging.getLogger("zerostream").setLevel(logging.WARNING)
+    if args.resume is None and args.save_dir:  # README "Several machines": the one line
+        if os.path.exists(os.path.join(args.save_dir, "latest")):
+            args.resume = args.save_dir
     if args.resume:
         path, _ = engine.load_checkpoint(args.resume)
         if path is None:

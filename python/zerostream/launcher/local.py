@@ -112,6 +112,35 @@ def _quiet_process_log() -> Iterator[None]:
         log.setLevel(level)
 
 
+# Note [The store's host leaves first]
+# Elastic's agents meet at an exit barrier in the job's store once their ranks are done. The
+# store lives in node 0's agent (static rendezvous), which leaves as soon as it has seen every
+# agent arrive; an agent that arrived last may still be waiting for the barrier's key when
+# the store goes away, and elastic logs that as "Error waiting on exit barrier" with a
+# DistNetworkError traceback although every rank of the job finished (issue 32 item 1: it
+# looked like a failure on one run in two). This node's own ranks have succeeded by then
+# (elastic calls the barrier only after that), and a failure on another node is reported
+# there, by that node's agent; so the record is dropped when the store connection is what
+# failed. Any other error in the barrier (a timeout: an agent never arrived) is logged.
+class _StoreLeftFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("Error waiting on exit barrier"):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, _dist_network_error())
+
+
+@contextlib.contextmanager
+def _store_host_may_leave_first() -> Iterator[None]:
+    log = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    quiet = _StoreLeftFilter()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
+
+
 @contextlib.contextmanager
 def _environment(extra: Optional[Dict[str, str]]) -> Iterator[None]:
     """Elastic's ranks inherit this process's environment when they start."""
@@ -148,6 +177,7 @@ def launch(node: NodeRun, program: Program) -> int:
         # their agent]): elastic's agent runs here and starts the ranks itself.
         stack.enter_context(_environment({**(node.env or {}), "ZS_AGENT_PID": str(os.getpid())}))
         stack.enter_context(_quiet_process_log())
+        stack.enter_context(_store_host_may_leave_first())
         try:
             elastic_launch(config, entrypoint)(*args)
         except ChildFailedError as err:
@@ -174,3 +204,9 @@ def _dist_error():
     import torch.distributed as dist
 
     return dist.DistError
+
+
+def _dist_network_error():
+    import torch.distributed as dist
+
+    return dist.DistNetworkError

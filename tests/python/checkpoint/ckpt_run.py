@@ -18,8 +18,9 @@ def case_id(case) -> str:
     return "-".join(str(c) for c in case)
 
 
-def config(case, world: int, nvme: str) -> dict:
-    """case = (stage, offload_optimizer, offload_param, dtype)."""
+def config(case, world: int, nvme: str, param_max_in_cpu=None) -> dict:
+    """case = (stage, offload_optimizer, offload_param, dtype); `param_max_in_cpu` sets
+    offload_param.max_in_cpu (0: every param shard on the disk)."""
     stage, off_opt, off_param, dtype = case
     zero = {"stage": stage, "reduce_bucket_size": 3000, "sub_group_size": 2000}
     if stage == 3:
@@ -28,6 +29,8 @@ def config(case, world: int, nvme: str) -> dict:
         zero["offload_optimizer"] = {"device": off_opt, "nvme_path": nvme}
     if off_param != "none":
         zero["offload_param"] = {"device": off_param, "nvme_path": nvme}
+        if param_max_in_cpu is not None:
+            zero["offload_param"]["max_in_cpu"] = param_max_in_cpu
     return {
         "train_micro_batch_size_per_gpu": GLOBAL_BATCH // world,
         "gradient_accumulation_steps": 1,
@@ -39,7 +42,9 @@ def config(case, world: int, nvme: str) -> dict:
     }
 
 
-def build(case, world: int, root: str, seed: int = 0, freeze=(), **model_kwargs):
+def build(
+    case, world: int, root: str, seed: int = 0, freeze=(), param_max_in_cpu=None, **model_kwargs
+):
     """`freeze`: names of parameters that do not train (requires_grad False)."""
     import zerostream
 
@@ -51,7 +56,9 @@ def build(case, world: int, root: str, seed: int = 0, freeze=(), **model_kwargs)
     nvme = os.path.join(root, "nvme", case_id(case))
     trained = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = zerostream.initialize(
-        model=model, model_parameters=trained, config=config(case, world, nvme)
+        model=model,
+        model_parameters=trained,
+        config=config(case, world, nvme, param_max_in_cpu),
     )
     return engine
 
