@@ -115,10 +115,10 @@ ZS_LOAD_C_FROM="${variant[0]}" .venv/bin/python -m pytest -q -p no:cacheprovider
 
 if [ "$slow" = 1 ]; then
   phase "Python tests (pytest), but those of the device under test"
-  .venv/bin/python -m pytest -q -ra -m "not device" "$@"
+  .venv/bin/python -m pytest -q -ra --durations=15 -m "not device" "$@"
 else
   phase "Python tests (pytest), but those of the device under test and the slow tier"
-  .venv/bin/python -m pytest -q -ra -m "not device and not slow" "$@"
+  .venv/bin/python -m pytest -q -ra --durations=15 -m "not device and not slow" "$@"
 fi
 
 # The device tests (engine parity on the device for stages 1-3 x offload none/cpu/nvme)

@@ -18,18 +18,22 @@ class StepTelemetry:
 
     `issue_timed` (the engine runs on a GPU): phases and the collectives are timed on the
     host, which on a GPU measures how long issuing the work took, not how long it ran (the
-    host goes on while the GPU works). The report says so instead of printing a "comm" rate
-    as if it were the link's. The copy lanes' d2h/h2d seconds are measured with events on
+    host goes on while the GPU works). The report says so instead of printing a collective's
+    rate as if it were the link's. The copy lanes' d2h/h2d seconds are measured with events on
     the lanes, and NVMe I/O and the CPU optimizer run on the host: those are real times."""
 
     PHASES = ("forward", "backward", "reduce", "step", "swap_wait")
-    ISSUE_TIMED_TIERS = ("comm",)
+    # A collective's tier is its kind; its bytes are the whole gathered or reduced tensor
+    # (what estimate/plan.py's link model counts per step), on every rank.
+    COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+    ISSUE_TIMED_TIERS = COLLECTIVES
 
     def __init__(self, issue_timed: bool = False):
         self.issue_timed = issue_timed
         self.seconds: Dict[str, float] = defaultdict(float)
         self.bytes: Dict[str, int] = defaultdict(int)  # tier -> bytes moved
         self.tier_seconds: Dict[str, float] = defaultdict(float)
+        self.calls: Dict[str, int] = defaultdict(int)  # tier -> transfers that moved bytes
         self.steps = 0
         self._window = self.snapshot()
 
@@ -39,6 +43,7 @@ class StepTelemetry:
             "seconds": dict(self.seconds),
             "bytes": dict(self.bytes),
             "tier_seconds": dict(self.tier_seconds),
+            "calls": dict(self.calls),
             "steps": self.steps,
         }
 
@@ -53,6 +58,8 @@ class StepTelemetry:
     def moved(self, tier: str, nbytes: int, seconds: float) -> None:
         self.bytes[tier] += int(nbytes)
         self.tier_seconds[tier] += seconds
+        if nbytes:
+            self.calls[tier] += 1
 
     def add_seconds(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from typing import Dict, Optional
 
+from ..telemetry import StepTelemetry
 from . import remember, remove_deepspeed_shm
 from .gpt import SIZES, GPTShape
 from .step_worker import MARK
@@ -246,15 +247,15 @@ def _print_table(res: dict) -> None:
             f"{k} {1000 * v:.1f}{'*' if issued else ''}"
             for k, v in sorted(r["phase_seconds"].items())
         )
-        links = " ".join(
-            f"{t} {v['bytes_per_step'] / 2**20:.1f} MiB"
-            + (
-                f" ({v['gb_per_s']:.2f} GB/s{'*' if issued and t == 'comm' else ''})"
-                if v["gb_per_s"]
-                else ""
-            )
-            for t, v in sorted(r["links"].items())
-        )
+
+        def link(tier: str, v: dict, issued: bool = issued) -> str:
+            text = f"{tier} {v['bytes_per_step'] / 2**20:.1f} MiB"
+            if v["gb_per_s"]:
+                star = "*" if issued and tier in StepTelemetry.COLLECTIVES else ""
+                text += f" ({v['gb_per_s']:.2f} GB/s{star})"
+            return text
+
+        links = " ".join(link(t, v) for t, v in sorted(r["links"].items()))
         print(
             f"{name:12s} {r['median_step_seconds']:9.4f} {r['tokens_per_second']:10.0f} "
             f"{_gib(r['peak_rss_bytes']):>8s} {_gib(r['peak_device_bytes']):>8s} "

@@ -36,6 +36,8 @@ RATE_FLAGS = {
     "cpu_adam": "--cpu-adam-gparams",
     "collective": "--collective-gbps",
     "net": "--net-gbps",
+    "collective_latency_us": "--collective-latency-us",
+    "net_latency_us": "--net-latency-us",
     "peak_tflops": "--peak-tflops",
 }
 
@@ -305,6 +307,32 @@ def _time_table(preds: List[Prediction]) -> List[str]:
     return lines
 
 
+LINK_WORK = {  # seconds key -> (what it moves per step, its traffic keys, unit)
+    "compute": ("FLOPs per GPU", ("flops",), 1e12, "T"),
+    "nvme": ("bytes per node", ("nvme_read", "nvme_write"), GB, "GB"),
+    "cpu_adam": ("params per node", ("cpu_adam",), 1e9, "G"),
+    "intra": ("bytes per GPU over the intra-node link", ("intra",), GB, "GB"),
+    "net": ("bytes per node over the network", ("net",), GB, "GB"),
+    "pcie": ("bytes per GPU, the busier way", ("h2d", "d2h"), GB, "GB"),
+}
+
+
+def link_lines(p: Prediction) -> List[str]:
+    """What each link of one option carries per step, its seconds and its share of the step
+    bound (the slowest link is 100%: the others hide under it if they overlap)."""
+    lines = []
+    for name, secs in p.seconds.items():
+        what, keys, scale, unit = LINK_WORK[name]
+        moved = [p.traffic.get(k, 0.0) for k in keys]
+        amount = max(moved) if name == "pcie" else sum(moved)
+        share = secs / p.step_seconds if p.step_seconds else 0.0
+        lines.append(
+            f"{name:9s} {amount / scale:10.2f} {unit:2s} {what}: {seconds(secs)} s "
+            f"({100 * share:.0f}% of the step bound)"
+        )
+    return lines
+
+
 def _to_json(p: Prediction) -> dict:
     return {
         "stage": p.option.stage,
@@ -324,6 +352,9 @@ def _to_json(p: Prediction) -> dict:
         "seconds": p.seconds,
         "step_seconds_lower_bound": p.step_seconds,
         "bound_by": p.bound_by,
+        "link_share": {
+            k: (v / p.step_seconds if p.step_seconds else 0.0) for k, v in p.seconds.items()
+        },
         "fits": p.fits,
         "problems": p.problems,
         "knobs": p.knobs.__dict__,
@@ -447,6 +478,9 @@ def _print(res: dict, args) -> None:
             print(f"  - {line}")
     if rec is not None:
         print(f"recommended: {rec.option.label}: {res['time']}")
+        print("  links per step:")
+        for line in link_lines(rec):
+            print(f"    {line}")
     else:
         print("recommended: none fits")
     if res["written"]:

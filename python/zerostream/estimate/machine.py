@@ -30,10 +30,18 @@ DEFAULTS = {
         "assumption: NVLink all-gather/reduce-scatter bus bandwidth within a node",
     ),
     "net": (25.0, "GB/s per node", "assumption: 200 Gb/s between nodes"),
+    "collective_latency_us": (
+        3.0,
+        "us per ring hop",
+        "assumption: NCCL over NVLink, small-message latency of one hop",
+    ),
+    "net_latency_us": (10.0, "us per ring hop", "assumption: NCCL over InfiniBand or RoCE"),
     "peak_tflops": (312.0, "TFLOP/s per GPU", "assumption: A100 bf16 dense peak"),
 }
 CPU_DEFAULTS = {
     "collective": (5.0, "GB/s per process", "assumption: Gloo over shared memory"),
+    "collective_latency_us": (60.0, "us per ring hop", "assumption: Gloo over TCP loopback"),
+    "net_latency_us": (60.0, "us per ring hop", "assumption: Gloo over TCP"),
     "peak_tflops": (
         0.064,
         "TFLOP/s per core",

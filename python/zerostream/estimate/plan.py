@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from . import links
 from .machine import Machine
 from .model import ModelShape
 from .units import GB, gb
@@ -93,10 +94,16 @@ class Workload:
     # bf16.bf16_master_weights_and_grads / bf16_optimizer_states (zero/master_precision.py)
     bf16_master: bool = False
     bf16_states: bool = False
+    comm_precision: Optional[str] = None  # communication_data_type; None: the model's
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.precision]
+
+    @property
+    def comm_bytes(self) -> int:
+        """Bytes an element of a gradient reduction (communication_data_type)."""
+        return DTYPE_BYTES[self.comm_precision or self.precision]
 
     @property
     def master_bytes(self) -> int:
@@ -246,7 +253,7 @@ def _gathered_elements(shape: ModelShape, knobs: Knobs) -> Tuple[int, int]:
     from .. import _C
 
     events, numels = shape.gather_trace()
-    persistent = [n < knobs.persistence_threshold for n in numels]
+    persistent = [n <= knobs.persistence_threshold for n in numels]  # partitioner.py
     _, peak = _C.plan_prefetch(
         events,
         numels,
@@ -369,8 +376,12 @@ def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
         t["param_nvme_write"] = g * float(disk_shard)
     for way in ("read", "write"):
         t[f"nvme_{way}"] = t.get(f"optimizer_nvme_{way}", 0.0) + t.get(f"param_nvme_{way}", 0.0)
-    passes = (A + 1) if option.stage < 3 else 3 * A  # reduce-scatters, all-gathers
-    t["collective"] = d * P * (N - 1) / N * passes
+    kinds = links.payloads(shape, work, N, option, knobs)
+    for kind, k in kinds.items():  # the payloads the telemetry counts, and their calls
+        t[kind] = k["bytes"]
+        t[f"{kind}_calls"] = k["calls"]
+    for link, moved in links.link_bytes(kinds, g, machine.nodes).items():
+        t[link] = moved
     t["cpu_adam"] = float(g * part) if (option.optimizer != "none" or machine.cpu_only) else 0.0
     t["flops"] = (8 if work.checkpointing else 6) * P * work.tokens * A
     return t
@@ -378,15 +389,17 @@ def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
 
 def _seconds(t: Dict[str, float], machine: Machine) -> Dict[str, float]:
     r = machine.rate
-    coll_bw = r("collective")
-    if machine.nodes > 1:  # a ring crosses the nodes' links, shared by the node's GPUs
-        coll_bw = min(coll_bw, r("net") / machine.gpus_per_node)
     s = {
         "compute": t["flops"] / (r("peak_tflops") * 1e12),
         "nvme": t["nvme_read"] / (r("nvme_read") * GB) + t["nvme_write"] / (r("nvme_write") * GB),
         "cpu_adam": t["cpu_adam"] / (r("cpu_adam") * 1e9),
-        "collective": t["collective"] / (coll_bw * GB) if t["collective"] else 0.0,
     }
+    kinds = {
+        kind: {"bytes": t[kind], "calls": t[f"{kind}_calls"]}
+        for kind in links.RING_FACTOR
+        if kind in t
+    }
+    s.update(links.link_seconds(kinds, machine) if kinds else {"intra": 0.0})
     if not machine.cpu_only:
         s["pcie"] = max(t["h2d"], t["d2h"]) / (r("pcie") * GB)
     return s

@@ -143,9 +143,10 @@ class ZeroOptimizerBase:
             run.state = previous
         self.holding_grads = True
 
-    def _comm(self, tensor: torch.Tensor, seconds: float) -> None:
-        """Counts a collective's payload for the per-step report."""
-        self.telemetry.moved("comm", tensor.numel() * tensor.element_size(), seconds)
+    def _comm(self, kind: str, tensor: torch.Tensor, seconds: float) -> None:
+        """Counts a collective's payload (the whole gathered or reduced tensor) for the
+        per-step report, under its kind (StepTelemetry.COLLECTIVES)."""
+        self.telemetry.moved(kind, tensor.numel() * tensor.element_size(), seconds)
 
     # --- surface -----------------------------------------------------------------------------
     @property

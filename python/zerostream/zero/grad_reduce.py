@@ -264,7 +264,7 @@ class ReducerBase:
         start = time.perf_counter()
         work = collective(*args, group=self.group, **kwargs)
         self.telemetry.moved(
-            "comm", payload.numel() * payload.element_size(), time.perf_counter() - start
+            kind, payload.numel() * payload.element_size(), time.perf_counter() - start
         )
         self.collectives[kind] += 1
         return work

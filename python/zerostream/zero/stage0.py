@@ -87,7 +87,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                     flat.mul_(pre)
                 start = time.perf_counter()
                 comm.all_reduce(flat, group=self.group)
-                self._comm(flat, time.perf_counter() - start)
+                self._comm("all_reduce", flat, time.perf_counter() - start)
                 if post != 1.0:
                     flat.mul_(post)
                 for dst, src in zip(bucket, _unflatten_dense_tensors(flat, bucket)):

@@ -107,7 +107,7 @@ class PartitionedOptimizer(ShardedOptimizerBase):
                 out = staging[: self.world * n]
                 comm.all_gather_into_tensor(out, flat.partition()[lo : lo + n], group=self.group)
                 rows[:, lo : lo + n].copy_(out.view(self.world, n))
-        self._comm(flat.buffer, time.perf_counter() - start)
+        self._comm("all_gather", flat.buffer, time.perf_counter() - start)
 
     def offloadable_states(self) -> dict:
         """Beside the shared states: the flat buffers every parameter is a view of, and stage

@@ -25,6 +25,7 @@ from ckpt_run import build, train
 
 from multirank import run_ranks
 from tiny_gpt import make_batches
+from zerostream.checkpoint import writer_lock
 
 CASE = (2, "cpu", "none", "fp32")
 
@@ -326,15 +327,19 @@ def test_a_folder_another_live_job_writes_is_refused_by_name(tmp_path):
         [
             sys.executable,
             "-c",
-            "import os, sys, time; from zerostream.checkpoint import writer_lock; "
-            "writer_lock.claim(sys.argv[1]); "
+            # writer_lock.py by its path: the standard library only, no torch to import
+            "import importlib.util as u, os, sys, time; "
+            "spec = u.spec_from_file_location('writer_lock', sys.argv[3]); "
+            "lock = u.module_from_spec(spec); spec.loader.exec_module(lock); "
+            "lock.claim(sys.argv[1]); "
             "open(sys.argv[2], 'w').write(str(os.getpid())); time.sleep(120)",
             str(tmp_path / "ckpt"),
             str(tmp_path / "holder.pid.tmp"),
+            writer_lock.__file__,
         ]
     )
     try:
-        for _ in range(600):  # the holder imports zerostream (torch) first
+        for _ in range(600):
             if (tmp_path / "holder.pid.tmp").exists() and (tmp_path / "holder.pid.tmp").read_text():
                 break
             time.sleep(0.05)

@@ -291,7 +291,8 @@ def test_telemetry_reports_time_split_and_bytes_per_tier(tmp_path):
     # Each step reads and writes p, m, v (12 bytes per element) of this rank's partition.
     mib = 12 * partition / 2**20
     assert f"nvme_read {mib:.2f} MiB" in tele[0] and f"nvme_write {mib:.2f} MiB" in tele[0]
-    assert "comm " in tele[0] and "GB/s" in tele[0]
+    # Stage 2's collectives by kind: the gradients' reduction, the updated partitions' gather.
+    assert "all_gather " in tele[0] and "reduce_scatter " in tele[0] and "GB/s" in tele[0]
 
 
 def scaling_modes_worker(rank, world):

@@ -78,7 +78,16 @@ def test_70b_recommended_bytes_and_seconds_by_hand():
     assert s["cpu_adam"] == pytest.approx(8 * PART / 5e9)
     assert s["pcie"] == pytest.approx(2 * PART / 25e9)
     assert s["compute"] == pytest.approx(8 * P * 4096 / 312e12)  # recompute with checkpointing
-    assert s["collective"] == pytest.approx(3 * 2 * P * 7 / 8 / 150e9)
+    # Collectives (links.py): every bf16 gradient reduce-scattered once (each tensor of this
+    # model divides by 8 ranks: no padding); the params gathered for the forward and again
+    # for the backward, less what the prefetch plan keeps gathered across the turn (at
+    # most the one pass) and the persistent norms (re-gathered once after the step).
+    assert t["reduce_scatter"] == 2 * P
+    assert 2 * P < t["all_gather"] < 2 * 2 * P
+    assert t["intra"] == pytest.approx(7 / 8 * (t["all_gather"] + t["reduce_scatter"]))
+    calls = t["all_gather_calls"] + t["reduce_scatter_calls"]
+    assert s["intra"] == pytest.approx(t["intra"] / 150e9 + calls * 7 * 3e-6)
+    assert "net" not in s and t["net"] == 0  # one node
     assert rec.bound_by == "nvme" and rec.step_seconds == pytest.approx(303.5, abs=0.1)
     assert rec.device_peak + machine.gpu_reserve <= 40 * 10**9
 
@@ -226,3 +235,29 @@ def test_bf16_masters_and_moments_shrink_the_optimizer_state_by_hand(states):
     assert 0 < free // per < PART
     assert t.knobs.optimizer_max_in_cpu == free // per
     assert t.nvme[key] == per * (PART - t.knobs.optimizer_max_in_cpu)
+
+
+def test_collectives_cross_the_network_once_per_node_and_nvlink_on_the_other_hops():
+    from zerostream.estimate.links import link_bytes, link_seconds
+
+    gather = {"all_gather": {"bytes": 1000.0, "calls": 2}}
+    # 2 nodes x 2 ranks: each rank sends 3/4 of the payload; of each node's two ring hops
+    # one stays inside (half of it per GPU) and one leaves the node.
+    assert link_bytes(gather, gpus=2, nodes=2) == {"intra": 375.0, "net": 750.0}
+    assert link_bytes(gather, gpus=4, nodes=1) == {"intra": 750.0, "net": 0.0}
+    assert link_bytes({"all_reduce": {"bytes": 1000.0, "calls": 1}}, 4, 1)["intra"] == 1500.0
+    machine = _node(nodes=2)  # 16 ranks
+    s = link_seconds({"all_gather": {"bytes": 16e9, "calls": 10}}, machine)
+    assert s["intra"] == pytest.approx(15 / 16 * 16e9 * 7 / 8 / 150e9)
+    assert s["net"] == pytest.approx(15 / 16 * 16e9 / 25e9 + 10 * 15 * 10e-6)
+
+
+def test_70b_on_four_nodes_is_bound_by_the_network_between_them():
+    shape, work, _, _ = _plan70b()
+    machine = _node(nodes=4, gpu_mem=80 * 10**9)
+    p = predict(shape, work, machine, Option(3, "cpu", "none"))
+    t, s = p.traffic, p.seconds
+    N = 32
+    assert t["net"] == pytest.approx((N - 1) / N * (t["all_gather"] + t["reduce_scatter"]))
+    assert t["intra"] == pytest.approx(7 / 8 * t["net"])
+    assert s["net"] > s["intra"] and p.bound_by in ("net", "cpu_adam")

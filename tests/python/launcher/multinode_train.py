@@ -1,6 +1,7 @@
 """One rank of a job that may span "nodes" (several `zerostream run --node_rank N` processes on
-this machine), for test_run_multinode.py: checkpoint_run's TinyGPT under ZeRO-3 with the
-parameters and the optimizer offloaded to NVMe, over one fixed global batch per step.
+this machine), for test_run_multinode.py: bench/gpt.py's GPT (the shape `zerostream estimate`
+models) under ZeRO-3 with the parameters and the optimizer offloaded to NVMe, trained as
+ckpt_run.py trains (one fixed global batch per step, each rank its slice).
 
     multinode_train.py OUT NVME_ROOT CKPT MODE
 
@@ -9,8 +10,9 @@ its own); CKPT is the job's checkpoint folder (a shared filesystem: checkpoint.u
 _storage across hosts is refused, see checkpoint/save.py). MODE:
 - "first": steps [0, K), save, steps [K, 2K) (the uninterrupted run);
 - "resume": other initial weights, load CKPT, steps [K, 2K).
-Each rank writes OUT/MODE-rank{RANK}.json: the global losses, the world, its node and the
-files its swap folder held after training (name, bytes allocated on the disk), before
+Each rank writes OUT/MODE-rank{RANK}.json: the global losses, the collective bytes its
+telemetry counted in each step, the world, its node and the files its swap folder held after
+training (name, bytes allocated on the disk), before
 they are removed. Every param shard is on the disk (offload_param.max_in_cpu 0).
 """
 
@@ -20,10 +22,40 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "checkpoint"))
-from ckpt_run import STEPS, build, train  # noqa: E402
+from ckpt_run import STEPS, config, train  # noqa: E402
 
 CASE = (3, "nvme", "nvme", "fp32")
 K = STEPS // 2
+SHAPE = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq": 64}
+
+
+def job_config(world: int, nvme_root: str) -> dict:
+    """ckpt_run's config of CASE, every param shard on the disk (max_in_cpu 0)."""
+    return config(CASE, world, os.path.join(nvme_root, "nvme"), param_max_in_cpu=0)
+
+
+def build(world: int, nvme_root: str, seed: int):
+    import torch
+
+    import zerostream
+    from zerostream.bench.gpt import GPT, GPTShape
+
+    torch.manual_seed(seed)
+    engine, *_ = zerostream.initialize(
+        model=GPT(GPTShape(**SHAPE)), config=job_config(world, nvme_root)
+    )
+    return engine
+
+
+def steps(engine, rank: int, world: int, first: int, count: int, collectives: list) -> list:
+    """ckpt_run.train one step at a time, noting each step's collective bytes."""
+    losses = []
+    for step in range(first, first + count):
+        before = dict(engine.telemetry.bytes)
+        losses += train(engine, rank, world, step, 1)
+        after = engine.telemetry.bytes
+        collectives.append({k: after[k] - before.get(k, 0) for k in engine.telemetry.COLLECTIVES})
+    return losses
 
 
 def swap_files(root: str) -> list:
@@ -38,18 +70,20 @@ def swap_files(root: str) -> list:
 def main() -> None:
     out, nvme_root, ckpt, mode = sys.argv[1:5]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    engine = build(CASE, world, nvme_root, seed=0 if mode == "first" else 1, param_max_in_cpu=0)
+    engine = build(world, nvme_root, seed=0 if mode == "first" else 1)
+    collectives: list = []
     if mode == "first":
-        losses = train(engine, rank, world, 0, K)
+        losses = steps(engine, rank, world, 0, K, collectives)
         engine.save_checkpoint(ckpt, client_state={"resume_at": K})
     else:
         _, client = engine.load_checkpoint(ckpt)
         if client["resume_at"] != K or engine.global_steps != K:
             raise SystemExit(f"rank {rank}: loaded {client} at step {engine.global_steps}")
         losses = []
-    losses += train(engine, rank, world, K, K)
+    losses += steps(engine, rank, world, K, K, collectives)
     record = {
         "losses": losses,
+        "collectives": collectives,
         "world": world,
         "node": int(os.environ["GROUP_RANK"]),
         "swap": swap_files(nvme_root),

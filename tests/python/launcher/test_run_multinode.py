@@ -4,7 +4,13 @@ and temporary folder, as on separate hosts; the checkpoint folder is the job's s
 train ZeRO-3 with parameters and optimizer on NVMe, save, and go on (the uninterrupted run).
 The checkpoint then resumes on 1 node x 2 ranks and on 2 nodes x 1 rank, whose losses must
 continue the uninterrupted run's (test_resume.py's resharding tolerance). Every agent exits 0
-without a traceback, also the one whose store host (node 0) leaves first."""
+without a traceback, also the one whose store host (node 0) leaves first.
+
+The same job checks `zerostream estimate`'s collectives (issue 32 item 5): the bytes per
+step of each kind the planner predicts for this model, config and 2 x 2 layout (links.py)
+must be those every rank's telemetry counted once the prefetch plan is followed
+(python -m zerostream.estimate.cluster_check compares the seconds too:
+benchmarks/estimate.md)."""
 
 import json
 import pathlib
@@ -12,9 +18,13 @@ import socket
 import subprocess
 import sys
 
+import multinode_train
 import pytest
 import torch
 from launcher_run import LAUNCH_TIMEOUT_S, clean_env
+
+from zerostream.estimate import cluster_check
+from zerostream.estimate.plan import Option
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPT = str(HERE / "multinode_train.py")
@@ -83,6 +93,17 @@ def test_two_nodes_train_save_and_resume_on_other_shapes(tmp_path):
         others = {p for p, _ in rec["swap"]} - set(mine)
         assert all(f"/rank{2 * node + 1 - rank % 2}/" in p for p in others), (rank, others)
     want = torch.tensor(first[0]["losses"][len(first[0]["losses"]) // 2 :])
+
+    # The planner's collective bytes are the telemetry's, on every rank, from the step on
+    # which the prefetch plan is followed (cluster_check.WARMUP); before it, more.
+    pred = cluster_check.predict_job(
+        multinode_train.SHAPE, multinode_train.job_config(4, "-"), Option(3, "nvme", "nvme"), 2, 2
+    )
+    for rank, rec in enumerate(first):
+        planned = rec["collectives"][cluster_check.WARMUP :]
+        for kind in ("all_gather", "reduce_scatter"):
+            assert {s[kind] for s in planned} == {pred.traffic[kind]}, (rank, kind, planned)
+        assert rec["collectives"][0]["all_gather"] > pred.traffic["all_gather"]
 
     for nodes, nproc in ((1, 2), (2, 1)):
         mode = "resume"

@@ -116,6 +116,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.multirank
+@pytest.mark.slow  # two agents forming one job: test_run_multinode.py's default-tier case
 @pytest.mark.timeout(120)
 def test_two_nodes_over_ssh_form_one_job(tmp_path):
     bin_dir = tmp_path / "bin"

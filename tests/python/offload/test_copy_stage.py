@@ -291,10 +291,10 @@ def test_on_a_gpu_the_report_says_which_times_are_the_hosts_issue_time():
         telemetry = StepTelemetry(issue_timed=issue_timed)
         with telemetry.phase("forward"):
             pass
-        telemetry.moved("comm", 1 << 20, 0.001)  # host time of issuing a collective
+        telemetry.moved("all_gather", 1 << 20, 0.001)  # host time of issuing a collective
         telemetry.moved("h2d", 1 << 20, 0.001)  # event-timed on the lane: the link's
         telemetry.steps += 1
         line = telemetry.report()
         assert ("host issue time" in line) == issue_timed, line
-        assert ("comm 1.00 MiB (issued at" in line) == issue_timed, line
+        assert ("all_gather 1.00 MiB (issued at" in line) == issue_timed, line
         assert "h2d 1.00 MiB (1.05 GB/s)" in line, line

@@ -229,6 +229,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
             for zp in zps
         ]
         self.part.shard_listeners.append(self._on_shard_modified)
+        self.part.telemetry = ctx.telemetry
         if self.part.swapper is not None:
             self.part.swapper.telemetry = ctx.telemetry
         # The shards' uploads before each gather (offload_param cpu/nvme): the PCIe link.

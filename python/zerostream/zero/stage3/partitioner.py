@@ -7,6 +7,7 @@ prefetch cap and the memory tests read)."""
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Dict, Iterable, List, Optional
 
 import torch
@@ -55,7 +56,10 @@ class InflightGather:
         part = self.partitioner
         self.launch(early=False)
         if self.handle is not None:
+            start = time.perf_counter()
             self.handle.wait()
+            if part.telemetry is not None:
+                part.telemetry.moved("all_gather", 0, time.perf_counter() - start)
         if part.uploads is not None:
             part.uploads.wait_mark(self.mark)  # one rank: `out` is the uploaded send buffer
         world = self.partitioner.world
@@ -112,6 +116,7 @@ class Partitioner:
         self.peak_live_numel = 0
         self.gathers = 0
         self.gathered_numel = 0
+        self.telemetry = None  # the engine's StepTelemetry: all-gather bytes and time
         self.shard_listeners: List = []  # called with a ZeroParam whose shard was rewritten
         self.host_arenas: List = []  # offload_param cpu: the page-locked shard partitions
         self.host_partitions: List[torch.Tensor] = []  # their memory, one tensor each
@@ -317,15 +322,20 @@ class Partitioner:
         if self.world == 1:
             return send, None
         out = torch.empty(self.world * send.numel(), dtype=send.dtype, device=self.device)
+        start = time.perf_counter()
         if self.uploads is None:
             handle = comm.all_gather_into_tensor(out, send, group=self.group, async_op=async_op)
-            return out, handle
-        handle = self.uploads.after_uploads(
-            lambda: comm.all_gather_into_tensor(out, send, group=self.group, async_op=True)
-        )
-        if not async_op and handle is not None:
-            handle.wait()
-            handle = None
+        else:
+            handle = self.uploads.after_uploads(
+                lambda: comm.all_gather_into_tensor(out, send, group=self.group, async_op=True)
+            )
+            if not async_op and handle is not None:
+                handle.wait()
+                handle = None
+        if self.telemetry is not None:  # an async one's wait is counted by InflightGather
+            self.telemetry.moved(
+                "all_gather", out.numel() * out.element_size(), time.perf_counter() - start
+            )
         return out, handle
 
     def release(self, zp: ZeroParam) -> bool:

@@ -1,0 +1,223 @@
+"""The planner's collective model (links.py) against a real multi-node run on this machine:
+`python -m zerostream.estimate.cluster_check` starts NODES `zerostream run --num_nodes NODES
+--node_rank i --nproc NPROC` agents here (each node swapping to its own folder), trains
+bench/gpt.py's GPT under ZeRO (cluster_worker.py), and prints, per collective kind, the
+bytes per step the planner predicts beside those the runtime's telemetry counted (they must
+be equal), and the seconds the planner predicts from this machine's measured ring (a
+latency per hop and a bandwidth, timed in the same job) beside the seconds measured.
+benchmarks/estimate.md records the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import List
+
+from .links import kind_seconds, link_bytes
+from .machine import build_machine
+from .plan import Workload, knobs_from_config, predict
+from .validate import gpt_shape, parse_option
+
+# Steps before the measured ones. Stage 3 records the module trace on the first step; the
+# bench GPT's tied head reads the embedding's weight outside the embedding (an external
+# param), found on the second step, which records the trace again; the third records it;
+# from the fourth on every step follows the prefetch plan, as the planner assumes. The
+# unplanned steps gather more (each module for its forward and again for its backward):
+# the JSON's bytes_each_step shows them.
+WARMUP = 3
+SHAPES = {
+    "tiny": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq": 64},
+    "small": {"layers": 4, "hidden": 256, "heads": 4, "vocab": 2048, "seq": 128},
+}
+
+
+def config(option, micro: int, accum: int) -> dict:
+    zero: dict = {"stage": option.stage, "reduce_bucket_size": 200_000}
+    if option.stage == 3:
+        zero.update(stage3_param_persistence_threshold=1000, stage3_prefetch_bucket_size=100_000)
+    nvme = {"nvme_path": "each node's own (cluster_worker.py)"}
+    if option.optimizer != "none":
+        zero["offload_optimizer"] = {"device": option.optimizer, **nvme}
+    if option.param != "none":
+        zero["offload_param"] = {"device": option.param, "max_in_cpu": 0, **nvme}
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "zero_optimization": zero,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(spec: dict, nodes: int, nproc: int, workdir: str) -> List[dict]:
+    """Runs the worker on nodes x nproc ranks; every rank's result."""
+    spec_path, out = os.path.join(workdir, "spec.json"), os.path.join(workdir, "out.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    port, agents = _free_port(), []
+    for node in range(nodes):
+        cmd = [sys.executable, "-m", "zerostream.launcher", "--nproc", str(nproc)]
+        cmd += ["--num_nodes", str(nodes), "--node_rank", str(node), "--no_local_rank"]
+        cmd += ["--master_addr", "127.0.0.1", "--master_port", str(port), "--module"]
+        cmd += ["zerostream.estimate.cluster_worker", spec_path, out]
+        agents.append(subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
+    errors = [(a.wait(), a.stderr.read()) for a in agents]
+    for node, (code, err) in enumerate(errors):
+        if code:
+            raise RuntimeError(f"node {node} exited {code}:\n{err[-3000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def predict_job(shape: dict, cfg: dict, option, nodes: int, nproc: int, rates=None):
+    """The planner's prediction for bench/gpt.py's GPT of `shape` trained under the ds_config
+    `cfg` by nodes x nproc CPU processes (`rates`: planner rate flags, by name)."""
+    from ..config import load
+
+    machine = build_machine(
+        gpus_per_node=nproc,
+        nodes=nodes,
+        gpu_mem=0,
+        cpu_mem=2**50,
+        nvme=2**50,
+        cpu_only=True,
+        use_cache=False,
+        flags=rates,
+    )
+    resolved = load(cfg, world_size=nodes * nproc, log=False)
+    micro, accum = resolved.train_micro_batch_size_per_gpu, resolved.gradient_accumulation_steps
+    work = Workload(micro, shape["seq"], accum, resolved.precision, checkpointing=False)
+    knobs = knobs_from_config(resolved.zero_optimization)
+    return predict(gpt_shape(shape), work, machine, option, knobs)
+
+
+def check(
+    shape_name: str, option_text: str, nodes: int, nproc: int, accum: int, steps: int, ranks=None
+):
+    """`ranks`: the workers' results of an earlier run of the same arguments (--ranks)."""
+    option = parse_option(option_text)
+    shape = SHAPES[shape_name]
+    cfg = config(option, micro=2, accum=accum)
+    if ranks is None:
+        with tempfile.TemporaryDirectory(prefix="zs-cluster-") as tmp:
+            spec = {"shape": shape, "config": cfg, "nvme_root": os.path.join(tmp, "nvme")}
+            spec.update(steps=steps, warmup=WARMUP)
+            ranks = run_job(spec, nodes, nproc, tmp)
+    ring = ranks[0]["ring"]
+
+    def rates(kind: str) -> dict:  # each kind's measured ring as the links' rates
+        r = ring[kind]
+        return {
+            "collective": r["gbps"],
+            "net": r["gbps"],
+            "collective_latency_us": r["latency_us"],
+            "net_latency_us": r["latency_us"],
+        }
+
+    pred = predict_job(shape, cfg, option, nodes, nproc)
+    rows = []
+    for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+        got = [r["bytes"].get(kind, 0) for r in ranks]
+        want = pred.traffic.get(kind, 0.0)
+        if not want and not any(got):
+            continue
+        k = {"bytes": want, "calls": pred.traffic.get(f"{kind}_calls", 0)}
+        secs = [r["seconds"].get(kind, 0.0) for r in ranks]
+        machine = predict_job(shape, cfg, option, nodes, nproc, rates(kind)).machine
+        rows.append(
+            {
+                "kind": kind,
+                "bytes_predicted": want,
+                "bytes_measured": got,
+                "seconds_predicted": kind_seconds(kind, k, machine),
+                "calls_predicted": k["calls"],
+                "calls_measured": [r["calls"].get(kind, 0) for r in ranks],
+                "seconds_measured": sum(secs) / len(secs),
+            }
+        )
+    return {
+        "shape": shape,
+        "params": gpt_shape(shape).params,
+        "option": option.label,
+        "nodes": nodes,
+        "nproc": nproc,
+        "accum": accum,
+        "ring": ring,
+        "links": link_bytes(
+            {r["kind"]: {"bytes": r["bytes_predicted"], "calls": 0} for r in rows}, nproc, nodes
+        ),
+        "rows": rows,
+        "step_seconds": sum(r["step_seconds"] for r in ranks) / len(ranks),
+        "ranks": ranks,
+    }
+
+
+def markdown(res: dict) -> List[str]:
+    s = res["shape"]
+    ring = res["ring"]
+    lines = [
+        f"GPT {s['layers']} layers, hidden {s['hidden']}, vocab {s['vocab']}, seq {s['seq']} "
+        f"({res['params'] / 1e6:.2f} M params), {res['option']}, {res['nodes']} nodes x "
+        f"{res['nproc']} ranks, gradient accumulation {res['accum']}; measured ring (rank 0): "
+        + "; ".join(
+            f"{kind} {r['gbps']:.2f} GB/s per rank, {r['latency_us']:.0f} us per hop"
+            for kind, r in ring.items()
+        ),
+        "",
+        "| collective | bytes/step predicted | measured (every rank) | seconds/step predicted "
+        "| measured | error |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in res["rows"]:
+        got = sorted(set(r["bytes_measured"]))
+        same = "equal" if got == [r["bytes_predicted"]] else "DIFFERENT"
+        err = (r["seconds_predicted"] - r["seconds_measured"]) / r["seconds_measured"]
+        lines.append(
+            f"| {r['kind']} | {r['bytes_predicted']:.0f} | {', '.join(f'{g:.0f}' for g in got)} "
+            f"({same}) | {r['seconds_predicted'] * 1e3:.1f} ms | "
+            f"{r['seconds_measured'] * 1e3:.1f} ms | {100 * err:+.0f}% |"
+        )
+    links = res["links"]
+    lines += [
+        "",
+        f"Per step: {links['intra'] / 2**20:.2f} MiB on each rank's intra-node link, "
+        f"{links['net'] / 2**20:.2f} MiB on each node's network link; step "
+        f"{res['step_seconds'] * 1e3:.0f} ms measured.",
+    ]
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zerostream.estimate.cluster_check")
+    p.add_argument("--size", choices=sorted(SHAPES), default="small")
+    p.add_argument("--option", default="3/nvme/nvme", help="STAGE/OPTIMIZER/PARAMS")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--ranks", help='the "ranks" of an earlier --json output: no new run')
+    args = p.parse_args(argv)
+    ranks = None
+    if args.ranks:
+        with open(args.ranks) as f:
+            ranks = json.load(f)["ranks"]
+    res = check(args.size, args.option, args.nodes, args.nproc, args.accum, args.steps, ranks)
+    print(json.dumps(res, indent=1) if args.json else "\n".join(markdown(res)))
+    exact = all(sorted(set(r["bytes_measured"])) == [r["bytes_predicted"]] for r in res["rows"])
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
