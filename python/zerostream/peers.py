@@ -30,8 +30,13 @@ logger = logging.getLogger("zerostream")
 #   namespace (/proc: no such pid, a zombie, or the pid reused by a later process): a rank
 #   killed by a signal leaves no exit record, its process is the evidence. A rank that is
 #   alive but stopped (SIGSTOP, a debugger: state T in /proc) is named too, when the
-#   collective times out waiting for it. Ranks on other
-#   machines without an exit record stay unnamed. The lookups run under a short store timeout,
+#   collective times out waiting for it. A rank that is alive and not stopped but never
+#   reaches the collective (a deadlock, an endless loop, a hung read: issue 32 item 4) is
+#   named by elimination: each rank whose collective failed leaves a "failed" record, and
+#   when nothing else explains the failure, a peer that left none within _HUNG_SETTLE_S of
+#   this rank's failure, while its process is alive, is named with its state and pid (a
+#   stack dumper finds where it is). Ranks on other machines without an exit record stay
+#   unnamed. The lookups run under a short store timeout,
 #   so a dead store costs seconds, not the collectives' timeout; a dead store means the
 #   process hosting it is gone (rank 0's, unless the launcher's agent hosts it). Nothing here
 #   holds the store or the group in a global (Note [A process group that outlives its
@@ -39,8 +44,11 @@ logger = logging.getLogger("zerostream")
 
 _PEER_KEY = "zerostream/peer/{}"
 _EXIT_KEY = "zerostream/exit/{}"
+_FAILED_KEY = "zerostream/failed/{}"  # this rank's collective failed (Note above)
 _STORE_PROBE_TIMEOUT = datetime.timedelta(seconds=5)
 _SETTLE_S = 0.5  # a peer whose sockets just closed may take a moment to become a zombie
+_HUNG_SETTLE_S = 2.0  # the other ranks' collectives time out too, each from its own entry
+_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O"}
 _uncaught: Optional[str] = None  # what this rank's excepthook last reported
 
 
@@ -133,6 +141,31 @@ def _peer_fate(store, rank: int, here: Optional[str]) -> Optional[str]:
     return None
 
 
+def _absent_but_alive(store, me: int, world: int, here: Optional[str]) -> list:
+    """Peers alive on this machine that left no failed record within _HUNG_SETTLE_S: they
+    never reached the collective the others are failing in."""
+    deadline = time.monotonic() + _HUNG_SETTLE_S
+    while True:
+        missing = [r for r in range(world) if r != me and not store.check([_FAILED_KEY.format(r)])]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    out = []
+    for rank in missing:
+        if not store.check([_PEER_KEY.format(rank)]):
+            continue
+        peer = json.loads(store.get(_PEER_KEY.format(rank)))
+        stat = _proc_stat(peer["pid"]) if peer["pidns"] == here and here else None
+        if stat is None or stat[1] != peer["start"] or stat[0] not in _STATES:
+            continue
+        out.append(
+            f"rank {rank} (pid {peer['pid']} on host {peer['host']}) is alive "
+            f"({_STATES[stat[0]]}) but has not reached this collective: it is busy or hung "
+            f"elsewhere (`py-spy dump --pid {peer['pid']}` shows where)"
+        )
+    return out
+
+
 def _store_address(store) -> str:
     while hasattr(store, "underlying_store"):
         store = store.underlying_store
@@ -153,11 +186,15 @@ def who_stopped_answering() -> str:
     deadline = time.monotonic() + _SETTLE_S
     try:
         store.set_timeout(_STORE_PROBE_TIMEOUT)
+        store.set(_FAILED_KEY.format(me), "1")
         while True:
             gone = [f for r in range(world) if r != me and (f := _peer_fate(store, r, here))]
             if gone or time.monotonic() > deadline:
-                return "".join(f"{g}; " for g in gone)
+                break
             time.sleep(0.1)
+        if not gone:
+            gone = _absent_but_alive(store, me, world, here)
+        return "".join(f"{g}; " for g in gone)
     except Exception as exc:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         return (

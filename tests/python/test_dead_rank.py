@@ -187,3 +187,37 @@ def test_a_stopped_rank_is_named_when_the_collective_times_out():
     stopped = r"rank 1 \(pid \d+ on host [^)]+\) is stopped \(SIGSTOP, or held by a debugger\)"
     assert re.match(r"\[rank 0\] all_reduce failed: " + stopped, message), message
     assert elapsed < 30, elapsed  # the configured timeout (4 s), not a default one
+
+
+def hung_peer_worker(rank, world):
+    """Rank 1 stays alive but never reaches the next collective (a hang: it sleeps, as a
+    rank blocked on a lock or a read would). Rank 0's collective times out; the error must
+    name rank 1 as alive and absent. Rank 0 then kills it."""
+    from zerostream import comm
+
+    comm.init_distributed(timeout=datetime.timedelta(seconds=4))
+    comm.all_reduce(torch.ones(2))
+    if rank == 1:
+        time.sleep(120)
+    time.sleep(0.5)
+    start = time.monotonic()
+    message = _error(lambda: comm.all_reduce(torch.ones(2)))
+    elapsed = time.monotonic() - start
+    import json
+
+    import zerostream.peers as peers
+
+    record = json.loads(peers._default_store().get(peers._PEER_KEY.format(1)))
+    os.kill(record["pid"], signal.SIGKILL)
+    return message, elapsed
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_rank_is_named_when_the_collective_times_out():
+    message, elapsed = _survivor_result(hung_peer_worker, "exit code -9")
+    hung = (
+        r"rank 1 \(pid (\d+) on host [^)]+\) is alive \(sleeping\) but has not reached this "
+        r"collective: it is busy or hung elsewhere \(`py-spy dump --pid \1` shows where\)"
+    )
+    assert re.match(r"\[rank 0\] all_reduce failed: " + hung, message), message
+    assert elapsed < 30, elapsed  # the configured timeout (4 s), not a default one
