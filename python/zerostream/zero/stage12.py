@@ -26,6 +26,11 @@ from .sharded import ShardedOptimizerBase
 _REDUCERS = {1: Stage1Reducer, 2: Stage2Reducer}
 
 
+class UnusedParametersError(AssertionError):
+    """zero_optimization.ignore_unused_parameters false, and a backward left trainable params
+    without a gradient. An AssertionError, as DeepSpeed's (its tests catch that type)."""
+
+
 class PartitionedOptimizer(ShardedOptimizerBase):
     """Stages 1 and 2 (the stage picks the gradient reducer, zero/grad_reduce.py)."""
 
@@ -56,6 +61,10 @@ class PartitionedOptimizer(ShardedOptimizerBase):
             for f in self.flat_groups
             for s in f.slots
         ]
+        # ignore_unused_parameters false: every trainable param must get a gradient in every
+        # backward (DeepSpeed checks it at stages 1 and 2); the ones that did, this backward.
+        self.require_all_grads = not zero.ignore_unused_parameters
+        self._got_grad: set = set()
 
     def local_partitions(self) -> List[torch.Tensor]:
         return [f.partition() for f in self.flat_groups]
@@ -66,10 +75,30 @@ class PartitionedOptimizer(ShardedOptimizerBase):
         gi, slot = self._slot_of[param]
         grad = param.grad.detach().reshape(-1)
         param.grad = None
+        if self.require_all_grads:
+            self._got_grad.add(id(param))
         self.reducer.on_grad(gi, slot, grad)
 
     def after_backward(self) -> None:
         self.reducer.after_backward()
+        if self.require_all_grads:
+            got, self._got_grad = self._got_grad, set()
+            missing = [
+                f"param {i} of group {gi} {tuple(s.param.shape)}"
+                for gi, flat in enumerate(self.flat_groups)
+                for i, s in enumerate(flat.slots)
+                if id(s.param) not in got
+            ]
+            if missing:
+                shown = ", ".join(missing[:5]) + (
+                    f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+                )
+                raise UnusedParametersError(
+                    f"ZeRO stage {self.stage}: {len(missing)} trainable parameter(s) got no "
+                    f"gradient in this backward ({shown}): the loss does not depend on them. "
+                    f"Set zero_optimization.ignore_unused_parameters to true (DeepSpeed's "
+                    f"default) to train without them, or freeze them (requires_grad=False)."
+                )
 
     # --- step ------------------------------------------------------------------------------------
     def step(self) -> bool:

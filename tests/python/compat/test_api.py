@@ -87,6 +87,9 @@ def test_helpers(facts):
     assert "train_batch_size" in h["config_bad"]
     assert h["zero_is_runtime_zero"]
     assert h["steps_per_print_inf"] is None  # never print, as DeepSpeed's default
+    z = h["zero_utils"]
+    assert "zero_force_ds_cpu_optimizer" in z["caught"], z  # caught as DeepSpeed's type
+    assert z["supported"] == [True, True, False] and z["zero_param"] is False
 
 
 def test_save_16bit_model_at_stage3(facts):

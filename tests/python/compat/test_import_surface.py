@@ -51,6 +51,8 @@ REQUIRED = [
     "deepspeed.runtime.zero.partition_parameters.Init",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters",
     "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.zero.utils.ZeRORuntimeException",
+    "deepspeed.runtime.zero.utils.is_zero_param",
     "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum",
     "deepspeed.zero.Init",
     "deepspeed.zero.GatheredParameters",

@@ -101,3 +101,32 @@ def test_a_missing_engine_attribute_names_the_engine_not_the_module():
         r"'no_such_method' \(nor has its module MLP\)$",
     ):
         _ = engine.no_such_method
+
+
+class _HalfUsed(torch.nn.Module):
+    """`spare` never takes part in the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.used, self.spare = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.used(x).square().mean()
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_ignore_unused_parameters_false_names_the_params_without_gradients(stage):
+    """DeepSpeed's TestStage2IgnoreUnusedParameters: an AssertionError naming the key, raised
+    in the loop; with the default (true) the same model trains."""
+    x = torch.randn(2, 4)
+    strict = _cfg(stage, zero_optimization={"stage": stage, "ignore_unused_parameters": False})
+    engine = ZeroEngine(_HalfUsed(), strict)
+    with pytest.raises(AssertionError, match="ignore_unused_parameters") as err:
+        engine.backward(engine(x))
+    assert "2 trainable parameter(s)" in str(err.value)
+    assert "param 2 of group 0 (4, 4)" in str(err.value)  # spare.weight
+    lenient = ZeroEngine(_HalfUsed(), _cfg(stage))
+    before = lenient.module.used.weight.detach().clone()
+    lenient.backward(lenient(x))
+    lenient.step()
+    assert not torch.equal(lenient.module.used.weight, before)

@@ -238,6 +238,33 @@ def helpers():
         "config_stage": cfg.zero_stage,
         "config_bad": bad,
         "zero_is_runtime_zero": deepspeed.zero is deepspeed.runtime.zero,
+        "zero_utils": zero_utils(),
+    }
+
+
+def zero_utils():
+    """deepspeed.runtime.zero.utils: DeepSpeed's exception type catches zerostream's error."""
+    from deepspeed.ops.adam import FusedAdam
+    from deepspeed.runtime.zero import utils
+
+    model = torch.nn.Linear(4, 4)
+    cfg = {k: v for k, v in config(2, offload_optimizer={"device": "cpu"}).items()}
+    del cfg["optimizer"]  # the client's optimizer instead
+    try:  # a client optimizer with optimizer offload (zero_force_ds_cpu_optimizer)
+        deepspeed.initialize(
+            model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=cfg
+        )
+        caught = "no error"
+    except utils.ZeRORuntimeException as exc:
+        caught = str(exc)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {
+        "caught": caught,
+        "supported": [
+            utils.is_zero_supported_optimizer(o)
+            for o in (torch.optim.AdamW(model.parameters()), FusedAdam(model.parameters()), sgd)
+        ],
+        "zero_param": utils.is_zero_param(model.weight),
     }
 
 

@@ -10,7 +10,15 @@ from zerostream.zero import (
     unregister_external_parameter,
 )
 
-from . import config, offload_config, offload_states, partition_parameters, stage3, stage_1_and_2
+from . import (
+    config,
+    offload_config,
+    offload_states,
+    partition_parameters,
+    stage3,
+    stage_1_and_2,
+    utils,
+)
 
 __all__ = [
     "GatheredParameters",
@@ -24,4 +32,5 @@ __all__ = [
     "partition_parameters",
     "stage3",
     "stage_1_and_2",
+    "utils",
 ]
