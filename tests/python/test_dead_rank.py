@@ -159,15 +159,16 @@ def test_a_peer_that_exited_through_python_is_named_with_its_reason():
     ), message
 
 
-def stopped_peer_worker(rank, world):
-    """Rank 1 stops itself (SIGSTOP): alive, holding its sockets, answering nothing. Rank 0's
-    collective times out; the error must name rank 1 as stopped. Rank 0 then kills it."""
+def _times_out_on_rank_1(rank, hold):
+    """Rank 1 runs `hold` (it never returns) after the first collective; rank 0's second
+    collective times out after 4 s. Rank 0 then kills rank 1 and returns its error and how
+    long the collective took."""
     from zerostream import comm
 
     comm.init_distributed(timeout=datetime.timedelta(seconds=4))
     comm.all_reduce(torch.ones(2))
     if rank == 1:
-        os.kill(os.getpid(), signal.SIGSTOP)
+        hold()
     time.sleep(0.5)
     start = time.monotonic()
     message = _error(lambda: comm.all_reduce(torch.ones(2)))
@@ -179,6 +180,12 @@ def stopped_peer_worker(rank, world):
     record = json.loads(peers._default_store().get(peers._PEER_KEY.format(1)))
     os.kill(record["pid"], signal.SIGKILL)
     return message, elapsed
+
+
+def stopped_peer_worker(rank, world):
+    """Rank 1 stops itself (SIGSTOP): alive, holding its sockets, answering nothing; the
+    error must name it as stopped."""
+    return _times_out_on_rank_1(rank, lambda: os.kill(os.getpid(), signal.SIGSTOP))
 
 
 @pytest.mark.timeout(120)
@@ -190,26 +197,9 @@ def test_a_stopped_rank_is_named_when_the_collective_times_out():
 
 
 def hung_peer_worker(rank, world):
-    """Rank 1 stays alive but never reaches the next collective (a hang: it sleeps, as a
-    rank blocked on a lock or a read would). Rank 0's collective times out; the error must
-    name rank 1 as alive and absent. Rank 0 then kills it."""
-    from zerostream import comm
-
-    comm.init_distributed(timeout=datetime.timedelta(seconds=4))
-    comm.all_reduce(torch.ones(2))
-    if rank == 1:
-        time.sleep(120)
-    time.sleep(0.5)
-    start = time.monotonic()
-    message = _error(lambda: comm.all_reduce(torch.ones(2)))
-    elapsed = time.monotonic() - start
-    import json
-
-    import zerostream.peers as peers
-
-    record = json.loads(peers._default_store().get(peers._PEER_KEY.format(1)))
-    os.kill(record["pid"], signal.SIGKILL)
-    return message, elapsed
+    """Rank 1 stays alive but never reaches the next collective (a hang: it sleeps, as a rank
+    blocked on a lock or a read would); the error must name it as alive and absent."""
+    return _times_out_on_rank_1(rank, lambda: time.sleep(120))
 
 
 @pytest.mark.timeout(120)

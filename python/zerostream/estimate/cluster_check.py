@@ -20,9 +20,7 @@ import tempfile
 from typing import List
 
 from .links import kind_seconds, link_bytes
-from .machine import build_machine
-from .plan import Workload, knobs_from_config, predict
-from .validate import gpt_shape, parse_option
+from .validate import gpt_shape, parse_option, predict_cpu_run
 
 # Steps before the measured ones. Stage 3 records the module trace on the first step; the
 # bench GPT's tied head reads the embedding's weight outside the embedding (an external
@@ -83,23 +81,7 @@ def run_job(spec: dict, nodes: int, nproc: int, workdir: str) -> List[dict]:
 def predict_job(shape: dict, cfg: dict, option, nodes: int, nproc: int, rates=None):
     """The planner's prediction for bench/gpt.py's GPT of `shape` trained under the ds_config
     `cfg` by nodes x nproc CPU processes (`rates`: planner rate flags, by name)."""
-    from ..config import load
-
-    machine = build_machine(
-        gpus_per_node=nproc,
-        nodes=nodes,
-        gpu_mem=0,
-        cpu_mem=2**50,
-        nvme=2**50,
-        cpu_only=True,
-        use_cache=False,
-        flags=rates,
-    )
-    resolved = load(cfg, world_size=nodes * nproc, log=False)
-    micro, accum = resolved.train_micro_batch_size_per_gpu, resolved.gradient_accumulation_steps
-    work = Workload(micro, shape["seq"], accum, resolved.precision, checkpointing=False)
-    knobs = knobs_from_config(resolved.zero_optimization)
-    return predict(gpt_shape(shape), work, machine, option, knobs)
+    return predict_cpu_run(shape, cfg, option, nodes=nodes, nproc=nproc, rates=rates)
 
 
 def check(

@@ -42,14 +42,14 @@ def _padded(numel: int, world: int) -> int:
     return math.ceil(numel / world) * world
 
 
-def stage3_plan(shape, knobs):
-    """(gathered ids per micro-batch, gather calls per micro-batch, numels, persistent
-    flags) of the runtime's prefetch plan over the model's trace."""
+def prefetch_plan(shape, knobs):
+    """(plan events, peak live elements, numels, persistent flags) of the runtime's own
+    prefetch planner (zero/prefetch_schedule.h) over the model's trace."""
     from .. import _C
 
     events, numels = shape.gather_trace()
     persistent = [n <= knobs.persistence_threshold for n in numels]  # partitioner.py's test
-    plan, _ = _C.plan_prefetch(
+    plan, peak = _C.plan_prefetch(
         events,
         numels,
         persistent,
@@ -57,6 +57,13 @@ def stage3_plan(shape, knobs):
         knobs.max_live_parameters,
         knobs.max_reuse_distance,
     )
+    return plan, peak, numels, persistent
+
+
+def stage3_plan(shape, knobs):
+    """(gathered ids per micro-batch, gather calls per micro-batch, numels, persistent
+    flags) of the prefetch plan."""
+    plan, _, numels, persistent = prefetch_plan(shape, knobs)
     gathered = [p for fetch, prefetch, *_ in plan for p in (*fetch, *prefetch)]
     calls = sum(bool(fetch) + bool(prefetch) for fetch, prefetch, *_ in plan)
     return gathered, calls, numels, persistent

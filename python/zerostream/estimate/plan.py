@@ -249,19 +249,8 @@ class Prediction:
 
 def _gathered_elements(shape: ModelShape, knobs: Knobs) -> Tuple[int, int]:
     """(peak gathered non-persistent elements, persistent elements) of stage 3, from the
-    runtime's own prefetch planner (zero/prefetch_schedule.h) run over the model's trace."""
-    from .. import _C
-
-    events, numels = shape.gather_trace()
-    persistent = [n <= knobs.persistence_threshold for n in numels]  # partitioner.py
-    _, peak = _C.plan_prefetch(
-        events,
-        numels,
-        persistent,
-        knobs.prefetch_bucket_size,
-        knobs.max_live_parameters,
-        knobs.max_reuse_distance,
-    )
+    runtime's own prefetch planner run over the model's trace (links.prefetch_plan)."""
+    _, peak, numels, persistent = links.prefetch_plan(shape, knobs)
     scale = shape.params / shape.shape_params  # an overridden count scales the shape
     return int(peak * scale), int(sum(n for n, p in zip(numels, persistent) if p) * scale)
 

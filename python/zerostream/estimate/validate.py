@@ -115,20 +115,40 @@ def predict_run(
 ) -> Prediction:
     """The planner's prediction for one bench step run: one CPU process, fp32, no
     activation checkpointing, the config file's knobs."""
+    return predict_cpu_run(shape, config_path, option, micro=micro, overhead=overhead)
+
+
+def predict_cpu_run(
+    shape: Dict[str, int],
+    config,
+    option: Option,
+    micro: Optional[int] = None,
+    nodes: int = 1,
+    nproc: int = 1,
+    overhead: Optional[int] = None,
+    rates: Optional[Dict[str, float]] = None,
+) -> Prediction:
+    """The planner's prediction for bench/gpt.py's GPT of `shape` trained by nodes x nproc
+    CPU processes under `config` (a ds_config dict or path; its knobs, its micro batch
+    unless `micro` is given, its gradient accumulation), without activation
+    checkpointing; `rates`: planner rates by name, as the command's flags give them."""
     from ..config import load
 
-    cfg = load(config_path, world_size=1, require_batch=False, log=False)
+    cfg = load(config, world_size=nodes * nproc, require_batch=False, log=False)
+    micro = micro or cfg.train_micro_batch_size_per_gpu
+    accum = cfg.gradient_accumulation_steps or 1
     machine = build_machine(
-        gpus_per_node=1,
-        nodes=1,
+        gpus_per_node=nproc,
+        nodes=nodes,
         gpu_mem=0,
         cpu_mem=2**50,
         nvme=2**50,
         cpu_only=True,
         use_cache=False,
         host_overhead=overhead,
+        flags=rates,
     )
-    work = Workload(micro, shape["seq"], 1, cfg.precision, checkpointing=False)
+    work = Workload(micro, shape["seq"], accum, cfg.precision, checkpointing=False)
     knobs = knobs_from_config(cfg.zero_optimization)
     return predict(gpt_shape(shape), work, machine, option, knobs)
 
