@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from typing import Dict, Optional
 
+from ..launcher.ports import free_port as _free_port
 from ..telemetry import StepTelemetry
 from . import remember, remove_deepspeed_shm
 from .gpt import SIZES, GPTShape
@@ -115,12 +115,6 @@ def _without_offload(cfg: dict) -> Optional[dict]:
     if not any(o and o.get("device", "none") != "none" for o in removed):
         return None
     return {**cfg, "zero_optimization": zero}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_peer(peer: str, cfg: dict, shape: GPTShape, args) -> dict:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from typing import List
 
+from ..launcher.ports import free_port as _free_port
 from .links import kind_seconds, link_bytes
 from .validate import gpt_shape, parse_option, predict_cpu_run
 
@@ -50,12 +50,6 @@ def config(option, micro: int, accum: int) -> dict:
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
         "zero_optimization": zero,
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(spec: dict, nodes: int, nproc: int, workdir: str) -> List[dict]:

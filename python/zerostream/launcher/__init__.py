@@ -8,6 +8,7 @@
 - failures.py  the report naming the rank that failed first
 - nodes.py     per-node command lines, ssh
 - _child.py    run in each rank before the user's program (stdlib only)
+- ports.py     a free port for a job's store, outside the kernel's ephemeral range
 """
 
 from .command import add_arguments, add_parser, main, run

@@ -14,7 +14,6 @@ benchmarks/estimate.md)."""
 
 import json
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -25,15 +24,10 @@ from launcher_run import LAUNCH_TIMEOUT_S, clean_env
 
 from zerostream.estimate import cluster_check
 from zerostream.estimate.plan import Option
+from zerostream.launcher.ports import free_port as _free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPT = str(HERE / "multinode_train.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _job(tmp_path: pathlib.Path, nodes: int, nproc: int, mode: str) -> list:
@@ -136,3 +130,18 @@ def test_the_exit_barrier_losing_the_store_is_not_logged_but_a_timeout_is(caplog
     assert [r.exc_info[0] for r in caplog.records] == [dist.DistStoreError]
     log.exception("Error waiting on exit barrier")  # outside the launch: not filtered
     assert len(caplog.records) == 2
+
+
+def test_the_store_port_is_free_and_outside_the_range_connections_take_ports_from():
+    """A port the kernel may give to any outgoing connection could be taken between the pick
+    and the store's bind ("address already in use" on one run in many)."""
+    import socket
+
+    from zerostream.launcher import ports
+
+    low = ports._ephemeral_low()
+    for _ in range(20):
+        port = _free_port()
+        assert 1024 <= port < low, (port, low)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free: binding it works

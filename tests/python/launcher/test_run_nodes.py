@@ -6,7 +6,6 @@ rendezvous and their ranks all-reduce over Gloo."""
 from __future__ import annotations
 
 import shlex
-import socket
 import stat
 import sys
 
@@ -14,6 +13,7 @@ import pytest
 from launcher_run import HERE, launch, records
 
 from zerostream import launcher
+from zerostream.launcher.ports import free_port as _free_port
 
 HOSTFILE = "# two GPU boxes\nworker-0 slots=4\nworker-1 slots=4\n"
 
@@ -107,12 +107,6 @@ with open(os.environ["FAKE_SSH_LOG"], "a") as log:
     log.write(args[0] + "\\n")
 os.execvp("sh", ["sh", "-c", " ".join(args[1:])])
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.multirank
