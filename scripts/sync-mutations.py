@@ -214,6 +214,21 @@ MUTATIONS = [
         "        self.registers = bool(register)",
         [GPU_PATH + "::test_host_memory_is_registered_once_and_not_at_all_without_pin_memory"],
     ),
+    (
+        "offload-states-waits-for-its-downloads",
+        "zero/state_offload.py",
+        "        lanes.host_wait(last)  # a lane completes its copies in order",
+        "        pass",
+        [ENGINE + "::test_parked_states_are_readable_when_offload_states_returns"],
+    ),
+    (
+        "reload-states-waits-for-its-uploads",
+        "zero/state_offload.py",
+        "        lanes.device_wait(last)  # the compute stream reads them next\n"
+        "        lanes.host_wait(last)  # the host sources are released with `parked`",
+        "        pass",
+        [ENGINE + "::test_parked_states_are_readable_when_offload_states_returns"],
+    ),
 ]
 
 

@@ -20,6 +20,13 @@ Note [Parking state in host memory]
   name; reload_states puts everything back where it was and training goes on bitwise.
   Refused as in DeepSpeed: stage 0, offload_param (the weights already live off the device),
   NVMe as the target ("cpu" only), offloading twice without a reload.
+  The copies go over the copy stage's lanes (offload/copy_stage.py lanes_for: a stream per
+  direction, each waiting for the compute stream first; on the simulated device in the
+  device tests), and both calls return only once the last copy is complete: the caller may
+  read the parked tensors (a save, get_state_devices) or give the device memory to another
+  process right after offload_states, and the page-locked sources of reload_states go with
+  the parked list. `non_blocking` is accepted for DeepSpeed's signature; the copies are
+  asynchronous either way and waited for once at the end.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
+
+from ..offload.copy_stage import lanes_for
 
 OFFLOADED = "the engine's states are offloaded (offload_states); call engine.reload_states() first"
 
@@ -82,22 +91,17 @@ def _movable(t: torch.Tensor) -> bool:
     return t.numel() > 0 and (t.device.type != "cpu" or _COPY_HOST_TENSORS)
 
 
-def _host_copy(t: torch.Tensor, pin: bool, non_blocking: bool) -> torch.Tensor:
-    pin = pin and t.device.type == "cuda"  # page-locked only helps a device copy
-    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-    host.copy_(t.detach(), non_blocking=non_blocking and pin)
-    return host
-
-
 def park(
     groups: Dict[OffloadStateType, StateGroup],
     kinds: Iterable[OffloadStateType],
     pin_memory: bool,
-    non_blocking: bool,
+    lanes,
 ) -> Parked:
-    """Moves the device-resident tensors of `kinds` to host memory."""
+    """Moves the device-resident tensors of `kinds` to host memory over `lanes`' download
+    lane; returns once every copy is complete (Note [Parking state in host memory])."""
     parked = Parked()
     seen = set()
+    last = None
     with torch.no_grad():
         for kind in kinds:
             group = groups.get(kind)
@@ -108,32 +112,35 @@ def park(
                 if id(t) in seen or not _movable(t):
                     continue
                 seen.add(id(t))
+                pin = pin_memory and t.device.type == "cuda"  # page-locked helps a device copy
+                host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+                # The lane keeps the device source alive until it has read it (record_stream).
+                last = lanes.copy(host, t.detach(), upload=False) or last
                 parked.homes.append((t, t.device))
-                t.data = _host_copy(t, pin_memory, non_blocking)
+                t.data = host
                 moved = True
             if moved and group.repoint is not None:
                 group.repoint()
                 parked.repoints.append(group.repoint)
-    if non_blocking and torch.cuda.is_available():
-        # The host copies are complete only when the device says so; the caller may read
-        # them (get_state_devices, a save) or hand the device memory to another process
-        # (the point of parking) right after this returns.
-        torch.cuda.current_stream().synchronize()
+    if last is not None:
+        lanes.host_wait(last)  # a lane completes its copies in order
     return parked
 
 
-def unpark(parked: Parked, non_blocking: bool) -> None:
-    """Puts every parked tensor back on the device it came from, then re-carves the views."""
+def unpark(parked: Parked, lanes) -> None:
+    """Puts every parked tensor back on the device it came from over `lanes`' upload lane,
+    re-carves the views, and returns once the copies are complete."""
+    last = None
     with torch.no_grad():
         for t, device in parked.homes:
             back = torch.empty(t.shape, dtype=t.dtype, device=device)
-            back.copy_(t.detach(), non_blocking=non_blocking and t.is_pinned())
+            last = lanes.copy(back, t.detach(), upload=True) or last
             t.data = back
         for repoint in parked.repoints:
             repoint()
-    if non_blocking and torch.cuda.is_available():
-        # Pinned host sources are released next (their last reference goes with `parked`).
-        torch.cuda.current_stream().synchronize()
+    if last is not None:
+        lanes.device_wait(last)  # the compute stream reads them next
+        lanes.host_wait(last)  # the host sources are released with `parked`
 
 
 # --- the engine's two calls --------------------------------------------------------------------
@@ -168,7 +175,7 @@ def offload_engine_states(engine, include=None, device="cpu", pin_memory=True, n
     engine._run.require(TrainingState.IDLE, what="offload_states")
     engine._run.require_consistent("offload_states")
     groups = engine.optimizer.offloadable_states()
-    engine._parked = park(groups, kinds_of(include), pin_memory, non_blocking)
+    engine._parked = park(groups, kinds_of(include), pin_memory, lanes_for(engine.device))
     engine._run.set_inconsistent(OFFLOADED)
 
 
@@ -177,7 +184,7 @@ def reload_engine_states(engine, non_blocking=False) -> None:
     nothing is offloaded."""
     if engine._parked is None:
         return
-    unpark(engine._parked, non_blocking)
+    unpark(engine._parked, lanes_for(engine.device))
     engine._parked = None
     if engine._run.inconsistent == OFFLOADED:
         engine._run.set_inconsistent(None)

@@ -256,3 +256,64 @@ def test_the_engine_on_one_rank_matches_the_cpu_run(tmp_path, references):
     if ON_GPU and torch.cuda.device_count() == 1:
         pytest.skip("one GPU: the test above already ran on one rank")
     _run_matrix(1, ONE_RANK, tmp_path, references)
+
+
+def parking_worker(rank, world, on_gpu):
+    """engine.offload_states / reload_states on the device: a GPU, or the simulated one (lazy
+    completion: a copy's destination holds poison until the host has waited for it)."""
+    import contextlib
+
+    import zerostream
+    from mlp import MLP
+    from zerostream.testing import sim_device
+    from zerostream.zero import state_offload
+
+    if not on_gpu:
+        state_offload._COPY_HOST_TENSORS = True  # the sim's device memory is host memory
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {"stage": 2},
+    }
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(rank))
+    device = contextlib.nullcontext(None) if on_gpu else sim_device.installed("lazy", 0, rank)
+    with device as sim:
+        torch.manual_seed(0)
+        engine, *_ = zerostream.initialize(model=MLP(), config=config)
+        x = x.to(engine.device)
+        try:
+            for _ in range(2):
+                engine.backward(engine(x))
+                engine.step()
+            groups = engine.optimizer.offloadable_states()
+            tensors = [t for g in groups.values() for t in g.tensors]
+            values = [t.clone() for t in tensors]
+            copies = sim.counters["copies"] if sim else 0
+            engine.offload_states(non_blocking=True)
+            on_host = all(t.device.type == "cpu" for t in tensors)
+            parked = all(torch.equal(t, v.cpu()) for t, v in zip(tensors, values))  # at once
+            engine.reload_states(non_blocking=True)
+            back = all(torch.equal(t, v) for t, v in zip(tensors, values))
+            moved = sim.counters["copies"] - copies if sim else 2 * len(tensors)
+            engine.backward(engine(x))
+            engine.step()
+            finite = all(bool(p.isfinite().all()) for p in engine.module.parameters())
+        finally:
+            engine.destroy()
+            violations = list(sim.violations) if sim else []
+            if sim:
+                sim.violations.clear()
+    return parked and on_host, back, moved, len(tensors), finite, violations
+
+
+@pytest.mark.device
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_parked_states_are_readable_when_offload_states_returns(tmp_path):
+    """Each parked tensor crosses a lane both ways, and both calls return only once the
+    copies are complete: without the waits the host copies read as the sim's poison (on a
+    GPU: whatever the copy had not yet written)."""
+    for parked, back, moved, count, finite, violations in run_ranks(parking_worker, 2, ON_GPU):
+        assert violations == [], violations
+        assert moved == 2 * count > 0, (moved, count)
+        assert parked and back and finite
