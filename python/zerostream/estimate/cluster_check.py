@@ -16,10 +16,12 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from typing import List
 
 from ..launcher.ports import free_port as _free_port
 from .links import kind_seconds, link_bytes
+from .machine import Rate
 from .validate import gpt_shape, parse_option, predict_cpu_run
 
 # Steps before the measured ones. Stage 3 records the module trace on the first step; the
@@ -72,12 +74,6 @@ def run_job(spec: dict, nodes: int, nproc: int, workdir: str) -> List[dict]:
         return json.load(f)
 
 
-def predict_job(shape: dict, cfg: dict, option, nodes: int, nproc: int, rates=None):
-    """The planner's prediction for bench/gpt.py's GPT of `shape` trained under the ds_config
-    `cfg` by nodes x nproc CPU processes (`rates`: planner rate flags, by name)."""
-    return predict_cpu_run(shape, cfg, option, nodes=nodes, nproc=nproc, rates=rates)
-
-
 def check(
     shape_name: str, option_text: str, nodes: int, nproc: int, accum: int, steps: int, ranks=None
 ):
@@ -91,17 +87,15 @@ def check(
             spec.update(steps=steps, warmup=WARMUP)
             ranks = run_job(spec, nodes, nproc, tmp)
     ring = ranks[0]["ring"]
+    pred = predict_cpu_run(shape, cfg, option, nodes=nodes, nproc=nproc)
 
-    def rates(kind: str) -> dict:  # each kind's measured ring as the links' rates
-        r = ring[kind]
-        return {
-            "collective": r["gbps"],
-            "net": r["gbps"],
-            "collective_latency_us": r["latency_us"],
-            "net_latency_us": r["latency_us"],
-        }
+    def measured_on(kind: str):  # the machine with this kind's measured ring as its links
+        r, source = ring[kind], f"measured: {kind} on this job's ranks"
+        rates = {"collective": r["gbps"], "net": r["gbps"]}
+        rates.update(collective_latency_us=r["latency_us"], net_latency_us=r["latency_us"])
+        mine = {k: Rate(v, pred.machine.rates[k].unit, source) for k, v in rates.items()}
+        return replace(pred.machine, rates={**pred.machine.rates, **mine})
 
-    pred = predict_job(shape, cfg, option, nodes, nproc)
     rows = []
     for kind in ("all_gather", "reduce_scatter", "all_reduce"):
         got = [r["bytes"].get(kind, 0) for r in ranks]
@@ -110,7 +104,7 @@ def check(
             continue
         k = {"bytes": want, "calls": pred.traffic.get(f"{kind}_calls", 0)}
         secs = [r["seconds"].get(kind, 0.0) for r in ranks]
-        machine = predict_job(shape, cfg, option, nodes, nproc, rates(kind)).machine
+        machine = measured_on(kind)
         rows.append(
             {
                 "kind": kind,

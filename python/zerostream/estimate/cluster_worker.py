@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         spec = json.load(f)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     node = int(os.environ["GROUP_RANK"])
-    cfg = json.loads(json.dumps(spec["config"]))
+    cfg = spec["config"]  # this process's own copy, read from the file
     nvme = os.path.join(spec["nvme_root"], f"node{node}")
     for key in ("offload_optimizer", "offload_param"):
         section = cfg["zero_optimization"].get(key)

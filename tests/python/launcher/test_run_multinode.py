@@ -24,6 +24,7 @@ from launcher_run import LAUNCH_TIMEOUT_S, clean_env
 
 from zerostream.estimate import cluster_check
 from zerostream.estimate.plan import Option
+from zerostream.estimate.validate import predict_cpu_run
 from zerostream.launcher.ports import free_port as _free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -90,8 +91,12 @@ def test_two_nodes_train_save_and_resume_on_other_shapes(tmp_path):
 
     # The planner's collective bytes are the telemetry's, on every rank, from the step on
     # which the prefetch plan is followed (cluster_check.WARMUP); before it, more.
-    pred = cluster_check.predict_job(
-        multinode_train.SHAPE, multinode_train.job_config(4, "-"), Option(3, "nvme", "nvme"), 2, 2
+    pred = predict_cpu_run(
+        multinode_train.SHAPE,
+        multinode_train.job_config(4, "-"),
+        Option(3, "nvme", "nvme"),
+        nodes=2,
+        nproc=2,
     )
     for rank, rec in enumerate(first):
         planned = rec["collectives"][cluster_check.WARMUP :]
