@@ -25,6 +25,15 @@ class _Accelerator:
     def is_bf16_supported(self) -> bool:
         return True
 
+    def supported_dtypes(self) -> list:
+        """The floating dtypes models may train in here (DeepSpeed's accelerator API)."""
+        dtypes = [torch.float32]
+        if self.is_bf16_supported():
+            dtypes.append(torch.bfloat16)
+        if self.is_fp16_supported():
+            dtypes.append(torch.float16)
+        return dtypes
+
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
@@ -41,8 +50,11 @@ class CpuAccelerator(_Accelerator):
     _name = "cpu"
     _backend = "gloo"
 
-    def current_device(self) -> int:
-        return 0
+    def current_device(self) -> str:
+        """ "cpu", as torch.cpu.current_device() answers: code that places a tensor with
+        `device=get_accelerator().current_device()` (DeepSpeed's tests do) gets a host
+        tensor, where an index 0 would mean CUDA device 0."""
+        return "cpu"
 
     def current_device_name(self) -> str:
         return "cpu"

@@ -408,7 +408,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
             output_tensor, input_tensor, group=group, async_op=async_op
         )
     world = get_world_size(group)
-    chunks = list(output_tensor.view(world, -1).unbind(0))
+    # Each rank's piece has the input's shape (a 0-d input gathers into a 1-d output).
+    chunks = [c.view(input_tensor.shape) for c in output_tensor.view(world, -1).unbind(0)]
     source = input_tensor
     if input_tensor.data_ptr() == chunks[get_rank(group)].data_ptr():
         source = input_tensor.clone()  # gloo may write the output before reading the input
@@ -420,8 +421,11 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     if not _backend_is_gloo(group):
         return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
     world = get_world_size(group)
+    # Gloo has no reduce-scatter: an all-reduce in place, so on Gloo `input` is left holding
+    # the full reduction (NCCL leaves it as it was). The engine's callers pass scratch buckets;
+    # a copy here would double the largest bucket's memory on the CPU path.
     dist.all_reduce(input, op=op, group=group)
-    output.copy_(input.view(world, -1)[get_rank(group)])
+    output.copy_(input.view(world, -1)[get_rank(group)].view_as(output))
     return None
 
 

@@ -115,6 +115,10 @@ def test_accelerator_on_this_machine():
     else:
         assert acc.device_name() == "cpu" and acc.current_device_name() == "cpu"
         assert acc.device_name(1) == "cpu"  # DeepSpeed's CPU accelerator: no index
+        # torch.cpu.current_device()'s answer: placing by it gives a host tensor (0 is CUDA 0).
+        assert torch.tensor(1, device=acc.current_device()).device.type == "cpu"
+        assert acc.supported_dtypes()[:2] == [torch.float32, torch.bfloat16]
+        assert (torch.float16 in acc.supported_dtypes()) == acc.is_fp16_supported()
         assert acc.communication_backend_name() == "gloo"
         assert acc.is_synchronized_device() and acc.is_bf16_supported()
         t = torch.ones(3)

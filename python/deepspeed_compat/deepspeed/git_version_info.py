@@ -1,6 +1,8 @@
 """`deepspeed.git_version_info`: the build facts DeepSpeed records at install time (`ds_report`
-and DeepSpeed's test helpers read them). zerostream builds no DeepSpeed ops: its kernels are
-compiled into zerostream._C, so no op is listed as installed or compatible."""
+and DeepSpeed's test helpers read them). zerostream builds no op at run time: the ops it has
+(CPU Adam, Adagrad and Lion, FusedAdam as torch's Adam, async I/O) are compiled into
+zerostream._C or are torch's, so they are listed as installed and compatible; the others
+(deepspeed.ops.op_builder.ALL_OPS) as neither."""
 
 import torch
 
@@ -9,8 +11,10 @@ from ._api_version import DEEPSPEED_API_VERSION
 version = DEEPSPEED_API_VERSION
 git_hash = None
 git_branch = None
-installed_ops: dict = {}
-compatible_ops: dict = {}
+from .ops.op_builder import ALL_OPS
+
+compatible_ops = {name: builder().is_compatible() for name, builder in ALL_OPS.items()}
+installed_ops = dict(compatible_ops)
 accelerator_name = "cuda" if torch.cuda.is_available() else "cpu"
 torch_info = {
     "version": ".".join(torch.__version__.split("+")[0].split(".")[:2]),

@@ -8,6 +8,8 @@ from __future__ import annotations
 from zerostream import comm
 from zerostream import config as _config
 
+from . import constants as _constants
+
 
 class _ConfigType(type):
     def __instancecheck__(cls, obj) -> bool:
@@ -28,3 +30,35 @@ class DeepSpeedConfig(metaclass=_ConfigType):
 DeepSpeedConfigError = ValueError
 
 __all__ = ["DeepSpeedConfig", "DeepSpeedConfigError"]
+
+
+# DeepSpeed's optimizer type names (config "optimizer.type", matched lowercased) and the
+# readers of single top-level keys (runtime/config.py in DeepSpeed).
+ADAGRAD_OPTIMIZER = "adagrad"
+ADAM_OPTIMIZER = "adam"
+ADAMW_OPTIMIZER = "adamw"
+LAMB_OPTIMIZER = "lamb"
+ONEBIT_ADAM_OPTIMIZER = "onebitadam"
+ZERO_ONE_ADAM_OPTIMIZER = "zerooneadam"
+ONEBIT_LAMB_OPTIMIZER = "onebitlamb"
+MUADAM_OPTIMIZER = "muadam"
+MUADAMW_OPTIMIZER = "muadamw"
+MUSGD_OPTIMIZER = "musgd"
+LION_OPTIMIZER = "lion"
+MUON_OPTIMIZER = "muon"
+DEEPSPEED_OPTIMIZERS = [
+    ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, ONEBIT_ADAM_OPTIMIZER,
+    ONEBIT_LAMB_OPTIMIZER, ZERO_ONE_ADAM_OPTIMIZER, MUADAM_OPTIMIZER, MUADAMW_OPTIMIZER,
+    MUSGD_OPTIMIZER, LION_OPTIMIZER, MUON_OPTIMIZER,
+]  # fmt: skip
+
+
+def get_gradient_clipping(param_dict: dict) -> float:
+    return param_dict.get(_constants.GRADIENT_CLIPPING, _constants.GRADIENT_CLIPPING_DEFAULT)
+
+
+def get_log_level(param_dict: dict):
+    return param_dict.get(_constants.LOG_LEVEL, _constants.LOG_LEVEL_DEFAULT)
+
+
+__all__ += ["DEEPSPEED_OPTIMIZERS", "get_gradient_clipping", "get_log_level"]

@@ -34,6 +34,12 @@ def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes, *args, **kw
     )
 
 
+def unset_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes, *args, **kwargs):
+    """The counterpart of set_z3_leaf_modules, refused the same way."""
+    names = [getattr(c, "__name__", str(c)) for c in leaf_module_classes]
+    raise unsupported(Z3_LEAF_MODULES, "deepspeed.utils.unset_z3_leaf_modules", f"asked for {names}")
+
+
 def get_z3_leaf_modules(model: torch.nn.Module) -> List[torch.nn.Module]:
     """No module is a ZeRO-3 leaf on zerostream."""
     return []
@@ -54,6 +60,7 @@ __all__ = [
     "logger",
     "log_dist",
     "set_z3_leaf_modules",
+    "unset_z3_leaf_modules",
     "get_z3_leaf_modules",
     "z3_leaf_module",
 ]

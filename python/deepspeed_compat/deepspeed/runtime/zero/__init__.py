@@ -19,6 +19,7 @@ from . import (
     stage_1_and_2,
     utils,
 )
+from .stage3 import unwrap_model_for_generation
 
 __all__ = [
     "GatheredParameters",
@@ -33,4 +34,5 @@ __all__ = [
     "stage3",
     "stage_1_and_2",
     "utils",
+    "unwrap_model_for_generation",
 ]

@@ -1,0 +1,89 @@
+"""`deepspeed.ops.op_builder`: DeepSpeed's op builders, as far as code outside DeepSpeed uses
+them: `NAME`, `is_compatible()` (tests and Accelerate ask before using an op) and
+`absolute_name()`. zerostream compiles nothing at run time: its CPU optimizers and async I/O
+are in zerostream._C, and FusedAdam is torch's Adam, so those builders are compatible; the
+CUDA-only kernels zerostream does not have (LAMB, the transformer and inference kernels,
+...) are not. `load()` returns DeepSpeed's raw op module, an internal interface zerostream
+does not reproduce: it raises, naming the public class to use instead.
+"""
+
+from __future__ import annotations
+
+from zerostream.ops.aio import AsyncIOBuilder
+
+
+class OpBuilder:
+    NAME = ""
+    BUILD_VAR = ""
+    COMPATIBLE = False
+    USE_INSTEAD = ""
+
+    def __init__(self, name: str | None = None):
+        self.name = name or self.NAME
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        return self.COMPATIBLE
+
+    def absolute_name(self) -> str:
+        return f"deepspeed.ops.{self.NAME}_op"
+
+    def builder(self):
+        return self
+
+    def load(self, verbose: bool = True):
+        if not self.COMPATIBLE:
+            raise RuntimeError(f"op {self.NAME!r} is not available on zerostream")
+        raise NotImplementedError(
+            f"{type(self).__name__}().load(): DeepSpeed's raw {self.NAME} op module is internal to "
+            f"DeepSpeed; zerostream's kernel is reached through {self.USE_INSTEAD}"
+        )
+
+
+def _builder(class_name: str, name: str, compatible: bool, use_instead: str = "") -> type:
+    return type(
+        class_name,
+        (OpBuilder,),
+        {
+            "NAME": name,
+            "BUILD_VAR": f"DS_BUILD_{name.upper()}",
+            "COMPATIBLE": compatible,
+            "USE_INSTEAD": use_instead,
+        },
+    )
+
+
+CPUAdamBuilder = _builder("CPUAdamBuilder", "cpu_adam", True, "deepspeed.ops.adam.DeepSpeedCPUAdam")
+CPUAdagradBuilder = _builder(
+    "CPUAdagradBuilder", "cpu_adagrad", True, "deepspeed.ops.adagrad.DeepSpeedCPUAdagrad"
+)
+CPULionBuilder = _builder("CPULionBuilder", "cpu_lion", True, "deepspeed.ops.lion.DeepSpeedCPULion")
+FusedAdamBuilder = _builder("FusedAdamBuilder", "fused_adam", True, "deepspeed.ops.adam.FusedAdam")
+FusedLambBuilder = _builder("FusedLambBuilder", "fused_lamb", False)
+FusedLionBuilder = _builder("FusedLionBuilder", "fused_lion", False)
+CPUAdamBuilder.__doc__ = "DeepSpeedCPUAdam's kernels: zerostream._C's fused CPU optimizers."
+
+# What git_version_info reports as compatible (and, nothing being built at run time, installed).
+ALL_OPS = {
+    b.NAME: b
+    for b in (
+        CPUAdamBuilder,
+        CPUAdagradBuilder,
+        CPULionBuilder,
+        FusedAdamBuilder,
+        FusedLambBuilder,
+        FusedLionBuilder,
+        AsyncIOBuilder,
+    )
+}
+
+__all__ = [
+    "ALL_OPS",
+    "AsyncIOBuilder",
+    "CPUAdagradBuilder",
+    "CPUAdamBuilder",
+    "CPULionBuilder",
+    "FusedAdamBuilder",
+    "FusedLambBuilder",
+    "FusedLionBuilder",
+    "OpBuilder",
+]

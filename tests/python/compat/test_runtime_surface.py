@@ -1,0 +1,88 @@
+"""DeepSpeed's runtime names that code built on DeepSpeed imports, each with DeepSpeed's
+behaviour (runtime_surface_worker.py gathers the facts in a subprocess that sees the
+installed package): DeepSpeedConfigModel, the zero_optimization section classes, the
+single-key readers, the op builders, the optimizer-wrapper classes by DeepSpeed's rule,
+zero.linear and unwrap_model_for_generation. DeepSpeed's own unit tests import these at
+module level (scripts/deepspeed-unit.sh)."""
+
+import json
+import pathlib
+
+import pytest
+from compat_run import run_python
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def facts(compat_env):
+    done = run_python([str(HERE / "workers" / "runtime_surface_worker.py")], compat_env, timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_config_model_follows_deepspeeds_rules(facts):
+    c = facts["config_model"]
+    assert c["value"] == 7 and c["alias"] == [5, 6]
+    assert c["auto_keeps_default"] == 3  # "auto" is left for the caller to fill
+    assert c["deprecated_mapped"] == ["a"]  # through new_param_fn
+    assert c["both"] == "AssertionError"
+    assert c["typo"] and c["wrong_type"]  # pydantic's ValidationError
+
+
+def test_zero_section_classes_validate_partial_sections(facts):
+    z = facts["zero_config"]
+    assert z["prefetch"] == [12345, 12345]  # DeepSpeed's field name and the JSON key
+    assert z["overlap_comm"] == [False, False, False, True]  # DeepSpeed's stage rule
+    assert z["no_offload"] == [None, None]
+    assert z["legacy_cpu_offload"] == [True, "cpu"]  # the deprecated key, mapped
+    assert z["empty_sections"] == [True, True]
+    assert z["pipeline"] == [False, True]
+    assert z["isinstance"] and z["param_max_in_cpu"] == 7
+    assert "zero_optimization.stagee" in z["typo"] and 'did you mean "stage"' in z["typo"]
+    assert z["read_only"] == "AttributeError"
+
+
+def test_single_key_readers_and_defaults(facts):
+    r = facts["readers"]
+    assert r["clip"] == [1.0, 1.0] and r["clip_set"] == 0.0  # DeepSpeed >= 0.19.3's default
+    assert r["log_level"] == [None, "info"] and r["adam"] == "adam"
+    assert r["bf16"] == [True, True, False]  # "bfloat16", the old key, is read too
+    assert r["fp16_window"] == 9
+    assert "bf16.enabeld" in r["bf16_typo"]
+    assert r["torch_version"] == [True, False]
+
+
+def test_op_builders_report_what_zerostream_has(facts):
+    o = facts["op_builders"]
+    assert o["compatible"] == {
+        "cpu_adam": True,
+        "cpu_adagrad": True,
+        "cpu_lion": True,
+        "fused_adam": True,
+        "fused_lamb": False,
+        "fused_lion": False,
+        "async_io": True,
+    }
+    assert o["names"] == ["cpu_adam", "fused_lamb"]
+    assert o["load"].startswith("NotImplementedError") and "DeepSpeedCPUAdam" in o["load"]
+    assert o["load_missing"].startswith("RuntimeError") and "fused_lamb" in o["load_missing"]
+
+
+def test_optimizer_wrapper_classes_follow_deepspeeds_choice(facts):
+    w = facts["wrapper_kinds"]
+    assert "BF16_Optimizer" in w["stage1_bf16_fp32_accum"]
+    assert "BF16_Optimizer" not in w["stage1_bf16"]  # bf16 accumulation: the ZeRO optimizer
+    assert w["stage0_bf16_client"] == ["FP16_UnfusedOptimizer"]
+    assert w["stage0_bf16_adam"] == ["FP16_Optimizer"]  # config "Adam" is FusedAdam there
+    assert w["stage0_fp32"] == []
+    assert w["build"].startswith("TypeError") and w["not_an_optimizer"] is False
+
+
+def test_zero3_linear_computes_torch_linear(facts):
+    assert facts["zero_linear"]["max_diff"] == 0.0
+
+
+def test_unwrap_model_for_generation_gathers_then_releases(facts):
+    u = facts["unwrap"]
+    assert u["numel"] == [0, 128, 128, 0]  # partitioned, whole inside (after a forward too), released
+    assert u["out_shape"] == [2, 3] and u["trains_after"]

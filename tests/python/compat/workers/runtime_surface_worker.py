@@ -1,0 +1,226 @@
+"""DeepSpeed's runtime names that code built on DeepSpeed (and DeepSpeed's own tests) imports:
+config classes and readers, op builders, the optimizer-wrapper classes, zero.linear and
+unwrap_model_for_generation (run by test_runtime_surface.py in a subprocess with the
+installed package). Prints one JSON object of plain facts."""
+
+import json
+from typing import List, Optional
+
+import deepspeed
+import torch
+from pydantic import Field, ValidationError
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001  (the type is the fact)
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def config_model():
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel
+
+    class Section(DeepSpeedConfigModel):
+        size: int = 3
+        names_old: Optional[str] = Field(
+            None,
+            json_schema_extra={
+                "deprecated": True,
+                "new_param": "names",
+                "new_param_fn": lambda x: [x],
+            },
+        )
+        names: Optional[List[str]] = None
+        width: int = Field(0, alias="width_alias")
+
+    return {
+        "value": Section(size=7).size,
+        "auto_keeps_default": Section(size="auto").size,
+        "deprecated_mapped": Section(names_old="a").names,
+        "alias": [Section(width=5).width, Section(width_alias=6).width],
+        "both": _error(lambda: Section(names=["a"], names_old="b")).split(":")[0],
+        "typo": isinstance(_catch(lambda: Section(sizes=1)), ValidationError),
+        "wrong_type": isinstance(_catch(lambda: Section(size="x")), ValidationError),
+    }
+
+
+def _catch(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    return None
+
+
+def zero_config():
+    from deepspeed.runtime.zero.config import (
+        DeepSpeedZeroConfig,
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
+
+    z = DeepSpeedZeroConfig(stage3_prefetch_bucket_size=12345, stage=3)
+    legacy = DeepSpeedZeroConfig(cpu_offload=True, stage=2)
+    empty = DeepSpeedZeroConfig(offload_param={}, offload_optimizer={})
+    return {
+        "prefetch": [z.prefetch_bucket_size, z.stage3_prefetch_bucket_size],
+        "overlap_comm": [DeepSpeedZeroConfig(stage=s).overlap_comm for s in range(4)],
+        "no_offload": [DeepSpeedZeroConfig().offload_param, DeepSpeedZeroConfig().offload_optimizer],
+        "legacy_cpu_offload": [
+            isinstance(legacy.offload_optimizer, DeepSpeedZeroOffloadOptimizerConfig),
+            legacy.offload_optimizer.device,
+        ],
+        "empty_sections": [
+            isinstance(empty.offload_param, DeepSpeedZeroOffloadParamConfig),
+            isinstance(empty.offload_optimizer, DeepSpeedZeroOffloadOptimizerConfig),
+        ],
+        "pipeline": [
+            DeepSpeedZeroOffloadOptimizerConfig().pipeline,
+            DeepSpeedZeroOffloadOptimizerConfig(pipeline_write=True).pipeline,
+        ],
+        "isinstance": isinstance(z, DeepSpeedZeroConfig),
+        "typo": _error(lambda: DeepSpeedZeroConfig(stagee=1)),
+        "read_only": _error(lambda: setattr(z, "stage", 1)).split(":")[0],
+        "param_max_in_cpu": DeepSpeedZeroOffloadParamConfig(max_in_cpu=7).max_in_cpu,
+    }
+
+
+def readers():
+    from deepspeed.runtime import config as ds_config
+    from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+    from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
+    from deepspeed.utils.torch import required_torch_version
+
+    return {
+        "clip": [ds_config.get_gradient_clipping({}), GRADIENT_CLIPPING_DEFAULT],
+        "clip_set": ds_config.get_gradient_clipping({"gradient_clipping": 0.0}),
+        "log_level": [ds_config.get_log_level({}), ds_config.get_log_level({"log_level": "info"})],
+        "adam": ds_config.ADAM_OPTIMIZER,
+        "bf16": [
+            get_bfloat16_config({"bf16": {"enabled": True}}).enabled,
+            get_bfloat16_config({"bfloat16": {"enabled": True}}).enabled,
+            get_bfloat16_config({}).enabled,
+        ],
+        "fp16_window": get_float16_config({"fp16": {"loss_scale_window": 9}}).loss_scale_window,
+        "bf16_typo": _error(lambda: get_bfloat16_config({"bf16": {"enabeld": True}})),
+        "torch_version": [required_torch_version(min_version=1.0), required_torch_version(max_version=1.0)],
+    }
+
+
+def op_builders():
+    import deepspeed.ops
+    from deepspeed.ops.op_builder import CPUAdamBuilder, FusedLambBuilder
+
+    return {
+        "compatible": deepspeed.ops.__compatible_ops__,
+        "names": [CPUAdamBuilder.NAME, FusedLambBuilder.NAME],
+        "load": _error(lambda: CPUAdamBuilder().load()),
+        "load_missing": _error(lambda: FusedLambBuilder().load()),
+    }
+
+
+def wrapper_kinds():
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    kinds = (BF16_Optimizer, FP16_Optimizer, FP16_UnfusedOptimizer, DeepSpeedZeroOptimizer)
+
+    def kind_of(stage, bf16, accum=None, client=False, opt_type="Adam"):
+        model = torch.nn.Linear(4, 4)
+        cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage}}
+        if bf16:
+            cfg["bf16"] = {"enabled": True}
+        if accum:
+            cfg["data_types"] = {"grad_accum_dtype": accum}
+        optimizer = None
+        if client:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        else:
+            cfg["optimizer"] = {"type": opt_type, "params": {"lr": 1e-3}}
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
+        return [k.__name__ for k in kinds if isinstance(engine.optimizer, k)]
+
+    return {
+        "stage1_bf16_fp32_accum": kind_of(1, True, "fp32"),
+        "stage1_bf16": kind_of(1, True),
+        "stage0_bf16_client": kind_of(0, True, client=True),
+        "stage0_bf16_adam": kind_of(0, True),
+        "stage0_fp32": kind_of(0, False),
+        "build": _error(lambda: BF16_Optimizer(None)),
+        "not_an_optimizer": isinstance(object(), BF16_Optimizer),
+    }
+
+
+def zero_linear():
+    from deepspeed.runtime.zero.linear import LinearModuleForZeroStage3
+
+    torch.manual_seed(0)
+    ours = LinearModuleForZeroStage3(5, 3)
+    ref = torch.nn.Linear(5, 3)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 4, 5, requires_grad=True)
+    y = ours(x)
+    y.square().sum().backward()
+    got = [y.detach(), x.grad.clone(), ours.weight.grad, ours.bias.grad]
+    x.grad = None
+    y = ref(x)
+    y.square().sum().backward()
+    want = [y.detach(), x.grad, ref.weight.grad, ref.bias.grad]
+    return {"max_diff": max(float((a - b).abs().max()) for a, b in zip(got, want))}
+
+
+def unwrap():
+    from deepspeed.runtime.zero import unwrap_model_for_generation
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    }
+    engine, *_ = deepspeed.initialize(model=model, config=cfg)
+    x, y = torch.randn(2, 8), torch.tensor([0, 2])
+
+    def train_step():
+        loss = torch.nn.functional.cross_entropy(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        return loss.item()
+
+    first = train_step()
+    before = model[0].weight.numel()
+    with unwrap_model_for_generation(engine) as unwrapped:
+        inside = model[0].weight.numel()
+        out = unwrapped(x)  # a forward with everything gathered
+        still = model[0].weight.numel()
+    after = model[0].weight.numel()
+    return {
+        "numel": [before, inside, still, after],
+        "out_shape": list(out.shape),
+        "trains_after": train_step() < first,
+    }
+
+
+def main():
+    print(
+        json.dumps(
+            {
+                "config_model": config_model(),
+                "zero_config": zero_config(),
+                "readers": readers(),
+                "op_builders": op_builders(),
+                "wrapper_kinds": wrapper_kinds(),
+                "zero_linear": zero_linear(),
+                "unwrap": unwrap(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
