@@ -31,6 +31,8 @@ shutil.rmtree(build, ignore_errors=True)
 build.mkdir(parents=True)
 setup(
     version=f"{api}+zerostream.{zerostream}",
-    install_requires=[f"zerostream=={zerostream}"],
+    # pydantic: deepspeed.runtime.config_utils.DeepSpeedConfigModel is a pydantic model, as in
+    # DeepSpeed (which requires pydantic 2 too).
+    install_requires=[f"zerostream=={zerostream}", "pydantic>=2"],
     options={"build": {"build_base": str(build)}, "egg_info": {"egg_base": str(build)}},
 )

@@ -84,7 +84,9 @@ def init_worker(rank, world):
         lin.weight.data.fill_(-7.0)
     with GatheredParameters(lin.weight):
         after_unsynced = lin.weight.detach().clone()
-    result["modified"] = (kept, after_unsynced, lin.weight.numel())
+        # No copy: .cpu() of a host tensor is the tensor (DeepSpeed's tests save this way).
+        alias = lin.weight.detach().cpu()
+    result["modified"] = (kept, after_unsynced, lin.weight.numel(), alias.clone())
 
     # No engine: forward and backward of a zero.Init model; gradients stay whole.
     torch.manual_seed(0)
@@ -113,10 +115,13 @@ def test_zero_init_gathered_parameters_and_a_plain_backward():
         for (numel, shard_ok, shape, status_ok, id_ok), p in zip(attrs, plain.parameters()):
             assert numel == 0 and shard_ok and status_ok and id_ok
             assert shape == tuple(p.shape)
-    kept, after_unsynced, numel_after = result["modified"]
+    kept, after_unsynced, numel_after, alias = result["modified"]
     assert torch.equal(kept, torch.full((3, 5), 1.0))  # rank 0's value, on every rank
     assert torch.equal(after_unsynced, kept)  # no modifier_rank: the -7 was dropped
     assert numel_after == 0
+    # What the block took from the full tensor outlives the release (the param let go of
+    # it rather than freeing it in place).
+    assert torch.equal(alias, kept)
     loss, grads, released = result["no_engine"]
     torch.manual_seed(0)
     plain = TinyGPT()

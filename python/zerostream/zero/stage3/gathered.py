@@ -72,5 +72,6 @@ class GatheredParameters(contextlib.ContextDecorator):
                     part.write_shard(zp, full)
         for zp in self.zps:
             if self._was[zp.ds_id] is ShardState.SHARDED:
-                self._partitioner(zp).release(zp)
+                # Not in place: what the block took from the full tensor stays valid.
+                self._partitioner(zp).release(zp, in_place=False)
         return False

@@ -142,13 +142,21 @@ class ZeroParam:
         self.state = ShardState.GATHERED
         self._publish()
 
-    def to_sharded(self) -> None:
-        """GATHERED -> SHARDED: frees the full tensor's bytes (saved views included)."""
+    def to_sharded(self, in_place: bool = True) -> None:
+        """GATHERED -> SHARDED. `in_place`: frees the full tensor's bytes, views of it
+        included (autograd's saved views come back when the backward re-gathers into the same
+        storage). Otherwise the param lets go of the full tensor and the next gather allocates
+        a new one: what a user took from it (`param.detach()`, and `.cpu()`, which is no copy
+        on a CPU machine) keeps its values, and its memory, as under DeepSpeed, which replaces
+        `param.data`."""
         self._require(ShardState.GATHERED, what="release")
         if self.persist:
             raise RuntimeError(f"ZeRO-3 param ds_id={self.ds_id} is persistent; never released")
         self.param.data = self._empty
-        self._full.untyped_storage().resize_(0)
+        if in_place:
+            self._full.untyped_storage().resize_(0)
+        else:
+            self._full = None
         self.state = ShardState.SHARDED
         self._publish()
 

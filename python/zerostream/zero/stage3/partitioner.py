@@ -338,11 +338,12 @@ class Partitioner:
             )
         return out, handle
 
-    def release(self, zp: ZeroParam) -> bool:
-        """Frees a gathered param's full tensor unless it is persistent or in use."""
+    def release(self, zp: ZeroParam, in_place: bool = True) -> bool:
+        """Frees a gathered param's full tensor unless it is persistent or in use
+        (`in_place`: ZeroParam.to_sharded's)."""
         if zp.persist or zp.users > 0 or zp.state is not ShardState.GATHERED:
             return False
-        zp.to_sharded()
+        zp.to_sharded(in_place)
         self.live_numel -= zp.numel
         return True
 
