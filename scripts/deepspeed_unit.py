@@ -223,7 +223,9 @@ def report(cases: list[dict], seconds: float) -> dict:
         f"{summary['internal']} read DeepSpeed internals"
     )
     if public:
-        print(f"pass rate (public API, CPU): {summary['passed']}/{public} = {summary['pass_rate']:.1%}")
+        print(
+            f"pass rate (public API, CPU): {summary['passed']}/{public} = {summary['pass_rate']:.1%}"
+        )
     return summary
 
 
@@ -242,7 +244,9 @@ def main() -> None:
         xmls = args.xml
     else:
         if not (args.checkout / "tests" / "unit" / "common.py").is_file():
-            sys.exit(f"deepspeed-unit: {args.checkout} is not a DeepSpeed checkout (no tests/unit/common.py)")
+            sys.exit(
+                f"deepspeed-unit: {args.checkout} is not a DeepSpeed checkout (no tests/unit/common.py)"
+            )
         workdir = args.keep or Path(tempfile.mkdtemp(prefix="ds-unit-"))
         workdir.mkdir(parents=True, exist_ok=True)
         xmls = run(args.checkout, args.files or FILES, workdir, args.timeout, args.chunk)

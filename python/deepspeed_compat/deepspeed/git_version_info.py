@@ -7,12 +7,11 @@ zerostream._C or are torch's, so they are listed as installed and compatible; th
 import torch
 
 from ._api_version import DEEPSPEED_API_VERSION
+from .ops.op_builder import ALL_OPS
 
 version = DEEPSPEED_API_VERSION
 git_hash = None
 git_branch = None
-from .ops.op_builder import ALL_OPS
-
 compatible_ops = {name: builder().is_compatible() for name, builder in ALL_OPS.items()}
 installed_ops = dict(compatible_ops)
 accelerator_name = "cuda" if torch.cuda.is_available() else "cpu"

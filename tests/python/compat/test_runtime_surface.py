@@ -16,7 +16,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def facts(compat_env):
-    done = run_python([str(HERE / "workers" / "runtime_surface_worker.py")], compat_env, timeout=300)
+    done = run_python(
+        [str(HERE / "workers" / "runtime_surface_worker.py")], compat_env, timeout=300
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -50,6 +52,12 @@ def test_single_key_readers_and_defaults(facts):
     assert r["fp16_window"] == 9
     assert "bf16.enabeld" in r["bf16_typo"]
     assert r["torch_version"] == [True, False]
+    assert r["ckpt_names"] == [  # the files zerostream's checkpoints hold
+        "tag/mp_rank_00_model_states.pt",
+        "tag/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+    assert r["memory_report"].startswith("here\nMA ") and "CPU Virtual Memory" in r["memory_report"]
+    assert r["memory_quiet"] == ""  # only with force=True
 
 
 def test_op_builders_report_what_zerostream_has(facts):
@@ -84,5 +92,10 @@ def test_zero3_linear_computes_torch_linear(facts):
 
 def test_unwrap_model_for_generation_gathers_then_releases(facts):
     u = facts["unwrap"]
-    assert u["numel"] == [0, 128, 128, 0]  # partitioned, whole inside (after a forward too), released
+    assert u["numel"] == [
+        0,
+        128,
+        128,
+        0,
+    ]  # partitioned, whole inside (after a forward too), released
     assert u["out_shape"] == [2, 3] and u["trains_after"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -21,3 +22,16 @@ def clone_tensors_for_torch_save(item: Any, device: torch.device = _CPU) -> Any:
         cloned = [clone_tensors_for_torch_save(v, device) for v in item]
         return type(item)(cloned) if not hasattr(item, "_fields") else type(item)(*cloned)
     return item
+
+
+def get_model_ckpt_name_for_rank(base_folder: str, mp_rank_str: str) -> str:
+    """The model-states file of a model-parallel rank in a tag folder
+    (`mp_rank_{mp_rank_str}_model_states.pt`, DeepSpeed's layout)."""
+    return os.path.join(base_folder, f"mp_rank_{mp_rank_str}_model_states.pt")
+
+
+def get_zero_ckpt_name_for_rank(base_folder: str, dp_rank: int, mp_rank: int) -> str:
+    """The ZeRO optimizer-states file of a data-parallel rank (DeepSpeed's layout)."""
+    return os.path.join(
+        base_folder, f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
+    )

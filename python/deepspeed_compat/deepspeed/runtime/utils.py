@@ -20,3 +20,25 @@ def move_to_device(item: Any, device, criterion_func=None) -> Any:
         moved = [move_to_device(v, device, criterion_func) for v in item]
         return type(item)(*moved) if hasattr(item, "_fields") else type(item)(moved)
     return item
+
+
+def see_memory_usage(message: str, force: bool = False) -> None:
+    """Prints `message`, the accelerator's allocated bytes and the host's used memory, on
+    rank 0 and only with `force` (DeepSpeed's contract: callers leave it in code and turn it
+    on by hand)."""
+    import gc
+
+    import psutil
+
+    from zerostream import comm
+    from zerostream.accelerator import get_accelerator
+
+    if not force or (comm.is_initialized() and comm.get_rank() != 0):
+        return
+    gc.collect()
+    gib = 1024**3
+    vm = psutil.virtual_memory()
+    print(message)
+    print(f"MA {get_accelerator().memory_allocated() / gib:.2f} GB")
+    used = (vm.total - vm.available) / gib
+    print(f"CPU Virtual Memory:  used = {used:.2f} GB, percent = {vm.percent}%")

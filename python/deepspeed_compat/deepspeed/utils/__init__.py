@@ -37,7 +37,18 @@ def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes, *args, **kw
 def unset_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes, *args, **kwargs):
     """The counterpart of set_z3_leaf_modules, refused the same way."""
     names = [getattr(c, "__name__", str(c)) for c in leaf_module_classes]
-    raise unsupported(Z3_LEAF_MODULES, "deepspeed.utils.unset_z3_leaf_modules", f"asked for {names}")
+    raise unsupported(
+        Z3_LEAF_MODULES, "deepspeed.utils.unset_z3_leaf_modules", f"asked for {names}"
+    )
+
+
+def set_z3_leaf_modules_by_name(model: torch.nn.Module, module_names, *args, **kwargs):
+    """Leaf modules by name, refused as set_z3_leaf_modules is."""
+    raise unsupported(
+        Z3_LEAF_MODULES,
+        "deepspeed.utils.set_z3_leaf_modules_by_name",
+        f"asked for {list(module_names)}",
+    )
 
 
 def get_z3_leaf_modules(model: torch.nn.Module) -> List[torch.nn.Module]:
@@ -61,6 +72,7 @@ __all__ = [
     "log_dist",
     "set_z3_leaf_modules",
     "unset_z3_leaf_modules",
+    "set_z3_leaf_modules_by_name",
     "get_z3_leaf_modules",
     "z3_leaf_module",
 ]

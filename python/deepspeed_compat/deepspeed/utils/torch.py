@@ -9,7 +9,9 @@ import torch
 from packaging import version as _version
 
 
-def required_torch_version(min_version: Optional[float] = None, max_version: Optional[float] = None) -> bool:
+def required_torch_version(
+    min_version: Optional[float] = None, max_version: Optional[float] = None
+) -> bool:
     running = _version.parse(torch.__version__).release[:2]
     current = _version.parse(".".join(str(n) for n in running))
     if min_version is not None and current < _version.parse(str(min_version)):

@@ -67,7 +67,10 @@ def zero_config():
     return {
         "prefetch": [z.prefetch_bucket_size, z.stage3_prefetch_bucket_size],
         "overlap_comm": [DeepSpeedZeroConfig(stage=s).overlap_comm for s in range(4)],
-        "no_offload": [DeepSpeedZeroConfig().offload_param, DeepSpeedZeroConfig().offload_optimizer],
+        "no_offload": [
+            DeepSpeedZeroConfig().offload_param,
+            DeepSpeedZeroConfig().offload_optimizer,
+        ],
         "legacy_cpu_offload": [
             isinstance(legacy.offload_optimizer, DeepSpeedZeroOffloadOptimizerConfig),
             legacy.offload_optimizer.device,
@@ -88,9 +91,11 @@ def zero_config():
 
 
 def readers():
+    from deepspeed.checkpoint.utils import get_model_ckpt_name_for_rank, get_zero_ckpt_name_for_rank
     from deepspeed.runtime import config as ds_config
     from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
     from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
+    from deepspeed.runtime.utils import see_memory_usage
     from deepspeed.utils.torch import required_torch_version
 
     return {
@@ -105,8 +110,27 @@ def readers():
         ],
         "fp16_window": get_float16_config({"fp16": {"loss_scale_window": 9}}).loss_scale_window,
         "bf16_typo": _error(lambda: get_bfloat16_config({"bf16": {"enabeld": True}})),
-        "torch_version": [required_torch_version(min_version=1.0), required_torch_version(max_version=1.0)],
+        "torch_version": [
+            required_torch_version(min_version=1.0),
+            required_torch_version(max_version=1.0),
+        ],
+        "ckpt_names": [
+            get_model_ckpt_name_for_rank("tag", "00"),
+            get_zero_ckpt_name_for_rank("tag", 1, 0),
+        ],
+        "memory_report": _printed(lambda: see_memory_usage("here", force=True)),
+        "memory_quiet": _printed(lambda: see_memory_usage("here")),
     }
+
+
+def _printed(fn) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fn()
+    return out.getvalue()
 
 
 def op_builders():

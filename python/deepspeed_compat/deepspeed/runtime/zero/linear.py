@@ -45,8 +45,10 @@ class LinearFunctionForZeroStage3(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_input = grad_output.matmul(weight)
         if ctx.needs_input_grad[1]:
-            grad_weight = grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
-                input.reshape(-1, input.shape[-1])
+            grad_weight = (
+                grad_output.reshape(-1, grad_output.shape[-1])
+                .t()
+                .matmul(input.reshape(-1, input.shape[-1]))
             )
         if bias is not None and ctx.needs_input_grad[2]:
             grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
@@ -84,7 +86,8 @@ class LinearModuleForZeroStage3(Module):
         return LinearFunctionForZeroStage3.apply(input, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        bias = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}"
 
 
 __all__ = [

@@ -23,6 +23,7 @@ def unwrap_model_for_generation(model):
     with GatheredParameters(list(model.parameters())):
         yield model
 
+
 __all__ = [
     "DeepSpeedZeroOptimizer_Stage3",
     "estimate_zero3_model_states_mem_needs",
