@@ -44,6 +44,9 @@ CAUSES: list[tuple[str, str, str, str]] = [
     ("cuda", r"test_offload_states", r"should decrease after offload",
      "measures device memory_allocated() before and after offload_states(device='cpu'): on "
      "a CPU machine the device is the host, so nothing can drop"),
+    ("cuda", r".", r"DistributedDataParallel device_ids and output_device arguments only work",
+     "builds its DDP reference with device_ids=[current_device()] around a CPU module, which "
+     "torch refuses for every accelerator's CPU device"),
     ("cuda", r".", r"Found no NVIDIA driver|Torch not compiled with CUDA|CUDA is not available",
      "places a tensor on CUDA directly"),
 ]  # fmt: skip

@@ -183,7 +183,13 @@ def _constructor_kwargs(cls: type, defaults: dict) -> dict:
 
 
 def client_groups(client, groups: List[dict]) -> List[dict]:
-    """The param groups to train: a client optimizer instance brings its own (with options)."""
+    """The param groups to train: a client optimizer instance brings its own (with options),
+    less its frozen params (requires_grad False), as DeepSpeed trains only the trainable
+    ones of each group."""
     if isinstance(client, torch.optim.Optimizer):
-        return [dict(g) for g in client.param_groups if g["params"]]
+        return [
+            dict(g, params=[p for p in g["params"] if p.requires_grad])
+            for g in client.param_groups
+            if g["params"]
+        ]
     return groups
