@@ -21,7 +21,6 @@ SEQUENCE_PARALLELISM = "sequence parallelism (DeepSpeed Ulysses / ALST)"
 TENSOR_PARALLELISM = "tensor parallelism (DeepSpeed AutoTP, tensor_parallel.autotp_size > 1)"
 PIPELINE_PARALLELISM = "pipeline parallelism (deepspeed.pipe, PipelineModule)"
 INFERENCE = "DeepSpeed-Inference (kernel injection, init_inference)"
-Z3_LEAF_MODULES = "ZeRO-3 leaf modules (set_z3_leaf_modules)"
 
 
 class RefusedOnUse:

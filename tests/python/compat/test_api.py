@@ -53,7 +53,6 @@ def test_engine_and_optimizer_are_the_classes_tools_check(facts, stage):
         ("expert_params", "expert parallelism"),
         ("moe_layer", "expert parallelism"),
         ("tp_model_init", "tensor parallelism"),
-        ("z3_leaf", "leaf modules"),
         ("engine_compile", "torch.compile"),
     ],
 )

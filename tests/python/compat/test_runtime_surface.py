@@ -99,3 +99,15 @@ def test_unwrap_model_for_generation_gathers_then_releases(facts):
         0,
     ]  # partitioned, whole inside (after a forward too), released
     assert u["out_shape"] == [2, 3] and u["trains_after"]
+
+
+def test_leaf_module_api_and_section(facts):
+    f = facts["leaf_modules"]
+    assert f["marked"] == [True] and f["listed"] == 1 and f["flags"] == [False, True]
+    assert f["unset"] == 1 and f["after_unset"] == 0  # by class name too
+    assert f["by_name"] == ["9"] and f["by_suffix"] == 1
+    assert f["none_found"].startswith("ValueError") and "Conv2d" in f["none_found"]
+    assert f["section"] == ["Block"] and f["section_default"]
+    assert f["model_config"] == {"classes": ["a"], "names": ["x"], "name_suffixes": []}
+    # The config's section marked the block at initialize: its params, and only those.
+    assert f["leaf_params"] == [False, False, True, True, True, True, False, False]

@@ -41,6 +41,7 @@ import torch
 from ... import _C, comm
 from ...offload.host_buffers import arena_bytes
 from ..protocol import TrainingState
+from .leaf import is_leaf
 from .module_state import external_params, register_external_parameter
 from .param import ShardState, ZeroParam, unique_zero_params, zero_param_of
 from .partitioner import Partitioner
@@ -71,8 +72,12 @@ _ENTERED_FROM = {
 
 def module_params(module: torch.nn.Module) -> List[ZeroParam]:
     """The ZeRO-3 params a module's forward uses: its own (not its children's) and the
-    external ones registered with zero.register_external_parameter."""
-    return unique_zero_params(list(module._parameters.values()) + external_params(module))
+    external ones registered with zero.register_external_parameter; for a leaf module
+    (Note [Leaf modules] in leaf.py), those of its whole subtree."""
+    if not is_leaf(module):
+        return unique_zero_params(list(module._parameters.values()) + external_params(module))
+    external = [p for m in module.modules() for p in external_params(m)]
+    return unique_zero_params(list(module.parameters()) + external)
 
 
 def _peak_read_ahead(trace: "Trace") -> int:
@@ -126,6 +131,8 @@ class ParamCoordinator:
 
     def __init__(self, partitioner: Partitioner, zero=None, tracing: bool = True, run=None):
         self.part = partitioner
+        # Set by the optimizer when the module has leaves (leaf.LeafGrads).
+        self.leaf_grads = None
         self.run = run  # the engine's protocol.RunState (None under zero.Init alone)
         self.tracing = tracing
         self.prefetch_bucket_size = zero.stage3_prefetch_bucket_size if zero else 0
@@ -195,7 +202,11 @@ class ParamCoordinator:
                     f"[rank {comm.get_rank()}] ZeRO-3: data-parallel ranks ran modules in "
                     f"different orders in one step (ranks {others} differ from this one's "
                     f"{mine[0]} module invocations); stage 3 needs the same module order "
-                    f"on every rank"
+                    f"on every rank. A block that runs other submodules on each rank (a "
+                    f"mixture of experts) must be a leaf module, gathered whole: name its "
+                    f"class in zero_optimization.leaf_module.classes, or call "
+                    f"deepspeed.utils.set_z3_leaf_modules(model, [BlockClass]) before "
+                    f"initialize"
                 )
         index: Dict[int, int] = {}
         zps: List[ZeroParam] = []
@@ -374,6 +385,12 @@ class ParamCoordinator:
         self.fetch(module)
         self.backward_peak_live = max(self.backward_peak_live, self.part.live_numel)
 
+    def leaf_started(self, module: torch.nn.Module) -> None:
+        """A leaf module's forward runs with grad (Note [A leaf's gradients reach the reduce
+        in one order] in leaf.py)."""
+        if self.leaf_grads is not None:
+            self.leaf_grads.started(module)
+
     def has_frozen(self, module: torch.nn.Module) -> bool:
         """Whether `module` uses a frozen param that is released after use: no gradient hook
         fires for it, so post_backward releases it (hooks.py)."""
@@ -388,6 +405,8 @@ class ParamCoordinator:
         is still gathered, the frozen ones wait for the end of backward."""
         self._open_backward()
         self._enter(Phase.POST_BACKWARD)
+        if self.leaf_grads is not None and is_leaf(module):
+            self.leaf_grads.done(module)
         zps = module_params(module)
         if any(
             zp.param.requires_grad and not zp.persist and zp.state is not ShardState.SHARDED

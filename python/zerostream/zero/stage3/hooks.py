@@ -22,12 +22,18 @@ from typing import Iterator, List
 import torch
 
 from .coordinator import ParamCoordinator, module_params
+from .leaf import is_leaf
 from .module_state import ensure_state, state_of
 
 
 def _pre_forward(coord: ParamCoordinator, module: torch.nn.Module, args, kwargs):
     coord.pre_forward(module)
-    if torch.is_grad_enabled() and coord.has_frozen(module):
+    if not torch.is_grad_enabled():
+        return None
+    leaf = is_leaf(module)
+    if leaf:
+        coord.leaf_started(module)  # Note [A leaf's gradients reach the reduce in one order]
+    if leaf or coord.has_frozen(module):
         return _release_after_backward(coord, module, args, kwargs)
     return None
 

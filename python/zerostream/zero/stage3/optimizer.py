@@ -21,10 +21,10 @@ from ...offload.copy_stage import CopyMeter
 from ...offload.param_swap import ParamSwapper, ShardSink
 from ..protocol import PartitionLayout, StageCheckpoint, StageContext
 from ..sharded import ShardedOptimizerBase
-from . import hooks
+from . import hooks, leaf
 from .checkpoint import Stage3Checkpoint
 from .consolidate import consolidated_state_dict
-from .coordinator import ParamCoordinator
+from .coordinator import ParamCoordinator, module_params
 from .module_state import ensure_state, runtime_of, state_of
 from .param import ShardHome, ShardState, ZeroParam, zero_param_of
 from .partitioner import Partitioner
@@ -36,7 +36,13 @@ class Stage3Runtime:
 
     def __init__(self, root: torch.nn.Module, part: Partitioner, coord: ParamCoordinator):
         self.root, self.part, self.coord = root, part, coord
-        self.handles = hooks.install(root.modules(), coord)
+        # Leaf modules' descendants get no hooks (Note [Leaf modules] in leaf.py).
+        self.hooked = list(leaf.hooked_modules(root))
+        for m in self.hooked:
+            if leaf.is_leaf(m):
+                for p in m.parameters():
+                    p.ds_z3_leaf_module = m  # DeepSpeed's mark (utils.z3_leaf_parameter)
+        self.handles = hooks.install(self.hooked, coord)
         ensure_state(root).runtime = self
 
     def publish_loaded(self) -> None:
@@ -49,7 +55,7 @@ class Stage3Runtime:
         """Nothing left gathered or uploading, the hooks removed, the param swap files gone."""
         self.part.release_all()
         self.part.settle_uploads()
-        hooks.remove(self.root.modules(), self.handles)
+        hooks.remove(self.hooked, self.handles)
         self.handles = []
         ensure_state(self.root).runtime = None
         if self.part.swapper is not None:
@@ -153,6 +159,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
             rank=ctx.rank,
             swapper=swapper,
         )
+        leaf.apply_config(module, leaf.leaf_config(zero.leaf_module))
         _adopt_init_params(module, part, ctx)
         part.partition(module.parameters())
         for b in module.buffers():
@@ -228,6 +235,12 @@ class Stage3Optimizer(ShardedOptimizerBase):
             for zps in self.groups
             for zp in zps
         ]
+        leaves = [m for m in self.runtime.hooked if leaf.is_leaf(m)]
+        self.leaf_grads = None
+        if leaves:
+            self.leaf_grads = self.coord.leaf_grads = leaf.LeafGrads(
+                leaves, module_params, set(slots), self.reducer.add, self.coord.after_grad
+            )
         self.part.shard_listeners.append(self._on_shard_modified)
         self.part.telemetry = ctx.telemetry
         if self.part.swapper is not None:
@@ -291,16 +304,23 @@ class Stage3Optimizer(ShardedOptimizerBase):
         zp = param._zs
         grad = param.grad
         param.grad = None
+        if self.leaf_grads is not None and self.leaf_grads.owns(zp):
+            self.leaf_grads.hold(zp, grad)  # handed on when its leaf's backward is done
+            return
         self.reducer.add(zp, grad)
         self.coord.after_grad(zp)
 
     def after_backward(self) -> None:
+        if self.leaf_grads is not None:
+            self.leaf_grads.finish()
         self.reducer.flush()
         self.reducer.drain()
         self.coord.end_backward()
 
     def step(self) -> bool:
         with self.telemetry.phase("reduce"):
+            if self.leaf_grads is not None:  # a plain loss.backward() ran no after_backward
+                self.leaf_grads.finish()
             self.reducer.flush()
             self.reducer.drain()
         self.part.release_all()

@@ -165,9 +165,6 @@ def unsupported():
 
     out["engine_compile"] = refusal(compile_engine)
     out["tp_model_init"] = refusal(lambda: deepspeed.tp_model_init(make_model(), 2, torch.float))
-    out["z3_leaf"] = refusal(
-        lambda: deepspeed.utils.set_z3_leaf_modules(make_model(), [torch.nn.Linear])
-    )
     plain = [{"params": list(make_model().parameters()), "name": "dense"}]
     out["split_without_experts"] = [
         (g["name"], len(g["params"]))

@@ -230,6 +230,62 @@ def unwrap():
     }
 
 
+def leaf_modules():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.leaf_module_config import (
+        DEFAULT_LEAF_MODULE_CLASSES,
+        DeepSpeedZeroLeafModuleConfig,
+    )
+    from deepspeed.utils import (
+        get_z3_leaf_modules,
+        set_z3_leaf_modules,
+        set_z3_leaf_modules_by_name,
+        set_z3_leaf_modules_by_suffix,
+        unset_z3_leaf_modules,
+        z3_leaf_module,
+        z3_leaf_parameter,
+    )
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Block(), torch.nn.Linear(4, 2))
+    marked = set_z3_leaf_modules(model, [Block])
+    facts = {
+        "marked": [m is model[1] for m in marked],
+        "listed": len(get_z3_leaf_modules(model)),
+        "flags": [z3_leaf_module(model), z3_leaf_module(model[1])],
+        "unset": len(unset_z3_leaf_modules(model, ["Block"])),
+        "after_unset": len(get_z3_leaf_modules(model)),
+        "by_name": set_z3_leaf_modules_by_name(model, ["1", "9"], raise_if_not_found=False)[1],
+        "by_suffix": len(set_z3_leaf_modules_by_suffix(model, ["1.a"])[0]),
+        "none_found": _error(lambda: set_z3_leaf_modules(model, [torch.nn.Conv2d])),
+        "section": DeepSpeedZeroConfig(leaf_module={"classes": "Block"}).leaf_module.classes,
+        "section_default": DeepSpeedZeroConfig().leaf_module.classes == DEFAULT_LEAF_MODULE_CLASSES,
+        "model_config": DeepSpeedZeroLeafModuleConfig(names="x", classes=["a", "a"]).model_dump(),
+    }
+    unset_z3_leaf_modules(model, [Block])
+    set_z3_leaf_module_off = [m for m in model.modules() if z3_leaf_module(m)]
+    for m in set_z3_leaf_module_off:
+        m._z3_leaf = False
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {"stage": 3, "leaf_module": {"classes": ["Block"]}},
+    }
+    engine, *_ = deepspeed.initialize(model=model, config=cfg)
+    loss = engine(torch.randn(2, 4)).sum()
+    engine.backward(loss)
+    engine.step()
+    facts["leaf_params"] = [z3_leaf_parameter(p) for p in model.parameters()]
+    return facts
+
+
 def main():
     print(
         json.dumps(
@@ -241,6 +297,7 @@ def main():
                 "wrapper_kinds": wrapper_kinds(),
                 "zero_linear": zero_linear(),
                 "unwrap": unwrap(),
+                "leaf_modules": leaf_modules(),
             }
         )
     )

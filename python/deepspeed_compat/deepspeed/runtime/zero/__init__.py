@@ -12,6 +12,7 @@ from zerostream.zero import (
 
 from . import (
     config,
+    leaf_module_config,
     offload_config,
     offload_states,
     partition_parameters,
@@ -28,6 +29,7 @@ __all__ = [
     "register_external_parameter",
     "unregister_external_parameter",
     "config",
+    "leaf_module_config",
     "offload_config",
     "offload_states",
     "partition_parameters",

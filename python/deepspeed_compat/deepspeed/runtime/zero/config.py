@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 
 from zerostream import config as _config
+from zerostream.zero.stage3.leaf import leaf_config
 
 
 class ZeroStageEnum(enum.IntEnum):
@@ -36,6 +37,8 @@ class _SectionView:
 
     def __getattr__(self, name: str):
         section = object.__getattribute__(self, "_section")
+        if name == "leaf_module" and hasattr(section, "leaf_module"):
+            return leaf_config(section.leaf_module)  # classes, names, name_suffixes
         for key in (name, f"stage3_{name}"):
             if hasattr(section, key):
                 value = getattr(section, key)
