@@ -242,7 +242,7 @@ struct Schema {
         B("enabled", false), F("recompute_fwd_factor", 0.0), I("profile_step", 1),
         I("module_depth", -1), I("top_modules", 1), B("detailed", true),
         S("output_file", nullptr)}};
-    torch_autocast = {"torch_autocast", false, false, {
+    torch_autocast = {"torch_autocast", false, true, {
         B("enabled", false), S("dtype", nullptr), A("lower_precision_safe_modules")}};
     zerostream = {"zerostream", true, true, {B("verify_swap_checksums", true),
                                              U("cpu_optimizer_threads", 0),

@@ -427,11 +427,12 @@ class DeepSpeedConfig:
     wandb: WandbConfig
     flops_profiler: FlopsProfilerConfig
     zerostream: ZeroStreamExtConfig
+    # Read by autocast.plan (Note [torch_autocast] in autocast.py), as given.
+    torch_autocast: Optional[Mapping[str, Any]]
     # DeepSpeed features accepted for compatibility but not implemented (a warning says so
     # when one is enabled): kept as given.
     comet: Optional[Mapping[str, Any]]
     comms_logger: Optional[Mapping[str, Any]]
-    torch_autocast: Optional[Mapping[str, Any]]
     amp: Any
     elasticity: Any
     autotuning: Any

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import comm
+from . import autocast, comm
 from .accelerator import bind_run_device
 from .checkpoint import load_checkpoint, save_checkpoint
 from .checkpoint.target import CheckpointTarget, TrainingCounters
@@ -88,6 +88,11 @@ class ZeroEngine(torch.nn.Module):
         refuse_unsupported(cfg, model, client_groups(optimizer, groups))
         stage_class(cfg.zero_stage).prepare_module(model, ctx)
         self.optimizer = build_zero_optimizer(ctx, groups, client=optimizer)
+        # torch_autocast (Note [torch_autocast] in autocast.py): fp32 training, forward under
+        # torch.autocast; the safe modules' params tagged with their communication dtype.
+        self._autocast = autocast.plan(cfg.torch_autocast, cfg.zero_stage)
+        if self._autocast is not None:
+            autocast.tag_params(model, self._autocast, ctx.device.type)
         self.basic_optimizer = self.optimizer.optimizer if self.optimizer is not None else None
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self._skips = SkipGuard(
@@ -158,10 +163,22 @@ class ZeroEngine(torch.nn.Module):
         with self._phase(TrainingState.FORWARD), self.telemetry.phase("forward"):
             if self.optimizer is not None:
                 self.optimizer.before_forward()
-            out = self.module(*args, **kwargs)
+            with autocast.forward_context(self._autocast, self.device.type):
+                out = self.module(*args, **kwargs)
             if self.optimizer is not None:
                 self.optimizer.after_forward()
             return out
+
+    def torch_autocast_enabled(self) -> bool:
+        return self._autocast is not None
+
+    def torch_autocast_dtype(self) -> Optional[torch.dtype]:
+        return self._autocast.dtype if self._autocast is not None else None
+
+    def torch_autocast_lower_precision_safe_modules(self) -> list:
+        """The safe modules' fully qualified class names (DeepSpeed's accessor)."""
+        classes = self._autocast.safe_modules if self._autocast else autocast.DEFAULT_SAFE_MODULES
+        return [f"{c.__module__}.{c.__name__}" for c in classes]
 
     def _require_optimizer(self, what: str) -> None:
         if self.optimizer is None:

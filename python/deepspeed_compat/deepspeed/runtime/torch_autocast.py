@@ -1,10 +1,6 @@
-"""`deepspeed.runtime.torch_autocast`: the names DeepSpeed's `torch_autocast` section uses to
-tag the parameters whose gradients it communicates in a lower precision.
-
-zerostream does not implement the `torch_autocast` section (the config says so when it is
-enabled), so no parameter is ever tagged: `has_comm_dtype` is False and `get_comm_dtype` is
-the parameter's own dtype, which is the dtype zerostream communicates it in.
-"""
+"""`deepspeed.runtime.torch_autocast`: the names DeepSpeed's `torch_autocast` section uses
+(Note [torch_autocast] in zerostream/autocast.py): the `comm_dtype` tag an engine with the
+section enabled puts on the params of its lower-precision-safe modules, and its readers."""
 
 from __future__ import annotations
 
@@ -12,7 +8,8 @@ from typing import Iterable, Set
 
 import torch
 
-PARAM_COMM_DTYPE_ATTR_NAME = "comm_dtype"
+from zerostream.autocast import COMM_DTYPE_ATTR as PARAM_COMM_DTYPE_ATTR_NAME
+from zerostream.autocast import DEFAULT_SAFE_MODULES as LOWER_PRECISION_SAFE_MODULES
 
 
 def has_comm_dtype(param: torch.nn.Parameter) -> bool:
@@ -27,4 +24,10 @@ def get_all_comm_dtypes(params: Iterable[torch.nn.Parameter]) -> Set[torch.dtype
     return {get_comm_dtype(p) for p in params}
 
 
-__all__ = ["PARAM_COMM_DTYPE_ATTR_NAME", "get_all_comm_dtypes", "get_comm_dtype", "has_comm_dtype"]
+__all__ = [
+    "LOWER_PRECISION_SAFE_MODULES",
+    "PARAM_COMM_DTYPE_ATTR_NAME",
+    "get_all_comm_dtypes",
+    "get_comm_dtype",
+    "has_comm_dtype",
+]
