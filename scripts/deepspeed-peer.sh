@@ -17,12 +17,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   exit 0
 fi
 echo "[deepspeed-peer] creating $venv (DeepSpeed 0.19.8 beside .venv's torch)"
-rm -rf "$venv"
-base=$(.venv/bin/python -c 'import sys; print(sys.base_prefix)')
-"$base/bin/python3" -m venv "$venv"
-own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-shared=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$shared" > "$own/zs-project-env.pth"
+scripts/side-venv.sh "$venv"
 # The venv's own setuptools (ensurepip's, 65.x on Python 3.11) would shadow .venv's pinned one
 # and cannot build DeepSpeed's sdist without the `wheel` package ("invalid command
 # 'bdist_wheel'"); a pip with a cached DeepSpeed wheel never builds it, a clean machine does.

@@ -20,12 +20,7 @@ stamp=$venv/.zs-dsunit.sha1
 want=$( (printf '%s\n' "${pins[@]}"; .venv/bin/python -c 'import sys; print(sys.version)') | sha1sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2> /dev/null)" != "$want" ]; then
   echo "[deepspeed-unit] creating $venv (DeepSpeed's test pins beside .venv)"
-  rm -rf "$venv"
-  base=$(.venv/bin/python -c 'import sys; print(sys.base_prefix)')
-  "$base/bin/python3" -m venv "$venv"
-  own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  shared=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "$shared" > "$own/zs-project-env.pth"
+  scripts/side-venv.sh "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "${pins[@]}"
   echo "$want" > "$stamp"
 fi
