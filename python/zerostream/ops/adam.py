@@ -116,6 +116,79 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
     def rebuild_kwargs(self) -> dict:
         return {**super().rebuild_kwargs(), "adamw_mode": self.adamw_mode}
 
+    # --- DeepSpeed's speculative steps (SuperOffload): Note [Sub-group steps] ----------------
+    # DeepSpeed 0.18's step_subgroup(id) updates every param that has a gradient with the
+    # state kept under self.state[id] (one state per sub-group, not per param: the caller
+    # puts one sub-group's flat param in the group at a time), and rollback_subgroup(id)
+    # undoes the last such step from the same gradient. States are fp32, or the param's
+    # dtype with fp32_optimizer_states=False, as DeepSpeed keeps them.
+    def _subgroup_items(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.device.type != "cpu":
+                    raise ValueError(
+                        f"DeepSpeedCPUAdam: param on {p.device}; the CPU optimizer steps host "
+                        "tensors (enable offload_optimizer device cpu)"
+                    )
+                yield group, p
+
+    @torch.no_grad()
+    def step_subgroup(self, subgroup_id: int, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group, p in self._subgroup_items():
+            state = self.state[subgroup_id]
+            if not state:
+                dtype = torch.float32 if self.fp32_optimizer_states else p.dtype
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p.data, dtype=dtype)
+                state["exp_avg_sq"] = torch.zeros_like(p.data, dtype=dtype)
+            state["step"] += 1
+            cpu_adam_step(
+                p.data,
+                p.grad.data,
+                state["exp_avg"],
+                state["exp_avg_sq"],
+                lr=group["lr"],
+                betas=group["betas"],
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                step=state["step"],
+                bias_correction=group["bias_correction"],
+                adamw_mode=self.adamw_mode,
+                threads=self.threads,
+            )
+        return loss
+
+    @torch.no_grad()
+    def rollback_subgroup(self, subgroup_id: int, closure=None):
+        """Undoes the last step_subgroup(subgroup_id) from the same gradients: the moments
+        and the param go back to their values before it (to fp32 rounding), and the step
+        count down by one."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        state = self.state[subgroup_id] if subgroup_id in self.state else None
+        if not state:
+            raise RuntimeError(
+                f"DeepSpeedCPUAdam.rollback_subgroup({subgroup_id}): that sub-group has no "
+                "optimizer state (no step_subgroup ran for it)"
+            )
+        if state.get("step", 0) <= 0:
+            raise RuntimeError(
+                f"DeepSpeedCPUAdam.rollback_subgroup({subgroup_id}): its step count is "
+                f"{state.get('step', 0)}; nothing to roll back"
+            )
+        for group, p in self._subgroup_items():
+            _adam_undo(p, state, group, self.adamw_mode)
+            state["step"] -= 1
+        return loss
+
     def _check_group(self, group: dict) -> None:
         if group.get("amsgrad", False):
             raise NotImplementedError("DeepSpeedCPUAdam: amsgrad=True is not supported")
@@ -145,6 +218,27 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
             state_dtypes=b["state_dtypes"],
             threads=optimizer_threads(self.threads),
         )
+
+
+def _adam_undo(p: torch.Tensor, state: dict, group: dict, adamw_mode: bool) -> None:
+    """The inverse of one Adam/AdamW step (update_rules.h's order) at state["step"], in
+    fp32: p_before = (p + lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)) / (1 - lr*wd) (AdamW; L2:
+    no division), then the moments from the gradient the step saw (L2: g + wd*p_before)."""
+    t = int(state["step"])
+    lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+    beta1, beta2 = group["betas"]
+    bc1 = 1 - beta1**t if group["bias_correction"] else 1.0
+    bc2 = 1 - beta2**t if group["bias_correction"] else 1.0
+    m, v = state["exp_avg"].float(), state["exp_avg_sq"].float()
+    param = p.data.float() + (lr / bc1) * m / (v.sqrt() / bc2**0.5 + eps)
+    if adamw_mode and wd:
+        param /= 1 - lr * wd
+    g = p.grad.data.float()
+    if not adamw_mode and wd:
+        g = g + wd * param
+    state["exp_avg"].copy_((m - (1 - beta1) * g) / beta1)
+    state["exp_avg_sq"].copy_(((v - (1 - beta2) * g * g) / beta2).clamp_(min=0))
+    p.data.copy_(param)
 
 
 # zerostream's own name for the same optimizer.
