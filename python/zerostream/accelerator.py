@@ -25,6 +25,27 @@ class _Accelerator:
     def is_bf16_supported(self) -> bool:
         return True
 
+    # The random-number state of the device (DeepSpeed's accelerator API: activation
+    # checkpointing and DeepSpeed's tests save and restore it around a recomputation).
+    def get_rng_state(self, device_index: Optional[int] = None) -> torch.Tensor:
+        if self._name == "cuda":
+            return torch.cuda.get_rng_state("cuda" if device_index is None else device_index)
+        return torch.get_rng_state()
+
+    def set_rng_state(self, new_state: torch.Tensor, device_index: Optional[int] = None) -> None:
+        if self._name == "cuda":
+            torch.cuda.set_rng_state(new_state, "cuda" if device_index is None else device_index)
+        else:
+            torch.set_rng_state(new_state)
+
+    def initial_seed(self) -> int:
+        return torch.cuda.initial_seed() if self._name == "cuda" else torch.initial_seed()
+
+    def default_generator(self, device_index: int):
+        if self._name == "cuda":
+            return torch.cuda.default_generators[device_index]
+        return torch.default_generator
+
     def supported_dtypes(self) -> list:
         """The floating dtypes models may train in here (DeepSpeed's accelerator API)."""
         dtypes = [torch.float32]

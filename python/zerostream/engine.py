@@ -200,6 +200,22 @@ class ZeroEngine(torch.nn.Module):
             self._unmanaged_backwards += 1
         return loss.detach() / gas
 
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """`loss` times the fp16 loss scale (1 otherwise), for a caller that runs
+        `loss.backward()` itself and then `step()` (DeepSpeed's engine.scale; not divided by
+        gradient_accumulation_steps, as there)."""
+        self._require_optimizer("scale")
+        if not (torch.is_tensor(loss) and loss.numel() == 1 and loss.grad_fn is not None):
+            raise AssertionError(
+                "scale: loss must be a scalar tensor with grad_fn; for a non-scalar tensor, "
+                "call tensor.backward(grad)"
+            )
+        scale = self.loss_scaler.loss_scale
+        return loss * scale if scale != 1 else loss
+
+    def managed_gradient_accumulation(self) -> bool:
+        return self._managed_accumulation
+
     def step(self, lr_kwargs: Optional[dict] = None) -> None:
         """Applies the optimizer at the accumulation boundary only: reduce, unscale, clip, step,
         and the LR schedule unless the step overflowed (then it is skipped)."""

@@ -119,6 +119,10 @@ def test_accelerator_on_this_machine():
         assert torch.tensor(1, device=acc.current_device()).device.type == "cpu"
         assert acc.supported_dtypes()[:2] == [torch.float32, torch.bfloat16]
         assert (torch.float16 in acc.supported_dtypes()) == acc.is_fp16_supported()
+        state = acc.get_rng_state()  # saved and restored around a recomputation
+        drawn = torch.rand(3)
+        acc.set_rng_state(state)
+        assert torch.equal(torch.rand(3), drawn) and acc.default_generator(0) is not None
         assert acc.communication_backend_name() == "gloo"
         assert acc.is_synchronized_device() and acc.is_bf16_supported()
         t = torch.ones(3)

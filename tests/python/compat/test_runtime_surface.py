@@ -87,7 +87,10 @@ def test_optimizer_wrapper_classes_follow_deepspeeds_choice(facts):
 
 
 def test_zero3_linear_computes_torch_linear(facts):
-    assert facts["zero_linear"]["max_diff"] == 0.0
+    z = facts["zero_linear"]
+    assert z["max_diff"] == 0.0
+    assert z["autocast_dtype"] == "torch.bfloat16"  # runs in the caller's autocast
+    assert z["vmap_shape"] == [6, 3] and z["grad_is_twos"]  # torch.func transforms run it
 
 
 def test_unwrap_model_for_generation_gathers_then_releases(facts):

@@ -115,3 +115,36 @@ def test_every_step_is_the_boundary_when_the_caller_owns_it():
         assert short[1:] == (UPDATES, UPDATES * 2 * MICRO * world)
         assert runs["boundary_in_backward"] == [False] * (2 * UPDATES)
         assert "managed_gradient_accumulation false" in runs["refused"]
+
+
+def test_engine_scale_and_a_plain_backward_train_like_engine_backward(one_rank_process_group):
+    """DeepSpeed's engine.scale(loss) for a caller that runs loss.backward() itself: the same
+    update as engine.backward (no fp16 scale here, and no division by accumulation: one
+    micro-batch a step); a loss that is no scalar with grad_fn is refused."""
+
+    import zerostream
+
+    def run(manual):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        cfg = {
+            "train_batch_size": 2,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+            "zero_optimization": {"stage": 1},
+        }
+        engine, *_ = zerostream.initialize(model=model, config=cfg)
+        for i in range(3):
+            loss = engine(torch.full((2, 4), float(i + 1))).pow(2).mean()
+            if manual:
+                engine.scale(loss).backward()
+            else:
+                engine.backward(loss)
+            engine.step()
+        weight = model.weight.detach().clone()
+        with pytest.raises(AssertionError, match="scalar tensor with grad_fn"):
+            engine.scale(torch.ones(2, requires_grad=True))
+        assert engine.managed_gradient_accumulation() is True
+        engine.destroy()
+        return weight
+
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)

@@ -194,7 +194,20 @@ def zero_linear():
     y = ref(x)
     y.square().sum().backward()
     want = [y.detach(), x.grad, ref.weight.grad, ref.bias.grad]
-    return {"max_diff": max(float((a - b).abs().max()) for a, b in zip(got, want))}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        in_autocast = ours(x).dtype
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
+    from torch.func import grad, vmap
+
+    w = ours.weight.detach()
+    batched = vmap(lambda row: zero3_linear_wrap(row, w))(torch.ones(6, 5))
+    dw = grad(lambda w: zero3_linear_wrap(torch.ones(2, 5), w).sum())(w)
+    return {
+        "max_diff": max(float((a - b).abs().max()) for a, b in zip(got, want)),
+        "autocast_dtype": str(in_autocast),
+        "vmap_shape": list(batched.shape),
+        "grad_is_twos": bool((dw == 2).all()),
+    }
 
 
 def unwrap():

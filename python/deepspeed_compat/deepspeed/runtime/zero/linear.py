@@ -30,12 +30,33 @@ autocast_custom_bwd = functools.partial(torch.amp.custom_bwd, device_type=_devic
 
 
 class LinearFunctionForZeroStage3(torch.autograd.Function):
+    """y = x W^T + b in the caller's autocast state, as under autocast_custom_fwd. In the
+    functorch form (setup_context, so torch.func's grad and vmap can run it) forward is
+    called below the autocast dispatch key, so `apply` reads that state first and hands it
+    to forward."""
+
+    generate_vmap_rule = True
+
+    @classmethod
+    def apply(cls, input, weight, bias=None, *state):
+        if not state:  # the caller's call; functorch calls again with the state given
+            device = _device_type()
+            state = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        return super().apply(input, weight, bias, *state)
+
     @staticmethod
-    @autocast_custom_fwd
-    def forward(ctx, input, weight, bias=None):
-        ctx.save_for_backward(input, weight, bias)
+    def forward(input, weight, bias, autocast_on, autocast_dtype):
+        if autocast_on:  # autocast's rule for a linear: computed in the lower precision
+            input, weight = input.to(autocast_dtype), weight.to(autocast_dtype)
+            bias = bias.to(autocast_dtype) if bias is not None else None
         out = input.matmul(weight.t())
         return out + bias if bias is not None else out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        input, weight, bias, autocast_on, autocast_dtype = inputs
+        ctx._fwd_used_autocast, ctx._dtype = autocast_on, autocast_dtype  # for custom_bwd
+        ctx.save_for_backward(input, weight, bias)
 
     @staticmethod
     @autocast_custom_bwd
@@ -43,16 +64,14 @@ class LinearFunctionForZeroStage3(torch.autograd.Function):
         input, weight, bias = ctx.saved_tensors
         grad_input = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_input = grad_output.matmul(weight)
+            grad_input = grad_output.matmul(weight.to(grad_output.dtype))
         if ctx.needs_input_grad[1]:
-            grad_weight = (
-                grad_output.reshape(-1, grad_output.shape[-1])
-                .t()
-                .matmul(input.reshape(-1, input.shape[-1]))
-            )
+            flat_out = grad_output.reshape(-1, grad_output.shape[-1])
+            flat_in = input.reshape(-1, input.shape[-1]).to(flat_out.dtype)
+            grad_weight = flat_out.t().matmul(flat_in)
         if bias is not None and ctx.needs_input_grad[2]:
             grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
-        return grad_input, grad_weight, grad_bias
+        return grad_input, grad_weight, grad_bias, None, None
 
 
 def zero3_linear_wrap(input, weight, bias=None):
