@@ -223,9 +223,8 @@ def report(cases: list[dict], seconds: float) -> dict:
         f"{summary['internal']} read DeepSpeed internals"
     )
     if public:
-        print(
-            f"pass rate (public API, CPU): {summary['passed']}/{public} = {summary['pass_rate']:.1%}"
-        )
+        rate = f"{summary['passed']}/{public} = {summary['pass_rate']:.1%}"
+        print(f"pass rate (public API, CPU): {rate}")
     return summary
 
 
@@ -245,7 +244,8 @@ def main() -> None:
     else:
         if not (args.checkout / "tests" / "unit" / "common.py").is_file():
             sys.exit(
-                f"deepspeed-unit: {args.checkout} is not a DeepSpeed checkout (no tests/unit/common.py)"
+                f"deepspeed-unit: {args.checkout} is not a DeepSpeed checkout "
+                "(no tests/unit/common.py)"
             )
         workdir = args.keep or Path(tempfile.mkdtemp(prefix="ds-unit-"))
         workdir.mkdir(parents=True, exist_ok=True)
