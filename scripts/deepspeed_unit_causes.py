@@ -67,6 +67,12 @@ CAUSES: list[tuple[str, str, str, str]] = [
     ("cuda", r".", r"DistributedDataParallel device_ids and output_device arguments only work",
      "builds its DDP reference with device_ids=[current_device()] around a CPU module, which "
      "torch refuses for every accelerator's CPU device"),
+    ("cuda", r".", r"DeepSpeed BFloat16 tests need torch >= 1.10, NCCL >= 2.10.3, CUDA",
+     "DeepSpeed's bf16 test helper wants a torch built with CUDA >= 11 and NCCL >= 2.10 (it "
+     "reads git_version_info.torch_info): a CPU-only torch fails it for every package"),
+    ("failed", r".", r"comparing engine.backward vs engine.scale\(\).backward\(\)",
+     "after a plain loss.backward() (engine.scale), safe_get_full_grad answers None: the "
+     "gradient helpers hold gradients only between engine.backward and step (open)"),
     ("cuda", r".", r"Found no NVIDIA driver|Torch not compiled with CUDA|CUDA is not available",
      "places a tensor on CUDA directly"),
 ]  # fmt: skip

@@ -18,8 +18,11 @@ accelerator_name = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _nccl_version() -> str:
-    """NCCL's major.minor as torch was built with it ("0.0" without CUDA, as DeepSpeed's
-    setup records it on such a machine); read without initialising CUDA."""
+    """NCCL's major.minor as torch was built with it, as DeepSpeed's setup records it: for
+    any torch built with CUDA, GPU or not ("0.0" for a CPU-only torch). A library query that
+    does not initialise CUDA."""
+    if torch.version.cuda is None:
+        return "0.0"
     try:
         major, minor, *_ = torch.cuda.nccl.version()
         return f"{major}.{minor}"
@@ -31,7 +34,7 @@ torch_info = {
     "version": ".".join(torch.__version__.split("+")[0].split(".")[:2]),
     "bf16_support": False,  # DeepSpeed's setup records torch.cuda.is_bf16_supported() there
     "cuda_version": ".".join((torch.version.cuda or "0.0").split(".")[:2]),
-    "nccl_version": "0.0" if not torch.cuda.is_available() else _nccl_version(),
+    "nccl_version": _nccl_version(),
     "hip_version": ".".join((getattr(torch.version, "hip", None) or "0.0").split(".")[:2]),
 }
 
