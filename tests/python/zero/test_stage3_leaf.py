@@ -181,6 +181,8 @@ def test_marking_by_class_name_and_suffix():
     ]
     assert leaf.mark_by_class(net, ["Experts"], flag=False) == [net.moe]
     assert not leaf.is_leaf(net.moe)
+    net.moe.tied = net.inp  # one module under two parents: hooked once, as modules() lists it
+    assert list(leaf.hooked_modules(net)) == list(net.modules())
     assert leaf.mark_by_name(net, ["moe.experts"], suffix=True) == ([net.moe.experts], [])
     assert leaf.mark_by_name(net, ["nope"], raise_if_not_found=False) == ([], ["nope"])
     with pytest.raises(ValueError, match="no module of the classes"):

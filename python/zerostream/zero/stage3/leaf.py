@@ -162,10 +162,15 @@ def apply_config(model: torch.nn.Module, cfg: LeafModuleConfig) -> List[torch.nn
 
 
 def hooked_modules(root: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """`root`'s modules that stage 3 hooks: all of them but those inside a leaf."""
+    """`root`'s modules that stage 3 hooks: all of them but those inside a leaf, each once
+    (a module shared by two parents included), in `root.modules()`'s order."""
+    seen = set()
     stack = [root]
     while stack:
         module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
         yield module
         if not is_leaf(module):
             stack.extend(reversed(list(module.children())))
