@@ -52,3 +52,38 @@ def test_accelerate_two_processes_stage3_offload_and_zero3_from_pretrained(compa
     # Built under zero.Init (every param partitioned), weights equal to the plain load.
     assert loaded["partitioned"] and loaded["keys_equal"]
     assert loaded["max_diff"] == 0.0 and loaded["dtype"] == "torch.float32"
+
+
+def test_accelerate_launch_use_deepspeed_on_two_cpu_processes(compat_env, tmp_path):
+    """`accelerate launch --use_deepspeed --zero_stage 2 --num_processes 2` on a CPU machine,
+    with docs/compat.md's recipe (InitProcessGroupKwargs(backend="gloo")): both processes
+    train through the engine, to plain PyTorch's weights on the whole batch."""
+    import torch
+
+    args = ["-m", "accelerate.commands.accelerate_cli", "launch", "--use_deepspeed"]
+    args += ["--zero_stage", "2", "--num_processes", "2", "--num_machines", "1"]
+    args += ["--mixed_precision", "no", "--gradient_accumulation_steps", "1"]
+    args += ["--main_process_port", str(free_port())]
+    args += [str(HERE / "workers" / "accelerate_launch_worker.py")]
+    done = run_python(args, compat_env, timeout=300, cwd=tmp_path)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    facts = json.loads(line[len("RESULT ") :])
+    assert facts["processes"] == 2 and facts["engine"] == "ZeroEngine"
+
+    import sys
+
+    sys.path.insert(0, str(HERE / "workers"))
+    from accelerate_launch_worker import PER_RANK, STEPS, dataset
+
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0)
+    x, y = dataset()
+    for step in range(STEPS):
+        rows = slice(step * 2 * PER_RANK, (step + 1) * 2 * PER_RANK)  # both ranks' batches
+        torch.nn.functional.mse_loss(ref(x[rows]), y[rows]).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)  # the plugin's gradient_clipping
+        opt.step()
+        opt.zero_grad()
+    for got, want in zip(facts["weights"], ref.parameters()):
+        assert got == pytest.approx(want.detach().flatten().tolist(), **TOL)
