@@ -29,6 +29,12 @@ from .zero.state_offload import offload_engine_states, reload_engine_states
 logger = logging.getLogger("zerostream")
 
 
+class NoSyncError(RuntimeError, ValueError, AssertionError):
+    """A misuse of no_sync(). DeepSpeed asserts these (its message is quoted in ours), so
+    code that catches AssertionError, DeepSpeed's tests among it, catches them too; the
+    RuntimeError (step, re-entry) and ValueError (stage) zerostream raised before, too."""
+
+
 class ZeroEngine(torch.nn.Module):
     """What `zerostream.initialize` returns. Attributes and methods follow DeepSpeedEngine.
 
@@ -222,7 +228,10 @@ class ZeroEngine(torch.nn.Module):
         self._require_optimizer("step")
         self._require_consistent("step")
         if self._in_no_sync:
-            raise RuntimeError("step: no step is allowed inside no_sync()")
+            raise NoSyncError(
+                "step: no step is allowed inside no_sync() (It is illegal to call "
+                "Engine.step() inside no_sync context manager)"
+            )
         self._running_step = True
         try:
             self._step(lr_kwargs)
@@ -310,13 +319,17 @@ class ZeroEngine(torch.nn.Module):
     def no_sync(self):
         """Skips gradient reduction inside the context (stages 0 and 1 only)."""
         if self.zero_optimization_stage() >= 2:
-            raise ValueError(
+            raise NoSyncError(
                 f"no_sync is not compatible with ZeRO stage "
                 f"{self.zero_optimization_stage()}: gradients are partitioned as "
-                f"they are produced"
+                f"they are produced (no_sync context manager is incompatible with gradient "
+                f"partitioning logic of ZeRO stage {self.zero_optimization_stage()})"
             )
         if self._in_no_sync:
-            raise RuntimeError("no_sync: the context is not re-entrant")
+            raise NoSyncError(
+                "no_sync: the context is not re-entrant (no_sync context manager reentry is "
+                "unsupported)"
+            )
         self._in_no_sync = True
         try:
             yield

@@ -126,6 +126,11 @@ def accumulation_worker(rank, world):
             pass
     except ValueError as exc:
         errors["no_sync_stage2"] = str(exc)
+        errors["no_sync_types"] = [
+            type(exc).__name__,
+            isinstance(exc, AssertionError),
+            isinstance(exc, RuntimeError),
+        ]
     return boundaries, applied, forced, engine.global_steps, errors
 
 
@@ -136,6 +141,9 @@ def test_accumulation_boundaries_and_no_sync():
     assert applied == [False, False, True] * 2
     assert forced is True and steps == 2
     assert "no step is allowed inside no_sync" in errors["step_in_no_sync"]
+    # DeepSpeed's words and type too: its callers catch an AssertionError.
+    assert "It is illegal to call Engine.step() inside no_sync" in errors["step_in_no_sync"]
+    assert errors["no_sync_types"] == ["NoSyncError", True, True]
     assert "no_sync is not compatible with ZeRO stage 2" in errors["no_sync_stage2"]
 
 
