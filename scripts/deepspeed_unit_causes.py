@@ -48,6 +48,11 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "reads a private optimizer/engine/param attribute (the message names it)"),
     ("internal", r".", r"has no attribute 'count_used_parameters_in_backward'",
      "reads runtime.utils.count_used_parameters_in_backward (DeepSpeed's hook bookkeeping)"),
+    ("internal", r".", r"has no attribute '_backward_epilogue'",
+     "calls the engine's private _backward_epilogue after its own loss.backward()"),
+    ("failed", r".", r"received a gradient outside engine.backward",
+     "a plain loss.backward() at ZeRO stage 2 or 3 is refused (DeepSpeed 0.17+ takes it and "
+     "reduces in its backward epilogue): open"),
     # Not built yet.
     ("failed", r".", r"has no attribute 'coalesce_grad_reduction'|coalesce_grad_reduction",
      "engine.coalesce_grad_reduction() (one reduction for several backwards at ZeRO 1-3) is "
