@@ -222,6 +222,10 @@ class ZeroEngine(torch.nn.Module):
     def managed_gradient_accumulation(self) -> bool:
         return self._managed_accumulation
 
+    def log_level(self):
+        """The config's `log_level` (None: the logger's own level stays)."""
+        return self._config.log_level
+
     def step(self, lr_kwargs: Optional[dict] = None) -> None:
         """Applies the optimizer at the accumulation boundary only: reduce, unscale, clip, step,
         and the LR schedule unless the step overflowed (then it is skipped)."""

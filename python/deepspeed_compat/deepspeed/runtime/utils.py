@@ -42,3 +42,21 @@ def see_memory_usage(message: str, force: bool = False) -> None:
     print(f"MA {get_accelerator().memory_allocated() / gib:.2f} GB")
     used = (vm.total - vm.available) / gib
     print(f"CPU Virtual Memory:  used = {used:.2f} GB, percent = {vm.percent}%")
+
+
+def call_to_str(base: str, *args, **kwargs) -> str:
+    """`base(arg, ..., key=value, ...)` with each value's repr (DeepSpeed's helper)."""
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{base}({', '.join(parts)})"
+
+
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2, mpu=None):
+    """Clips the gradients of `parameters` in place to a total norm of at most `max_norm`;
+    returns the total norm before clipping. With `mpu` (model parallelism) refused by name:
+    zerostream has no model-parallel groups."""
+    if mpu is not None:
+        raise NotImplementedError(
+            "deepspeed.runtime.utils.clip_grad_norm_(mpu=...): zerostream has no model "
+            "parallelism; call it without mpu"
+        )
+    return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)

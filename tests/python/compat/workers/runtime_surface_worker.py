@@ -95,7 +95,7 @@ def readers():
     from deepspeed.runtime import config as ds_config
     from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
     from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
-    from deepspeed.runtime.utils import see_memory_usage
+    from deepspeed.runtime.utils import call_to_str, see_memory_usage
     from deepspeed.utils.torch import required_torch_version
 
     return {
@@ -120,7 +120,18 @@ def readers():
         ],
         "memory_report": _printed(lambda: see_memory_usage("here", force=True)),
         "memory_quiet": _printed(lambda: see_memory_usage("here")),
+        "call_to_str": call_to_str("f", 1, "a", key=2.5),
+        "clip_norm": _clip(),
     }
+
+
+def _clip():
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    p = torch.nn.Parameter(torch.zeros(4))
+    p.grad = torch.full((4,), 2.0)
+    norm = clip_grad_norm_([p], 1.0)
+    return [round(float(norm), 5), round(float(p.grad.norm()), 5)]
 
 
 def _printed(fn) -> str:
