@@ -66,7 +66,8 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "boundary through step()"),
     ("failed", r".", r"no_sync is not compatible with ZeRO stage 2",
      "refused by design: zerostream's stage 2 reduces gradients as they are produced"),
-    ("failed", r".", r"Mixture-of-Experts with expert parallelism|deepspeed\.runtime\.pipe|_create_expert",
+    ("failed", r".",
+     r"Mixture-of-Experts with expert parallelism|deepspeed\.runtime\.pipe|_create_expert",
      "a DeepSpeed feature zerostream refuses by name (expert or pipeline parallelism)"),
     # Different error types for the same refusal.
     ("failed", r"TestIncorectAllgatherBucketSize", r"allgather_bucket_size",
