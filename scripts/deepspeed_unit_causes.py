@@ -53,6 +53,8 @@ CAUSES: list[tuple[str, str, str, str]] = [
     ("failed", r".", r"received a gradient outside engine.backward",
      "a plain loss.backward() at ZeRO stage 2 or 3 is refused (DeepSpeed 0.17+ takes it and "
      "reduces in its backward epilogue): open"),
+    ("internal", r".", r"has no attribute '_\w+'",
+     "reads a private name (a leading underscore; the message names it)"),
     # Not built yet.
     ("failed", r".", r"has no attribute 'coalesce_grad_reduction'|coalesce_grad_reduction",
      "engine.coalesce_grad_reduction() (one reduction for several backwards at ZeRO 1-3) is "
