@@ -28,7 +28,7 @@ from ._api_version import DEEPSPEED_API_VERSION
 from ._unsupported import INFERENCE, TENSOR_PARALLELISM, unsupported
 from .accelerator import get_accelerator
 from .runtime import zero
-from .runtime.config import DeepSpeedConfig
+from .runtime.config import DeepSpeedConfig, DeepSpeedConfigError
 from .runtime.engine import DeepSpeedEngine
 from .utils import OnDevice, log_dist, logger
 
@@ -67,6 +67,7 @@ __all__ = [
     "add_config_arguments",
     "DeepSpeedEngine",
     "DeepSpeedConfig",
+    "DeepSpeedConfigError",
     "accelerator",
     "checkpoint",
     "checkpointing",

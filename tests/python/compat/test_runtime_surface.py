@@ -47,7 +47,7 @@ def test_zero_section_classes_validate_partial_sections(facts):
 def test_single_key_readers_and_defaults(facts):
     r = facts["readers"]
     assert r["clip"] == [1.0, 1.0] and r["clip_set"] == 0.0  # DeepSpeed >= 0.19.3's default
-    assert r["log_level"] == [None, "info"] and r["adam"] == "adam"
+    assert r["log_level"] == [None, "info"] and r["adam"] == "adam" and r["config_error"]
     assert r["bf16"] == [True, True, False]  # "bfloat16", the old key, is read too
     assert r["fp16_window"] == 9
     assert "bf16.enabeld" in r["bf16_typo"]

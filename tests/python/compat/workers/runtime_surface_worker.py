@@ -103,6 +103,7 @@ def readers():
         "clip_set": ds_config.get_gradient_clipping({"gradient_clipping": 0.0}),
         "log_level": [ds_config.get_log_level({}), ds_config.get_log_level({"log_level": "info"})],
         "adam": ds_config.ADAM_OPTIMIZER,
+        "config_error": deepspeed.DeepSpeedConfigError is ds_config.DeepSpeedConfigError,
         "bf16": [
             get_bfloat16_config({"bf16": {"enabled": True}}).enabled,
             get_bfloat16_config({"bfloat16": {"enabled": True}}).enabled,
