@@ -176,11 +176,6 @@ def hooked_modules(root: torch.nn.Module) -> Iterator[torch.nn.Module]:
             stack.extend(reversed(list(module.children())))
 
 
-def leaf_params(module: torch.nn.Module) -> Iterable[torch.nn.Parameter]:
-    """The params a module's gather covers: its own, or its whole subtree's for a leaf."""
-    return module.parameters(recurse=is_leaf(module))
-
-
 class LeafGrads:
     """Note [A leaf's gradients reach the reduce in one order]
     Stage 3 reduce-scatters gradients in buckets filled in the order autograd finishes
@@ -205,12 +200,12 @@ class LeafGrads:
             )
             for m in leaves
         }
-        self.owner = {zp.ds_id: key for key, zps in self.members.items() for zp in zps}
+        self.owned = {zp.ds_id for zps in self.members.values() for zp in zps}
         self.held: dict = {}
         self.pending: dict = {}  # leaf -> its forwards whose backward is not done
 
     def owns(self, zp) -> bool:
-        return zp.ds_id in self.owner
+        return zp.ds_id in self.owned
 
     def hold(self, zp, grad: torch.Tensor) -> None:
         prior = self.held.get(zp.ds_id)
