@@ -20,6 +20,14 @@ std::string str(const Resolution& r, const std::string& path) {
   return v.is_string() ? v.get<std::string>() : "";
 }
 
+// "fp32", "fp16" or "bf16" for any of DeepSpeed's dtype spellings (schema's kDtypes).
+std::string short_dtype(const std::string& name) {
+  if (name == "fp16" || name == "float16" || name == "half" || name == "torch.float16")
+    return "fp16";
+  if (name == "bf16" || name == "bfloat16" || name == "torch.bfloat16") return "bf16";
+  return "fp32";
+}
+
 void precision_rules(Resolution& r, int64_t stage) {
   if (on(r, "fp16.enabled") && on(r, "bf16.enabled"))
     r.errors.push_back(
@@ -71,23 +79,22 @@ void precision_rules(Resolution& r, int64_t stage) {
   if (bf16_master && !on(r, "bf16.enabled"))
     r.warnings.push_back(
         "bf16.bf16_master_weights_and_grads: has no effect while bf16.enabled is false");
+  const std::string model = on(r, "fp16.enabled")   ? "fp16"
+                            : on(r, "bf16.enabled") ? "bf16"
+                                                    : "fp32";
   const std::string pd = str(r, "data_types.param_dtype");
-  if (!pd.empty()) {
-    const std::string want = on(r, "fp16.enabled")   ? "fp16"
-                             : on(r, "bf16.enabled") ? "bf16"
-                                                     : "fp32";
-    const bool match = (want == "fp16" && (pd == "fp16" || pd == "float16" || pd == "half" ||
-                                           pd == "torch.float16")) ||
-                       (want == "bf16" &&
-                        (pd == "bf16" || pd == "bfloat16" || pd == "torch.bfloat16")) ||
-                       (want == "fp32" && (pd == "fp32" || pd == "float32" || pd == "float" ||
-                                           pd == "torch.float32"));
-    if (!match)
-      r.errors.push_back("data_types.param_dtype: \"" + pd +
-                         "\" does not match the enabled "
-                         "precision (" +
-                         want + ")");
-  }
+  if (!pd.empty() && short_dtype(pd) != model)
+    r.errors.push_back("data_types.param_dtype: \"" + pd +
+                       "\" does not match the enabled "
+                       "precision (" +
+                       model + ")");
+  // Stage 0 adds micro-steps' gradients up in param.grad, in the model's dtype; DeepSpeed
+  // refuses any other there too ("unsupported mix of model_dtype and grad_accum_dtype").
+  const std::string ga = str(r, "data_types.grad_accum_dtype");
+  if (stage == 0 && !ga.empty() && short_dtype(ga) != model)
+    r.errors.push_back("data_types.grad_accum_dtype: \"" + ga + "\" with the model in " + model +
+                       " needs ZeRO stage 1-3 (stage 0 accumulates gradients in the model's "
+                       "dtype)");
 }
 
 void offload_rules(Resolution& r, int64_t stage) {
@@ -164,8 +171,14 @@ void zero_rules(Resolution& r, int64_t stage) {
     r.errors.push_back("gradient_predivide_factor: must be 1.0 with zero_optimization.stage " +
                        std::to_string(stage) + " and reduce_scatter true; got " +
                        show(r.at("gradient_predivide_factor")));
-  if (stage == 3 && str(r, "gradient_allreduce_op") == "sum")
-    r.errors.push_back("gradient_allreduce_op: \"sum\" is not supported with ZeRO stage 3");
+  if (str(r, "gradient_allreduce_op") == "sum") {
+    if (stage == 3)
+      r.errors.push_back("gradient_allreduce_op: \"sum\" is not supported with ZeRO stage 3");
+    if (r.at(z + "zenflow").is_object())
+      r.errors.push_back("gradient_allreduce_op: \"sum\" is not supported with ZenFlow");
+    if (on(r, "compile.deepcompile"))
+      r.errors.push_back("gradient_allreduce_op: \"sum\" is not supported with DeepCompile");
+  }
   if (on(r, z + "legacy_stage1"))
     r.errors.push_back(
         "zero_optimization.legacy_stage1: the deprecated ZeRO stage 1 is not "
@@ -177,8 +190,9 @@ void zero_rules(Resolution& r, int64_t stage) {
         show(r.at(z + "allgather_bucket_size")));
   if (stage == 3 && on(r, z + "elastic_checkpoint"))
     r.warnings.push_back(
-        "zero_optimization.elastic_checkpoint: not supported at stage 3; "
-        "save_checkpoint() raises NotImplementedError while it is true");
+        "zero_optimization.elastic_checkpoint: elastic checkpointing is deprecated at stage 3 "
+        "(DeepSpeed no longer supports it either); save_checkpoint() raises "
+        "NotImplementedError while it is true");
   struct Feature {
     std::string key;
     bool used;
@@ -191,6 +205,7 @@ void zero_rules(Resolution& r, int64_t stage) {
       {z + "mics_shard_size", integer(r, z + "mics_shard_size") > 0},
       {z + "zenflow", r.at(z + "zenflow").is_object()},
       {z + "offload_optimizer.super_offload", on(r, z + "offload_optimizer.super_offload")},
+      {"compile.deepcompile", on(r, "compile.deepcompile")},
   };
   for (const Feature& f : unsupported)
     if (f.used)

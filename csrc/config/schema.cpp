@@ -258,7 +258,7 @@ struct Schema {
         U("steps_per_print", nullptr),
         B("wall_clock_breakdown", false), B("memory_breakdown", false), B("dump_state", false),
         B("prescale_gradients", false), F("gradient_predivide_factor", 1.0).greater_than_zero(),
-        E("gradient_allreduce_op", "mean", {"mean", "sum"}),
+        E("gradient_allreduce_op", "mean", {"mean", "sum"}, true),
         E("communication_data_type", nullptr, {"fp16", "bf16", "fp32"}, true),
         B("zero_allow_untested_optimizer", false), B("zero_force_ds_cpu_optimizer", true),
         B("sparse_gradients", false), B("disable_allgather", false),

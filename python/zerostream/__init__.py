@@ -100,6 +100,10 @@ def _model_dtype(model) -> Optional[str]:
     return None
 
 
+class MissingModelError(ValueError, AssertionError):
+    """initialize() without a model; an AssertionError too, as DeepSpeed asserts it."""
+
+
 def initialize(
     args=None,
     model=None,
@@ -117,7 +121,12 @@ def initialize(
 ):
     """Returns (engine, optimizer, training_dataloader, lr_scheduler) like deepspeed.initialize."""
     if model is None:
-        raise ValueError("deepspeed.initialize requires a model")
+        hint = (
+            " (the first positional argument is `args`, as in DeepSpeed: pass model=...)"
+            if callable(getattr(args, "parameters", None))  # a module given as args
+            else ""
+        )
+        raise MissingModelError(f"deepspeed.initialize requires a model{hint}")
     from . import config as config_mod
     from .data import make_dataloader
     from .engine import ZeroEngine

@@ -321,11 +321,33 @@ class ActivationCheckpointingConfig:
     profile: bool
 
 
+# The dtype names data_types accepts (DeepSpeed's DtypeEnum), by what they mean.
+_DTYPE_NAMES = {
+    "fp32": ("fp32", "float32", "float", "torch.float32"),
+    "fp16": ("fp16", "float16", "half", "torch.float16"),
+    "bf16": ("bf16", "bfloat16", "torch.bfloat16"),
+}
+
+
+def dtype_name(name: Optional[str]) -> Optional[str]:
+    """'fp32', 'fp16' or 'bf16' for any of DeepSpeed's spellings; None stays None."""
+    if name is None:
+        return None
+    for short, spellings in _DTYPE_NAMES.items():
+        if name in spellings:
+            return short
+    raise ValueError(f"data_types: unknown dtype {name!r}")
+
+
 @dataclass(frozen=True)
 class DataTypesConfig:
     grad_accum_dtype: Optional[str]
-    param_dtype: Optional[str]
-    buffer_dtype: Optional[str]
+    param_dtype: Optional[str]  # must match fp16/bf16 (checked by the config rules)
+    buffer_dtype: Optional[str]  # floating buffers cast to it; None: they keep theirs
+
+    @property
+    def buffer(self) -> Optional[str]:
+        return dtype_name(self.buffer_dtype)
 
 
 @dataclass(frozen=True)
@@ -466,6 +488,15 @@ class DeepSpeedConfig:
     def precision(self) -> str:
         return "fp16" if self.fp16.enabled else "bf16" if self.bf16.enabled else "fp32"
 
+    # DeepSpeed's DeepSpeedConfig reads data_types into these two attributes.
+    @property
+    def param_dtype(self) -> Optional[str]:
+        return self.data_types.param_dtype
+
+    @property
+    def buffer_dtype(self) -> Optional[str]:
+        return self.data_types.buffer_dtype
+
 
 def _section_class(annotation) -> Optional[type]:
     """The section dataclass an annotation names (`X` or `Optional[X]`), else None."""
@@ -545,8 +576,9 @@ def load(
         notes=tuple(res["notes"]),
     )
     if log:
+        # Formatted here: code that patches logger.warning (DeepSpeed's tests) reads the text.
         for w in cfg.warnings:
-            logger.warning("ds_config: %s", w)
+            logger.warning("ds_config: " + w)
         for n in cfg.notes:
-            logger.info("ds_config: %s", n)
+            logger.info("ds_config: " + n)
     return cfg

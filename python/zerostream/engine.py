@@ -67,7 +67,8 @@ class ZeroEngine(torch.nn.Module):
         self.skipped_steps = 0
         self._step_applied = False
         self._boundary_override: Optional[bool] = None
-        self._in_no_sync = False
+        self._in_no_sync = False  # no_sync() or coalesce_grad_reduction() is open
+        self.pipeline_parallelism = False  # PipelineModule is refused (unsupported.py)
         # managed_gradient_accumulation false: the caller owns the boundary; every step()
         # is one, and the backwards since the last count the samples (Note [Who owns the
         # accumulation boundary]).
@@ -312,7 +313,7 @@ class ZeroEngine(torch.nn.Module):
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         if not self._managed_accumulation:
-            raise RuntimeError(
+            raise NoSyncError(
                 "set_gradient_accumulation_boundary: not allowed with "
                 "managed_gradient_accumulation false; the caller owns the boundary by calling "
                 "step()"
@@ -339,6 +340,45 @@ class ZeroEngine(torch.nn.Module):
             yield
         finally:
             self._in_no_sync = False
+
+    @contextlib.contextmanager
+    def coalesce_grad_reduction(self):
+        """One gradient reduction for all the backwards inside the block (DeepSpeed's): they
+        accumulate locally and the block's end reduces once; step() comes after the block.
+        Note [Coalesced reduction] in zero/base.py. Unlike DeepSpeed, stage 0 and ZeRO-1's
+        bf16 wrapper are not refused (they reduce at the step anyway)."""
+        self._require_optimizer("coalesce_grad_reduction")
+        if not self._managed_accumulation:
+            raise NoSyncError(
+                "coalesce_grad_reduction is not supported with managed_gradient_accumulation "
+                "false: the caller already owns the accumulation boundary through step()"
+            )
+        if self.pipeline_parallelism:
+            raise NotImplementedError(
+                "coalesce_grad_reduction is not supported under pipeline parallelism"
+            )
+        if self._in_no_sync:
+            raise NoSyncError(
+                "coalesce_grad_reduction cannot be nested inside another no_sync or "
+                "coalesce_grad_reduction context"
+            )
+        self._in_no_sync = True
+        self.optimizer.begin_coalescing()
+        try:
+            yield
+        except BaseException:
+            self._in_no_sync = False
+            self.optimizer.end_coalescing(reduce=False)
+            raise
+        self._in_no_sync = False
+        with self._phase(TrainingState.BACKWARD):
+            self.optimizer.end_coalescing()
+
+    def _backward_epilogue(self) -> None:
+        """DeepSpeed before 0.17 wanted it after a plain loss.backward(); here the backward's
+        own gradient hooks queue the epilogue, which autograd ran when it finished (Note
+        [A plain loss.backward()] in zero/base.py), so nothing is left to do."""
+        self._require_optimizer("_backward_epilogue")
 
     def zero_grad(self) -> None:
         for p in self.module.parameters():

@@ -57,6 +57,11 @@ def _offloaded(cfg: DeepSpeedConfig) -> bool:
     return cfg.zero_optimization.offload_optimizer_device in ("cpu", "nvme")
 
 
+class UntestedOptimizerError(ValueError, AssertionError):
+    """A client optimizer DeepSpeed has not tested with ZeRO, without
+    zero_allow_untested_optimizer (an AssertionError too, as DeepSpeed asserts it)."""
+
+
 def check_client_optimizer(opt, cfg: DeepSpeedConfig) -> None:
     cls = type(opt)
     is_cpu_opt = cls.__name__ in _CPU_OPTIMIZER_NAMES
@@ -75,7 +80,7 @@ def check_client_optimizer(opt, cfg: DeepSpeedConfig) -> None:
         and not (isinstance(opt, _SUPPORTED) or is_cpu_opt)
         and not cfg.zero_allow_untested_optimizer
     ):
-        raise ValueError(
+        raise UntestedOptimizerError(
             f"You are using an untested ZeRO Optimizer ({cls.__name__}). Please add "
             '<"zero_allow_untested_optimizer": true> in the configuration file to use it.'
         )

@@ -41,6 +41,9 @@ def _config_features(cfg: DeepSpeedConfig) -> List[str]:
         found.append(f"{zp}zenflow: ZenFlow stall-free offload")
     if z.offload_optimizer is not None and z.offload_optimizer.super_offload:
         found.append(f"{zp}offload_optimizer.super_offload: SuperOffload")
+    compile_section = cfg.raw.get("compile")
+    if isinstance(compile_section, Mapping) and compile_section.get("deepcompile") is True:
+        found.append("compile.deepcompile: DeepCompile (compiler-driven ZeRO)")
     return found
 
 

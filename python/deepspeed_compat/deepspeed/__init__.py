@@ -41,8 +41,9 @@ version = __version__
 __version_major__, __version_minor__, __version_patch__ = (
     int(part) for part in DEEPSPEED_API_VERSION.split(".")
 )
-git_hash = None
-git_branch = None
+# DeepSpeed's build records its git commit here; a zerostream build records none.
+git_hash = __git_hash__ = None
+git_branch = __git_branch__ = None
 
 _guard.warn_if_stale(_zerostream.__version__)
 

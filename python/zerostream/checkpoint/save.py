@@ -134,6 +134,11 @@ def _check_node_local_storage(target: CheckpointTarget, save_dir: str) -> None:
         )
 
 
+class TagMismatchError(ValueError, AssertionError):
+    """Ranks saved under different tags with tag_validation Fail (an AssertionError too, as
+    DeepSpeed asserts it). Raised on every rank before anything is written."""
+
+
 def _validate_tag(target: CheckpointTarget, tag: str) -> None:
     """checkpoint.tag_validation: every rank must save under the same tag."""
     mode = target.checkpoint.tag_validation.lower()
@@ -146,7 +151,7 @@ def _validate_tag(target: CheckpointTarget, tag: str) -> None:
     detail = ", ".join(f"rank {r}: {t!r}" for r, t in enumerate(tags))
     message = f"save_checkpoint: ranks disagree on the checkpoint tag ({detail})"
     if mode == "fail":
-        raise ValueError(message + "; checkpoint.tag_validation is Fail")
+        raise TagMismatchError(message + "; checkpoint.tag_validation is Fail")
     logger.warning("%s", message)
 
 

@@ -9,7 +9,7 @@ from typing import Iterable, List, Optional
 import torch
 
 from .. import comm
-from ..precision import unscale_and_clip_coef
+from ..precision import DTYPES, unscale_and_clip_coef
 from .checkpoint import WholeWeightsCheckpoint
 from .protocol import StageCheckpoint, StageContext, TrainingState
 from .skips import first_non_finite
@@ -38,6 +38,18 @@ def _squared_sum(g: torch.Tensor) -> torch.Tensor:
     return torch.stack([c.float().pow(2).sum() for c in g.split(_NORM_CHUNK)]).sum().double()
 
 
+def place_buffers(module: torch.nn.Module, ctx: StageContext) -> None:
+    """The module's buffers on the run's device; floating ones cast to
+    data_types.buffer_dtype when it is set (DeepSpeed 0.19: otherwise they keep their dtype,
+    an fp32 rotary inv_freq beside bf16 weights)."""
+    dtype = ctx.config.data_types.buffer
+    for b in module.buffers():
+        if dtype is not None and b.is_floating_point():
+            b.data = b.data.to(device=ctx.device, dtype=DTYPES[dtype])
+        else:
+            b.data = b.data.to(ctx.device)
+
+
 class ZeroOptimizerBase:
     """Wraps the inner torch optimizer (`self.optimizer`) the way DeepSpeed's ZeRO optimizers do:
     not a torch.optim.Optimizer itself; `param_groups` proxies the inner one. The shared part
@@ -60,6 +72,12 @@ class ZeroOptimizerBase:
         # param helpers read, Note [Param access semantics] in zero/param_access.py).
         self.holding_grads = False
         self.param_access = None  # set by zero/param_access.register
+        # Inside engine.coalesce_grad_reduction(): gradients stay on param.grad, summed by
+        # autograd over the block's backwards, and are reduced once when it ends (Note
+        # [Coalesced reduction]).
+        self.coalescing = False
+        self._held: dict = {}  # id(param) -> its fp32 sum in a block (grad_accum_dtype fp32)
+        self._epilogue_queued = False  # a plain loss.backward()'s after_backward is queued
 
     # --- the module ------------------------------------------------------------------------
     @classmethod
@@ -71,8 +89,7 @@ class ZeroOptimizerBase:
             p.data = p.data.to(
                 device=ctx.device, dtype=ctx.dtype if p.is_floating_point() else p.dtype
             )
-        for b in module.buffers():
-            b.data = b.data.to(ctx.device)
+        place_buffers(module, ctx)
         if ctx.world > 1:
             src = comm.get_global_rank(ctx.group, 0)
             with torch.no_grad():
@@ -112,7 +129,12 @@ class ZeroOptimizerBase:
             optimizer.close_state()
 
     def close_state(self) -> None:
-        """The optimizer's side of close(): nothing to end without offload."""
+        """The optimizer's side of close(): its gradient hooks go (a later backward through
+        the same module must not reach a closed engine); nothing else to end without
+        offload."""
+        for hook in getattr(self, "_hooks", ()):
+            hook.remove()
+        self._hooks = []
 
     def before_forward(self) -> None:
         pass
@@ -142,6 +164,79 @@ class ZeroOptimizerBase:
         finally:
             run.state = previous
         self.holding_grads = True
+
+    # Note [A plain loss.backward()]
+    #   DeepSpeed 0.17+ accepts `loss.backward()` (after engine.scale(loss) with fp16, or
+    #   one loss summed over several engines) in place of engine.backward: its gradient
+    #   hooks notice that no engine.backward runs and finish the micro-step themselves. Here
+    #   the first gradient hook of such a backward queues after_backward() on autograd's
+    #   engine, which runs it when the backward's graph task ends: the stage-2 buckets are
+    #   reduced and landed, stage 3's leaves handed on and its params released, and the
+    #   gradient helpers see the gradients (holding_grads), as after engine.backward. The
+    #   loss is not divided by gradient_accumulation_steps there, as in DeepSpeed.
+    def grad_hook_entered(self) -> None:
+        """Every stage's gradient hook calls it first (Note [A plain loss.backward()])."""
+        if self.ctx.run.state is TrainingState.BACKWARD or self._epilogue_queued:
+            return
+        self._epilogue_queued = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._plain_backward_done)
+
+    def _plain_backward_done(self) -> None:
+        self._epilogue_queued = False
+        self.after_backward()
+        self.holding_grads = True
+
+    # Note [Coalesced reduction]
+    #   engine.coalesce_grad_reduction() (DeepSpeed 0.18): several backwards, one reduction.
+    #   Inside the block the stages that reduce during backward (2 and 3) leave each
+    #   gradient on param.grad, where autograd sums the block's backwards (stage 3 still
+    #   releases the param: only its gradient stays whole, as DeepSpeed's does), and
+    #   end_coalescing() hands every trained param's gradient to the reducer in group order
+    #   (zeros for one that got none on this rank, so every rank issues the same buckets),
+    #   one pass of buckets instead of one per backward. Stages 0 and 1 reduce at the step
+    #   anyway. The price is the one DeepSpeed pays: a whole gradient per param in the
+    #   model's dtype for the length of the block; with data_types.grad_accum_dtype fp32
+    #   and a 16-bit model, each backward's gradient is added into an fp32 copy instead
+    #   (twice the bytes), so the sum is not rounded to 16 bits per backward.
+    def begin_coalescing(self) -> None:
+        self.coalescing = True
+
+    def hold_coalesced(self, param: torch.nn.Parameter) -> None:
+        """A stage's gradient hook inside the block: the gradient stays unreduced."""
+        accum = self.ctx.grad_accum_dtype
+        if param.grad is None or param.grad.dtype == accum:
+            return  # autograd adds the next backward's into param.grad
+        grad, param.grad = param.grad, None
+        held = self._held.get(id(param))
+        self._held[id(param)] = grad.to(accum) if held is None else held.add_(grad)
+
+    def coalesced_grad(self, param: torch.nn.Parameter) -> Optional[torch.Tensor]:
+        """What the block holds for `param` (None: nothing yet)."""
+        return self._held.get(id(param), param.grad)
+
+    def take_coalesced(self, param: torch.nn.Parameter) -> Optional[torch.Tensor]:
+        grad = self._held.pop(id(param), None)
+        if grad is None:
+            grad = param.grad
+        param.grad = None
+        return grad
+
+    def end_coalescing(self, reduce: bool = True) -> None:
+        """Leaves the block: its gradients reduced once (`reduce`), or, when the block
+        raised, the ones it left on param.grad dropped: some ranks may not have run its
+        backwards, so no collective is started."""
+        self.coalescing = False
+        if reduce:
+            self.flush_coalesced()
+        else:
+            self.drop_coalesced()
+        self._held.clear()
+
+    def flush_coalesced(self) -> None:
+        """Stages 0 and 1 accumulate locally and reduce at the step: nothing to do."""
+
+    def drop_coalesced(self) -> None:
+        """Stages 0 and 1 held nothing apart: their local gradients stay for the step."""
 
     def _comm(self, kind: str, tensor: torch.Tensor, seconds: float) -> None:
         """Counts a collective's payload (the whole gathered or reduced tensor) for the

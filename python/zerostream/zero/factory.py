@@ -38,6 +38,7 @@ def build_zero_optimizer(
     stage = cfg.zero_stage
     cls = stage_class(stage)
     groups = client_groups(client, param_groups)
+    _check_client_states(client, cfg)
     if stage > 0 and cfg.zero_optimization.offload_optimizer_device == "nvme":
         if isinstance(client, torch.optim.Optimizer):
             check_client_optimizer(client, cfg)  # zero_force_ds_cpu_optimizer, as for "cpu"
@@ -55,6 +56,34 @@ def build_zero_optimizer(
     # deepspeed.utils.safe_get_full_fp32_param and friends find the optimizer of a param.
     param_access.register(opt, [p for g in groups for p in g["params"]])
     return opt
+
+
+class ClientStatesError(ValueError, AssertionError):
+    """A client CPU optimizer keeps fp32 moments where the config asks for bf16 ones. An
+    AssertionError too, as DeepSpeed asserts it."""
+
+
+def _check_client_states(client, cfg) -> None:
+    """bf16.bf16_optimizer_states with an offloaded optimizer steps bf16 moments; a client
+    DeepSpeedCPUAdam built with fp32 ones (its default) would contradict it, so neither is
+    silently overridden (DeepSpeed refuses the same way)."""
+    from ..ops._cpu_optimizer import CPUOptimizerBase
+
+    bf16 = cfg.bf16
+    if not (
+        isinstance(client, CPUOptimizerBase)
+        and client.fp32_optimizer_states
+        and bf16.enabled
+        and bf16.bf16_optimizer_states
+        and cfg.zero_stage > 0
+        and cfg.zero_optimization.offload_optimizer_device != "none"
+    ):
+        return
+    raise ClientStatesError(
+        f"bf16.bf16_optimizer_states keeps the optimizer's moments in bf16, but the "
+        f"{type(client).__name__} given to initialize() keeps them in fp32: build it with "
+        f"fp32_optimizer_states=False, or set bf16.bf16_optimizer_states false"
+    )
 
 
 def _nvme_adam(ctx: StageContext, client):

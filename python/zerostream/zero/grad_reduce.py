@@ -58,7 +58,6 @@ import torch
 from .. import comm
 from ..precision import DTYPES
 from .flat import FlatGroup, ParamSlot
-from .protocol import TrainingState
 
 
 @dataclass(frozen=True)
@@ -287,7 +286,6 @@ class _Reducer(ReducerBase):
         super().__init__(targets, ctx, stage)
         self.flat_groups = flat_groups
         self.rank = ctx.rank
-        self.run = ctx.run
 
     def _land(self, source: torch.Tensor, pieces: List[Piece], relative: bool) -> None:
         """This rank's pieces of `source` into its gradient partitions (Landing)."""
@@ -299,7 +297,7 @@ class Stage1Reducer(_Reducer):
 
     def __init__(self, flat_groups, targets, ctx, stage=None):
         super().__init__(flat_groups, targets, ctx, stage)
-        self.local = [torch.zeros_like(f.buffer) for f in flat_groups]
+        self.local = [torch.zeros_like(f.buffer, dtype=ctx.grad_accum_dtype) for f in flat_groups]
         self.accumulated = False  # gradients in `local` not yet reduced
 
     def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
@@ -360,15 +358,8 @@ class Stage2Reducer(_Reducer):
         self.peak_in_flight = 0
 
     def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
-        # A gradient from a bare loss.backward() would sit in a bucket nobody flushes.
-        self.run.require(
-            TrainingState.BACKWARD,
-            what=(
-                "ZeRO stage 2 received a gradient outside engine.backward(loss) (it reduces "
-                "gradients as autograd produces them: call engine.backward(loss), not "
-                "loss.backward())"
-            ),
-        )
+        # A plain loss.backward()'s buckets are flushed by the after_backward its first hook
+        # queued (Note [A plain loss.backward()] in zero/base.py).
         self._bucket.append((gi, slot, grad))
         self._bucket_numel += slot.numel
         if self._bucket_numel >= self.bucket_size:

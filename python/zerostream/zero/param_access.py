@@ -18,7 +18,9 @@ Note [Param access semantics] (DeepSpeed 0.19's deepspeed/utils/tensor_fragment.
   * Gradients are held between backward and the step (ZeroOptimizerBase.holding_grads):
     the full gradient is then the average over ranks of what was accumulated so far, as
     the step will use it (still multiplied by the fp16 loss scale); before the first
-    backward and after the step, `safe_get_full_grad` returns None.
+    backward and after the step, `safe_get_full_grad` returns None. Inside
+    engine.coalesce_grad_reduction() at stages 2 and 3, where a gradient waits on
+    param.grad unreduced, it returns that (this rank's own), as DeepSpeed does.
   * `safe_*_local_*` are ZeRO-3 only (a ValueError elsewhere): this rank's padded shard
     of the parameter, `ceil(numel / world)` elements, in fp32.
 """
@@ -294,6 +296,9 @@ def safe_get_full_grad(param) -> Optional[torch.Tensor]:
     access = _access(param)
     if access is None:
         return param.grad if isinstance(param, torch.Tensor) else None
+    held = access.opt.coalesced_grad(param) if access.opt.coalescing else None
+    if held is not None:
+        return held  # not reduced yet: this rank's own sum, as DeepSpeed answers there
     if not access.opt.holding_grads:
         return None
     view = access.grad_view(param)

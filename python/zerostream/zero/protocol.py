@@ -118,6 +118,17 @@ class StageContext:
         return DTYPES[self.config.precision]
 
     @property
+    def grad_accum_dtype(self) -> torch.dtype:
+        """Where micro-steps' gradients add up before the step (data_types.grad_accum_dtype,
+        DeepSpeed's rule: the model's dtype unless set): stage 1's local buffer, the
+        gradients a coalesced block holds; stages 2 and 3 add reduced gradients into fp32
+        partitions, and into 16-bit ones only when this is the model's dtype."""
+        from ..config import dtype_name
+
+        name = dtype_name(self.config.data_types.grad_accum_dtype)
+        return self.dtype if name is None else DTYPES[name]
+
+    @property
     def check_overflow(self) -> bool:
         """Skip the step on inf/nan gradients: fp16 always, bf16 unless
         bf16.check_grad_overflow is false (DeepSpeed's rule), fp32 too (a non-finite update

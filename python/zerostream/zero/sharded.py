@@ -37,6 +37,7 @@ def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
         and ctx.dtype in COPY_DTYPES
         and ctx.config.gradient_accumulation_steps == 1
         and ctx.config.zerostream.offload_gradient_dtype == "auto"
+        and ctx.grad_accum_dtype == ctx.dtype  # an extra backward adds in 16 bits there
     ):
         return ctx.dtype
     return torch.float32
@@ -209,6 +210,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def close_state(self) -> None:
         """Copies in flight read and write host memory that goes with the engine: they finish
         first; then the optimizer state's swap files (offload_optimizer nvme) are deleted."""
+        super().close_state()
         if self.copy_stage is not None:
             self.copy_stage.drain()
         if self.swapper is not None:

@@ -42,6 +42,12 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 for g in param_groups
             ]
         super().__init__(make_optimizer(inner), ctx)
+        # Gradients stay on param.grad until the step; the hooks only mark a plain
+        # loss.backward()'s gradients as held (Note [A plain loss.backward()] in base.py).
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(lambda _: self.grad_hook_entered())
+            for p in self.params
+        ]
 
     def _require_host_memory(self, ctx: StageContext) -> None:
         """Host-memory preflight (offload/memory_preflight.py) when "device" memory is host

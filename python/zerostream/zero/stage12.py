@@ -72,12 +72,34 @@ class PartitionedOptimizer(ShardedOptimizerBase):
     # --- backward --------------------------------------------------------------------------------
     def _on_grad(self, param: torch.nn.Parameter) -> None:
         """Autograd hook: hands the fresh gradient from param.grad to the reducer."""
+        self.grad_hook_entered()
+        if self.require_all_grads:
+            self._got_grad.add(id(param))
+        if self.coalescing and self.stage == 2:
+            self.hold_coalesced(param)  # reduced when the block ends (Note [Coalesced reduction])
+            return
         gi, slot = self._slot_of[param]
         grad = param.grad.detach().reshape(-1)
         param.grad = None
-        if self.require_all_grads:
-            self._got_grad.add(id(param))
         self.reducer.on_grad(gi, slot, grad)
+
+    def flush_coalesced(self) -> None:
+        if self.stage != 2:
+            return  # stage 1 reduces at the step
+        accum = self.ctx.grad_accum_dtype
+        for gi, flat in enumerate(self.flat_groups):
+            for slot in flat.slots:
+                grad = self.take_coalesced(slot.param)
+                if grad is None:  # the same buckets on every rank
+                    grad = torch.zeros(slot.numel, dtype=accum, device=slot.param.device)
+                self.reducer.on_grad(gi, slot, grad.detach().reshape(-1))
+        self.reducer.after_backward()
+
+    def drop_coalesced(self) -> None:
+        if self.stage == 2:
+            for flat in self.flat_groups:
+                for slot in flat.slots:
+                    slot.param.grad = None
 
     def after_backward(self) -> None:
         self.reducer.after_backward()

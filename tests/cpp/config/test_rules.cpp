@@ -66,7 +66,32 @@ TEST(Rules, SumAllreduceNotWithStage3) {
   EXPECT_ERROR(check(cfg(R"("gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3})")),
                "gradient_allreduce_op: \"sum\" is not supported with ZeRO stage 3");
   EXPECT_ERROR(check(cfg(R"("gradient_allreduce_op": "avg")")),
-               "gradient_allreduce_op: expected one of \"mean\", \"sum\"; got \"avg\"");
+               "gradient_allreduce_op: expected one of \"mean\", \"sum\"; got \"avg\" "
+               "(Invalid gradient_allreduce_op)");
+  // DeepSpeed lowercases the value, and refuses "sum" with ZenFlow and with DeepCompile.
+  EXPECT_OK(check(cfg(R"("gradient_allreduce_op": "SUM", "zero_optimization": {"stage": 2})")));
+  EXPECT_ERROR(check(cfg(R"("gradient_allreduce_op": "sum", "zero_optimization": {"stage": 2,
+                             "zenflow": {}})")),
+               "gradient_allreduce_op: \"sum\" is not supported with ZenFlow");
+  EXPECT_ERROR(check(cfg(R"("gradient_allreduce_op": "Sum", "zero_optimization": {"stage": 1},
+                             "compile": {"deepcompile": true})")),
+               "gradient_allreduce_op: \"sum\" is not supported with DeepCompile");
+}
+
+TEST(Rules, GradAccumDtypeAtStage0MustBeTheModels) {
+  EXPECT_ERROR(check(cfg(R"("bf16": {"enabled": true}, "zero_optimization": {"stage": 0},
+                             "data_types": {"grad_accum_dtype": "fp32"})")),
+               "data_types.grad_accum_dtype: \"fp32\" with the model in bf16 needs ZeRO stage 1-3");
+  EXPECT_OK(check(cfg(R"("bf16": {"enabled": true}, "zero_optimization": {"stage": 0},
+                          "data_types": {"grad_accum_dtype": "bfloat16"})")));
+  EXPECT_OK(check(cfg(R"("bf16": {"enabled": true}, "zero_optimization": {"stage": 1},
+                          "data_types": {"grad_accum_dtype": "fp32"})")));
+}
+
+TEST(Rules, ElasticCheckpointAtStage3IsDeprecated) {
+  auto r = check(cfg(R"("zero_optimization": {"stage": 3, "elastic_checkpoint": true})"));
+  EXPECT_OK(r);
+  EXPECT_WARNING(r, "zero_optimization.elastic_checkpoint: elastic checkpointing is deprecated");
 }
 
 TEST(Rules, LegacyStage1AndOddAllgatherBucket) {

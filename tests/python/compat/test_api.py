@@ -50,6 +50,9 @@ def test_engine_and_optimizer_are_the_classes_tools_check(facts, stage):
         ("zero_quantized_gradients", "ZeRO++ quantized gradients"),
         ("zero_hpz_partition_size", "hierarchical weight partitioning"),
         ("mics_shard_size", "MiCS"),
+        ("zenflow", "ZenFlow"),
+        ("offload_optimizer", "offload_optimizer.super_offload: SuperOffload"),
+        ("deepcompile", "compile.deepcompile: DeepCompile"),
         ("expert_params", "expert parallelism"),
         ("moe_layer", "expert parallelism"),
         ("tp_model_init", "tensor parallelism"),
@@ -60,7 +63,7 @@ def test_unsupported_features_fail_at_setup_naming_them(facts, key, named):
     message = facts["unsupported"][key]
     assert message.startswith("NotImplementedError: "), message
     assert named in message
-    if key.startswith(("zero_", "mics")):
+    if key.startswith(("zero_", "mics", "zenflow", "offload_")):
         assert f"zero_optimization.{key}" in message
 
 

@@ -60,6 +60,7 @@ def test_single_key_readers_and_defaults(facts):
     assert r["memory_quiet"] == ""  # only with force=True
     assert r["call_to_str"] == "f(1, 'a', key=2.5)"
     assert r["clip_norm"] == [4.0, 1.0]  # the norm before clipping; after, at most max_norm
+    assert r["version_names"] == [True] * 4  # DeepSpeed's version and build names
 
 
 def test_op_builders_report_what_zerostream_has(facts):

@@ -244,3 +244,33 @@ def test_an_offloaded_torch_optimizer_cannot_step_bf16_masters_and_says_so(tmp_p
     said = run_ranks(client_worker, 1, str(tmp_path))[0]
     assert said is not None and "bf16.bf16_master_weights_and_grads" in said
     assert "DeepSpeedCPUAdam" in said and "AdamW" in said
+
+
+def client_states_worker(rank, world, root, fp32_states):
+    import zerostream
+    from zerostream.ops.adam import DeepSpeedCPUAdam
+
+    cfg = _config(GLOBAL_BATCH, 2, "cpu", root)
+    del cfg["optimizer"]
+    cfg["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    model = TinyGPT()
+    client = DeepSpeedCPUAdam(model.parameters(), lr=LR, fp32_optimizer_states=fp32_states)
+    try:
+        engine, *_ = zerostream.initialize(model=model, config=cfg, optimizer=client)
+    except AssertionError as exc:  # DeepSpeed's type
+        return ("ValueError" if isinstance(exc, ValueError) else "other"), str(exc)
+    engine.destroy()
+    return "accepted", None
+
+
+@pytest.mark.parametrize("fp32_states", [True, False])
+def test_a_client_cpu_adam_with_fp32_states_contradicts_bf16_states(tmp_path, fp32_states):
+    """bf16_optimizer_states with a client DeepSpeedCPUAdam: neither is overridden; its
+    default fp32_optimizer_states=True is refused by name (DeepSpeed asserts the same), False
+    is what the config asks for."""
+    said = run_ranks(client_states_worker, 1, str(tmp_path), fp32_states)[0]
+    if fp32_states:
+        assert said[0] == "ValueError" and "fp32_optimizer_states=False" in said[1]
+        assert "bf16.bf16_optimizer_states" in said[1]
+    else:
+        assert said[0] == "accepted"

@@ -28,10 +28,11 @@ def test_a_client_optimizer_with_offload_needs_zero_force_ds_cpu_optimizer_false
 
 def test_an_untested_client_optimizer_is_refused_unless_allowed():
     model = MLP()
-    with pytest.raises(ValueError, match=r"untested ZeRO Optimizer \(SGD\)"):
+    with pytest.raises(ValueError, match=r"untested ZeRO Optimizer \(SGD\)") as info:
         ZeroEngine(
             model, _cfg(1, optimizer=False), optimizer=torch.optim.SGD(model.parameters(), lr=0.1)
         )
+    assert isinstance(info.value, AssertionError)  # DeepSpeed asserts it
     allowed = _cfg(1, optimizer=False, zero_allow_untested_optimizer=True)
     engine = ZeroEngine(model, allowed, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     assert type(engine.optimizer.optimizer) is torch.optim.SGD

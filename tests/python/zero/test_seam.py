@@ -127,15 +127,26 @@ def test_prepare_module_moves_params_to_the_run_dtype_and_keeps_buffers():
 # --- the phase ----------------------------------------------------------------------------------
 
 
-def test_stage_2_refuses_a_gradient_outside_engine_backward():
-    model, opt, ctx = _stage(_config(2))
-    loss = model(torch.randn(4, 8))
-    with pytest.raises(
-        RuntimeError,
-        match=r"engine.backward\(loss\).*during idle; expected "
-        r"backward",
-    ):
-        loss.backward()
+def test_a_plain_backward_at_stage_2_runs_its_epilogue_when_autograd_ends():
+    """Note [A plain loss.backward()]: outside run_backward (the phase stays idle) the first
+    gradient hook queues after_backward, so when loss.backward() returns the buckets are
+    reduced into the partition, nothing waits in a bucket, and the gradients are held; the
+    partition equals the one run_backward leaves."""
+    x = torch.randn(4, 8)
+    grads = {}
+    for plain in (True, False):
+        model, opt, ctx = _stage(_config(2, reduce_bucket_size=50))
+        loss = model(x)
+        if plain:
+            loss.backward()
+            assert ctx.run.state is TrainingState.IDLE
+            assert opt.reducer._bucket == [] and not opt._epilogue_queued
+        else:
+            opt.run_backward(loss, 1.0)
+        assert opt.holding_grads
+        grads[plain] = opt.grads[0].clone()
+    assert grads[True].abs().sum() > 0
+    assert torch.equal(grads[True], grads[False])
 
 
 # --- flat groups and gradient reduction ---------------------------------------------------------

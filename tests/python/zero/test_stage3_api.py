@@ -472,3 +472,44 @@ def modify_worker(rank, world, nvme, offload):
 def test_a_gathered_modification_survives_the_next_step(tmp_path, offload):
     weight = run_ranks(modify_worker, 2, str(tmp_path), offload, timeout=120)[0]
     assert torch.equal(weight, torch.full((32, 32), 0.25))
+
+
+def cache_worker(rank, world):
+    import zerostream
+    from mlp import MLP
+
+    torch.manual_seed(0)
+    # Every param persistent: gathered once and kept, until empty_partition_cache.
+    cfg = _config(stage3_param_persistence_threshold=10**6)
+    engine, *_ = zerostream.initialize(model=MLP(), config=cfg)
+    xs = [torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * rank + i)) for i in (0, 1)]
+    engine.backward(engine(xs[0]))
+    engine.step()
+    kept = [p.numel() for p in engine.module.parameters()]
+    engine.empty_partition_cache()
+    emptied = [p.numel() for p in engine.module.parameters()]
+    engine.backward(engine(xs[1]))  # gathers them again
+    engine.step()
+    with zerostream.zero.GatheredParameters(list(engine.module.parameters())):
+        weights = [p.detach().clone() for p in engine.module.parameters()]
+    return kept, emptied, weights
+
+
+@pytest.mark.multirank
+def test_empty_partition_cache_empties_persistent_params_and_training_goes_on():
+    from mlp import MLP
+
+    kept, emptied, weights = run_ranks(cache_worker, 2, timeout=120)[0]
+    torch.manual_seed(0)
+    plain = MLP()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for i in (0, 1):
+        opt.zero_grad()
+        for rank in (0, 1):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * rank + i))
+            (plain(x) / 2).backward()
+        opt.step()
+    assert kept == [p.numel() for p in plain.parameters()]  # persistent: whole after a step
+    assert emptied == [0] * len(kept)  # as DeepSpeed's empty_partition_cache leaves them
+    for a, b in zip(weights, plain.parameters()):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-7)

@@ -42,7 +42,11 @@ from ... import _C, comm
 from ...offload.host_buffers import arena_bytes
 from ..protocol import TrainingState
 from .leaf import is_leaf
-from .module_state import external_params, register_external_parameter
+from .module_state import (
+    external_params,
+    register_external_parameter,
+    unregister_external_parameter,
+)
 from .param import ShardState, ZeroParam, unique_zero_params, zero_param_of
 from .partitioner import Partitioner
 
@@ -270,6 +274,9 @@ class ParamCoordinator:
     def fetch(self, module: torch.nn.Module) -> Tuple[Optional[PlannedEvent], List[ZeroParam]]:
         """Before `module` runs: its params gathered, the next ones prefetched."""
         zps = module_params(module)
+        emptied = [zp for zp in zps if zp.persist and zp.state is ShardState.SHARDED]
+        if emptied:  # empty_partition_cache released persistent params too
+            self.part.gather(emptied)
         needed = [zp for zp in zps if not zp.persist]
         if not needed:
             return None, zps
@@ -331,7 +338,8 @@ class ParamCoordinator:
         if self.phase is Phase.FORWARD:
             self.forward_peak_live = max(self.forward_peak_live, self.part.live_numel)
 
-    def post_forward(self, module: torch.nn.Module) -> None:
+    def post_forward(self, module: torch.nn.Module, returned=()) -> None:
+        """`module`'s forward returned; `returned`: the params it returned as outputs."""
         # Frames above this module's belong to forwards that never returned: activation
         # checkpointing stops a recomputation by raising once it has what backward needs.
         depth = len(self.frames)
@@ -344,6 +352,8 @@ class ParamCoordinator:
         while len(self.frames) > depth:
             self._pop_frame()
         planned, zps = self._pop_frame()
+        if returned and self.frames:
+            self._hand_up(module, returned)
         if self.phase is Phase.RECOMPUTE:
             return  # a forward re-run by activation checkpointing: backward needs them
         if self.phase is not Phase.FORWARD:
@@ -361,6 +371,29 @@ class ParamCoordinator:
         for zp in zps:
             zp.users -= 1
         return planned, zps
+
+    def _hand_up(self, module: torch.nn.Module, params) -> None:
+        """`module` returned params of its own (a bias its parent adds, DeepSpeed's external
+        parameter return): the enclosing forward uses them next, so each stays gathered
+        until that forward ends and is registered as the enclosing module's external
+        parameter, which later steps gather with it (and no longer `module`'s, if it was:
+        the outer module covers it)."""
+        parent, planned, zps = self.frames[-1]
+        # Held by a forward still running (an outer module took it over earlier): it stays.
+        held = {id(zp) for frame in self.frames for zp in frame[2]}
+        for param in params:
+            zp = zero_param_of(param)
+            if zp is None or id(zp) in held:
+                continue
+            unregister_external_parameter(module, param)
+            register_external_parameter(parent, param)
+            param.is_external_param = True  # DeepSpeed's flag
+            self.externals_found = True
+            zp.modules += 1
+            zp.users += 1
+            held.add(id(zp))
+            zps = zps + [zp]
+        self.frames[-1] = (parent, planned, zps)
 
     def access(self, param: torch.nn.Parameter) -> None:
         """A param was read by attribute while a forward runs: if it is not gathered, the

@@ -11,7 +11,9 @@ gathered); coordinator.post_backward says when that is safe.
 A module's `_parameters` dict is replaced by one that notices a partitioned parameter read
 while some module's forward runs (`self.tok.weight` used by a parent's output head): the
 coordinator gathers it and registers it as an external parameter of the running module, so
-later steps gather it with that module (DeepSpeed's ZeROOrderedDict does the same)."""
+later steps gather it with that module (DeepSpeed's ZeROOrderedDict does the same). A
+param a module returns as an output (a bias its parent adds) is handed up the same way
+(coordinator._hand_up)."""
 
 from __future__ import annotations
 
@@ -77,7 +79,8 @@ def _needs_grad(value) -> bool:
 
 
 def _post_forward(coord: ParamCoordinator, module: torch.nn.Module, args, output) -> None:
-    coord.post_forward(module)
+    returned = [t for t in _tensors(output) if isinstance(t, torch.nn.Parameter)]
+    coord.post_forward(module, returned)
     if torch.is_grad_enabled() and module_params(module):
         once = _OncePerForward(coord, module)
         for t in _tensors(output):

@@ -149,6 +149,12 @@ class Init(contextlib.ContextDecorator):
     # --- construction hooks ----------------------------------------------------------------------
     def _post_init(self, module: torch.nn.Module) -> None:
         """Partitions the params `module` created and hooks it for on-demand gathers."""
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                # Built on "meta" (torch.nn.utils.skip_init): a meta tensor's data cannot be
+                # replaced by a real one, so the param is; zeros, never NaN, until filled.
+                real = torch.zeros(p.shape, dtype=p.dtype, device=self.part.device)
+                module._parameters[name] = torch.nn.Parameter(real, p.requires_grad)
         fresh = [p for p in module._parameters.values() if p is not None]
         self.part.partition(fresh)
         state = ensure_state(module)

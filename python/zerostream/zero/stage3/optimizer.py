@@ -19,6 +19,7 @@ import torch
 from ... import comm
 from ...offload.copy_stage import CopyMeter
 from ...offload.param_swap import ParamSwapper, ShardSink
+from ..base import place_buffers
 from ..protocol import PartitionLayout, StageCheckpoint, StageContext
 from ..sharded import ShardedOptimizerBase
 from . import hooks, leaf
@@ -162,8 +163,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
         leaf.apply_config(module, leaf.leaf_config(zero.leaf_module))
         _adopt_init_params(module, part, ctx)
         part.partition(module.parameters())
-        for b in module.buffers():
-            b.data = b.data.to(ctx.device)
+        place_buffers(module, ctx)
         ctx.module_state = Stage3Runtime(module, part, ParamCoordinator(part, zero, run=ctx.run))
 
     gathers_to_save = True
@@ -175,9 +175,11 @@ class Stage3Optimizer(ShardedOptimizerBase):
 
     @classmethod
     def release_gathered(cls, module: torch.nn.Module) -> None:
+        """Every param empty, the persistent ones included, as DeepSpeed's
+        empty_partition_cache leaves them; the next forward gathers what it uses."""
         runtime = runtime_of(module)
         if runtime is not None:
-            runtime.part.release_all()
+            runtime.part.release_all(persistent=True)
 
     @classmethod
     def close(cls, module: torch.nn.Module, optimizer) -> None:
@@ -301,7 +303,14 @@ class Stage3Optimizer(ShardedOptimizerBase):
 
     def _on_grad(self, param: torch.nn.Parameter) -> None:
         """Autograd hook: the param's gradient is final for this backward."""
+        self.grad_hook_entered()
         zp = param._zs
+        if self.coalescing:
+            # The whole gradient stays until the block ends; the param itself is released
+            # as usual (Note [Coalesced reduction] in zero/base.py).
+            self.hold_coalesced(param)
+            self.coord.after_grad(zp)
+            return
         grad = param.grad
         param.grad = None
         if self.leaf_grads is not None and self.leaf_grads.owns(zp):
@@ -311,11 +320,32 @@ class Stage3Optimizer(ShardedOptimizerBase):
         self.coord.after_grad(zp)
 
     def after_backward(self) -> None:
-        if self.leaf_grads is not None:
+        if self.leaf_grads is not None and not self.coalescing:
             self.leaf_grads.finish()
         self.reducer.flush()
         self.reducer.drain()
         self.coord.end_backward()
+
+    def begin_coalescing(self) -> None:
+        super().begin_coalescing()
+        self.coord.leaf_grads = None  # a leaf's gradients stay on param.grad too
+
+    def flush_coalesced(self) -> None:
+        self.coord.leaf_grads = self.leaf_grads
+        for zps in self.groups:
+            for zp in zps:
+                grad = self.take_coalesced(zp.param)
+                if grad is None:  # the same buckets on every rank
+                    grad = torch.zeros(zp.numel, dtype=self.ctx.grad_accum_dtype, device=zp.device)
+                self.reducer.add(zp, grad)
+        self.reducer.flush()
+        self.reducer.drain()
+
+    def drop_coalesced(self) -> None:
+        self.coord.leaf_grads = self.leaf_grads
+        for zps in self.groups:
+            for zp in zps:
+                zp.param.grad = None
 
     def step(self) -> bool:
         with self.telemetry.phase("reduce"):

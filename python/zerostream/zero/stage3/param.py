@@ -142,15 +142,16 @@ class ZeroParam:
         self.state = ShardState.GATHERED
         self._publish()
 
-    def to_sharded(self, in_place: bool = True) -> None:
+    def to_sharded(self, in_place: bool = True, persistent_too: bool = False) -> None:
         """GATHERED -> SHARDED. `in_place`: frees the full tensor's bytes, views of it
         included (autograd's saved views come back when the backward re-gathers into the same
         storage). Otherwise the param lets go of the full tensor and the next gather allocates
         a new one: what a user took from it (`param.detach()`, and `.cpu()`, which is no copy
         on a CPU machine) keeps its values, and its memory, as under DeepSpeed, which replaces
-        `param.data`."""
+        `param.data`. `persistent_too`: a persistent param too (empty_partition_cache; the
+        next fetch gathers it again)."""
         self._require(ShardState.GATHERED, what="release")
-        if self.persist:
+        if self.persist and not persistent_too:
             raise RuntimeError(f"ZeRO-3 param ds_id={self.ds_id} is persistent; never released")
         self.param.data = self._empty
         if in_place:

@@ -347,11 +347,17 @@ class Partitioner:
         self.live_numel -= zp.numel
         return True
 
-    def release_all(self) -> None:
+    def release_all(self, persistent: bool = False) -> None:
+        """Frees every gathered param not in use; `persistent`: the persistent ones too
+        (DeepSpeed's empty_partition_cache, which leaves every param empty; a module's next
+        fetch gathers its persistent params again)."""
         for zp in list(self.inflight.values()):
             zp.wait()
         for zp in self.params.values():
-            self.release(zp)
+            if persistent and zp.persist and zp.users == 0 and zp.state is ShardState.GATHERED:
+                zp.to_sharded(in_place=False, persistent_too=True)
+            else:
+                self.release(zp)
 
     def refresh_gathered(self, only: Optional[Iterable[int]] = None) -> None:
         """Re-gathers every param still gathered (the persistent ones, and any a running

@@ -138,9 +138,13 @@ def unsupported():
         ("zero_quantized_gradients", True),
         ("zero_hpz_partition_size", 2),
         ("mics_shard_size", 2),
+        ("zenflow", {"topk_ratio": 0.1}),
+        ("offload_optimizer", {"device": "cpu", "super_offload": True}),
     ):
         cfg = config(3, **{key: value})
         out[key] = refusal(lambda cfg=cfg: deepspeed.initialize(model=make_model(), config=cfg))
+    cfg = {**config(2), "compile": {"deepcompile": True}}
+    out["deepcompile"] = refusal(lambda: deepspeed.initialize(model=make_model(), config=cfg))
 
     def expert_groups():
         model = make_model()

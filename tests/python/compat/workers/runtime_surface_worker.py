@@ -123,6 +123,10 @@ def readers():
         "memory_quiet": _printed(lambda: see_memory_usage("here")),
         "call_to_str": call_to_str("f", 1, "a", key=2.5),
         "clip_norm": _clip(),
+        "version_names": [
+            hasattr(deepspeed, n)
+            for n in ("__git_hash__", "__git_branch__", "__version_major__", "__version_patch__")
+        ],
     }
 
 
