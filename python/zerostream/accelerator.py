@@ -61,6 +61,21 @@ class _Accelerator:
     def manual_seed_all(self, seed: int) -> None:
         torch.manual_seed(seed)
 
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` is in page-locked memory; False for one without storage (meta,
+        fake tensors), whose bytes must not be touched."""
+        if tensor.is_meta or type(tensor).__name__ == "FakeTensor":
+            return False
+        try:
+            return bool(tensor.is_pinned())
+        except (RuntimeError, NotImplementedError):
+            return False
+
+    def unpin_memory(self, tensor: torch.Tensor) -> None:
+        """Nothing to do: memory pinned by torch is released with the tensor (DeepSpeed's
+        torch backend answers None too)."""
+        return None
+
     def __repr__(self) -> str:
         return f"<zerostream accelerator {self._name}>"
 

@@ -176,13 +176,14 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
         state = self.state[subgroup_id] if subgroup_id in self.state else None
         if not state:
             raise RuntimeError(
-                f"DeepSpeedCPUAdam.rollback_subgroup({subgroup_id}): that sub-group has no "
-                "optimizer state (no step_subgroup ran for it)"
+                f"DeepSpeedCPUAdam.rollback_subgroup({subgroup_id}): Cannot rollback optimizer "
+                f"state for sub_group_id {subgroup_id}: it has none (no step_subgroup ran for it)"
             )
         if state.get("step", 0) <= 0:
             raise RuntimeError(
-                f"DeepSpeedCPUAdam.rollback_subgroup({subgroup_id}): its step count is "
-                f"{state.get('step', 0)}; nothing to roll back"
+                f"DeepSpeedCPUAdam.rollback_subgroup({subgroup_id}): Cannot rollback "
+                f"sub_group_id {subgroup_id}: step count is {state.get('step', 0)}; nothing to "
+                "roll back"
             )
         for group, p in self._subgroup_items():
             _adam_undo(p, state, group, self.adamw_mode)

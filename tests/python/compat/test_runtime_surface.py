@@ -117,3 +117,21 @@ def test_leaf_module_api_and_section(facts):
     assert f["model_config"] == {"classes": ["a"], "names": ["x"], "name_suffixes": []}
     # The config's section marked the block at initialize: its params, and only those.
     assert f["leaf_params"] == [False, False, True, True, True, True, False, False]
+
+
+def test_pinning_backend_and_layer_partitions(facts):
+    """The accelerator's is_pinned/unpin_memory (DeepSpeed's torch backend), the native
+    backend refused by name rather than replaced by torch's, and runtime.utils'
+    partition_balanced (contiguous, non-empty parts of near-equal sums) and partition_uniform."""
+    f = facts["pinning_and_partitions"]
+    assert f["is_pinned"] == [True, False] and f["unpin"] is None
+    assert f["torch_backend"] is None
+    assert f["native"].startswith("RuntimeError") and "pin_memory" in f["native"]
+    sums = [
+        [sum(w[b:e]) for b, e in zip(bounds[:-1], bounds[1:])]
+        for w, bounds in zip(
+            [[1, 2, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 1], [5, 1, 1, 9, 2]], f["balanced"]
+        )
+    ]
+    assert sums == [[1, 2, 1, 0], [2, 1, 1, 1], [2, 1, 1, 1], [7, 11]]
+    assert f["uniform"] == [[0, 4, 7, 10], [0, 1, 2, 2]]

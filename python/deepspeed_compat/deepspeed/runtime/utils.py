@@ -60,3 +60,57 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2, mpu=None)
             "parallelism; call it without mpu"
         )
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+
+def prefix_sum_inc(weights) -> list:
+    """Inclusive prefix sums: [3, 4, 5] -> [3, 7, 12]."""
+    out, total = [], 0
+    for w in weights:
+        total += w
+        out.append(total)
+    return out
+
+
+def partition_uniform(num_items: int, num_parts: int) -> list:
+    """`num_parts + 1` boundaries splitting `num_items` items as evenly as counts allow (the
+    first parts take the remainder); with no more items than parts, one item a part and
+    empty parts at the end."""
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    size, extra = divmod(num_items, num_parts)
+    bounds = [0]
+    for p in range(num_parts):
+        bounds.append(bounds[-1] + size + (1 if p < extra else 0))
+    return bounds
+
+
+def partition_balanced(weights, num_parts: int) -> list:
+    """`num_parts + 1` boundaries cutting `weights` into `num_parts` contiguous, non-empty
+    parts whose sums differ as little as the search finds (DeepSpeed's rule: the linear
+    partition problem, by dynamic programming over (items, parts) keeping each state's
+    heaviest and lightest part). With no more items than parts: partition_uniform."""
+    n, m = len(weights), num_parts
+    if n <= m:
+        return partition_uniform(n, m)
+    prefix = [0] + prefix_sum_inc(weights)
+    inf = float("inf")
+    # state[i][j]: (spread, heaviest, lightest, where part j starts) for i items in j parts.
+    state = [[(inf, 0.0, 0.0, 0)] * (m + 1) for _ in range(n + 1)]
+    state[0][0] = (0.0, -inf, inf, 0)
+    for i in range(1, n + 1):
+        for j in range(1, min(i, m) + 1):
+            best = state[i][j]
+            for k in range(j - 1, i):
+                prev = state[k][j - 1]
+                if prev[0] == inf:
+                    continue
+                part = prefix[i] - prefix[k]
+                hi, lo = max(prev[1], part), min(prev[2], part)
+                if hi - lo <= best[0]:  # ties: the later cut
+                    best = (hi - lo, hi, lo, k)
+            state[i][j] = best
+    bounds, i = [n], n
+    for j in range(m, 0, -1):
+        i = state[i][j][3]
+        bounds.append(i)
+    return bounds[::-1]

@@ -315,6 +315,31 @@ def leaf_modules():
     return facts
 
 
+def pinning_and_partitions():
+    import os
+
+    import deepspeed.utils.pin_memory as pin_memory
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.utils import partition_balanced, partition_uniform
+
+    accel = get_accelerator()
+    pinned = accel.pin_memory(torch.randn(4, 8))
+    out = {
+        "is_pinned": [accel.is_pinned(pinned) == pinned.is_pinned(), accel.is_pinned(
+            torch.zeros(2, device="meta")
+        )],
+        "unpin": accel.unpin_memory(pinned),
+        "torch_backend": pin_memory.get_active_native_pinned_memory(),
+    }
+    os.environ["DS_PIN_MEMORY_BACKEND"] = "native"
+    out["native"] = _error(pin_memory.get_active_native_pinned_memory)
+    del os.environ["DS_PIN_MEMORY_BACKEND"]
+    cases = [([1, 2, 1], 4), ([1, 1, 1, 1, 1], 4), ([1, 1, 1, 1, 0, 1], 4), ([5, 1, 1, 9, 2], 2)]
+    out["balanced"] = [partition_balanced(w, n) for w, n in cases]
+    out["uniform"] = [partition_uniform(10, 3), partition_uniform(2, 3)]
+    return out
+
+
 def main():
     print(
         json.dumps(
@@ -327,6 +352,7 @@ def main():
                 "zero_linear": zero_linear(),
                 "unwrap": unwrap(),
                 "leaf_modules": leaf_modules(),
+                "pinning_and_partitions": pinning_and_partitions(),
             }
         )
     )
