@@ -325,9 +325,10 @@ def pinning_and_partitions():
     accel = get_accelerator()
     pinned = accel.pin_memory(torch.randn(4, 8))
     out = {
-        "is_pinned": [accel.is_pinned(pinned) == pinned.is_pinned(), accel.is_pinned(
-            torch.zeros(2, device="meta")
-        )],
+        "is_pinned": [
+            accel.is_pinned(pinned) == pinned.is_pinned(),
+            accel.is_pinned(torch.zeros(2, device="meta")),
+        ],
         "unpin": accel.unpin_memory(pinned),
         "torch_backend": pin_memory.get_active_native_pinned_memory(),
     }
