@@ -74,14 +74,22 @@ def _saved_groups(state: dict, where: str) -> List[Tuple[Dict[str, Slice], dict,
     for (pid, pg), master in zip(slots, masters):
         st = inner["state"].get(pid, {})
         tensors = {"fp32": Slice.of(master)}
-        tensors.update({k: Slice.of(v) for k, v in st.items() if _elementwise(v)})
-        scalars = {k: v for k, v in st.items() if not _elementwise(v)}
+        n = tensors["fp32"].numel
+        tensors.update({k: Slice.of(v) for k, v in st.items() if _elementwise(v, n)})
+        scalars = {k: v for k, v in st.items() if not _elementwise(v, n)}
         out.append((tensors, scalars, pg))
     return out
 
 
-def _elementwise(value) -> bool:
-    return isinstance(value, LazyTensor) or (torch.is_tensor(value) and value.dim() > 0)
+def _elementwise(value, numel: int) -> bool:
+    """A state tensor with one value per element of its partition (Adam's moments; saved
+    with the partition's end padding where the fp32 partition was saved without it), cut
+    and re-cut with it. Anything else is kept whole: a step count, also one held in a
+    tensor smaller than the partition (a client optimizer's `tensor_step` of shape (1,),
+    DeepSpeed's checkpoint test)."""
+    if not (isinstance(value, LazyTensor) or torch.is_tensor(value)) or value.dim() == 0:
+        return False
+    return value.numel() >= numel
 
 
 def _stage12_values(ranks, shapes, paddings, where) -> Values:
