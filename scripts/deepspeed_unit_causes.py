@@ -27,6 +27,10 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "imports partition_parameters.get_allgather_dtype (DeepSpeed's gather-dtype rule)"),
     ("internal", r".", r"has no attribute '_param_dict'",
      "reads DeepSpeedConfig._param_dict (the config's private copy of the dict)"),
+    ("internal", r"TestBatchConfig", r"FrozenInstanceError: cannot assign to field",
+     "assigns the batch fields of a DeepSpeedConfig and calls its private "
+     "_configure_train_batch_size() (zerostream resolves the batch rule when it reads the "
+     "config, which is then read-only)"),
     ("failed", r".", r"FrozenInstanceError: cannot assign to field",
      "assigns to the resolved DeepSpeedConfig, which zerostream keeps frozen (a mutable "
      "DeepSpeedConfig is open)"),
@@ -55,12 +59,53 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "reduces in its backward epilogue): open"),
     ("internal", r".", r"has no attribute '_\w+'",
      "reads a private name (a leading underscore; the message names it)"),
+    ("internal", r"TestCoalesceCollectiveCount", r"baseline issued no collectives",
+     "counts DeepSpeed's reducer's calls by patching deepspeed.comm.all_reduce/reduce/"
+     "reduce_scatter_fn; zerostream's reducers call zerostream.comm (its telemetry counts "
+     "them: tests/python/engine/test_coalesce_and_plain_backward.py)"),
+    ("internal", r"test_zero_activation_checkpoint_lifecycle", r"F\.linear is zero3_linear_wrap",
+     "asserts DeepSpeed's F.linear patch (zero3_linear_wrap installed globally by its "
+     "engine; zerostream patches nothing) and its private _z3_leaf flag"),
+    ("internal", r"test_zero_hook_attribute_delegation", r"pre_bwd_fn",
+     "inspects DeepSpeed's backward-hook wrapper object (pre_bwd_fn in its __dict__)"),
+    ("internal", r"TestZero3ParamPartitioningLargeParam", r"allreduce_gradients|averaged_grad",
+     "calls engine.allreduce_gradients() and reads optimizer.averaged_gradients (DeepSpeed's "
+     "reduction internals; zerostream reduces in backward or step)"),
+    ("internal", r"test_activation_checkpointing", r"PARTITION_ACTIVATIONS",
+     "reads deepspeed.checkpointing's module globals (PARTITION_ACTIVATIONS, num_layers, "
+     "...), DeepSpeed's internal state"),
+    ("internal", r"test_ext_param_return", r"_external_params",
+     "reads modules' private _external_params dicts"),
+    # Refused or done differently by design.
+    ("failed", r"test_zero1_no_offload_uses_bf16_optimizer", r"DID NOT RAISE",
+     "by design: coalesce_grad_reduction works at ZeRO-1 in bf16 with fp32 accumulation "
+     "(DeepSpeed refuses it for its BF16_Optimizer wrapper)"),
+    ("failed", r"TestZero0DirectBackwardStillRaises", r"TimeoutError|DID NOT RAISE",
+     "by design: a plain loss.backward() works at stage 0 too (DeepSpeed refuses it there; "
+     "its harness reports the missing exception as a timeout)"),
+    ("failed", r"test_unmanaged_rejects_overlap_comm", r"TimeoutError|DID NOT RAISE",
+     "by design: overlap_comm is accepted at stages 0/1 with managed_gradient_accumulation "
+     "false, where zerostream reduces at the step anyway (DeepSpeed refuses; its harness "
+     "reports the missing exception as a timeout)"),
+    ("failed", r"TestClientOptimizer|TestConfigOptimizer",
+     r"isinstance\(ds_optimizer|ds_optimizer == client_optimizer",
+     "by design: initialize() returns the engine's optimizer wrapper at stage 0 in fp32 too "
+     "(it reduces the gradients in step(), so the bare optimizer stepped directly would "
+     "skip the reduction); DeepSpeed returns the bare optimizer there"),
+    ("cuda", r"TestCPUAdamGPUError", r".",
+     "puts params on the accelerator (device_name(0)) and expects DeepSpeedCPUAdam to refuse "
+     "them: on a CPU machine that device is the host, so no package raises"),
     # Not built yet.
     ("failed", r".", r"has no attribute 'coalesce_grad_reduction'|coalesce_grad_reduction",
      "engine.coalesce_grad_reduction() (one reduction for several backwards at ZeRO 1-3) is "
      "not built"),
     ("failed", r".", r"has no attribute 'allreduce_gradients'",
      "engine.allreduce_gradients() is not built (zerostream reduces inside backward/step)"),
+    ("failed", r"test_hjson", r"expected a quoted key",
+     "a config file in hjson syntax (unquoted keys, no commas): zerostream reads JSON with "
+     "comments and trailing commas"),
+    ("failed", r".", r"has no attribute 'eigenvalue_",
+     "DeepSpeedConfig.eigenvalue_* (the eigenvalue feature is not built)"),
     # Refused by design, by name.
     ("failed", r".", r"set_gradient_accumulation_boundary: not allowed with "
      r"managed_gradient_accumulation false",

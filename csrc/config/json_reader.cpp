@@ -14,9 +14,17 @@ namespace {
 
 // A recursive-descent reader. nlohmann's parser cannot name the key path of an error,
 // report duplicate keys, or skip '#' comments, all of which users of ds_config need.
+//
+// Hjson mode (DeepSpeed reads config files with hjson): entered only when the strict read
+// meets an unquoted key, as `hjson.dump` writes them. Keys may then be unquoted, members and
+// list items separated by line breaks instead of commas, and a value that is not a number,
+// true, false, null, a quoted string, an object or a list is the rest of its line (hjson's
+// quoteless string). JSON files never take this path, so their bare words (an unfilled
+// template placeholder) stay errors.
 class Reader {
  public:
-  Reader(std::string_view text, std::string source) : s_(text), source_(std::move(source)) {}
+  Reader(std::string_view text, std::string source, bool hjson)
+      : s_(text), source_(std::move(source)), hjson_(hjson) {}
 
   Json document() {
     if (s_.substr(0, 3) == "\xEF\xBB\xBF") i_ = 3;  // a UTF-8 byte-order mark (Windows editors)
@@ -33,6 +41,7 @@ class Reader {
  private:
   std::string_view s_;
   std::string source_;
+  bool hjson_;
   size_t i_ = 0;
   std::vector<std::string> path_;
   int depth_ = 0;
@@ -133,6 +142,42 @@ class Reader {
     }
   }
 
+  // skip_space(); whether it crossed a line break (hjson's separator).
+  bool skip_space_over_line() {
+    const size_t from = i_;
+    skip_space();
+    return s_.substr(from, i_ - from).find('\n') != std::string_view::npos;
+  }
+
+  // hjson: an unquoted key, up to its ':'.
+  std::string bare_key() {
+    const size_t start = i_;
+    while (!at_end()) {
+      const char c = s_[i_];
+      if (c == ':' || c == ',' || c == '{' || c == '}' || c == '[' || c == ']' || c == ' ' ||
+          c == '\t' || c == '\n' || c == '\r')
+        break;
+      ++i_;
+    }
+    if (i_ == start) fail("expected a key or '}'");
+    return std::string(s_.substr(start, i_ - start));
+  }
+
+  // hjson: the rest of the line, trimmed; true, false and null keep their meaning.
+  Json quoteless() {
+    size_t end = s_.find('\n', i_);
+    if (end == std::string_view::npos) end = s_.size();
+    size_t last = end;
+    while (last > i_ && (s_[last - 1] == ' ' || s_[last - 1] == '\t' || s_[last - 1] == '\r'))
+      --last;
+    const std::string w(s_.substr(i_, last - i_));
+    i_ = end;
+    if (w == "true") return Json(true);
+    if (w == "false") return Json(false);
+    if (w == "null") return Json(nullptr);
+    return Json(w);
+  }
+
   Json value() {
     const char c = peek();
     if (c == '{') return object();
@@ -163,8 +208,8 @@ class Reader {
         --depth_;
         return obj;
       }
-      if (peek() != '"') fail("expected a quoted key or '}'");
-      std::string key = string();
+      if (peek() != '"' && !hjson_) fail("expected a quoted key or '}'");
+      std::string key = peek() == '"' ? string() : bare_key();
       if (!seen.insert(key).second) {
         path_.push_back(key_text(key));
         fail("duplicate key \"" + key_text(key) + "\" (DeepSpeed rejects duplicate keys too)");
@@ -177,13 +222,15 @@ class Reader {
       Json v = value();
       members.emplace_back(key, std::move(v));
       path_.pop_back();
-      skip_space();
+      const bool line_break = skip_space_over_line();
       if (peek() == ',') {
         ++i_;
       } else if (peek() == '}') {
         ++i_;
         --depth_;
         return obj;
+      } else if (hjson_ && line_break) {
+        continue;  // hjson: a line break separates members
       } else {
         path_.push_back(key_text(key));
         fail("expected ',' or '}' after this value");
@@ -205,10 +252,10 @@ class Reader {
       path_.push_back("[" + std::to_string(arr.size()) + "]");
       arr.push_back(value());
       path_.pop_back();
-      skip_space();
+      const bool line_break = skip_space_over_line();
       if (peek() == ',') {
         ++i_;
-      } else if (peek() != ']') {
+      } else if (peek() != ']' && !(hjson_ && line_break)) {
         fail("expected ',' or ']' in this list");
       }
     }
@@ -343,6 +390,7 @@ class Reader {
   }
 
   Json word() {
+    if (hjson_) return quoteless();
     const size_t start = i_;
     while (!at_end()) {
       const char c = s_[i_];
@@ -368,7 +416,14 @@ class Reader {
 }  // namespace
 
 Json read_json_text(std::string_view text, const std::string& source) {
-  return Reader(text, source).document();
+  try {
+    return Reader(text, source, /*hjson=*/false).document();
+  } catch (const ValueError& strict) {
+    // An unquoted key: the file is hjson (hjson.dump writes keys so); read it as hjson, and
+    // report hjson's error if it is not that either.
+    if (std::string(strict.what()).find("expected a quoted key") == std::string::npos) throw;
+    return Reader(text, source, /*hjson=*/true).document();
+  }
 }
 
 }  // namespace zs::config

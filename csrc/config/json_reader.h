@@ -1,5 +1,6 @@
 // Reads ds_config text the way DeepSpeed's hjson reading tolerates it (// # /* */ comments,
-// trailing commas) while keeping JSON's types, and fails with the key path on anything else.
+// trailing commas; a file with unquoted keys as hjson: line breaks as separators, quoteless
+// strings) while keeping JSON's types, and fails with the key path on anything else.
 #pragma once
 
 #include <string>

@@ -40,6 +40,18 @@ def test_files_may_have_comments_and_trailing_commas(tmp_path):
     assert cfg.train_micro_batch_size_per_gpu == 4 and cfg.zero_stage == 1
 
 
+def test_a_file_hjson_dump_wrote_reads_as_the_dict(tmp_path):
+    """DeepSpeed reads config files with hjson; hjson.dump leaves keys and strings
+    unquoted and commas out."""
+    import hjson  # pinned in requirements.txt
+
+    path = tmp_path / "config.json"
+    with open(path, "w") as f:
+        hjson.dump(BASE, f)
+    assert "{" in path.read_text() and '"train_batch_size"' not in path.read_text()
+    assert config.load(str(path), world_size=2).resolved == config.load(BASE, world_size=2).resolved
+
+
 def test_duplicate_keys_are_rejected_with_their_path(tmp_path):
     path = tmp_path / "dup.json"
     path.write_text('{"train_batch_size": 8, "fp16": {"enabled": true, "enabled": false}}')
