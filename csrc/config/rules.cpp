@@ -159,7 +159,35 @@ void offload_rules(Resolution& r, int64_t stage) {
         "NVMe I/O goes through host memory with io_uring");
 }
 
+// zero_optimization.leaf_module (DeepSpeed 0.18): classes, names and name_suffixes, each a
+// string or a list of strings. Checked here so that `zerostream config check` sees what
+// initialize() would refuse (zero/stage3/leaf.py reads the section).
+void leaf_module_rule(Resolution& r) {
+  const std::string key = "zero_optimization.leaf_module";
+  const Json& leaf = r.at(key);
+  if (leaf.is_null()) return;
+  if (!leaf.is_object()) {
+    r.errors.push_back(key + ": expected an object with classes, names and name_suffixes; got " +
+                       show(leaf));
+    return;
+  }
+  for (const auto& [name, value] : leaf.items()) {
+    if (name != "classes" && name != "names" && name != "name_suffixes") {
+      r.errors.push_back(key + "." + name +
+                         ": unknown key; expected one of classes, names, name_suffixes");
+      continue;
+    }
+    bool ok = value.is_string() || value.is_array();
+    if (value.is_array())
+      for (const Json& item : value) ok = ok && item.is_string();
+    if (!ok)
+      r.errors.push_back(key + "." + name + ": expected a string or a list of strings; got " +
+                         show(value));
+  }
+}
+
 void zero_rules(Resolution& r, int64_t stage) {
+  leaf_module_rule(r);
   const std::string z = "zero_optimization.";
   const bool reduce_scatter = on(r, z + "reduce_scatter");
   if (stage >= 2 && reduce_scatter && on(r, "prescale_gradients"))

@@ -88,6 +88,17 @@ TEST(Rules, GradAccumDtypeAtStage0MustBeTheModels) {
                           "data_types": {"grad_accum_dtype": "fp32"})")));
 }
 
+TEST(Rules, LeafModuleSectionIsCheckedByName) {
+  EXPECT_OK(check(cfg(R"("zero_optimization": {"stage": 3, "leaf_module":
+                          {"classes": ["MixtralSparseMoeBlock"], "names": "mlp"}})")));
+  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 3, "leaf_module": {"class": "X"}})")),
+               "zero_optimization.leaf_module.class: unknown key");
+  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 3, "leaf_module": {"names": [1]}})")),
+               "zero_optimization.leaf_module.names: expected a string or a list of strings");
+  EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 3, "leaf_module": ["X"]})")),
+               "zero_optimization.leaf_module: expected an object");
+}
+
 TEST(Rules, ElasticCheckpointAtStage3IsDeprecated) {
   auto r = check(cfg(R"("zero_optimization": {"stage": 3, "elastic_checkpoint": true})"));
   EXPECT_OK(r);
