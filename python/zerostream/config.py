@@ -528,6 +528,12 @@ def _build(cls, tree: Mapping[str, Any]):
     return cls(**values)
 
 
+class ConfigError(ValueError, AssertionError):
+    """An invalid ds_config, every error listed. An AssertionError too: DeepSpeed asserts
+    many of the same rules (batch sizes, bucket sizes), and code written against it catches
+    that type."""
+
+
 def build_config(tree: Mapping[str, Any]) -> DeepSpeedConfig:
     """The typed config of a resolved tree (load's, or validate's "tree"); no checks of its
     own: the tree is what the native reader resolved."""
@@ -550,23 +556,24 @@ def load(
     total_num_steps=None,
     log: bool = True,
 ) -> DeepSpeedConfig:
-    """Loads, validates and resolves a ds_config. Raises ValueError listing every error."""
+    """Loads, validates and resolves a ds_config. Raises ConfigError (a ValueError)
+    listing every error."""
     text, source = config_text(config)
-    res = _C.load_config(
-        text,
-        os.path.basename(source),
-        _context(
-            require_batch,
-            world_size=world_size,
-            train_batch_size=train_batch_size,
-            micro_batch_size=micro_batch_size,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            hidden_size=hidden_size,
-            model_dtype=model_dtype,
-            lr=lr,
-            total_num_steps=total_num_steps,
-        ),
+    context = _context(
+        require_batch,
+        world_size=world_size,
+        train_batch_size=train_batch_size,
+        micro_batch_size=micro_batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        hidden_size=hidden_size,
+        model_dtype=model_dtype,
+        lr=lr,
+        total_num_steps=total_num_steps,
     )
+    try:
+        res = _C.load_config(text, os.path.basename(source), context)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     cfg = dataclasses.replace(
         build_config(res["tree"]),
         data_parallel_size=res["data_parallel_size"],

@@ -134,6 +134,7 @@ def test_bad_configs_name_the_key_the_value_and_the_choices(cfg, message):
     with pytest.raises(ValueError) as info:
         config.load(cfg, world_size=2)
     assert message in str(info.value)
+    assert isinstance(info.value, AssertionError)  # the type DeepSpeed's asserts raise
     assert str(info.value).startswith("invalid DeepSpeed config <dict>:")
 
 
