@@ -24,8 +24,9 @@ def _batch(rank: int, i: int) -> torch.Tensor:
     return torch.randn(MICRO, 8, generator=torch.Generator().manual_seed(1000 * rank + i)) * 2
 
 
-def _config(stage: int) -> dict:
+def _config(stage: int, world: int = 2) -> dict:
     return {
+        "train_batch_size": MICRO * world,  # all three batch keys, as DeepSpeed's tests give
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 0.0,  # DeepSpeed 0.19's default is 1.0
@@ -81,7 +82,11 @@ def worker(rank, world, stages):
         runs = {}
         for coalesce in (False, True):
             torch.manual_seed(0)
-            engine, *_ = zerostream.initialize(model=MLP(), config=_config(stage))
+            cfg = _config(stage, world)
+            # Stage 3 built under zero.Init, which checks the batch rule against the world.
+            with zerostream.zero.Init(config_dict_or_path=cfg, enabled=stage == 3):
+                model = MLP()
+            engine, *_ = zerostream.initialize(model=model, config=cfg)
             counts = [_coalesced_step(engine, rank, s * CHUNKS, coalesce) for s in range(2)]
             runs[coalesce] = (_weights(engine), [c[:2] for c in counts], counts[0][2])
             if coalesce:

@@ -76,13 +76,16 @@ class Init(contextlib.ContextDecorator):
             )
         if config_dict_or_path is None:
             config_dict_or_path = config
+        if not comm.is_initialized():
+            comm.init_distributed()
         cfg = None
         if config_dict_or_path is not None:
             from ...config import load
 
-            cfg = load(config_dict_or_path, require_batch=False, log=False)
-        if not comm.is_initialized():
-            comm.init_distributed()
+            # The batch rule against the real data-parallel world: a config that gives all
+            # three batch keys is consistent only with it (DeepSpeed's tests write such).
+            world = comm.get_world_size(data_parallel_group)
+            cfg = load(config_dict_or_path, world_size=world, require_batch=False, log=False)
         self.group = data_parallel_group
         self.dtype = self._dtype(cfg, dtype)
         zero = cfg.zero_optimization if cfg is not None else None
