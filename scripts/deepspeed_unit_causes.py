@@ -21,8 +21,6 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "imports parameter_offload.ZeROOrderedDict (DeepSpeed's _parameters dict)"),
     ("internal", r"test_zero_tiled", r"zero\.tiling",
      "imports runtime.zero.tiling (TiledLinear: not built)"),
-    ("failed", r"test_zero_leaf_module", r"leaf_module|z3_leaf|leaf modules",
-     "ZeRO-3 leaf modules (before they were built: the run's commit refused them)"),
     ("internal", r"test_zero_autocast_mixed_dtype", r"get_allgather_dtype",
      "imports partition_parameters.get_allgather_dtype (DeepSpeed's gather-dtype rule)"),
     ("internal", r".", r"has no attribute '_param_dict'",
@@ -54,9 +52,6 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "reads runtime.utils.count_used_parameters_in_backward (DeepSpeed's hook bookkeeping)"),
     ("internal", r".", r"has no attribute '_backward_epilogue'",
      "calls the engine's private _backward_epilogue after its own loss.backward()"),
-    ("failed", r".", r"received a gradient outside engine.backward",
-     "a plain loss.backward() at ZeRO stage 2 or 3 is refused (DeepSpeed 0.17+ takes it and "
-     "reduces in its backward epilogue): open"),
     ("internal", r".", r"has no attribute '_\w+'",
      "reads a private name (a leading underscore; the message names it)"),
     ("internal", r"TestCoalesceCollectiveCount", r"baseline issued no collectives",
@@ -76,8 +71,13 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "...), DeepSpeed's internal state"),
     ("internal", r"test_ext_param_return", r"_external_params",
      "reads modules' private _external_params dicts"),
+    ("failed", r"test_multi_bucket_flush\[2\]", r"max-abs-diff",
+     "by design, rounding: zerostream adds each backward's reduced gradients into fp32 "
+     "partitions, a coalesced block sums in bf16 before its one reduction (as DeepSpeed's), "
+     "so the two runs differ by one bf16 step where Adam's eps dominates; DeepSpeed's "
+     "baseline also accumulates in bf16, so its two runs round alike"),
     # Refused or done differently by design.
-    ("failed", r"test_zero1_no_offload_uses_bf16_optimizer", r"DID NOT RAISE",
+    ("failed", r"test_zero1_no_offload_uses_bf16_optimizer", r"DID NOT RAISE|Timeout",
      "by design: coalesce_grad_reduction works at ZeRO-1 in bf16 with fp32 accumulation "
      "(DeepSpeed refuses it for its BF16_Optimizer wrapper)"),
     ("failed", r"TestZero0DirectBackwardStillRaises", r"TimeoutError|DID NOT RAISE",
@@ -96,30 +96,13 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "puts params on the accelerator (device_name(0)) and expects DeepSpeedCPUAdam to refuse "
      "them: on a CPU machine that device is the host, so no package raises"),
     # Not built yet.
-    ("failed", r".", r"has no attribute 'coalesce_grad_reduction'|coalesce_grad_reduction",
-     "engine.coalesce_grad_reduction() (one reduction for several backwards at ZeRO 1-3) is "
-     "not built"),
-    ("failed", r".", r"has no attribute 'allreduce_gradients'",
-     "engine.allreduce_gradients() is not built (zerostream reduces inside backward/step)"),
-    ("failed", r"test_hjson", r"expected a quoted key",
-     "a config file in hjson syntax (unquoted keys, no commas): zerostream reads JSON with "
-     "comments and trailing commas"),
     ("failed", r".", r"has no attribute 'eigenvalue_",
      "DeepSpeedConfig.eigenvalue_* (the eigenvalue feature is not built)"),
     # Refused by design, by name.
-    ("failed", r".", r"set_gradient_accumulation_boundary: not allowed with "
-     r"managed_gradient_accumulation false",
-     "refused by design: with managed_gradient_accumulation false the caller owns the "
-     "boundary through step()"),
-    ("failed", r".", r"no_sync is not compatible with ZeRO stage 2",
-     "refused by design: zerostream's stage 2 reduces gradients as they are produced"),
     ("failed", r".",
      r"Mixture-of-Experts with expert parallelism|deepspeed\.runtime\.pipe|_create_expert",
      "a DeepSpeed feature zerostream refuses by name (expert or pipeline parallelism)"),
     # Different error types for the same refusal.
-    ("failed", r"TestIncorectAllgatherBucketSize", r"allgather_bucket_size",
-     "refused at config time with a ValueError naming the key; DeepSpeed's test expects its "
-     "AssertionError at optimizer construction"),
     # The CPU cannot show what the test measures.
     ("cuda", r"test_offload_states", r"should decrease after offload",
      "measures device memory_allocated() before and after offload_states(device='cpu'): on "
@@ -130,9 +113,6 @@ CAUSES: list[tuple[str, str, str, str]] = [
     ("cuda", r".", r"DeepSpeed BFloat16 tests need torch >= 1.10, NCCL >= 2.10.3, CUDA",
      "DeepSpeed's bf16 test helper wants a torch built with CUDA >= 11 and NCCL >= 2.10 (it "
      "reads git_version_info.torch_info): a CPU-only torch fails it for every package"),
-    ("failed", r".", r"comparing engine.backward vs engine.scale\(\).backward\(\)",
-     "after a plain loss.backward() (engine.scale), safe_get_full_grad answers None: the "
-     "gradient helpers hold gradients only between engine.backward and step (open)"),
     ("cuda", r".", r"Found no NVIDIA driver|Torch not compiled with CUDA|CUDA is not available",
      "places a tensor on CUDA directly"),
 ]  # fmt: skip

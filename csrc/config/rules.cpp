@@ -186,8 +186,20 @@ void leaf_module_rule(Resolution& r) {
   }
 }
 
+// log_level: the name of a logging level, in any case, as DeepSpeed's logger.setLevel takes.
+void log_level_rule(Resolution& r) {
+  const std::string level = lower(str(r, "log_level"));
+  if (r.at("log_level").is_null()) return;
+  if (level != "debug" && level != "info" && level != "warning" && level != "error" &&
+      level != "critical")
+    r.errors.push_back("log_level: expected one of debug, info, warning, error, critical (any "
+                       "case); got " +
+                       show(r.at("log_level")));
+}
+
 void zero_rules(Resolution& r, int64_t stage) {
   leaf_module_rule(r);
+  log_level_rule(r);
   const std::string z = "zero_optimization.";
   const bool reduce_scatter = on(r, z + "reduce_scatter");
   if (stage >= 2 && reduce_scatter && on(r, "prescale_gradients"))

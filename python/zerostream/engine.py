@@ -102,6 +102,8 @@ class ZeroEngine(torch.nn.Module):
             autocast.tag_params(model, self._autocast, ctx.device.type)
         self.basic_optimizer = self.optimizer.optimizer if self.optimizer is not None else None
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
+        if cfg.log_level is not None:  # DeepSpeed sets its logger (ours, under its name) so
+            logger.setLevel(cfg.log_level.upper())
         self._skips = SkipGuard(
             self.optimizer,
             precision=cfg.precision,

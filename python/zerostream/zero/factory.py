@@ -4,6 +4,7 @@ state, and where that state lives (device, host arena, or NVMe swap store)."""
 
 from __future__ import annotations
 
+import logging
 from typing import List, Optional
 
 import torch
@@ -15,6 +16,8 @@ from .protocol import StageContext, ZeroOptimizer
 from .stage0 import ReplicatedOptimizer
 from .stage3.optimizer import Stage3Optimizer
 from .stage12 import PartitionedOptimizer
+
+logger = logging.getLogger("zerostream")
 
 _STAGES = {
     0: ReplicatedOptimizer,
@@ -95,7 +98,14 @@ def _nvme_adam(ctx: StageContext, client):
 
     cfg = ctx.config
     opt = cfg.optimizer if client is None else _client_adam(client)
-    if opt is None or opt.name not in ("adam", "adamw") or opt.params["torch_adam"]:
+    if opt is not None and opt.name in ("adam", "adamw") and opt.params["torch_adam"]:
+        # torch_adam picks torch's implementation of the same update; on NVMe the state is
+        # stepped where it is swapped in, by zerostream's kernel (equal to fp32 rounding).
+        logger.info(
+            'optimizer.params.torch_adam: with offload_optimizer "nvme" the Adam step runs in '
+            "zerostream's swapped kernel (the update torch.optim.Adam/AdamW computes)"
+        )
+    if opt is None or opt.name not in ("adam", "adamw"):
         raise NotImplementedError(
             'zero_optimization.offload_optimizer.device "nvme" keeps Adam/AdamW state on '
             'NVMe; give "optimizer": {"type": "AdamW", ...} in the config, or a '

@@ -99,6 +99,13 @@ TEST(Rules, LeafModuleSectionIsCheckedByName) {
                "zero_optimization.leaf_module: expected an object");
 }
 
+TEST(Rules, LogLevelIsALevelName) {
+  EXPECT_OK(check(cfg(R"("log_level": "ERROR")")));
+  EXPECT_OK(check(cfg(R"("log_level": "info")")));
+  EXPECT_ERROR(check(cfg(R"("log_level": "loud")")),
+               "log_level: expected one of debug, info, warning, error, critical");
+}
+
 TEST(Rules, ElasticCheckpointAtStage3IsDeprecated) {
   auto r = check(cfg(R"("zero_optimization": {"stage": 3, "elastic_checkpoint": true})"));
   EXPECT_OK(r);

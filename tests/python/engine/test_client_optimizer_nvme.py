@@ -110,3 +110,21 @@ def test_a_rebuilt_client_cpu_adam_keeps_its_l2_mode(device, tmp_path):
     )  # fmt: skip
     for a, b in zip(ours, ref.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_config_torch_adam_on_nvme_steps_torch_adamw_math(tmp_path):
+    """optimizer.params.torch_adam picks torch's implementation of the same update; on NVMe
+    zerostream's swapped kernel steps it, equal to torch.optim.AdamW to fp32 rounding (was
+    refused)."""
+    ref = _model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    for i in range(3):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i))
+        ref(x).pow(2).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    adamw = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01, "torch_adam": True}}
+    ours, moved, _ = _train(lambda m: None, 2, "nvme", tmp_path, optimizer=adamw)
+    assert moved > 0
+    for a, b in zip(ours, ref.parameters()):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)

@@ -108,7 +108,32 @@ class ZeroParam:
         self._full: Optional[torch.Tensor] = None
         self._empty = torch.empty(0, dtype=self.dtype, device=device)
         param.data = self._empty
+        # DeepSpeed's per-param calls, for code that gathers by hand.
+        param.all_gather = self._all_gather_call
+        param.all_gather_coalesced = self._all_gather_coalesced_call
+        param.partition = self._partition_call
         self._publish()
+
+    # --- DeepSpeed's param.all_gather() / all_gather_coalesced() / partition() -------------------
+    def _zps(self, param_list) -> List["ZeroParam"]:
+        return [self] if param_list is None else unique_zero_params(param_list)
+
+    def _all_gather_call(self, param_list=None, async_op: bool = False, hierarchy: int = 0):
+        """Gathers the params (this one by default) now; they stay whole until partitioned
+        (by `partition`, or by stage 3 when a module that uses them is done)."""
+        self.partitioner.gather(self._zps(param_list))
+        return _Done()
+
+    def _all_gather_coalesced_call(self, params, safe_mode: bool = False, quantize: bool = False):
+        """One all-gather per dtype for `params`; a handle whose wait() returns at once (the
+        gather is done when this returns)."""
+        self.partitioner.gather(self._zps(params))
+        return _Done()
+
+    def _partition_call(self, param_list=None, has_been_updated: bool = False, **_kwargs):
+        """Releases the params' whole tensors (in use or persistent ones stay)."""
+        for zp in self._zps(param_list):
+            self.partitioner.release(zp, in_place=False)
 
     # --- transitions -----------------------------------------------------------------------------
     def _require(self, *allowed: ShardState, what: str) -> None:
@@ -230,6 +255,13 @@ class ZeroParam:
         p.ds_persist = self.persist
         p.ds_status = _DS_STATUS[self.state]
         p.ds_process_group = self.group
+
+
+class _Done:
+    """The handle of a gather already complete."""
+
+    def wait(self) -> None:
+        return None
 
 
 def zero_param_of(param) -> Optional[ZeroParam]:
