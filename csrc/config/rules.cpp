@@ -192,9 +192,10 @@ void log_level_rule(Resolution& r) {
   if (r.at("log_level").is_null()) return;
   if (level != "debug" && level != "info" && level != "warning" && level != "error" &&
       level != "critical")
-    r.errors.push_back("log_level: expected one of debug, info, warning, error, critical (any "
-                       "case); got " +
-                       show(r.at("log_level")));
+    r.errors.push_back(
+        "log_level: expected one of debug, info, warning, error, critical (any "
+        "case); got " +
+        show(r.at("log_level")));
 }
 
 void zero_rules(Resolution& r, int64_t stage) {
