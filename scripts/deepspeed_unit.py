@@ -155,9 +155,27 @@ def run(checkout: Path, files: list[str], workdir: Path, timeout: int, chunk: in
 
 
 def outcomes(xmls: list[Path]) -> list[dict]:
-    """One dict per test case: id, outcome (passed/skipped/failed), message."""
-    cases = []
-    for case in (c for xml in xmls for c in ET.parse(xml).getroot().iter("testcase")):
+    """One dict per test case: id, outcome (passed/skipped/failed), message. Reports given
+    later replace earlier ones (a rerun after a fix): a test's later record replaces its
+    earlier one, and any later record of a module replaces that module's earlier import
+    failure (`::unit.x.test_y`)."""
+    merged: dict = {}
+    for xml in xmls:
+        run = _outcomes_of(xml)
+        owners = {c["id"].split("::", 1)[0] for c in run}  # module, or module.Class
+        for ident in [i for i in merged if i.startswith("::")]:
+            module = ident[2:]
+            if any(o == module or o.startswith(module + ".") for o in owners):
+                del merged[ident]
+        for case in run:
+            merged.pop(case["id"], None)  # re-inserted last: the later record's place
+            merged[case["id"]] = case
+    return list(merged.values())
+
+
+def _outcomes_of(xml: Path) -> list[dict]:
+    cases: list[dict] = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
         module = case.get("classname", "")
         ident = f"{module}::{case.get('name')}"
         outcome, message = "passed", ""

@@ -50,6 +50,28 @@ def test_classes_and_pass_rate(tmp_path, capsys):
     assert "pass rate (public API, CPU): 2/3" in capsys.readouterr().out
 
 
+RERUN = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="unit.runtime.zero.test_zero_context.TestF" name="test"/>
+<testcase classname="unit.v1.zero.test_zero.TestE" name="test"/>
+</testsuite></testsuites>
+"""
+
+
+def test_a_later_report_replaces_the_records_it_reruns(tmp_path):
+    """--xml first.xml rerun.xml: the rerun's records win, and a module that failed to
+    import and now runs loses its import-failure record."""
+    first, rerun = tmp_path / "first.xml", tmp_path / "rerun.xml"
+    first.write_text(REPORT)
+    rerun.write_text(RERUN)
+    cases = deepspeed_unit.outcomes([first, rerun])
+    by_id = {c["id"]: c["outcome"] for c in cases}
+    assert "::unit.runtime.zero.test_zero_context" not in by_id
+    assert by_id["unit.v1.zero.test_zero.TestE::test"] == "passed"  # was failed
+    assert by_id["unit.runtime.zero.test_zero_context.TestF::test"] == "passed"
+    assert len(cases) == 7  # 7 records in the first report, one dropped, one added
+
+
 def test_the_runner_refuses_a_folder_that_is_not_a_deepspeed_checkout(tmp_path):
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "deepspeed_unit.py"), str(tmp_path)],
