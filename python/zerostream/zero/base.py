@@ -77,7 +77,9 @@ class ZeroOptimizerBase:
         # [Coalesced reduction]).
         self.coalescing = False
         self._held: dict = {}  # id(param) -> its fp32 sum in a block (grad_accum_dtype fp32)
-        self._epilogue_queued = False  # a plain loss.backward()'s after_backward is queued
+        # The autograd graph task a plain loss.backward()'s after_backward is queued on
+        # (None: none). By task, not a flag: a backward that raised never runs its callback.
+        self._epilogue_task = None
 
     # --- the module ------------------------------------------------------------------------
     @classmethod
@@ -176,13 +178,16 @@ class ZeroOptimizerBase:
     #   loss is not divided by gradient_accumulation_steps there, as in DeepSpeed.
     def grad_hook_entered(self) -> None:
         """Every stage's gradient hook calls it first (Note [A plain loss.backward()])."""
-        if self.ctx.run.state is TrainingState.BACKWARD or self._epilogue_queued:
+        if self.ctx.run.state is TrainingState.BACKWARD:
             return
-        self._epilogue_queued = True
+        task = torch._C._current_graph_task_id()
+        if task == self._epilogue_task:
+            return
+        self._epilogue_task = task
         torch.autograd.Variable._execution_engine.queue_callback(self._plain_backward_done)
 
     def _plain_backward_done(self) -> None:
-        self._epilogue_queued = False
+        self._epilogue_task = None
         self.after_backward()
         self.holding_grads = True
 
