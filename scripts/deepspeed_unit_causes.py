@@ -71,7 +71,7 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "...), DeepSpeed's internal state"),
     ("internal", r"test_ext_param_return", r"_external_params",
      "reads modules' private _external_params dicts"),
-    ("failed", r"test_multi_bucket_flush\[2\]", r"max-abs-diff",
+    ("failed", r"test_multi_bucket_flush\[[23]\]", r"max-abs-diff",
      "by design, rounding: zerostream adds each backward's reduced gradients into fp32 "
      "partitions, a coalesced block sums in bf16 before its one reduction (as DeepSpeed's), "
      "so the two runs differ by one bf16 step where Adam's eps dominates; DeepSpeed's "

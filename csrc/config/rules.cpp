@@ -227,7 +227,8 @@ void zero_rules(Resolution& r, int64_t stage) {
   if ((stage == 1 || stage == 2) && integer(r, z + "allgather_bucket_size") % 2 != 0)
     r.errors.push_back(
         "zero_optimization.allgather_bucket_size: must be a multiple of 2 at "
-        "stage 1/2; got " +
+        "stage 1/2 (DeepSpeed: allgather_bucket_size must be a multiple of "
+        "nccl_start_alignment_factor, 2); got " +
         show(r.at(z + "allgather_bucket_size")));
   if (stage == 3 && on(r, z + "elastic_checkpoint"))
     r.warnings.push_back(

@@ -116,7 +116,9 @@ TEST(Rules, LegacyStage1AndOddAllgatherBucket) {
   EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 1, "legacy_stage1": true})")),
                "zero_optimization.legacy_stage1");
   EXPECT_ERROR(check(cfg(R"("zero_optimization": {"stage": 1, "allgather_bucket_size": 1001})")),
-               "zero_optimization.allgather_bucket_size: must be a multiple of 2");
+               "zero_optimization.allgather_bucket_size: must be a multiple of 2 at stage 1/2 "
+               "(DeepSpeed: allgather_bucket_size must be a multiple of "
+               "nccl_start_alignment_factor, 2)");
 }
 
 TEST(Rules, MasterWeightOptions) {
