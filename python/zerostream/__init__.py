@@ -10,11 +10,30 @@ import logging
 import os
 from typing import Optional
 
-from . import comm, moe, ops, utils, zero
+import importlib
+
 from ._version import __version__
-from .accelerator import get_accelerator
-from .comm import init_distributed
-from .on_device import OnDevice
+
+# The training API imports torch (about 3 s); commands that only read a config (`zerostream
+# config check`, `estimate`) must not pay for it. So these come on first use (PEP 562):
+# `zerostream.comm`, `from zerostream import zero`, `zerostream.get_accelerator()`.
+_LAZY_MODULES = ("comm", "moe", "ops", "utils", "zero")
+_LAZY_NAMES = {
+    "get_accelerator": ".accelerator",
+    "init_distributed": ".comm",
+    "OnDevice": ".on_device",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY_MODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    elif name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 # Like DeepSpeed's logger: visible by default (warnings about the config, progress lines every
 # steps_per_print), level from ZS_LOG_LEVEL; a script that configures logging itself can
@@ -127,7 +146,9 @@ def initialize(
             else ""
         )
         raise MissingModelError(f"deepspeed.initialize requires a model{hint}")
+    from . import comm
     from . import config as config_mod
+    from .comm import init_distributed
     from .data import make_dataloader
     from .engine import ZeroEngine
 

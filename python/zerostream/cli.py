@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import sys
+from typing import Optional
 
 from . import __version__
 
@@ -60,20 +61,62 @@ def _bench(args) -> int:
     return module.run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS = ("run", "report", "config", "zero-to-fp32", "bench", "estimate")
+
+
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The whole CLI, or with `only` just that command's parser: the launcher, the
+    checkpoint tools and the benchmarks import torch (seconds), which `config check` and
+    `estimate`, reading JSON, must not wait for."""
     parser = argparse.ArgumentParser(prog="zerostream", description=__doc__)
     parser.add_argument("--version", action="version", version=f"zerostream {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import launcher
+    def wanted(name: str) -> bool:
+        return only is None or only == name
 
-    launcher.add_parser(sub)  # `run`; flags after the script go to the script
+    if wanted("run"):
+        from . import launcher
 
-    report = sub.add_parser("report", help="versions, SIMD, io_uring, O_DIRECT, CUDA, backends")
-    report.add_argument("--path", help="directory whose O_DIRECT support to probe (nvme_path)")
-    report.add_argument("--json", action="store_true", help="print one JSON object")
-    report.set_defaults(func=lambda a: importlib.import_module("zerostream.report").run(a))
+        launcher.add_parser(sub)  # `run`; flags after the script go to the script
 
+    if wanted("report"):
+        report = sub.add_parser("report", help="versions, SIMD, io_uring, O_DIRECT, CUDA, backends")
+        report.add_argument("--path", help="directory whose O_DIRECT support to probe")
+        report.add_argument("--json", action="store_true", help="print one JSON object")
+        report.set_defaults(func=lambda a: importlib.import_module("zerostream.report").run(a))
+
+    if wanted("config"):
+        _add_config(sub)
+    if wanted("zero-to-fp32"):
+        z2f = sub.add_parser(
+            "zero-to-fp32",
+            help="whole fp32 weights from a ZeRO checkpoint (pytorch_model.bin or safetensors)",
+        )
+        from .checkpoint import zero_to_fp32
+
+        zero_to_fp32.add_arguments(z2f)
+        z2f.set_defaults(func=zero_to_fp32.run)
+
+    if wanted("bench"):
+        bench = sub.add_parser("bench", help="benchmarks with ratios against a peer")
+        bench_sub = bench.add_subparsers(dest="bench_name", required=True)
+        for name in _BENCHES:
+            p = bench_sub.add_parser(name, help=f"{name} benchmark")
+            try:
+                importlib.import_module(f"zerostream.bench.{name}").add_arguments(p)
+            except ModuleNotFoundError:
+                pass
+            p.set_defaults(func=_bench)
+
+    if wanted("estimate"):
+        from . import estimate
+
+        estimate.add_parser(sub)
+    return parser
+
+
+def _add_config(sub) -> None:
     cfg = sub.add_parser("config", help="ds_config tools")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     check = cfg_sub.add_parser("check", help="validate a ds_config and print it resolved")
@@ -115,33 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(func=_config_check)
 
-    z2f = sub.add_parser(
-        "zero-to-fp32",
-        help="whole fp32 weights from a ZeRO checkpoint (pytorch_model.bin or safetensors)",
-    )
-    from .checkpoint import zero_to_fp32
-
-    zero_to_fp32.add_arguments(z2f)
-    z2f.set_defaults(func=zero_to_fp32.run)
-
-    bench = sub.add_parser("bench", help="benchmarks with ratios against a peer")
-    bench_sub = bench.add_subparsers(dest="bench_name", required=True)
-    for name in _BENCHES:
-        p = bench_sub.add_parser(name, help=f"{name} benchmark")
-        try:
-            importlib.import_module(f"zerostream.bench.{name}").add_arguments(p)
-        except ModuleNotFoundError:
-            pass
-        p.set_defaults(func=_bench)
-
-    from . import estimate
-
-    estimate.add_parser(sub)
-    return parser
-
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The command is the first word; options before it are the top level's (--version).
+    first = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(only=first if first in COMMANDS else None).parse_args(argv)
     return args.func(args)
 
 

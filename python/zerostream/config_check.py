@@ -8,11 +8,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, List, Tuple
 
-import torch
-
 from .config import DeepSpeedConfig, build_config, validate
-from .lr_schedules import build_scheduler
-from .optim_factory import optimizer_maker
 
 _BUILT_SECTIONS = ("optimizer", "scheduler")
 
@@ -49,7 +45,12 @@ def dry_build(cfg: DeepSpeedConfig, skip: Tuple[str, ...] = ()) -> Tuple[List[st
     filled by the run) are not built. An optimizer zerostream does not implement is a warning:
     initialize() refuses it only when no client optimizer replaces it."""
     if cfg.optimizer is None or "optimizer" in skip:
-        return [], []
+        return [], []  # nothing to build: no torch (a config without one checks in 0.2 s)
+    import torch
+
+    from .lr_schedules import build_scheduler
+    from .optim_factory import optimizer_maker
+
     groups = [{"params": [torch.nn.Parameter(torch.zeros(1))]}]
     try:
         opt = optimizer_maker(None, cfg, groups)(groups)

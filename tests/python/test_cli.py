@@ -22,6 +22,29 @@ def test_console_script_and_module_report_the_version():
     assert _C.__version__ == __version__
 
 
+def test_config_check_reads_json_without_importing_torch(tmp_path):
+    """Issue 31 item 6: a check that only reads the config does not import torch (about
+    3 s); one with an optimizer section builds it, as initialize() would, with torch."""
+    probe = (
+        "import sys; from zerostream import cli; rc = cli.main(sys.argv[1:]); "
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc)"
+    )
+    bare, with_opt = tmp_path / "bare.json", tmp_path / "opt.json"
+    bare.write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stage": 2}}))
+    with_opt.write_text(
+        json.dumps({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1}}})
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    seen = {}
+    for path in (bare, with_opt):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, "config", "check", str(path)],
+            capture_output=True, text=True, env=env, check=True,
+        ).stdout  # fmt: skip
+        seen[path.name] = out.strip().splitlines()[-1]
+    assert seen == {"bare.json": "NO-TORCH 0", "opt.json": "TORCH 0"}
+
+
 def test_config_check_prints_every_key_with_its_source(capsys):
     assert (
         cli.main(
