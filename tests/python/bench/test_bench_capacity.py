@@ -46,7 +46,7 @@ def build_worker(rank, world):
     shape = GPTShape(2, 64, 4, 128, 16)
     torch.manual_seed(0)
     config = {
-        "train_batch_size": 1,
+        "train_batch_size": world,  # zero.Init checks the batch rule against the world
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
     }
     with zerostream.zero.Init(config_dict_or_path=config, dtype=torch.float32):

@@ -410,7 +410,8 @@ def errors_worker(rank, world, tmp):
             fn()
             said[name] = None
         except Exception as exc:  # the type and message are what is checked
-            said[name] = f"{type(exc).__name__}: {exc}"
+            kind = "ValueError" if isinstance(exc, ValueError) else type(exc).__name__
+            said[name] = f"{kind}: {exc}"  # config errors are ConfigError, a ValueError
 
     nvme_no_path = {
         "train_batch_size": 1,
