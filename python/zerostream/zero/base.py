@@ -77,9 +77,7 @@ class ZeroOptimizerBase:
         # [Coalesced reduction]).
         self.coalescing = False
         self._held: dict = {}  # id(param) -> its fp32 sum in a block (grad_accum_dtype fp32)
-        # The autograd graph task a plain loss.backward()'s after_backward is queued on
-        # (None: none). By task, not a flag: a backward that raised never runs its callback.
-        self._epilogue_task = None
+        self._epilogue_queued = False  # a plain loss.backward()'s after_backward is queued
 
     # --- the module ------------------------------------------------------------------------
     @classmethod
@@ -139,7 +137,9 @@ class ZeroOptimizerBase:
         self._hooks = []
 
     def before_forward(self) -> None:
-        pass
+        # A backward that raised never ran its queued epilogue (Note [A plain
+        # loss.backward()]); the next forward starts a new micro-step.
+        self._epilogue_queued = False
 
     def after_forward(self) -> None:
         pass
@@ -158,6 +158,7 @@ class ZeroOptimizerBase:
             raise ValueError("backward: expected a scalar loss tensor with a grad_fn")
         run = self.ctx.run
         run.require_consistent("backward")
+        self._epilogue_queued = False  # see before_forward
         previous, run.state = run.state, TrainingState.BACKWARD
         try:
             with self.telemetry.phase("backward"):
@@ -178,16 +179,13 @@ class ZeroOptimizerBase:
     #   loss is not divided by gradient_accumulation_steps there, as in DeepSpeed.
     def grad_hook_entered(self) -> None:
         """Every stage's gradient hook calls it first (Note [A plain loss.backward()])."""
-        if self.ctx.run.state is TrainingState.BACKWARD:
+        if self.ctx.run.state is TrainingState.BACKWARD or self._epilogue_queued:
             return
-        task = torch._C._current_graph_task_id()
-        if task == self._epilogue_task:
-            return
-        self._epilogue_task = task
+        self._epilogue_queued = True
         torch.autograd.Variable._execution_engine.queue_callback(self._plain_backward_done)
 
     def _plain_backward_done(self) -> None:
-        self._epilogue_task = None
+        self._epilogue_queued = False
         self.after_backward()
         self.holding_grads = True
 

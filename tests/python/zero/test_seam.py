@@ -140,7 +140,7 @@ def test_a_plain_backward_at_stage_2_runs_its_epilogue_when_autograd_ends():
         if plain:
             loss.backward()
             assert ctx.run.state is TrainingState.IDLE
-            assert opt.reducer._bucket == [] and opt._epilogue_task is None
+            assert opt.reducer._bucket == [] and not opt._epilogue_queued
         else:
             opt.run_backward(loss, 1.0)
         assert opt.holding_grads
@@ -160,18 +160,20 @@ class _FailsInBackward(torch.autograd.Function):
 
 
 def test_a_plain_backward_after_one_that_raised_still_runs_its_epilogue():
-    """The queued epilogue belongs to its autograd graph task: a backward that raised
-    after some gradient hooks ran never runs its callback, and must not stop the next
-    plain backward from queueing its own."""
+    """A backward that raised after some gradient hooks ran never runs its queued
+    callback; the next forward (before_forward, as the engine calls it) forgets it, so the
+    next plain backward queues its own."""
     model, opt, ctx = _stage(_config(2, reduce_bucket_size=50))
     x = torch.randn(4, 8, requires_grad=True)  # so the failing node runs, last
     broken = model.b(torch.relu(model.a(_FailsInBackward.apply(x)))).pow(2).mean()
     with pytest.raises(RuntimeError, match="user backward failed"):
         broken.backward()  # model.b's and model.a's hooks fired first
+    assert opt._epilogue_queued  # its callback never ran
     opt.zero_grad()
+    opt.before_forward()
     model(x).backward()
     assert opt.reducer._bucket == [] and opt.holding_grads
-    assert opt._epilogue_task is None
+    assert not opt._epilogue_queued
 
 
 # --- flat groups and gradient reduction ---------------------------------------------------------

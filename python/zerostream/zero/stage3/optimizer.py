@@ -295,6 +295,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
 
     # --- the step's phases -----------------------------------------------------------------------
     def before_forward(self) -> None:
+        super().before_forward()
         self.coord.start_step((torch.is_grad_enabled(), self.runtime.root.training))
 
     def after_forward(self) -> None:
