@@ -6,11 +6,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 from typing import Optional
-
-import importlib
 
 from ._version import __version__
 
@@ -34,6 +33,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
     return value
+
 
 # Like DeepSpeed's logger: visible by default (warnings about the config, progress lines every
 # steps_per_print), level from ZS_LOG_LEVEL; a script that configures logging itself can
