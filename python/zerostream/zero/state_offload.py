@@ -18,8 +18,11 @@ Note [Parking state in host memory]
   of a moved buffer (parameters, shards) are carved again from the new storage, both ways.
   Between the two calls the engine refuses forward, backward, step and save_checkpoint by
   name; reload_states puts everything back where it was and training goes on bitwise.
-  Refused as in DeepSpeed: stage 0, offload_param (the weights already live off the device),
-  NVMe as the target ("cpu" only), offloading twice without a reload.
+  With offload_param (DeepSpeed refuses it: its issue #6596) the shards stay where
+  offload_param keeps them, host memory or NVMe, and the rest is parked as above: the
+  persistent params' full copies and whatever else is on the device (an optimizer that is
+  not offloaded). Refused as in DeepSpeed: stage 0, NVMe as the target ("cpu" only),
+  offloading twice without a reload.
   The copies go over the copy stage's lanes (offload/copy_stage.py lanes_for: a stream per
   direction, each waiting for the compute stream first; on the simulated device in the
   device tests), and both calls return only once the last copy is complete: the caller may
@@ -164,11 +167,6 @@ def offload_engine_states(engine, include=None, device="cpu", pin_memory=True, n
         raise RuntimeError(
             "offload_states: needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is "
             f"{engine.zero_optimization_stage()})"
-        )
-    if engine._config.zero_optimization.offload_param_device != "none":
-        raise ValueError(
-            "offload_states: not supported with zero_optimization.offload_param (the "
-            "parameters already live off the device)"
         )
     if engine._parked is not None:
         raise RuntimeError("offload_states: the states are offloaded already; reload_states first")

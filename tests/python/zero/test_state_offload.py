@@ -7,7 +7,8 @@ tensor gets new storage, and the views carved out of moved buffers (stage 1/2 pa
 stage 3 `ds_tensor` shards, persistent parameters' full copies) must be carved again, both
 ways. On 2 ranks at stages 1-3: a run that parks everything between steps (and the gradient
 partitions between a backward and its step) ends bitwise where an uninterrupted run ends; the
-engine refuses to run while parked; what DeepSpeed refuses is refused by name."""
+engine refuses to run while parked; what DeepSpeed refuses is refused by name, except
+offload_param, which works (the shards stay where it keeps them)."""
 
 import pytest
 import torch
@@ -142,7 +143,6 @@ def refusals(rank, world):
 
     return {
         "stage0": attempt(_config(0)),
-        "offload_param": attempt(_config(3, offload_param={"device": "cpu"})),
         "nvme": attempt(_config(2), device="nvme"),
         "unknown": attempt(_config(2), include=["moments"]),
         "twice": attempt(_config(2)),
@@ -155,10 +155,73 @@ def test_what_deepspeed_refuses_is_refused_by_name():
     assert r["stage0"] == (
         "RuntimeError: offload_states: needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is 0)"
     )
-    assert r["offload_param"].startswith("ValueError: offload_states: not supported with ")
-    assert "zero_optimization.offload_param" in r["offload_param"]
     assert r["nvme"].startswith("ValueError: offload_states: NVMe is not a target")
     assert r["unknown"].startswith("ValueError: offload_states: unknown state 'moments'")
     assert r["twice"] == (
         "RuntimeError: offload_states: the states are offloaded already; reload_states first"
     )
+
+
+def offload_param_worker(rank, world, root):
+    """Stage 3 with offload_param cpu and nvme (DeepSpeed refuses offload_states there): a
+    run parked between steps ends bitwise where an uninterrupted one ends; the persistent
+    params' full copies (on the device) move and come back; the shards stay where
+    offload_param keeps them (their storage never changes)."""
+    import zerostream
+    from zerostream.zero import state_offload
+
+    state_offload._COPY_HOST_TENSORS = True  # a CPU run: copy what a GPU would move
+    out = {}
+    for device in ("cpu", "nvme"):
+        offload = {"device": device}
+        if device == "nvme":
+            offload.update(nvme_path=f"{root}/swap{rank}", max_in_cpu=0)
+        result = {}
+        for parked in (False, True):
+            torch.manual_seed(0)
+            cfg = _config(3, offload_param=offload)
+            engine, *_ = zerostream.initialize(model=MLP(), config=cfg)
+            for i in range(STEPS):
+                engine.backward(engine(_batch(rank, i)))
+                engine.step()
+                if parked and i == 1:
+                    opt = engine.optimizer
+                    shards = [
+                        _storage(zp.shard) for zps in opt.groups for zp in zps
+                        if zp.shard is not None and not zp.persist
+                    ]  # fmt: skip
+                    full = [_storage(zp._full) for zp in opt.part.params.values() if zp.persist]
+                    engine.offload_states()
+                    moved_full = [
+                        _storage(zp._full) for zp in opt.part.params.values() if zp.persist
+                    ]
+                    engine.reload_states()
+                    after = [
+                        _storage(zp.shard) for zps in opt.groups for zp in zps
+                        if zp.shard is not None and not zp.persist
+                    ]  # fmt: skip
+                    result["full_moved"] = bool(full) and all(
+                        a != b for a, b in zip(full, moved_full)
+                    )
+                    result["shards_kept"] = shards == after
+                    result["shards"] = (
+                        len(shards),
+                        sum(zp.on_nvme for zps in opt.groups for zp in zps),
+                    )
+            result[parked] = _weights(engine)
+            engine.destroy()
+        out[device] = result
+    return out if rank == 0 else None
+
+
+@pytest.mark.multirank
+def test_offload_states_with_offloaded_params_trains_on_bitwise(tmp_path):
+    results = run_ranks(offload_param_worker, 2, str(tmp_path), timeout=300)[0]
+    for device, r in results.items():
+        for a, b in zip(r[False], r[True]):
+            assert torch.equal(a, b), f"offload_param {device}: a parked run diverged"
+        assert r["full_moved"], device  # the persistent copies were parked
+        assert r["shards_kept"], device  # the offloaded shards stayed where they live
+        in_memory, on_nvme = r["shards"]
+        # cpu: the weights' shards in host memory, untouched; nvme: on disk, never tensors here
+        assert (in_memory > 0 and on_nvme == 0) if device == "cpu" else on_nvme > 0, r["shards"]

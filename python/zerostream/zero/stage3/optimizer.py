@@ -268,16 +268,23 @@ class Stage3Optimizer(ShardedOptimizerBase):
     def offloadable_states(self) -> dict:
         """Beside the shared states: the flat shard partitions every `ds_tensor` is a view of,
         the shards of params no group holds (frozen ones) and the full copies of persistent
-        params (zero/state_offload.py). With offload_param the engine refuses before this."""
+        params (zero/state_offload.py). With offload_param the shards live where it keeps
+        them (host memory, or NVMe, where a group's partition is a ShardSink, no tensor), so
+        only the persistent params' full copies, on the device, are parked."""
         from ..state_offload import OffloadStateType as K
         from ..state_offload import StateGroup
 
+        shards_here = self.part.offload_device == "none"
         grouped = {zp.ds_id for zps in self.groups for zp in zps}
         loose = [zp for zp in self.part.params.values() if zp.ds_id not in grouped]
         persistent = [zp for zp in self.part.params.values() if zp.persist and zp._full is not None]
+        if not shards_here:
+            loose = []
 
         def repoint() -> None:
             for flat, zps in zip(self.flat16, self.groups):
+                if not shards_here:
+                    break
                 off = 0
                 for zp in zps:
                     zp.repoint(flat[off : off + zp.shard_numel])
@@ -288,7 +295,8 @@ class Stage3Optimizer(ShardedOptimizerBase):
                 zp.repoint(None)
 
         groups = super().offloadable_states()
-        tensors = list(self.flat16) + [zp.shard for zp in loose if zp.shard is not None]
+        tensors = list(self.flat16) if shards_here else []
+        tensors += [zp.shard for zp in loose if zp.shard is not None]
         tensors += [zp._full for zp in persistent]
         groups[K.lp_params] = StateGroup(tensors, repoint)
         return groups
