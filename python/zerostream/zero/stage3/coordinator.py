@@ -372,13 +372,21 @@ class ParamCoordinator:
             zp.users -= 1
         return planned, zps
 
+    def _adopt_external(self, param: torch.nn.Parameter, zp: ZeroParam) -> None:
+        """`param` (gathered) becomes an external parameter of the innermost running
+        module: registered for later steps, held until that module's forward ends."""
+        module, planned, zps = self.frames[-1]
+        register_external_parameter(module, param)
+        self.externals_found = True
+        zp.modules += 1
+        zp.users += 1
+        self.frames[-1] = (module, planned, zps + [zp])
+
     def _hand_up(self, module: torch.nn.Module, params) -> None:
         """`module` returned params of its own (a bias its parent adds, DeepSpeed's external
-        parameter return): the enclosing forward uses them next, so each stays gathered
-        until that forward ends and is registered as the enclosing module's external
-        parameter, which later steps gather with it (and no longer `module`'s, if it was:
-        the outer module covers it)."""
-        parent, planned, zps = self.frames[-1]
+        parameter return): the enclosing forward uses them next, so each becomes the
+        enclosing module's external parameter (and no longer `module`'s, if it was: the
+        outer module covers it)."""
         # Held by a forward still running (an outer module took it over earlier): it stays.
         held = {id(zp) for frame in self.frames for zp in frame[2]}
         for param in params:
@@ -386,14 +394,9 @@ class ParamCoordinator:
             if zp is None or id(zp) in held:
                 continue
             unregister_external_parameter(module, param)
-            register_external_parameter(parent, param)
             param.is_external_param = True  # DeepSpeed's flag
-            self.externals_found = True
-            zp.modules += 1
-            zp.users += 1
+            self._adopt_external(param, zp)
             held.add(id(zp))
-            zps = zps + [zp]
-        self.frames[-1] = (parent, planned, zps)
 
     def access(self, param: torch.nn.Parameter) -> None:
         """A param was read by attribute while a forward runs: if it is not gathered, the
@@ -402,13 +405,8 @@ class ParamCoordinator:
         zp = zero_param_of(param)
         if zp is None or zp.state is ShardState.GATHERED:
             return
-        module, planned, zps = self.frames[-1]
-        register_external_parameter(module, param)
-        self.externals_found = True
-        zp.modules += 1
         self.part.gather([zp])
-        zp.users += 1
-        self.frames[-1] = (module, planned, zps + [zp])
+        self._adopt_external(param, zp)
 
     # --- backward --------------------------------------------------------------------------------
     def pre_backward(self, module: torch.nn.Module) -> None:

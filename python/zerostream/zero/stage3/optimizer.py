@@ -282,9 +282,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
             loose = []
 
         def repoint() -> None:
-            for flat, zps in zip(self.flat16, self.groups):
-                if not shards_here:
-                    break
+            for flat, zps in zip(self.flat16 if shards_here else [], self.groups):
                 off = 0
                 for zp in zps:
                     zp.repoint(flat[off : off + zp.shard_numel])
