@@ -131,16 +131,6 @@ void offload_rules(Resolution& r, int64_t stage) {
     r.errors.push_back("zero_optimization.offload_optimizer.ratio: partial offloading (" +
                        show(ratio) + " < 1) is only supported for ZeRO stage 3; got stage " +
                        std::to_string(stage));
-  else if (ratio.is_number() && ratio.get<double>() < 1.0 && !opt_device.empty() &&
-           opt_device != "none")
-    // Refused, not ignored: it moves optimizer sub-groups (their state and their update)
-    // to the device, which changes the memory on both sides.
-    r.errors.push_back("zero_optimization.offload_optimizer.ratio: " + show(ratio) +
-                       " (stepping part of the optimizer on the device) is not supported by "
-                       "zerostream yet; remove it or set 1 (the whole optimizer offloaded to \"" +
-                       opt_device +
-                       "\"). With device \"nvme\", zerostream.optimizer_max_in_cpu keeps part "
-                       "of the state in host memory instead");
   const Json& in_cpu = r.at("zerostream.optimizer_max_in_cpu");
   if (opt_device != "nvme" && in_cpu != 0)
     r.warnings.push_back("zerostream.optimizer_max_in_cpu: " + show(in_cpu) +

@@ -595,6 +595,16 @@ class CopyStage:
         if mark is not None:
             self.lanes.device_wait(mark)
 
+    def host_wait_mark(self, mark) -> None:
+        """The host waits until the uploads up to `mark` completed (their host sources may be
+        rewritten after it), and drops the held sources of those it now knows complete."""
+        if mark is None:
+            return
+        if not self.lanes.ready(mark):
+            self.stats["host_waits"] += 1
+            self.lanes.host_wait(mark)
+        self.release_held()
+
     def fence(self) -> None:
         """The compute stream waits (on the device) for every upload queued so far."""
         if self._unfenced is not None:  # one lane: its last event covers the earlier ones

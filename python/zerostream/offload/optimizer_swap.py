@@ -13,7 +13,10 @@ each staging buffer is raw bytes for a sub-group of the widest kind, viewed as a
 
 Sub-groups in the host tier (zerostream.optimizer_max_in_cpu, Note [Optimizer tiers] in
 offload/tiers.py) keep their three tensors in a host arena and never touch the swap store;
-the step updates them in place while the disk reads the next NVMe sub-group.
+the step updates them in place while the disk reads the next NVMe sub-group. The first
+sub-groups may be on the device instead (offload_optimizer.ratio, Note [The device tier] in
+offload/device_tier.py), stepped there; with offload_optimizer "cpu" and a ratio the same
+class runs with no swap store at all, every other sub-group in the host tier.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 import torch
 
@@ -30,6 +33,7 @@ from ..lazy_tensor import LazyTensor
 from ..ops.adam import cpu_adam_step
 from ..ops.threads import ranks_on_this_host
 from . import sinks, tiers
+from .device_tier import RATIO_KEY, DeviceTier, device_count
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine, io_config_for
 from .memory_preflight import STEP_PEAKS
@@ -49,12 +53,22 @@ class SubGroup:
     lo: int  # element range inside this rank's partition of the group
     hi: int
     index: int  # position in the step order; swap ids are 3 * index + kind
-    # The host tier's (param, exp_avg, exp_avg_sq), in place; None: the state is on NVMe.
+    # The host tier's (param, exp_avg, exp_avg_sq), in place; None: the state is elsewhere.
     host: Optional[List[torch.Tensor]] = field(default=None, repr=False)
+    # The device tier's (offload_optimizer.ratio), on the compute device.
+    dev: Optional[List[torch.Tensor]] = field(default=None, repr=False)
 
     @property
     def on_host(self) -> bool:
         return self.host is not None
+
+    @property
+    def on_disk(self) -> bool:
+        return self.host is None and self.dev is None
+
+    @property
+    def tier(self) -> str:
+        return tiers.DEVICE if self.dev is not None else tiers.HOST if self.on_host else tiers.NVME
 
 
 class SwapStateSource:
@@ -85,6 +99,9 @@ class SwapStateSource:
             if s.on_host:  # in place: valid as long as the state is
                 yield s.host[self.kind][: min(s.hi, end) - s.lo]
                 continue
+            if s.dev is not None:  # a host copy of its own
+                yield s.dev[self.kind][: min(s.hi, end) - s.lo].to("cpu")
+                continue
             buf = bufs[staged % len(bufs)].view(self.dtype)[: s.hi - s.lo]
             staged += 1
             sw._wait([sw.store.read(3 * s.index + self.kind, buf)])
@@ -109,7 +126,9 @@ class SwappedAdam:
     its config sections: `optimizer` (hyperparameters, Adam vs AdamW), `zero`
     (sub_group_size, offload_optimizer), `aio` (the I/O engine) and `ext` (zerostream's
     extension keys: swap checksums, CPU threads); `dtypes`: the master's and the moments'
-    (fp32, or bf16 ones)."""
+    (fp32, or bf16 ones); `device`: the compute device, home of the device tier (Note [The
+    device tier]); `host_preflight(elements)`: checks that the host tier fits, before it is
+    allocated."""
 
     def __init__(
         self,
@@ -124,6 +143,8 @@ class SwappedAdam:
         rank: int,
         param_tier=None,
         dtypes: Tuple[torch.dtype, torch.dtype] = (torch.float32, torch.float32),
+        device: Optional[torch.device] = None,
+        host_preflight: Optional[Callable[[int], None]] = None,
     ):
         offload = zero.offload_optimizer
         master, moments = dtypes
@@ -148,12 +169,36 @@ class SwappedAdam:
                 _C.plan_sub_groups(self.numels, param_starts, sub_group_size)
             )
         ]
-        sizes = [s.hi - s.lo for s in self.sub_groups]
-        self.tiers = tiers.plan(sizes, ext.optimizer_max_in_cpu, self.element_bytes)
+        # The device tier first (Note [The device tier]); the tiers below place the rest.
+        n_dev = device_count(len(self.sub_groups), offload.ratio)
+        self.device_tier = None
+        if n_dev:
+            home = device if device is not None else torch.device("cpu")
+            self.device_tier = DeviceTier(self.sub_groups[:n_dev], self.kind_dtypes, home)
+            logger.info(
+                "%s %s: %d of %d optimizer sub-groups (%d of %d elements, %.2f GiB of state) "
+                "are stepped on %s",
+                RATIO_KEY,
+                offload.ratio,
+                n_dev,
+                len(self.sub_groups),
+                self.device_tier.elements,
+                sum(self.numels),
+                self.device_tier.state_bytes / 2**30,
+                home,
+            )
+        self.offloaded = self.sub_groups[n_dev:]
+        sizes = [s.hi - s.lo for s in self.offloaded]
+        self.uses_disk = offload.device == "nvme"
+        if self.uses_disk:
+            self.tiers = tiers.plan(sizes, ext.optimizer_max_in_cpu, self.element_bytes)
+        else:  # "cpu": every offloaded sub-group in host memory
+            source = 'offload_optimizer "cpu"'
+            self.tiers = tiers.place(sizes, sum(sizes), source, self.element_bytes)
         # "auto": placed between two steps, after the parameter shards' own "auto" choice
         # (`param_tier`, a ParamSwapper) where there is one (Note ["auto" is sized from a
         # measured step] in tiers.py).
-        self.auto_pending = ext.optimizer_max_in_cpu == "auto"
+        self.auto_pending = self.uses_disk and ext.optimizer_max_in_cpu == "auto"
         if self.auto_pending:
             STEP_PEAKS.wait_for_me(self)
         self.param_tier = param_tier
@@ -167,13 +212,16 @@ class SwappedAdam:
         self.prediction: Optional[dict] = None  # place_measured's predicted step time
         self.steps_here = 0  # steps this process ran (the first one is the measurement)
         self.pin_memory = offload.pin_memory
-        on_host = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.HOST]
-        on_disk = [s for s, t in zip(self.sub_groups, self.tiers.tiers) if t == tiers.NVME]
+        on_host = [s for s, t in zip(self.offloaded, self.tiers.tiers) if t == tiers.HOST]
+        on_disk = [s for s, t in zip(self.offloaded, self.tiers.tiers) if t == tiers.NVME]
         # The host tier: each sub-group's three tensors, kept for the whole run.
         self.host_arena = None
         if on_host:
+            arena = sum(self._host_bytes(s) for s in on_host)
+            if host_preflight is not None:
+                host_preflight(sum(s.hi - s.lo for s in on_host))
             self.host_arena = HostArena(
-                sum(self._host_bytes(s) for s in on_host),
+                arena,
                 lock=offload.pin_memory,
                 register=True,  # a host-tier master uploads straight to a device partition
             )
@@ -187,6 +235,12 @@ class SwappedAdam:
         self.buffers = [
             [self.arena.empty(wide, torch.uint8) for _ in _KINDS] for _ in range(self.sets)
         ]
+        self.bytes_read = self.bytes_written = 0
+        self.wait_seconds = 0.0
+        self.store = None  # offload_optimizer "cpu" with a ratio: nothing on disk
+        if not self.uses_disk:
+            self._write_initial_state(sources)
+            return
         engine = IoEngine(io_config_for(aio))
         try:
             self.store = SwapStore(
@@ -202,9 +256,7 @@ class SwappedAdam:
                 f"zero_optimization.offload_optimizer.nvme_path: cannot keep "
                 f"the optimizer state under {offload.nvme_path!r}: {exc}",
             ) from exc
-        self.bytes_read = self.bytes_written = 0
-        self.wait_seconds = 0.0
-        if ext.optimizer_max_in_cpu == 0:
+        if ext.optimizer_max_in_cpu == 0 and not n_dev:
             self._say_if_dram_would_do(sum(self.numels) * self.element_bytes)
         try:
             # Every NVMe sub-group's three extents, before a byte is written.
@@ -286,10 +338,11 @@ class SwappedAdam:
             values = (
                 src[s.lo : s.hi] if isinstance(src, torch.Tensor) else src.read_range(s.lo, s.hi)
             )
-            if s.on_host:
-                s.host[0].copy_(values)
-                s.host[1].zero_()
-                s.host[2].zero_()
+            if not s.on_disk:
+                state = s.host if s.on_host else s.dev
+                state[0].copy_(values)
+                state[1].zero_()
+                state[2].zero_()
                 continue
             staged = self._staged(0, n)
             staged[0].copy_(values)
@@ -313,11 +366,16 @@ class SwappedAdam:
         self.wait_seconds += time.perf_counter() - start
 
     def step(
-        self, grads: List[torch.Tensor], partitions: List[torch.Tensor], grad_scale: float
+        self,
+        grads: List[torch.Tensor],
+        partitions: List[torch.Tensor],
+        grad_scale: float,
+        stage=None,
     ) -> None:
         """One Adam step of every sub-group: grads[g] is group g's gradient partition (fp32, or
         16-bit where nothing accumulates in it), partitions[g] the model-dtype partition that
-        receives the updated params."""
+        receives the updated params; `stage`, the copy stage, carries the device tier's
+        gradients to the device."""
         now = time.perf_counter()
         if self._step_started is not None:
             self.last_interval = now - self._step_started
@@ -330,12 +388,18 @@ class SwappedAdam:
             self.steps[g] += 1
         # NVMe sub-groups take staging slots in turn (the j-th one slot j % sets); host ones
         # are updated in place between them, while the next NVMe read is in flight.
-        disk = [s for s in self.sub_groups if not s.on_host]
+        disk = [s for s in self.sub_groups if s.on_disk]
         slot_of = {s.index: j % self.sets for j, s in enumerate(disk)}
         pending_reads = {0: self._read(disk[0], 0)} if disk else {}
         pending_writes = {}
         j = 0  # the next NVMe sub-group's position in `disk`
         for s in self.sub_groups:
+            if s.dev is not None:
+                group = self.hyper.param_groups[s.group]
+                step = self.steps[s.group]
+                dt = self.device_tier
+                dt.update(s, grads, partitions, group, step, self.adamw_mode, grad_scale, stage)
+                continue
             if s.on_host:
                 self._update(s, s.host, grads, partitions, grad_scale)
                 continue
@@ -361,13 +425,15 @@ class SwappedAdam:
                 pending_reads[nxt] = self._read(disk[nxt], nslot)
         for writes in pending_writes.values():
             self._wait(writes)
+        if self.device_tier is not None:
+            self.device_tier.finish(stage)
         self.last_step_wait = self.wait_seconds - wait_before
 
     def claim_first(self, param_wait_s: float, param_disk_bytes: int) -> int:
         """Asked by the parameter shards' "auto" as it places them: the host bytes this tier
         claims before them (its whole disk state), or 0 (it takes what they leave). Note
         [Which tier first] in tiers.py."""
-        disk = [s for s in self.sub_groups if not s.on_host]
+        disk = [s for s in self.sub_groups if s.on_disk]
         disk_bytes = sum(self._host_bytes(s) for s in disk)
         self.claimed_first = tiers.optimizer_first(
             param_wait_s, param_disk_bytes, self.last_step_wait, disk_bytes
@@ -408,7 +474,7 @@ class SwappedAdam:
 
         self.auto_pending = False
         STEP_PEAKS.done(self)
-        sizes = [s.hi - s.lo for s in self.sub_groups]
+        sizes = [s.hi - s.lo for s in self.offloaded]
         # A fixed override of the usable memory does not drop as the parameter shards'
         # arena fills, unlike MemAvailable or the cgroup's room: counted here instead.
         taken = 0
@@ -418,7 +484,7 @@ class SwappedAdam:
         plan = tiers.place(sizes, budget // self.element_bytes, source, self.element_bytes)
         # Each tensor is rounded to the arena's alignment: drop sub-groups (the last in
         # the placement's order) until the arena fits the budget.
-        moving = [s for s, t in zip(self.sub_groups, plan.tiers) if t == tiers.HOST]
+        moving = [s for s, t in zip(self.offloaded, plan.tiers) if t == tiers.HOST]
         arena = sum(self._host_bytes(s) for s in moving)
         while moving and arena > budget:
             s = moving.pop()
@@ -437,9 +503,9 @@ class SwappedAdam:
                     self.store.free(3 * s.index + k)
                 s.host = host
         placed = {s.index for s in moving}
-        host = sum(sizes[i] for i in placed)
+        host = sum(s.hi - s.lo for s in moving)
         self.tiers = tiers.TierPlan(
-            [tiers.HOST if s.index in placed else tiers.NVME for s in self.sub_groups],
+            [tiers.HOST if s.index in placed else tiers.NVME for s in self.offloaded],
             host,
             sum(sizes) - host,
             plan.budget_elements,
@@ -493,13 +559,18 @@ class SwappedAdam:
 
     def close(self) -> None:
         """Deletes the optimizer state's swap files (the run is over)."""
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
         STEP_PEAKS.done(self)  # no placement follows: the engine's windows stop
 
     def location(self, s: SubGroup) -> str:
         """Where sub-group `s`'s state is, in words (error messages)."""
+        if s.dev is not None:
+            return f"{self.device_tier.device} memory ({RATIO_KEY})"
         if s.on_host:
-            return "host memory (zerostream.optimizer_max_in_cpu)"
+            return "host memory (" + (
+                "zerostream.optimizer_max_in_cpu)" if self.uses_disk else 'offload_optimizer "cpu")'
+            )
         path, offset, _ = self.store.extent_of(3 * s.index)
         return f"{path} at offset {offset}"
 
@@ -526,18 +597,23 @@ class SwappedAdam:
             if s.group != group or a >= b:
                 continue
             n = s.hi - s.lo
-            target = s.host[k] if s.on_host else buf[:n]
-            if (a, b) != (s.lo, s.hi) and not s.on_host:
+            target = s.host[k] if s.on_host else s.dev[k] if s.dev is not None else buf[:n]
+            if (a, b) != (s.lo, s.hi) and s.on_disk:
                 self._wait([self.store.read(3 * s.index + k, buf[:n])])
                 self.bytes_read += dtype.itemsize * n
             piece = target[a - s.lo : b - s.lo]
             if isinstance(values, LazyTensor):  # a checkpoint's FileTensor, piecewise
-                values.read_into(piece, a - lo)
+                if piece.device.type == "cpu":
+                    values.read_into(piece, a - lo)
+                else:  # read on the host, then up to the device tier
+                    host = torch.empty(b - a, dtype=dtype)
+                    values.read_into(host, a - lo)
+                    piece.copy_(host)
             else:
                 piece.copy_(values[a - lo : b - lo])
             if then is not None:  # the whole sub-group's new values, before they go out
                 then(group, s.lo, s.hi, target)
-            if not s.on_host:
+            if s.on_disk:
                 self._wait([self.store.write(3 * s.index + k, buf[:n])])
                 self.bytes_written += dtype.itemsize * n
 
@@ -552,8 +628,9 @@ class SwappedAdam:
             a, b = max(lo, s.lo), min(hi, s.hi)
             if s.group != group or a >= b:
                 continue
-            if s.on_host:
-                out[a - lo : b - lo].copy_(s.host[k][a - s.lo : b - s.lo])
+            if not s.on_disk:
+                state = s.host if s.on_host else s.dev
+                out[a - lo : b - lo].copy_(state[k][a - s.lo : b - s.lo])
                 continue
             self._wait([self.store.read(3 * s.index + k, buf[: s.hi - s.lo])])
             self.bytes_read += dtype.itemsize * (s.hi - s.lo)
@@ -632,8 +709,9 @@ class SwappedAdam:
             "claimed_first": self.claimed_first,
             "tier_order_inputs": self.order_inputs,
             "prediction": self.prediction,
-            "store": self.store.stats(),
-            "directory": self.store.directory,
+            "store": self.store.stats() if self.store is not None else None,
+            "directory": self.store.directory if self.store is not None else None,
+            "device_elements": self.device_tier.elements if self.device_tier else 0,
             "host_elements": self.tiers.host_elements,
             "nvme_elements": self.tiers.nvme_elements,
             "budget_elements": self.tiers.budget_elements,
@@ -643,13 +721,11 @@ class SwappedAdam:
                     "group": s.group,
                     "begin": s.lo,
                     "end": s.hi,
-                    "tier": tiers.HOST if s.on_host else tiers.NVME,
+                    "tier": s.tier,
                     **(
-                        {}
-                        if s.on_host
-                        else {
-                            k: self.store.extent_of(3 * s.index + i) for i, k in enumerate(_KINDS)
-                        }
+                        {k: self.store.extent_of(3 * s.index + i) for i, k in enumerate(_KINDS)}
+                        if s.on_disk
+                        else {}
                     ),
                 }
                 for s in self.sub_groups

@@ -74,6 +74,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 logger = logging.getLogger("zerostream")
 
 HOST, NVME = "host", "nvme"
+DEVICE = "device"  # offload_optimizer.ratio's share (Note [The device tier] in device_tier.py)
 STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq, per element (bf16 masters: 6 or 10)
 # "auto" leaves this much of the usable host memory on top of the measured excess of a step
 # (Note ["auto" is sized from a measured step]): a fixed part and a share that grows with

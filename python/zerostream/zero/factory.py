@@ -42,10 +42,10 @@ def build_zero_optimizer(
     cls = stage_class(stage)
     groups = client_groups(client, param_groups)
     _check_client_states(client, cfg)
-    if stage > 0 and cfg.zero_optimization.offload_optimizer_device == "nvme":
+    if stage > 0 and _sub_grouped(cfg.zero_optimization):
         if isinstance(client, torch.optim.Optimizer):
             check_client_optimizer(client, cfg)  # zero_force_ds_cpu_optimizer, as for "cpu"
-        opt = cls(ctx, groups, None, make_swapped=_nvme_adam(ctx, client))
+        opt = cls(ctx, groups, None, make_swapped=_swapped_adam(ctx, client))
     else:
         make = optimizer_maker(client, cfg, groups)
         if make is None:
@@ -89,15 +89,33 @@ def _check_client_states(client, cfg) -> None:
     )
 
 
-def _nvme_adam(ctx: StageContext, client):
-    """offload_optimizer nvme: Adam/AdamW whose master weights and moments live in the swap
-    store (offload/optimizer_swap.py), built from the config's sections."""
+def _sub_grouped(zero) -> bool:
+    """Whether the optimizer state is stepped sub-group by sub-group across tiers
+    (offload/optimizer_swap.py): offload_optimizer "nvme", or "cpu" with a ratio below 1
+    that keeps the first sub-groups on the device (Note [The device tier])."""
+    device = zero.offload_optimizer_device
+    return device == "nvme" or (device == "cpu" and zero.offload_optimizer.ratio < 1.0)
+
+
+def _swapped_adam(ctx: StageContext, client):
+    """offload_optimizer nvme (or a ratio below 1): Adam/AdamW whose master weights and
+    moments live in sub-groups on the device, in host memory or in the swap store
+    (offload/optimizer_swap.py), built from the config's sections."""
     from ..offload.optimizer_swap import SwappedAdam
     from ..offload.param_swap import ShardSink
     from .master_precision import master_dtype, state_dtype
+    from .sharded import require_host_state
 
     cfg = ctx.config
-    opt = cfg.optimizer if client is None else _client_adam(client)
+    offload = cfg.zero_optimization.offload_optimizer
+    if offload.device == "nvme":
+        why = 'zero_optimization.offload_optimizer.device "nvme" keeps Adam/AdamW state on NVMe'
+    else:
+        why = (
+            f"zero_optimization.offload_optimizer.ratio {offload.ratio} steps part of the "
+            f"Adam/AdamW state on the device (DeepSpeed requires DeepSpeedCPUAdam there too)"
+        )
+    opt = cfg.optimizer if client is None else _client_adam(client, why)
     if opt is not None and opt.name in ("adam", "adamw") and opt.params["torch_adam"]:
         # torch_adam picks torch's implementation of the same update; on NVMe the state is
         # stepped where it is swapped in, by zerostream's kernel (equal to fp32 rounding).
@@ -107,10 +125,9 @@ def _nvme_adam(ctx: StageContext, client):
         )
     if opt is None or opt.name not in ("adam", "adamw"):
         raise NotImplementedError(
-            'zero_optimization.offload_optimizer.device "nvme" keeps Adam/AdamW state on '
-            'NVMe; give "optimizer": {"type": "AdamW", ...} in the config, or a '
+            f'{why}; give "optimizer": {{"type": "AdamW", ...}} in the config, or a '
             "DeepSpeedCPUAdam or torch.optim.Adam/AdamW to initialize() (other optimizers "
-            "are not supported with nvme yet)"
+            "are not supported there yet)"
         )
 
     def make(masters, options, param_starts):
@@ -128,12 +145,14 @@ def _nvme_adam(ctx: StageContext, client):
             rank=comm.get_rank(),
             param_tier=param_tier,
             dtypes=(master_dtype(ctx), state_dtype(ctx, opt)),
+            device=ctx.device,
+            host_preflight=lambda numel: require_host_state(ctx, numel),
         )
 
     return make
 
 
-def _client_adam(client):
+def _client_adam(client, why: str):
     """A client's Adam as the config's optimizer section the NVMe optimizer is built from
     (its hyperparameters; its param groups come with the groups): DeepSpeedCPUAdam (what
     Accelerate and the HF Trainer pass for a config without an "optimizer" section) or
@@ -148,8 +167,8 @@ def _client_adam(client):
         for flag in ("amsgrad", "maximize"):
             if client.defaults.get(flag):
                 raise NotImplementedError(
-                    f'zero_optimization.offload_optimizer.device "nvme": the client\'s '
-                    f"{type(client).__name__}({flag}=True) is not supported on NVMe"
+                    f"{why}: the client's {type(client).__name__}({flag}=True) is not "
+                    f"supported there"
                 )
     else:
         return None

@@ -43,6 +43,29 @@ def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
     return torch.float32
 
 
+def require_host_state(ctx: StageContext, numel: int) -> None:
+    """Host-memory preflight (offload/memory_preflight.py) of `numel` elements of optimizer
+    state: masters (4 bytes an element, 2 for bf16 ones), gradients (4, or 2 when they land
+    16-bit: counted so whenever the config allows it, a lower bound) and Adam's two moments
+    (8 more, 4 in bf16, made at the first step) of this rank's partition, times the ranks of
+    this host, which allocate the same."""
+    from ..offload.memory_preflight import require_state_memory
+
+    offloaded = ctx.config.zero_optimization.offload_optimizer_device != "none"
+    grad_width = _host_grad_dtype(ctx, True).itemsize if offloaded else 4
+    where = "offload_optimizer cpu" if offloaded else "host memory"
+    require_state_memory(
+        numel,
+        state_bytes(ctx) + grad_width,
+        f"the optimizer state in {where}",
+        'Set zero_optimization.offload_optimizer.device to "nvme" (with nvme_path) to '
+        "keep it on disk, or spread the model over more ranks or nodes.",
+        group=ctx.group,
+        world=ctx.world,
+        device=ctx.device,
+    )
+
+
 class ShardedOptimizerBase(ZeroOptimizerBase):
     """Masters, gradient partitions and the inner optimizer over this rank's local 16-bit
     partitions (`self.local_partitions()`, one tensor per param group)."""
@@ -120,33 +143,19 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         moments = [
             v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)
         ]
+        masters = list(self.masters)
+        tier = self.swapper.device_tier if self.swapper is not None else None
+        if tier is not None:  # offload_optimizer.ratio's share (Note [The device tier])
+            moments += tier.tensors(range(1, 3))
+            masters += tier.tensors(range(0, 1))
         return {
             K.optim_states: StateGroup(moments),
-            K.hp_params: StateGroup(list(self.masters)),
+            K.hp_params: StateGroup(masters),
             K.lp_grads: StateGroup(list(self.grads)),
         }
 
     def _require_host_memory(self, ctx: StageContext, numel: int) -> None:
-        """Host-memory preflight (offload/memory_preflight.py): masters (4 bytes an element, 2
-        for bf16 ones), gradients (4, or 2 when they land 16-bit: counted so whenever the
-        config allows it, a lower bound) and Adam's two moments (8 more, 4 in bf16, made at
-        the first step) of this rank's partition, times the ranks of this host, which
-        allocate the same."""
-        from ..offload.memory_preflight import require_state_memory
-
-        offloaded = self.offload_device != "none"
-        grad_width = _host_grad_dtype(ctx, True).itemsize if offloaded else 4
-        where = "offload_optimizer cpu" if offloaded else "host memory"
-        require_state_memory(
-            numel,
-            state_bytes(ctx) + grad_width,
-            f"the optimizer state in {where}",
-            'Set zero_optimization.offload_optimizer.device to "nvme" (with nvme_path) to '
-            "keep it on disk, or spread the model over more ranks or nodes.",
-            group=ctx.group,
-            world=ctx.world,
-            device=ctx.device,
-        )
+        require_host_state(ctx, numel)
 
     def _allocate_masters(
         self, partitions: List[torch.Tensor], offload, dtype: torch.dtype = torch.float32
@@ -254,7 +263,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 self.swapper.wait_seconds,
             )
             start = time.perf_counter()
-            self.swapper.step(self.grads, partitions, factor)
+            self.swapper.step(self.grads, partitions, factor, self.copy_stage)
             took = time.perf_counter() - start
             self.telemetry.moved("nvme_read", self.swapper.bytes_read - before[0], took)
             self.telemetry.moved("nvme_write", self.swapper.bytes_written - before[1], took)

@@ -51,13 +51,12 @@ TEST(Rules, PartialOffloadNeedsStage3) {
           R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}})")),
       "zero_optimization.offload_optimizer.ratio: partial offloading (0.5 < 1) is only "
       "supported for ZeRO stage 3; got stage 2");
-  // At stage 3 DeepSpeed steps 1 - ratio of the sub-groups on the device; zerostream does not
-  // yet, and says so by name instead of offloading everything as if ratio were 1.
-  EXPECT_ERROR(
-      check(cfg(
-          R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})")),
-      "zero_optimization.offload_optimizer.ratio: 0.3 (stepping part of the optimizer on the "
-      "device) is not supported by zerostream yet");
+  // At stage 3 the first 1 - ratio of the sub-groups are stepped on the device, with either
+  // offload device (Note [The device tier] in python/zerostream/offload/device_tier.py).
+  EXPECT_OK(check(cfg(
+      R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})")));
+  EXPECT_OK(check(cfg(
+      R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0}})")));
   EXPECT_OK(check(cfg(
       R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1}})")));
 }

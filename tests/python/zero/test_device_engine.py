@@ -48,11 +48,19 @@ CASES += [(3, "tiered", "fp32", 1)]
 # registered arena, no fused copy): compared with the bf16 reference at its bounds.
 CASES += [(1, "cpu", "bf16m", 1), (2, "nvme", "bf16m", 1), (3, "cpu", "bf16m", 1)]
 CASES += [(3, "nvme", "bf16m", 1), (3, "tiered", "bf16m", 1)]
+# "ratio": offload_optimizer.ratio 0.5 (Note [The device tier]): the first sub-groups are
+# stepped on the device from gradients uploaded on the copy stage, the rest offloaded: "cpu"
+# (the host tier), "cpu+ratio" (parameters in host memory too, so the device tier's results
+# go down to the host partitions), "ratio3" (NVMe with 5000 elements in host memory: all
+# three tiers).
+CASES += [(3, "ratio", "bf16", 1), (3, "ratio", "fp32", 2), (3, "cpu+ratio", "bf16", 1)]
+CASES += [(3, "ratio3", "bf16", 1)]
 if os.environ.get("ZS_DEVICE_CASES") == "quick":  # gpu-check's stream-sanitizer pass
     CASES = [(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")]
 RESUMED = {(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")} | {
     (3, "tiered", "bf16", 1),
     (3, "nvme", "bf16m", 1),
+    (3, "ratio", "bf16", 1),
 }
 
 
@@ -66,15 +74,18 @@ def config(case, micro: int, nvme: str) -> dict:
         "stage3_param_persistence_threshold": 0,
         "stage3_prefetch_bucket_size": 3000,
     }
-    tiered = offload == "tiered"
-    if tiered:
-        offload = "nvme"
+    tiered = offload in ("tiered", "ratio3")
+    ratio = offload.endswith("ratio") or offload == "ratio3"
+    offload = {"tiered": "nvme", "ratio3": "none+nvme", "ratio": "none+cpu"}.get(offload, offload)
+    offload = offload.replace("+ratio", "+cpu")
     param, opt = (offload.split("+") + [offload])[:2]  # "cpu+none": params cpu, optimizer none
     if opt != "none":
         zero["offload_optimizer"] = {"device": opt, "nvme_path": f"{nvme}/opt"}
+        if ratio:
+            zero["offload_optimizer"]["ratio"] = 0.5
     if stage == 3 and param != "none":
         zero["offload_param"] = {"device": param, "nvme_path": f"{nvme}/param"}
-        if tiered:
+        if tiered and not ratio:
             zero["offload_param"]["max_in_cpu"] = "auto"
     cfg = adamw_config(micro, gas, zero, "bf16" if dtype == "bf16m" else dtype)
     if dtype == "bf16m":
@@ -182,6 +193,16 @@ def _assert_tiered(summary: dict, case) -> None:
         assert summary["params"]["swap"]["kept_bytes"] > 0, summary["params"]["swap"]
 
 
+def _assert_device_tier(summary: dict, offload: str) -> None:
+    """A ratio case: its first sub-groups really were on the device (and, for "ratio3",
+    others in host memory and on NVMe)."""
+    swap = summary["swap"]
+    tiers = {s["tier"] for s in swap["sub_groups"]}
+    assert swap["device_elements"] > 0 and "device" in tiers, swap["sub_groups"]
+    if offload == "ratio3":
+        assert tiers == {"device", "host", "nvme"}, swap["sub_groups"]
+
+
 def _bit_equal(a, b) -> bool:
     return a[0] == b[0] and a[1] == b[1] and same_tensors(a[2], b[2])
 
@@ -204,6 +225,8 @@ def _run_matrix(world: int, cases, tmp_path, references) -> None:
                 losses, norms, params, summary = runs["cuda"]
                 if offload == "tiered":
                     _assert_tiered(summary, case)
+                if "ratio" in offload:
+                    _assert_device_tier(summary, offload)
                 ref = references["bf16" if dtype == "bf16m" else dtype]
                 _assert_close_to_reference(losses, norms, params, ref, dtype)
                 continue
@@ -213,6 +236,9 @@ def _run_matrix(world: int, cases, tmp_path, references) -> None:
             if offload == "tiered":  # the state really was in both tiers
                 for run in runs.values():
                     _assert_tiered(run[3], case)
+            if "ratio" in offload:
+                for run in runs.values():
+                    _assert_device_tier(run[3], offload)
             for policy in [p for p in ("lazy", "random") if p in runs]:
                 run = runs[policy]
                 counters, violations = run[4], run[5]

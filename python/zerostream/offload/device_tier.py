@@ -1,0 +1,147 @@
+"""The optimizer sub-groups `offload_optimizer.ratio` keeps on the compute device: their
+state, their update and where its results go (Note [The device tier]).
+
+Note [The device tier]
+~~~~~~~~~~~~~~~~~~~~~~
+DeepSpeed's `offload_optimizer.ratio` (ZeRO stage 3 only) is the share of the optimizer
+updated on the CPU: of a rank's n sub-groups, the first int((1 - ratio) * n) in step order
+keep their master weights and Adam moments on the device and are stepped there, the rest are
+offloaded. zerostream uses the same rule, so a config places the same sub-groups as in
+DeepSpeed, and runs them through the sub-grouped optimizer of offload/optimizer_swap.py
+whatever the offload device: with "cpu" the other sub-groups are its host tier, with "nvme"
+zerostream.optimizer_max_in_cpu splits them between host memory and disk as without a ratio.
+The placement changes no result beyond fp32 rounding: the device runs the CPU kernel's rule
+(ops/device_adam.py) on the same values.
+
+A device sub-group's step, on the copy stage (offload/copy_stage.py):
+1. its slice of the gradient partition, which the reducer landed in host memory like the
+   rest, is uploaded into a device buffer on the upload lane. One buffer, as wide as the
+   widest device sub-group, serves them all: a lane copy first waits for the compute stream,
+   so the next upload into it follows the update that read it;
+2. the compute stream waits for the upload (fence) and runs the update there;
+3. the new master values become the 16-bit partition's: a device partition is written on
+   the compute stream; a host one or NVMe shards (offload_param) take a blocking copy.
+The next backward lands its gradients in the same host memory, so the host must know the
+uploads finished reading it first: the step ends by waiting for the last of them, after the
+offloaded sub-groups were stepped (which normally hides the wait entirely).
+
+What it buys: the device holds 12 bytes an element (fp32 master, exp_avg, exp_avg_sq) for
+its share, and host memory (or, under "nvme", 24 bytes an element of disk traffic per step)
+is saved on it; the CPU kernel's share of the step shrinks with it. What it does not yet: the
+gradients of the device share still cross the link both ways (4 bytes an element, 2 when
+they land 16-bit); DeepSpeed keeps them on the device. On a machine without a GPU the device
+is the CPU, and the tier is ordinary memory beside the host arena.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, List, Optional
+
+import torch
+
+from ..ops.device_adam import device_adam_step
+from . import sinks
+
+if TYPE_CHECKING:
+    from .copy_stage import CopyStage
+
+logger = logging.getLogger("zerostream")
+
+RATIO_KEY = "zero_optimization.offload_optimizer.ratio"
+
+
+def device_count(sub_groups: int, ratio: float) -> int:
+    """How many of a rank's `sub_groups` (the first, in step order) `ratio` keeps on the
+    device: DeepSpeed's int((1 - ratio) * n)."""
+    return max(0, min(sub_groups, int((1.0 - float(ratio)) * sub_groups)))
+
+
+class DeviceTier:
+    """The device sub-groups' (param, exp_avg, exp_avg_sq), allocated on `device` in
+    `kind_dtypes`, and their update."""
+
+    def __init__(self, sub_groups: list, kind_dtypes: List[torch.dtype], device: torch.device):
+        self.device = device
+        self.sub_groups = sub_groups
+        self.kind_dtypes = kind_dtypes
+        self.elements = sum(s.hi - s.lo for s in sub_groups)
+        self.width = max((s.hi - s.lo for s in sub_groups), default=0)
+        self.grad_buf: Optional[torch.Tensor] = None  # made at the first step, grads' dtype
+        self._uploaded = None  # the copy stage's mark after this step's gradient uploads
+        try:
+            for s in sub_groups:
+                s.dev = [torch.empty(s.hi - s.lo, dtype=d, device=device) for d in kind_dtypes]
+        except torch.OutOfMemoryError as exc:
+            nbytes = self.elements * sum(d.itemsize for d in kind_dtypes)
+            raise torch.OutOfMemoryError(
+                f"{RATIO_KEY}: the {len(sub_groups)} optimizer sub-groups it keeps on {device} "
+                f"({nbytes / 2**30:.2f} GiB of master weights and moments) do not fit there; "
+                f"raise the ratio (the share offloaded) or lower sub_group_size: {exc}"
+            ) from exc
+
+    @property
+    def state_bytes(self) -> int:
+        return self.elements * sum(d.itemsize for d in self.kind_dtypes)
+
+    def tensors(self, kinds: range) -> List[torch.Tensor]:
+        """The state tensors of the given kind indexes (0 param, 1 exp_avg, 2 exp_avg_sq)."""
+        return [s.dev[k] for s in self.sub_groups for k in kinds]
+
+    def update(
+        self,
+        s,
+        grads,
+        partitions,
+        group: dict,
+        step: int,
+        adamw_mode: bool,
+        grad_scale: float,
+        stage: Optional["CopyStage"],
+    ) -> None:
+        """One sub-group's step (Note [The device tier])."""
+        n = s.hi - s.lo
+        host_grad = grads[s.group][s.lo : s.hi]
+        if self.grad_buf is None or self.grad_buf.dtype != host_grad.dtype:
+            self.grad_buf = torch.empty(self.width, dtype=host_grad.dtype, device=self.device)
+        grad = self.grad_buf[:n]
+        if stage is not None:
+            stage.upload(host_grad, grad)
+            self._uploaded = stage.upload_mark()
+            stage.fence()  # the compute stream reads it next
+        else:
+            grad.copy_(host_grad)
+        p, m, v = s.dev
+        device_adam_step(
+            p,
+            grad,
+            m,
+            v,
+            lr=group["lr"],
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            step=step,
+            bias_correction=group.get("bias_correction", True),
+            adamw_mode=adamw_mode,
+            grad_scale=grad_scale,
+        )
+        write_partition(partitions[s.group], s.lo, s.hi, p)
+
+    def finish(self, stage: Optional["CopyStage"]) -> None:
+        """The end of a step: the host knows every gradient upload has read its source."""
+        if stage is not None and self._uploaded is not None:
+            stage.host_wait_mark(self._uploaded)
+        self._uploaded = None
+
+
+def write_partition(sink, lo: int, hi: int, values: torch.Tensor) -> None:
+    """Elements [lo, hi) of a 16-bit partition from device `values`: in place on the device
+    for a partition there (a DeviceSink's or a plain one), through host memory otherwise."""
+    from .copy_stage import DeviceSink
+
+    target = sink.part if isinstance(sink, DeviceSink) else sink
+    if torch.is_tensor(target) and target.device == values.device:
+        target[lo:hi].copy_(values)
+    else:  # a host partition or NVMe shards (offload_param): a blocking copy to the host
+        sinks.write_piece(sink, lo, hi, values.to("cpu"))
