@@ -244,3 +244,34 @@ def refused_worker(rank, world, root):
 def test_a_non_adam_optimizer_with_a_ratio_is_refused_by_name(tmp_path):
     message = run_ranks(refused_worker, 1, str(tmp_path))[0]
     assert message is not None and "zero_optimization.offload_optimizer.ratio 0.5" in message
+
+
+def parked_worker(rank, world, root):
+    """offload_states between two steps parks the device tier's masters and moments (it is
+    device state) and reload_states brings them back: the run ends bitwise where an
+    uninterrupted one ends."""
+    import zerostream
+    from zerostream.zero import state_offload
+
+    state_offload._COPY_HOST_TENSORS = True  # a CPU run: copy what a GPU would move
+    micro = GLOBAL_BATCH // world
+    out = {}
+    for parked in (False, True):
+        torch.manual_seed(0)
+        engine, *_ = zerostream.initialize(model=TinyGPT(), config=_config(micro, root))
+        _train(engine, rank, world, 2)
+        if parked:
+            dev = [t for s in engine.optimizer.swapper.sub_groups if s.dev for t in s.dev]
+            before = [t.data_ptr() for t in dev]
+            engine.offload_states()
+            out["moved"] = all(t.data_ptr() != p for t, p in zip(dev, before))
+            engine.reload_states()
+        out[parked] = _train(engine, rank, world, 2, first=2)[0]
+        engine.destroy()
+    return out
+
+
+def test_offload_states_parks_the_device_tier_and_training_goes_on_bitwise(tmp_path):
+    for out in run_ranks(parked_worker, 2, str(tmp_path)):
+        assert out["moved"]
+        assert out[True] == out[False]
