@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 import torch
 
 from .. import _C
-from ..lazy_tensor import LazyTensor
 from ..ops.adam import cpu_adam_step
 from ..ops.threads import ranks_on_this_host
 from . import sinks, tiers
@@ -38,75 +36,12 @@ from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine, io_config_for
 from .memory_preflight import STEP_PEAKS
 from .swap_store import SwapStore
+from .tiered_state import KINDS, SubGroup, TieredStateAccess
 
 if TYPE_CHECKING:
     from ..config import AioConfig, OptimizerConfig, ZeroConfig, ZeroStreamExtConfig
 
 logger = logging.getLogger("zerostream")
-
-_KINDS = ("param", "exp_avg", "exp_avg_sq")
-
-
-@dataclass
-class SubGroup:
-    group: int  # param group index
-    lo: int  # element range inside this rank's partition of the group
-    hi: int
-    index: int  # position in the step order; swap ids are 3 * index + kind
-    # The host tier's (param, exp_avg, exp_avg_sq), in place; None: the state is elsewhere.
-    host: Optional[List[torch.Tensor]] = field(default=None, repr=False)
-    # The device tier's (offload_optimizer.ratio), on the compute device.
-    dev: Optional[List[torch.Tensor]] = field(default=None, repr=False)
-
-    @property
-    def on_host(self) -> bool:
-        return self.host is not None
-
-    @property
-    def on_disk(self) -> bool:
-        return self.host is None and self.dev is None
-
-    @property
-    def tier(self) -> str:
-        return tiers.DEVICE if self.dev is not None else tiers.HOST if self.on_host else tiers.NVME
-
-
-class SwapStateSource:
-    """One group's partition of one state kind, produced sub-group by sub-group from the
-    swap store through the swapper's staging buffers (a checkpoint/stream.py source: a
-    yielded chunk stays valid until the staging buffers come round again, more than the
-    writer's DEPTH chunks later)."""
-
-    def __init__(self, swapper: "SwappedAdam", group: int, kind: str, numel: int = -1):
-        self.swapper, self.group, self.kind = swapper, group, _KINDS.index(kind)
-        numel = swapper.numels[group] if numel < 0 else numel
-        self.shape, self.dtype = torch.Size([numel]), swapper.dtypes[kind]
-
-    def __getitem__(self, index: slice) -> "SwapStateSource":
-        """`source[:n]`: its first n elements (a partition without its alignment padding)."""
-        if not isinstance(index, slice) or index.start or index.step not in (None, 1):
-            raise TypeError("a swap state source takes only [:n]")
-        n = self.shape[0] if index.stop is None else min(index.stop, self.shape[0])
-        return SwapStateSource(self.swapper, self.group, _KINDS[self.kind], n)
-
-    def chunks(self):
-        sw, end = self.swapper, self.shape[0]
-        bufs = [b for triple in sw.buffers for b in triple]
-        staged = 0
-        for s in (x for x in sw.sub_groups if x.group == self.group):
-            if s.lo >= end:
-                return
-            if s.on_host:  # in place: valid as long as the state is
-                yield s.host[self.kind][: min(s.hi, end) - s.lo]
-                continue
-            if s.dev is not None:  # a host copy of its own
-                yield s.dev[self.kind][: min(s.hi, end) - s.lo].to("cpu")
-                continue
-            buf = bufs[staged % len(bufs)].view(self.dtype)[: s.hi - s.lo]
-            staged += 1
-            sw._wait([sw.store.read(3 * s.index + self.kind, buf)])
-            sw.bytes_read += buf.numel() * buf.element_size()
-            yield buf[: min(s.hi, end) - s.lo]
 
 
 class _HyperParams(torch.optim.Optimizer):
@@ -121,7 +56,7 @@ class _HyperParams(torch.optim.Optimizer):
         raise RuntimeError("the optimizer of an NVMe-offloaded run steps through the engine")
 
 
-class SwappedAdam:
+class SwappedAdam(TieredStateAccess):
     """Adam/AdamW whose state lives on NVMe (see Note [Sub-group pipeline]). Built from
     its config sections: `optimizer` (hyperparameters, Adam vs AdamW), `zero`
     (sub_group_size, offload_optimizer), `aio` (the I/O engine) and `ext` (zerostream's
@@ -149,7 +84,7 @@ class SwappedAdam:
         offload = zero.offload_optimizer
         master, moments = dtypes
         self.dtypes = {"param": master, "exp_avg": moments, "exp_avg_sq": moments}
-        self.kind_dtypes = [self.dtypes[k] for k in _KINDS]
+        self.kind_dtypes = [self.dtypes[k] for k in KINDS]
         self.element_bytes = sum(d.itemsize for d in self.kind_dtypes)
         self.widest = max(d.itemsize for d in self.kind_dtypes)
         self.adamw_mode = optimizer.adamw_mode
@@ -233,7 +168,7 @@ class SwappedAdam:
         wide = width * self.widest
         self.arena = HostArena(self.sets * 3 * arena_bytes(wide), lock=offload.pin_memory)
         self.buffers = [
-            [self.arena.empty(wide, torch.uint8) for _ in _KINDS] for _ in range(self.sets)
+            [self.arena.empty(wide, torch.uint8) for _ in KINDS] for _ in range(self.sets)
         ]
         self.bytes_read = self.bytes_written = 0
         self.wait_seconds = 0.0
@@ -499,7 +434,7 @@ class SwappedAdam:
                 host = self._host_state(s)
                 self._wait([self.store.read(3 * s.index + k, t) for k, t in enumerate(host)])
                 self.bytes_read += self.element_bytes * (s.hi - s.lo)
-                for k in range(len(_KINDS)):
+                for k in range(len(KINDS)):
                     self.store.free(3 * s.index + k)
                 s.host = host
         placed = {s.index for s in moving}
@@ -563,141 +498,6 @@ class SwappedAdam:
             self.store.close()
         STEP_PEAKS.done(self)  # no placement follows: the engine's windows stop
 
-    def location(self, s: SubGroup) -> str:
-        """Where sub-group `s`'s state is, in words (error messages)."""
-        if s.dev is not None:
-            return f"{self.device_tier.device} memory ({RATIO_KEY})"
-        if s.on_host:
-            return "host memory (" + (
-                "zerostream.optimizer_max_in_cpu)" if self.uses_disk else 'offload_optimizer "cpu")'
-            )
-        path, offset, _ = self.store.extent_of(3 * s.index)
-        return f"{path} at offset {offset}"
-
-    # --- inspection ------------------------------------------------------------------------------
-    def sub_group_at(self, group: int, element: int) -> SubGroup:
-        """The sub-group holding `element` of param group `group`'s partition."""
-        for s in self.sub_groups:
-            if s.group == group and s.lo <= element < s.hi:
-                return s
-        raise IndexError(f"param group {group} has no element {element} in this partition")
-
-    def write_state(
-        self, group: int, lo: int, values: torch.Tensor, kind: str = "param", then=None
-    ) -> None:
-        """Overwrites elements [lo, lo + len(values)) of `group`'s `kind` on NVMe (a weight
-        changed outside the optimizer, e.g. by GatheredParameters, or a checkpoint being
-        loaded), sub-group by sub-group; partly covered sub-groups are read first."""
-        k = _KINDS.index(kind)
-        hi = lo + values.numel()
-        dtype = self.kind_dtypes[k]
-        buf = self.buffers[0][0].view(dtype)
-        for s in self.sub_groups:
-            a, b = max(lo, s.lo), min(hi, s.hi)
-            if s.group != group or a >= b:
-                continue
-            n = s.hi - s.lo
-            target = s.host[k] if s.on_host else s.dev[k] if s.dev is not None else buf[:n]
-            if (a, b) != (s.lo, s.hi) and s.on_disk:
-                self._wait([self.store.read(3 * s.index + k, buf[:n])])
-                self.bytes_read += dtype.itemsize * n
-            piece = target[a - s.lo : b - s.lo]
-            if isinstance(values, LazyTensor):  # a checkpoint's FileTensor, piecewise
-                if piece.device.type == "cpu":
-                    values.read_into(piece, a - lo)
-                else:  # read on the host, then up to the device tier
-                    host = torch.empty(b - a, dtype=dtype)
-                    values.read_into(host, a - lo)
-                    piece.copy_(host)
-            else:
-                piece.copy_(values[a - lo : b - lo])
-            if then is not None:  # the whole sub-group's new values, before they go out
-                then(group, s.lo, s.hi, target)
-            if s.on_disk:
-                self._wait([self.store.write(3 * s.index + k, buf[:n])])
-                self.bytes_written += dtype.itemsize * n
-
-    def read_range(self, group: int, lo: int, hi: int, kind: str = "param") -> torch.Tensor:
-        """Elements [lo, hi) of group `group`'s partition of `kind`, reading only the
-        sub-groups they touch (one parameter's state, zero/param_access.py)."""
-        k = _KINDS.index(kind)
-        dtype = self.kind_dtypes[k]
-        out = torch.empty(hi - lo, dtype=dtype)
-        buf = self.buffers[0][0].view(dtype)
-        for s in self.sub_groups:
-            a, b = max(lo, s.lo), min(hi, s.hi)
-            if s.group != group or a >= b:
-                continue
-            if not s.on_disk:
-                state = s.host if s.on_host else s.dev
-                out[a - lo : b - lo].copy_(state[k][a - s.lo : b - s.lo])
-                continue
-            self._wait([self.store.read(3 * s.index + k, buf[: s.hi - s.lo])])
-            self.bytes_read += dtype.itemsize * (s.hi - s.lo)
-            out[a - lo : b - lo].copy_(buf[a - s.lo : b - s.lo])
-        return out
-
-    def read_state(self, group: int, kind: str = "param") -> torch.Tensor:
-        """Group `group`'s whole partition of `kind` read back from NVMe (tests, checkpoints)."""
-        return self.read_range(group, 0, self.numels[group], kind)
-
-    def state_source(self, group: int, kind: str = "param") -> "SwapStateSource":
-        """Group `group`'s partition of `kind` as a source the checkpoint writer streams
-        sub-group by sub-group (checkpoint/stream.py), never whole in memory."""
-        return SwapStateSource(self, group, kind)
-
-    def state_dict(self, streamed: bool = False) -> dict:
-        """The state as torch's Adam lays it out (one "param" per group: its flat
-        partition), read back from NVMe (`streamed`: as sources, state_source())."""
-        read = self.state_source if streamed else self.read_state
-        return {
-            "state": {
-                g: {
-                    "step": self.steps[g],
-                    "exp_avg": read(g, "exp_avg"),
-                    "exp_avg_sq": read(g, "exp_avg_sq"),
-                }
-                for g in range(len(self.numels))
-                if self.steps[g] > 0
-            },
-            "param_groups": [
-                {**{k: v for k, v in group.items() if k != "params"}, "params": [g]}
-                for g, group in enumerate(self.hyper.param_groups)
-            ],
-        }
-
-    def load_state_dict(self, state: dict, masters: List[torch.Tensor], then=None) -> None:
-        """Writes a saved state (state_dict()'s layout, or torch Adam's) and the fp32
-        masters back to NVMe, sub-group by sub-group (values may be checkpoint FileTensors,
-        read straight from the file; shorter ones are zero padded); groups without saved
-        moments restart them at zero. `then(group, lo, hi, values)` sees each sub-group's
-        masters as they are written (the caller's 16-bit partitions, without a second read)."""
-        saved_groups = state["param_groups"]
-        if len(saved_groups) != len(self.numels):
-            raise ValueError(
-                f"optimizer state has {len(saved_groups)} param groups; this run has "
-                f"{len(self.numels)}"
-            )
-        for g, (group, saved) in enumerate(zip(self.hyper.param_groups, saved_groups)):
-            group.update({k: v for k, v in saved.items() if k != "params"})
-            st = state["state"].get(saved["params"][0], {})
-            self.steps[g] = int(st.get("step", 0))
-            for kind, values in (
-                ("param", masters[g]),
-                ("exp_avg", st.get("exp_avg")),
-                ("exp_avg_sq", st.get("exp_avg_sq")),
-            ):
-                if values is None:
-                    values = torch.zeros(self.numels[g], dtype=self.dtypes[kind])
-                elif not isinstance(values, LazyTensor):  # (a LazyTensor is cast as read)
-                    values = values.to(self.dtypes[kind]).reshape(-1)
-                after = then if kind == "param" else None
-                self.write_state(g, 0, values, kind, after)
-                if values.numel() < self.numels[g]:
-                    n = values.numel()
-                    zeros = torch.zeros(self.numels[g] - n, dtype=self.dtypes[kind])
-                    self.write_state(g, n, zeros, kind, after)
-
     def stats(self) -> dict:
         """Plain data: traffic, the store's directory and every sub-group's extents
         (file, offset, bytes) per kind, so a caller can check the bytes on disk itself."""
@@ -723,7 +523,7 @@ class SwappedAdam:
                     "end": s.hi,
                     "tier": s.tier,
                     **(
-                        {k: self.store.extent_of(3 * s.index + i) for i, k in enumerate(_KINDS)}
+                        {k: self.store.extent_of(3 * s.index + i) for i, k in enumerate(KINDS)}
                         if s.on_disk
                         else {}
                     ),
