@@ -147,6 +147,9 @@ class Knobs:
     param_buffer_size: int
     max_in_cpu: int
     optimizer_max_in_cpu: int = 0  # zerostream.optimizer_max_in_cpu, elements per rank
+    # offload_optimizer.ratio (stage 3): the share of the sub-groups offloaded; the rest
+    # are stepped on the device (Note [The device tier] in offload/device_tier.py).
+    offload_ratio: float = 1.0
 
 
 def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
@@ -190,7 +193,20 @@ def knobs_from_config(zero, in_cpu=0) -> Knobs:
         # estimate counts every shard on disk, the bound the preflight must pass.
         max_in_cpu=(0 if op.max_in_cpu == "auto" else op.max_in_cpu) if op else int(1e9),
         optimizer_max_in_cpu=0 if in_cpu == "auto" else in_cpu,
+        offload_ratio=oo.ratio if oo and zero.stage == 3 else 1.0,
     )
+
+
+def device_tier_elements(part: int, option: "Option", knobs: Knobs) -> int:
+    """Elements of a rank's partition whose optimizer state offload_optimizer.ratio keeps on
+    the device: the first int((1 - ratio) * n) of its n sub-groups (device_tier.py), the
+    sub-groups taken as sub_group_size each (the runtime also cuts at param groups)."""
+    from ..offload.device_tier import device_count
+
+    if option.stage != 3 or option.optimizer == "none" or knobs.offload_ratio >= 1.0:
+        return 0
+    width = min(knobs.sub_group_size or part, part) or 1
+    return min(part, device_count(math.ceil(part / width), knobs.offload_ratio) * width)
 
 
 @dataclass
@@ -293,6 +309,14 @@ def _memory(shape, work, machine, option, knobs):
     states = {master: work.master_bytes * part, grads_key: work.master_bytes * part}
     states[moments] = work.moment_bytes * part
     host_grads = ("16-bit grads", 2 * part) if offloaded_grad_bytes(d, work) == 2 else None
+    on_device = device_tier_elements(part, option, knobs)
+    if on_device:  # offload_optimizer.ratio: the device tier's state, the rest offloaded
+        device[f"device-tier {master}"] = work.master_bytes * on_device
+        device[f"device-tier {moments}"] = work.moment_bytes * on_device
+        width = min(knobs.sub_group_size or part, part)
+        step["device-tier gradient buffer"] = offloaded_grad_bytes(d, work) * width
+        states[master] = work.master_bytes * (part - on_device)
+        states[moments] = work.moment_bytes * (part - on_device)
     if option.optimizer == "none":
         device.update(states)
         step["AdamW temporaries"] = (8 if machine.cpu_only else 4) * part
@@ -308,10 +332,10 @@ def _memory(shape, work, machine, option, knobs):
         host[name] = size
         widest = 2 if work.bf16_master and work.bf16_states else 4
         host["optimizer staging"] = sets * 3 * widest * width
-        in_host = min(part, knobs.optimizer_max_in_cpu)
+        in_host = min(part - on_device, knobs.optimizer_max_in_cpu)
         if in_host:
             host[optimizer_state_key(work, in_cpu=True)] = work.state_bytes * in_host
-        nvme[optimizer_state_key(work)] = work.state_bytes * (part - in_host)
+        nvme[optimizer_state_key(work)] = work.state_bytes * (part - on_device - in_host)
     if option.optimizer != "none":
         from ..offload.copy_stage import SLOT_BYTES, SLOTS
 
@@ -350,10 +374,15 @@ def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
     g = machine.gpus_per_node
     part = math.ceil(P / N)
     t = {"h2d": 0.0, "d2h": 0.0, "nvme_read": 0.0, "nvme_write": 0.0}
+    on_device = device_tier_elements(part, option, knobs)
     if option.optimizer != "none":
         t["d2h"] += d * part * A  # gradient partitions to the host every micro-batch
         if option.param == "none":
-            t["h2d"] += d * part  # the updated 16-bit partition back
+            t["h2d"] += d * (part - on_device)  # the updated 16-bit partition back
+        else:  # the device tier's updated weights down to the host shards
+            t["d2h"] += d * on_device
+        # offload_optimizer.ratio: the device tier's gradients back up for its update
+        t["h2d"] += offloaded_grad_bytes(d, work) * on_device
     if option.stage == 3 and option.param != "none":
         t["h2d"] += 2 * d * part * A  # shards up for the forward and the backward gathers
     if option.optimizer == "nvme":  # master and moments, each sub-group in and out
@@ -371,7 +400,8 @@ def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
         t[f"{kind}_calls"] = k["calls"]
     for link, moved in links.link_bytes(kinds, g, machine.nodes).items():
         t[link] = moved
-    t["cpu_adam"] = float(g * part) if (option.optimizer != "none" or machine.cpu_only) else 0.0
+    on_cpu = part - on_device if option.optimizer != "none" else part
+    t["cpu_adam"] = float(g * on_cpu) if (option.optimizer != "none" or machine.cpu_only) else 0.0
     t["flops"] = (8 if work.checkpointing else 6) * P * work.tokens * A
     return t
 

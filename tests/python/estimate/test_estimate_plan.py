@@ -261,3 +261,43 @@ def test_70b_on_four_nodes_is_bound_by_the_network_between_them():
     assert t["net"] == pytest.approx((N - 1) / N * (t["all_gather"] + t["reduce_scatter"]))
     assert t["intra"] == pytest.approx(7 / 8 * t["net"])
     assert s["net"] > s["intra"] and p.bound_by in ("net", "cpu_adam")
+
+
+@pytest.mark.parametrize("offload", ["cpu", "nvme"])
+def test_offload_ratio_moves_the_first_sub_groups_state_to_the_gpu_by_hand(offload):
+    """offload_optimizer.ratio 0.3 (Note [The device tier]): of PART / 1e8 sub-groups the
+    first int(0.7 n) keep master and moments on the GPU, off the host (or disk); their
+    gradients go back up every step, their weights do not, and the CPU kernel skips them."""
+    shape = from_hf_config(LLAMA2_70B)
+    work = Workload(1, 4096, 1, "bf16", True)
+    machine = _node()
+    section = {"device": offload, "ratio": 0.3}
+    if offload == "nvme":
+        section["nvme_path"] = "/x"
+    cfg = config.load(
+        {"train_micro_batch_size_per_gpu": 1,
+         "zero_optimization": {"stage": 3, "sub_group_size": 10**8,
+                               "offload_optimizer": section}},
+        world_size=8, log=False,
+    )  # fmt: skip
+    knobs = knobs_from_config(cfg.zero_optimization)
+    assert knobs.offload_ratio == 0.3
+    whole = dataclasses.replace(knobs, offload_ratio=1.0)
+    option = Option(3, offload, "none")
+    part, tier = (
+        predict(shape, work, machine, option, knobs),
+        predict(shape, work, machine, option, whole),
+    )
+    n = math.ceil(PART / 10**8)
+    dev = int(0.7 * n) * 10**8  # 60 of the 87 sub-groups
+    assert part.device["device-tier fp32 master"] == 4 * dev
+    assert part.device["device-tier Adam m, v"] == 8 * dev
+    assert part.step["device-tier gradient buffer"] == 2 * 10**8  # bf16 grads, one sub-group
+    where = part.host if offload == "cpu" else part.nvme
+    before = tier.host if offload == "cpu" else tier.nvme
+    assert sum(before.values()) - sum(where.values()) == 12 * dev
+    # Up: the device tier's bf16 gradients instead of its bf16 weights, the same bytes.
+    assert part.traffic["h2d"] == tier.traffic["h2d"] == 2 * PART
+    assert part.traffic["cpu_adam"] == tier.traffic["cpu_adam"] - 8 * dev
+    if offload == "nvme":
+        assert part.traffic["optimizer_nvme_read"] == 8.0 * 12 * (PART - dev)
