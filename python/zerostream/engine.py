@@ -68,6 +68,7 @@ class ZeroEngine(torch.nn.Module):
         self._step_applied = False
         self._boundary_override: Optional[bool] = None
         self._in_no_sync = False  # no_sync() or coalesce_grad_reduction() is open
+        self._backward_allreduce = True  # enable_backward_allreduce
         self.pipeline_parallelism = False  # PipelineModule is refused (unsupported.py)
         # managed_gradient_accumulation false: the caller owns the boundary; every step()
         # is one, and the backwards since the last count the samples (Note [Who owns the
@@ -375,6 +376,40 @@ class ZeroEngine(torch.nn.Module):
         self._in_no_sync = False
         with self._phase(TrainingState.BACKWARD):
             self.optimizer.end_coalescing()
+
+    @property
+    def enable_backward_allreduce(self) -> bool:
+        """DeepSpeed's switch for the engine's own gradient averaging. Set False at ZeRO
+        stage 0, the caller reduces the gradients itself (its own hooks, or
+        allreduce_gradients()) and step() applies them as they are. Stages 1-3 reduce into
+        partitions as part of the step's math: refused there by name."""
+        return self._backward_allreduce
+
+    @enable_backward_allreduce.setter
+    def enable_backward_allreduce(self, value: bool) -> None:
+        value = bool(value)
+        stage = self.zero_optimization_stage()
+        if not value and stage > 0:
+            raise NotImplementedError(
+                f"enable_backward_allreduce = False is supported at ZeRO stage 0 only; at "
+                f"stage {stage} zerostream reduces gradients into this rank's partition as "
+                f"part of the step (use no_sync() or coalesce_grad_reduction() to defer it)"
+            )
+        self._backward_allreduce = value
+        if self.optimizer is not None:
+            self.optimizer.backward_allreduce = value
+
+    def allreduce_gradients(self, bucket_size: Optional[int] = None) -> None:
+        """DeepSpeed's: reduce the gradients of the backwards so far across the
+        data-parallel ranks, at the accumulation boundary. At stage 0 they are averaged now
+        (also with enable_backward_allreduce False), and the step does not reduce them
+        again. Stages 1-3 have nothing left to do here: their backward reduced into the
+        partitions already (stage 1 reduces in the step), so it is a no-op there, as the
+        repeat of a finished reduction is in DeepSpeed. `bucket_size` is accepted for
+        DeepSpeed's signature; the buckets are zero_optimization.reduce_bucket_size."""
+        self._require_optimizer("allreduce_gradients")
+        if self.zero_optimization_stage() == 0 and self.is_gradient_accumulation_boundary():
+            self.optimizer.allreduce_now()
 
     def _backward_epilogue(self) -> None:
         """DeepSpeed before 0.17 wanted it after a plain loss.backward(); here the backward's

@@ -67,8 +67,19 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
             device=ctx.device,
         )
 
+    # engine.enable_backward_allreduce: False leaves the reduction to the caller. _reduced:
+    # engine.allreduce_gradients() averaged the gradients of the backwards so far.
+    backward_allreduce = True
+    _reduced = False
+
     def after_backward(self) -> None:
-        pass
+        self._reduced = False  # this backward added gradients the reduction has not seen
+
+    def allreduce_now(self) -> None:
+        """engine.allreduce_gradients(): the reduction now instead of at the step."""
+        with self.telemetry.phase("reduce"):
+            self.reduce_gradients()
+        self._reduced = True
 
     def reduce_gradients(self) -> None:
         """Bucketed all-reduce in communication_data_type with DeepSpeed's pre/post scaling:
@@ -101,8 +112,9 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 bucket, size = [], 0
 
     def step(self) -> bool:
-        with self.telemetry.phase("reduce"):
-            self.reduce_gradients()
+        if self.backward_allreduce and not self._reduced:
+            with self.telemetry.phase("reduce"):
+                self.reduce_gradients()
         if self.mixed:
             for p, m in zip(self.params, self.masters):
                 m.grad = None if p.grad is None else p.grad.float()
@@ -121,6 +133,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.holding_grads = False
+        self._reduced = False
         for p in self.params:
             p.grad = None
         if self.masters is not None:
