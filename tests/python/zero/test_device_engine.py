@@ -54,7 +54,7 @@ CASES += [(3, "nvme", "bf16m", 1), (3, "tiered", "bf16m", 1)]
 # go down to the host partitions), "ratio3" (NVMe with 5000 elements in host memory: all
 # three tiers).
 CASES += [(3, "ratio", "bf16", 1), (3, "ratio", "fp32", 2), (3, "cpu+ratio", "bf16", 1)]
-CASES += [(3, "ratio3", "bf16", 1)]
+CASES += [(3, "ratio3", "bf16", 1), (3, "ratio", "bf16m", 1)]
 if os.environ.get("ZS_DEVICE_CASES") == "quick":  # gpu-check's stream-sanitizer pass
     CASES = [(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")]
 RESUMED = {(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")} | {
@@ -260,7 +260,7 @@ def _run_matrix(world: int, cases, tmp_path, references) -> None:
 
 @pytest.mark.device
 @pytest.mark.multirank
-@pytest.mark.timeout(1500)  # 47 cases x 2-3 runs on 2 ranks: about 90 s on an idle 2-core VM
+@pytest.mark.timeout(1500)  # 52 cases x 2-3 runs on 2 ranks: about 100 s on an idle 2-core VM
 def test_the_engine_on_the_device_matches_the_cpu_run(tmp_path, references):
     world = min(2, torch.cuda.device_count()) if ON_GPU else 2
     _run_matrix(world, CASES, tmp_path, references)
