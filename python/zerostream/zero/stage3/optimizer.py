@@ -377,6 +377,14 @@ class Stage3Optimizer(ShardedOptimizerBase):
             for zp in zps:
                 zp.param.grad = None
 
+    def close_state(self) -> None:
+        """Also stops listening to the partitioner: the module's params keep it (and a
+        caller often keeps the module after engine.destroy()), and through its listener it
+        kept this optimizer alive, host arenas and all."""
+        super().close_state()
+        if self._on_shard_modified in self.part.shard_listeners:
+            self.part.shard_listeners.remove(self._on_shard_modified)
+
     def _on_shard_modified(self, zp: ZeroParam) -> None:
         """GatheredParameters rewrote a shard: the fp32 master follows it."""
         slot = self.slots.get(zp.ds_id)
