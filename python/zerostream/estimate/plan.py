@@ -68,13 +68,17 @@ class Option:
     # (zerostream.optimizer_max_in_cpu) and of the param shards (offload_param.max_in_cpu)
     # stays in host memory; the knobs say how much (plan_tiers).
     tiered: bool = False
+    # offload_optimizer.ratio < 1: the first optimizer sub-groups stepped on the GPU (Note
+    # [The device tier] in offload/device_tier.py); the knobs' offload_ratio says how many.
+    gpu_tier: bool = False
 
     @property
     def label(self) -> str:
         def where(device: str) -> str:
             return device + ("+host" if self.tiered and device == "nvme" else "")
 
-        text = f"stage {self.stage}, optimizer {where(self.optimizer)}"
+        optimizer = ("gpu+" if self.gpu_tier else "") + where(self.optimizer)
+        text = f"stage {self.stage}, optimizer {optimizer}"
         return text + (f", params {where(self.param)}" if self.stage == 3 else "")
 
     @property
@@ -499,29 +503,66 @@ def plan_tiers(
     shape: ModelShape, work: Workload, machine: Machine, base: Prediction
 ) -> Optional[Prediction]:
     """The memory-tier placement of an NVMe option (Note [Optimizer tiers] and Note
-    [Parameter shards in host memory], offload/tiers.py): the host memory the all-on-NVMe
-    option leaves free on each node, shared by its processes, goes first to param shards
-    on disk (6 bytes of disk traffic saved per step for 2 held), then to optimizer state
-    (24 saved for 12, or 2 x state_bytes for state_bytes). None when nothing is free."""
-    free = (machine.host_usable - base.host_node) // machine.gpus_per_node
-    if free <= 0:
-        return None
+    [Parameter shards in host memory], offload/tiers.py; Note [The device tier]):
+    - the GPU memory the all-on-NVMe option leaves (stage 3, params not offloaded) takes
+      whole optimizer sub-groups first, as offload_optimizer.ratio: each element there
+      saves 2 x state_bytes of disk traffic and the CPU kernel's work, and costs no host
+      memory;
+    - the host memory it leaves free on each node, shared by its processes, goes to param
+      shards on disk (6 bytes of disk traffic saved per step for 2 held), then to the
+      optimizer state still on disk (24 saved for 12, or 2 x state_bytes for state_bytes).
+    None when nothing is free."""
+    from dataclasses import replace
+
+    part = math.ceil(shape.params / machine.world)
     d = work.dtype_bytes
+    ratio, on_gpu = _gpu_tier(part, work, machine, base)
+    free = (machine.host_usable - base.host_node) // machine.gpus_per_node
+    if free <= 0 and not on_gpu:
+        return None
+    free = max(0, free)
     shards = base.nvme.get(f"{'fp32' if d == 4 else '16-bit'} param shards", 0)
     keep = min(shards, free)
     free -= keep
-    part = math.ceil(shape.params / machine.world)
-    from dataclasses import replace
-
     knobs = replace(
         base.knobs,
         max_in_cpu=keep // d,
-        optimizer_max_in_cpu=min(part, free // work.state_bytes),
+        optimizer_max_in_cpu=min(part - on_gpu, free // work.state_bytes),
+        offload_ratio=ratio,
     )
-    if knobs.optimizer_max_in_cpu == part and keep == shards:
-        return None  # nothing left on disk: the "cpu" options say it
-    option = Option(base.option.stage, base.option.optimizer, base.option.param, tiered=True)
+    if on_gpu + knobs.optimizer_max_in_cpu == part and keep == shards:
+        if not on_gpu:
+            return None  # nothing left on disk: the "cpu" options say it
+        # The GPUs and host RAM hold all of it: offload_optimizer "cpu" with the ratio.
+        option = Option(base.option.stage, "cpu", base.option.param, gpu_tier=True)
+        return predict(shape, work, machine, option, replace(base.knobs, offload_ratio=ratio))
+    option = Option(
+        base.option.stage,
+        base.option.optimizer,
+        base.option.param,
+        tiered=free > 0 or keep > 0,
+        gpu_tier=on_gpu > 0,
+    )
     return predict(shape, work, machine, option, knobs)
+
+
+def _gpu_tier(part: int, work: Workload, machine: Machine, base: Prediction) -> Tuple[float, int]:
+    """(offload_optimizer.ratio, elements on the GPU): the whole sub-groups of this rank's
+    partition that fit the GPU memory `base` leaves (less one sub-group's gradient buffer),
+    as the ratio whose int((1 - ratio) * n) is their count (half a sub-group of margin
+    against rounding). (1.0, 0) off stage 3, with offloaded params, or without a GPU."""
+    option = base.option
+    if machine.cpu_only or option.stage != 3 or option.param != "none":
+        return 1.0, 0
+    width = min(base.knobs.sub_group_size or part, part)
+    n = math.ceil(part / width)
+    spare = machine.gpu_mem - machine.gpu_reserve - base.device_peak
+    spare -= offloaded_grad_bytes(work.dtype_bytes, work) * width
+    k = max(0, min(n, spare // (work.state_bytes * width)))
+    if k == 0:
+        return 1.0, 0
+    ratio = 1.0 - (k + 0.5) / n if k < n else 0.0
+    return ratio, min(part, k * width)
 
 
 def best(predictions: List[Prediction]) -> Optional[Prediction]:

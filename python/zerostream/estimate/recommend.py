@@ -22,7 +22,7 @@ def _by_option(preds: List[Prediction]) -> Dict[Key, Prediction]:
     return {
         (p.option.stage, p.option.optimizer, p.option.param): p
         for p in preds
-        if not p.option.tiered
+        if not (p.option.tiered or p.option.gpu_tier)
     }
 
 
@@ -85,18 +85,34 @@ def explain(
         f"{gb(machine.nvme)} GB), the {host_what} {gb(host_grads * per_node)} GB stay in host "
         f"RAM: host {gb(nv.host_node)} GB -> {_fits_where(nv)}"
     )
-    tiered = [p for p in preds if p.option.tiered and p.option.param == "none"]
+    tiered = [
+        p for p in preds if (p.option.tiered or p.option.gpu_tier) and p.option.param == "none"
+    ]
     if tiered:
         t = tiered[0]
         kept = t.host.get(optimizer_state_key(work, in_cpu=True), 0)
-        lines.append(
-            f'with memory tiers (zerostream.optimizer_max_in_cpu "auto"): the host RAM that '
-            f"leaves free keeps {gb(kept * machine.gpus_per_node)} GB of the optimizer state "
-            f"per node, "
-            f"{gb(t.nvme_node)} GB stay on disk: host {gb(t.host_node)} GB -> {_fits_where(t)}; "
-            f"NVMe traffic per step {gb(t.traffic['nvme_read'] + t.traffic['nvme_write'])} GB "
-            f"instead of {gb(nv.traffic['nvme_read'] + nv.traffic['nvme_write'])} GB"
+        on_gpu = sum(v for k, v in t.device.items() if k.startswith("device-tier"))
+        gpu = (
+            f"the GPUs' spare memory keeps {gb(on_gpu)} GB of the optimizer state each "
+            f"(offload_optimizer.ratio {t.knobs.offload_ratio:.4f}: the first sub-groups are "
+            f"stepped there)"
         )
+        if t.option.optimizer == "cpu":  # the GPUs and the host hold it all: no disk
+            lines.append(
+                f"with memory tiers: {gpu}, and host RAM the rest (offload_optimizer cpu): host "
+                f"{gb(t.host_node)} GB -> {_fits_where(t)}; no NVMe traffic instead of "
+                f"{gb(nv.traffic['nvme_read'] + nv.traffic['nvme_write'])} GB per step"
+            )
+        else:
+            lines.append(
+                f'with memory tiers (zerostream.optimizer_max_in_cpu "auto"): '
+                f"{gpu + ', and ' if on_gpu else ''}the host RAM that leaves free keeps "
+                f"{gb(kept * machine.gpus_per_node)} GB of the optimizer state per node, "
+                f"{gb(t.nvme_node)} GB stay on disk: host {gb(t.host_node)} GB -> "
+                f"{_fits_where(t)}; NVMe traffic per step "
+                f"{gb(t.traffic['nvme_read'] + t.traffic['nvme_write'])} GB instead of "
+                f"{gb(nv.traffic['nvme_read'] + nv.traffic['nvme_write'])} GB"
+            )
     if rec is None:
         lines.append(
             "no option fits: add GPUs or nodes (every per-GPU and per-node share shrinks), "
@@ -205,6 +221,9 @@ def ds_config(rec: Prediction, shape: ModelShape, work: Workload, nvme_path: str
                     "pipeline_write": True,
                 }
             )
+        if k.offload_ratio < 1.0:  # the planner's GPU tier (Note [The device tier])
+            off["ratio"] = round(k.offload_ratio, 6)
+            zero["sub_group_size"] = k.sub_group_size  # the ratio counts these
         zero["offload_optimizer"] = off
     if o.stage == 3 and o.param != "none":
         off = {"device": o.param, "pin_memory": True}

@@ -44,7 +44,10 @@ def test_70b_report_says_which_offloads_and_why(llama, capsys):
         r.split() for r in out.splitlines() if r.startswith("stage 3, optimizer nvme, params none ")
     ]
     assert ["303", "nvme"] in [r[-2:] for r in rows]
-    assert "recommended: stage 3, optimizer nvme+host, params none: step >= " in out
+    # Recommended: the GPUs' spare memory takes the first optimizer sub-groups (a ratio), the
+    # host RAM the rest of the state, so nothing is left on disk (test_estimate_plan: bytes).
+    assert "recommended: stage 3, optimizer gpu+cpu, params none: step >= " in out
+    assert "offload_optimizer.ratio 0.9138: the first sub-groups are stepped there" in out
     assert "[default: one PCIe 4.0 NVMe SSD" in out  # rates say where they came from
     assert "SW: Model with 68976M total params, 262M largest layer params." in out
 
@@ -52,7 +55,7 @@ def test_70b_report_says_which_offloads_and_why(llama, capsys):
 def test_params_only_with_an_assumed_shape(capsys):
     rc, out, _ = _cli(["--params", "70B", *CASE], capsys)
     assert rc == 0 and "assumption: shape assumed from the parameter count" in out
-    assert "recommended: stage 3, optimizer nvme" in out
+    assert "recommended: stage 3, optimizer gpu+" in out
 
 
 def test_json_and_written_config(llama, tmp_path, capsys):
@@ -63,11 +66,12 @@ def test_json_and_written_config(llama, tmp_path, capsys):
     assert rc == 0
     res = json.loads(out)
     assert len(res["options"]) == 11  # the 9 options and 2 with memory tiers
-    assert res["recommended"]["label"] == "stage 3, optimizer nvme+host, params none"
+    assert res["recommended"]["label"] == "stage 3, optimizer gpu+cpu, params none"
     assert res["written"]["ok"] and res["written"]["path"] == str(out_cfg)
     cfg = json.loads(out_cfg.read_text())  # plain JSON without --with-comment
-    assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "nvme"
-    assert cfg["zerostream"] == {"optimizer_max_in_cpu": "auto"}  # the run plans its tier
+    # The GPUs' spare memory and host RAM hold the optimizer state: "cpu" with a ratio.
+    assert cfg["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert 0 < cfg["zero_optimization"]["offload_optimizer"]["ratio"] < 1
 
 
 def test_measured_rates_are_used_and_named(llama, tmp_path, capsys):

@@ -23,7 +23,7 @@ from zerostream.estimate import (
 from zerostream.estimate.plan import OPTIONS, knobs_from_config
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-RECIPE = REPO / "configs" / "llama70b_8x40gb_nvme.json"
+RECIPE = REPO / "configs" / "llama70b_8x40gb.json"
 P = 68_976_648_192
 PART = math.ceil(P / 8)
 
@@ -126,7 +126,9 @@ def test_the_recipe_is_what_the_planner_writes(tmp_path, capsys):
     assert res["ok"], res["errors"]
     loaded = config.load(str(RECIPE), world_size=8, log=False)
     z = loaded.zero_optimization
-    assert (z.stage, z.offload_optimizer_device, z.offload_param_device) == (3, "nvme", "none")
+    # The GPU tier and host RAM hold the optimizer state (test_memory_tiers_fill_the_gpu_...).
+    assert (z.stage, z.offload_optimizer_device, z.offload_param_device) == (3, "cpu", "none")
+    assert z.offload_optimizer.ratio == 0.913793 and z.sub_group_size == 10**8
     assert loaded.precision == "bf16" and loaded.train_batch_size == 8
 
 
@@ -176,36 +178,62 @@ def test_grad_accumulation_spreads_the_per_step_traffic():
     assert many.bound_by == "compute"
 
 
-def test_memory_tiers_fill_the_free_host_memory_with_param_shards_first():
-    """Issue 30's planner: what an all-on-NVMe option leaves of the node's usable RAM, per
-    process, keeps param shards first (6 bytes of disk traffic a step per 2 held), then whole
-    elements of optimizer state (24 per 12); the NVMe bytes and the step fall by as much."""
+def _gpu_sub_groups(base, per: int = 12) -> int:
+    """By hand: whole sub-groups of 1e8 elements (per bytes each) in the GPU memory an
+    all-on-NVMe option leaves, less 2 GB reserved and one sub-group's bf16 gradient buffer."""
+    return int((40 * 10**9 - 2 * 10**9 - base.device_peak - 2 * 10**8) // (per * 10**8))
+
+
+def test_memory_tiers_fill_the_gpu_then_the_host_memory():
+    """Issue 30's planner: the GPU memory an all-on-NVMe option leaves takes whole optimizer
+    sub-groups first (offload_optimizer.ratio, Note [The device tier]); what it leaves of the
+    node's usable RAM, per process, keeps param shards (6 bytes of disk traffic a step per 2
+    held), then whole elements of optimizer state (24 per 12); the NVMe bytes and the step
+    fall by as much. When the GPUs and the RAM hold all of the state, it is the "cpu" option
+    with the ratio: no disk at all."""
     from zerostream.estimate.plan import plan_tiers, predict_all
+    from zerostream.offload.device_tier import device_count
 
     shape, work, machine, preds = _plan70b()
     by = {(p.option.stage, p.option.optimizer, p.option.param): p for p in preds}
     all_out = predict_all(shape, work, machine)
-    tiered = {p.option.param: p for p in all_out if p.option.tiered}
-    assert set(tiered) == {"none", "nvme"}
-    for param, t in tiered.items():
-        base = by[(3, "nvme", param)]
-        free = (machine.host_usable - base.host_node) // 8  # per process, by hand
-        shards = base.nvme.get("16-bit param shards", 0)
-        keep = min(shards, free)
-        opt = min(PART, (free - keep) // 12)
-        assert t.knobs.max_in_cpu == keep // 2 and t.knobs.optimizer_max_in_cpu == opt
-        assert t.nvme["fp32 master, Adam m, v"] == 12 * (PART - opt)
-        assert t.traffic["optimizer_nvme_read"] == 8 * 12.0 * (PART - opt)
-        assert t.host_node <= machine.host_usable and t.fits
-        assert t.step_seconds < base.step_seconds
-    # Params on the GPUs leave the most RAM for the optimizer state: the recommendation.
-    assert best(all_out) is tiered["none"]
-    # A tier that keeps everything on the host is the "cpu" option: no tiered row for it.
-    roomy = _node(cpu_mem=10**13)
-    assert (
-        plan_tiers(shape, work, roomy, predict(shape, work, roomy, Option(3, "nvme", "none")))
-        is None
-    )
+    planned = {p.option.param: p for p in all_out[len(OPTIONS) :]}
+    assert set(planned) == {"none", "nvme"}
+    # Params on the GPUs: 7 of 87 sub-groups there, the rest fits in host RAM.
+    t, base = planned["none"], by[(3, "nvme", "none")]
+    n, k = math.ceil(PART / 10**8), _gpu_sub_groups(base)
+    assert (n, k) == (87, 7)
+    assert t.option == Option(3, "cpu", "none", gpu_tier=True)
+    assert t.option.label == "stage 3, optimizer gpu+cpu, params none"
+    assert t.knobs.offload_ratio == pytest.approx(1 - 7.5 / 87)
+    assert device_count(n, t.knobs.offload_ratio) == k
+    assert t.device["device-tier fp32 master"] == 4 * k * 10**8
+    assert t.device["device-tier Adam m, v"] == 8 * k * 10**8
+    assert t.host["fp32 master"] == 4 * (PART - k * 10**8)
+    assert t.host["Adam m, v"] == 8 * (PART - k * 10**8)
+    assert t.nvme_node == 0 and t.traffic["nvme_read"] == 0
+    assert t.traffic["cpu_adam"] == 8.0 * (PART - k * 10**8)
+    assert t.host_node <= machine.host_usable and t.fits
+    assert t.device_peak + machine.gpu_reserve <= machine.gpu_mem
+    assert t.step_seconds < base.step_seconds
+    # Params on NVMe: no GPU tier (the GPU holds no shard to free room for it); host tiers.
+    t, base = planned["nvme"], by[(3, "nvme", "nvme")]
+    free = (machine.host_usable - base.host_node) // 8  # per process, by hand
+    shards = base.nvme.get("16-bit param shards", 0)
+    keep = min(shards, free)
+    opt = min(PART, (free - keep) // 12)
+    assert t.option.tiered and not t.option.gpu_tier and t.knobs.offload_ratio == 1.0
+    assert t.knobs.max_in_cpu == keep // 2 and t.knobs.optimizer_max_in_cpu == opt
+    assert t.nvme["fp32 master, Adam m, v"] == 12 * (PART - opt)
+    assert t.traffic["optimizer_nvme_read"] == 8 * 12.0 * (PART - opt)
+    assert t.host_node <= machine.host_usable and t.fits
+    assert t.step_seconds < base.step_seconds
+    # Params on the GPUs and the optimizer on GPU + host: the recommendation.
+    assert best(all_out) is planned["none"]
+    # No spare GPU memory and a host that holds everything: the "cpu" option says it.
+    roomy = _node(cpu_mem=10**13, gpu_mem=32 * 10**9)
+    base = predict(shape, work, roomy, Option(3, "nvme", "none"))
+    assert base.fits and plan_tiers(shape, work, roomy, base) is None
 
 
 @pytest.mark.parametrize("states", [False, True])
@@ -234,7 +262,9 @@ def test_bf16_masters_and_moments_shrink_the_optimizer_state_by_hand(states):
     free = (machine.host_usable - nv.host_node) // 8
     assert 0 < free // per < PART
     assert t.knobs.optimizer_max_in_cpu == free // per
-    assert t.nvme[key] == per * (PART - t.knobs.optimizer_max_in_cpu)
+    gpu = _gpu_sub_groups(nv, per) * 10**8  # the GPU tier holds per bytes an element too
+    assert gpu > 0 and t.device[f"device-tier {key.split(',')[0]}"] == 2 * gpu
+    assert t.nvme[key] == per * (PART - gpu - t.knobs.optimizer_max_in_cpu)
 
 
 def test_collectives_cross_the_network_once_per_node_and_nvlink_on_the_other_hops():
