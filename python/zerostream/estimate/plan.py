@@ -496,7 +496,30 @@ def predict_all(shape: ModelShape, work: Workload, machine: Machine) -> List[Pre
             tiered = plan_tiers(shape, work, machine, base)
             if tiered is not None:
                 out.append(tiered)
+    labels = {p.option.label for p in out}
+    cpu = next(p for p in out if p.option == Option(3, "cpu", "none"))
+    with_gpu = plan_gpu_tier(shape, work, machine, cpu)
+    if with_gpu is not None and with_gpu.option.label not in labels:
+        out.append(with_gpu)
     return out
+
+
+def plan_gpu_tier(
+    shape: ModelShape, work: Workload, machine: Machine, base: Prediction
+) -> Optional[Prediction]:
+    """An offload_optimizer "cpu" option (stage 3, params on the GPUs) with the GPU memory it
+    leaves holding whole optimizer sub-groups of 1e8 elements (offload_optimizer.ratio):
+    less state in host RAM and less work for the CPU kernel. None when nothing fits there."""
+    from dataclasses import replace
+
+    part = math.ceil(shape.params / machine.world)
+    knobs = replace(base.knobs, sub_group_size=int(1e8))
+    sized = replace(base, knobs=knobs)
+    ratio, on_gpu = _gpu_tier(part, work, machine, sized)
+    if not on_gpu:
+        return None
+    option = Option(base.option.stage, "cpu", base.option.param, gpu_tier=True)
+    return predict(shape, work, machine, option, replace(knobs, offload_ratio=ratio))
 
 
 def plan_tiers(

@@ -331,3 +331,25 @@ def test_offload_ratio_moves_the_first_sub_groups_state_to_the_gpu_by_hand(offlo
     assert part.traffic["cpu_adam"] == tier.traffic["cpu_adam"] - 8 * dev
     if offload == "nvme":
         assert part.traffic["optimizer_nvme_read"] == 8.0 * 12 * (PART - dev)
+
+
+def test_a_cpu_offload_with_spare_gpu_memory_steps_part_of_the_optimizer_there():
+    """8 x 80 GB and 2 TB: the "cpu" option fits, bound by the CPU Adam (13.8 s); the GPU
+    memory it leaves takes whole sub-groups of 1e8 elements (by hand), so the CPU kernel
+    steps fewer and the step falls to near the GPUs' compute."""
+    from zerostream.estimate.plan import predict_all
+    from zerostream.offload.device_tier import device_count
+
+    shape, work, _, _ = _plan70b()
+    machine = _node(cpu_mem=2 * 10**12, gpu_mem=80 * 10**9)
+    out = predict_all(shape, work, machine)
+    cpu = next(p for p in out if p.option == Option(3, "cpu", "none"))
+    gpu = next(p for p in out if p.option == Option(3, "cpu", "none", gpu_tier=True))
+    assert cpu.fits and cpu.bound_by == "cpu_adam"
+    n = math.ceil(PART / 10**8)
+    k = int((80 * 10**9 - 2 * 10**9 - cpu.device_peak - 2 * 10**8) // (12 * 10**8))
+    assert 0 < k < n and device_count(n, gpu.knobs.offload_ratio) == k
+    assert gpu.device["device-tier fp32 master"] == 4 * k * 10**8
+    assert gpu.traffic["cpu_adam"] == 8.0 * (PART - k * 10**8)
+    assert gpu.fits and gpu.step_seconds < cpu.step_seconds
+    assert best(out) is gpu
