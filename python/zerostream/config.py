@@ -497,6 +497,39 @@ class DeepSpeedConfig:
     def buffer_dtype(self) -> Optional[str]:
         return self.data_types.buffer_dtype
 
+    # DeepSpeed's DeepSpeedConfig keeps its input dict as `_param_dict`, and reads its
+    # eigenvalue_* attributes from quantize_training.eigenvalue (defaults unless
+    # quantize_training is enabled; the feature itself, eigenvalue-based MoQ, is disabled
+    # there too). Both are read by callers of runtime.config.DeepSpeedConfig.
+    @property
+    def _param_dict(self) -> Mapping[str, Any]:
+        return self.raw
+
+    def __getattr__(self, name: str):
+        # Only reached for names the dataclass does not have.
+        if name.startswith("eigenvalue_") and name[len("eigenvalue_") :] in EIGENVALUE_DEFAULTS:
+            key = name[len("eigenvalue_") :]
+            quantize = self.__dict__.get("quantize_training")
+            if isinstance(quantize, Mapping) and quantize.get("enabled", False):
+                section = quantize.get("eigenvalue")
+                if isinstance(section, Mapping):
+                    return section.get(key, EIGENVALUE_DEFAULTS[key])
+            return EIGENVALUE_DEFAULTS[key]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+# DeepSpeed's eigenvalue settings and their defaults (runtime/constants.py there).
+EIGENVALUE_DEFAULTS = {
+    "enabled": False,
+    "verbose": False,
+    "max_iter": 100,
+    "tol": 1e-2,
+    "stability": 1e-6,
+    "gas_boundary_resolution": 1,
+    "layer_name": "bert.encoder.layer",
+    "layer_num": 0,
+}
+
 
 def _section_class(annotation) -> Optional[type]:
     """The section dataclass an annotation names (`X` or `Optional[X]`), else None."""
