@@ -20,3 +20,12 @@ def same_tensors(a: Tensors, b: Tensors) -> bool:
 
 def _equal(x: torch.Tensor, y: torch.Tensor) -> bool:
     return x.dtype == y.dtype and torch.equal(x, y)
+
+
+def gathered_weights(engine) -> list:
+    """The engine's parameters whole (gathered at stage 3), copied, in module order."""
+    import zerostream
+
+    params = list(engine.module.parameters())
+    with zerostream.zero.GatheredParameters(params):
+        return [p.detach().clone() for p in params]

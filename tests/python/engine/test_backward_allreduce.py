@@ -15,6 +15,7 @@ On 2 ranks, against the default run and plain PyTorch:
 import pytest
 import torch
 
+from equal import gathered_weights, same_tensors
 from mlp import MLP
 from multirank import run_ranks
 
@@ -35,14 +36,6 @@ def _config(stage: int, op: str = "mean") -> dict:
     }
 
 
-def _weights(engine):
-    import zerostream
-
-    params = list(engine.module.parameters())
-    with zerostream.zero.GatheredParameters(params):
-        return [p.detach().clone() for p in params]
-
-
 def _run(rank, stage, op="mean", flag=True, explicit=False, own_sum=False):
     import torch.distributed as dist
 
@@ -59,7 +52,7 @@ def _run(rank, stage, op="mean", flag=True, explicit=False, own_sum=False):
         if explicit:
             engine.allreduce_gradients()
         engine.step()
-    weights = _weights(engine)
+    weights = gathered_weights(engine)
     engine.destroy()
     return weights
 
@@ -98,11 +91,8 @@ def _plain_adamw(batches):
     return [p.detach() for p in model.parameters()]
 
 
-def _equal(a, b) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b))
-
-
 def _close(a, b) -> None:
+    assert len(a) == len(b) > 0
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
 
@@ -116,11 +106,11 @@ def test_backward_allreduce_switch_and_explicit_reduction():
         # The caller's sum replaces the engine's mean: the "sum" op's update.
         _close(out["own_sum"], out["sum_op"])
         # Explicit reductions are the engine's own, once.
-        assert _equal(out["false_explicit"], out["default"])
-        assert _equal(out["true_explicit"], out["default"])
-        assert _equal(out["sum_op_explicit"], out["sum_op"])
+        assert same_tensors(out["false_explicit"], out["default"])
+        assert same_tensors(out["true_explicit"], out["default"])
+        assert same_tensors(out["sum_op_explicit"], out["sum_op"])
         for stage in (1, 2, 3):
-            assert _equal(out[("explicit", stage)], out[("plain", stage)]), stage
+            assert same_tensors(out[("explicit", stage)], out[("plain", stage)]), stage
             message = out[("refused", stage)]
             assert (
                 message and "enable_backward_allreduce" in message and f"stage {stage}" in message
@@ -128,5 +118,5 @@ def test_backward_allreduce_switch_and_explicit_reduction():
     # The default run averages over both ranks: plain PyTorch on the mean of the two losses.
     both = [[_batch(r, i) for r in range(2)] for i in range(STEPS)]
     _close(ranks[0]["default"], _plain_adamw(both))
-    assert not _equal(ranks[0]["local"], ranks[1]["local"])  # unreduced ranks diverge
-    assert _equal(ranks[0]["default"], ranks[1]["default"])
+    assert not same_tensors(ranks[0]["local"], ranks[1]["local"])  # unreduced ranks diverge
+    assert same_tensors(ranks[0]["default"], ranks[1]["default"])

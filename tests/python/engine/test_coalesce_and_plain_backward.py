@@ -13,6 +13,7 @@ and the gradient helpers see the gradients after it."""
 import pytest
 import torch
 
+from equal import gathered_weights
 from mlp import MLP
 from multirank import run_ranks
 
@@ -34,14 +35,6 @@ def _config(stage: int, world: int = 2) -> dict:
         # Small buckets: the per-backward path issues several collectives a backward.
         "zero_optimization": {"stage": stage, "reduce_bucket_size": 50},
     }
-
-
-def _weights(engine):
-    import zerostream
-
-    params = list(engine.module.parameters())
-    with zerostream.zero.GatheredParameters(params):
-        return [p.detach().clone() for p in params]
 
 
 def _reductions(engine) -> int:
@@ -88,7 +81,7 @@ def worker(rank, world, stages):
                 model = MLP()
             engine, *_ = zerostream.initialize(model=model, config=cfg)
             counts = [_coalesced_step(engine, rank, s * CHUNKS, coalesce) for s in range(2)]
-            runs[coalesce] = (_weights(engine), [c[:2] for c in counts], counts[0][2])
+            runs[coalesce] = (gathered_weights(engine), [c[:2] for c in counts], counts[0][2])
             if coalesce:
                 # A block that raises: no collective, its gradients dropped, training on.
                 before = _reductions(engine)
@@ -198,7 +191,7 @@ def plain_backward_worker(rank, world, stages):
                 for e in engines:
                     e._backward_epilogue()  # DeepSpeed < 0.17's call: harmless here
                     e.step()
-            runs[plain] = ([_weights(e) for e in engines], grads)
+            runs[plain] = ([gathered_weights(e) for e in engines], grads)
             for e in engines:
                 e.destroy()
         out[stage] = runs

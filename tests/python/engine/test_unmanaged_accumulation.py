@@ -10,6 +10,7 @@ micro-batches run; set_gradient_accumulation_boundary is refused."""
 import pytest
 import torch
 
+from equal import gathered_weights
 from mlp import MLP
 from multirank import run_ranks
 
@@ -32,14 +33,6 @@ def _config(stage: int, managed: bool) -> dict:
     }
 
 
-def _weights(engine):
-    import zerostream
-
-    params = list(engine.module.parameters())
-    with zerostream.zero.GatheredParameters(params):
-        return [p.detach().clone() for p in params]
-
-
 def worker(rank, world, stages):
     import zerostream
 
@@ -55,7 +48,7 @@ def worker(rank, world, stages):
                     engine.backward(engine(_batch(rank, i)))
                     i += 1
                 engine.step()
-            runs[name] = (_weights(engine), engine.global_steps, engine.global_samples)
+            runs[name] = (gathered_weights(engine), engine.global_steps, engine.global_samples)
             engine.destroy()
 
         # The caller's own boundary: 2 backwards, then step(), twice.
@@ -73,7 +66,7 @@ def worker(rank, world, stages):
             refused = ""
         except RuntimeError as exc:
             refused = str(exc)
-        runs["short"] = (_weights(engine), engine.global_steps, engine.global_samples)
+        runs["short"] = (gathered_weights(engine), engine.global_steps, engine.global_samples)
         runs["boundary_in_backward"] = seen
         runs["refused"] = refused
         engine.destroy()

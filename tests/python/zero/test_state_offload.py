@@ -13,6 +13,7 @@ offload_param, which works (the shards stay where it keeps them)."""
 import pytest
 import torch
 
+from equal import gathered_weights
 from mlp import MLP
 from multirank import run_ranks
 
@@ -34,14 +35,6 @@ def _config(stage: int, **zero) -> dict:
 
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
-
-
-def _weights(engine):
-    import zerostream
-
-    params = list(engine.module.parameters())
-    with zerostream.zero.GatheredParameters(params):
-        return [p.detach().clone() for p in params]
 
 
 def worker(rank, world, stages):
@@ -101,7 +94,7 @@ def worker(rank, world, stages):
                     for flat, zps in zip(opt.flat16, opt.groups)
                     for zp in zps
                 )
-            result[parked] = (_weights(engine), views_ok)
+            result[parked] = (gathered_weights(engine), views_ok)
             engine.destroy()
         result["offloaded_message"] = OFFLOADED
         out[stage] = result
@@ -208,7 +201,7 @@ def offload_param_worker(rank, world, root):
                         len(shards),
                         sum(zp.on_nvme for zps in opt.groups for zp in zps),
                     )
-            result[parked] = _weights(engine)
+            result[parked] = gathered_weights(engine)
             engine.destroy()
         out[device] = result
     return out if rank == 0 else None
