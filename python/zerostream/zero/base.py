@@ -177,6 +177,12 @@ class ZeroOptimizerBase:
     #   reduced and landed, stage 3's leaves handed on and its params released, and the
     #   gradient helpers see the gradients (holding_grads), as after engine.backward. The
     #   loss is not divided by gradient_accumulation_steps there, as in DeepSpeed.
+    #   A reentrant activation checkpoint runs its recompute's backward as an autograd run
+    #   of its own: when the first hook fires there, the epilogue runs at that inner run's
+    #   end, mid-backward, and the next hook of the outer run queues another. Each runs on
+    #   what has arrived by then (buckets flushed, params released), so every gradient is
+    #   still reduced once (test_coalesce_and_plain_backward.py's reentrant test: bit-equal
+    #   to engine.backward at stages 0-3).
     def grad_hook_entered(self) -> None:
         """Every stage's gradient hook calls it first (Note [A plain loss.backward()])."""
         if self.ctx.run.state is TrainingState.BACKWARD or self._epilogue_queued:

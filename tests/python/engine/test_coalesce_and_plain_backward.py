@@ -13,7 +13,7 @@ and the gradient helpers see the gradients after it."""
 import pytest
 import torch
 
-from equal import gathered_weights
+from equal import gathered_weights, same_tensors
 from mlp import MLP
 from multirank import run_ranks
 
@@ -211,3 +211,52 @@ def test_a_plain_loss_backward_over_two_engines_trains_like_engine_backward():
         for a, b in zip(ref_g, got_g):
             assert a is not None and b is not None, f"stage {stage}: no gradient held"
             torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=f"stage {stage}")
+
+
+class _ReentrantTail(torch.nn.Module):
+    """A layer, then the rest inside one reentrant checkpoint: a plain backward's first
+    gradient hook fires in the recompute's own (inner) autograd run, whose end runs the
+    queued epilogue before the outer backward reaches `pre`; `pre`'s hook queues another."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = torch.nn.Linear(8, 8)
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def _inner(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+    def forward(self, x):
+        h = torch.tanh(self.pre(x))
+        return torch.utils.checkpoint.checkpoint(self._inner, h, use_reentrant=True).pow(2).mean()
+
+
+def reentrant_worker(rank, world):
+    import zerostream
+
+    out = {}
+    for stage in (0, 1, 2, 3):
+        for plain in (False, True):
+            torch.manual_seed(0)
+            cfg = _config(stage)
+            engine = zerostream.initialize(model=_ReentrantTail(), config=cfg)[0]
+            for i in range(3):
+                gen = torch.Generator().manual_seed(100 * rank + i)
+                x = torch.randn(MICRO, 8, generator=gen, requires_grad=True)
+                loss = engine(x)
+                if plain:
+                    loss.backward()
+                else:
+                    engine.backward(loss)
+                engine.step()
+            out[(stage, plain)] = gathered_weights(engine)
+            engine.destroy()
+    return out
+
+
+@pytest.mark.multirank
+def test_a_plain_backward_through_a_reentrant_checkpoint_equals_engine_backward():
+    for out in run_ranks(reentrant_worker, 2):
+        for stage in (0, 1, 2, 3):
+            assert same_tensors(out[(stage, False)], out[(stage, True)]), stage
