@@ -79,7 +79,7 @@ def test_the_device_update_is_the_cpu_kernel_s_and_torch_s(adamw, master, states
 
 
 # --- the engine ----------------------------------------------------------------------------------
-def _config(micro, nvme, device="cpu", ratio=0.5, max_in_cpu=0):
+def _config(micro, nvme, device="cpu", ratio=0.5, max_in_cpu=0, params="none"):
     offload = {"device": device, "ratio": ratio}
     if device == "nvme":
         offload["nvme_path"] = nvme
@@ -90,6 +90,8 @@ def _config(micro, nvme, device="cpu", ratio=0.5, max_in_cpu=0):
         "stage3_param_persistence_threshold": 0,
         "offload_optimizer": offload,
     }
+    if params != "none":  # the device tier's updated weights go down to host or NVMe shards
+        zero["offload_param"] = {"device": params, "nvme_path": f"{nvme}/params"}
     ext = {"zerostream": {"optimizer_max_in_cpu": max_in_cpu}} if max_in_cpu else {}
     return adamw_ds_config(micro, zero, LR, BETAS, WD, CLIP, **ext)
 
@@ -125,6 +127,7 @@ def tiers_worker(rank, world, root):
         "cpu": dict(device="cpu", ratio=0.5),
         "all": dict(device="cpu", ratio=0.0),
         "three": dict(device="nvme", ratio=0.5, max_in_cpu=2000),
+        "params_nvme": dict(device="cpu", ratio=0.5, params="nvme"),
     }
     for name, kw in runs.items():
         torch.manual_seed(0)
@@ -182,9 +185,11 @@ def test_device_sub_groups_hold_their_state_on_the_device_and_train_as_pytorch(t
                 assert ("param" in s) == (s["tier"] == NVME), s
             assert run["traffic"] == [(12 * run["elements"]["nvme"],) * 2] * STEPS
             # Every step, the copy stage carried their gradients up and the other sub-groups'
-            # updated weights (fp32 here); the device tier's weights never crossed.
+            # updated weights (fp32 here); the device tier's weights never crossed up.
             total = sum(run["elements"].values())
             step_h2d = dev * run["grad_bytes"] + 4 * (total - dev)
+            if name == "params_nvme":  # the weights go to the NVMe shards, not up
+                step_h2d = dev * run["grad_bytes"]
             assert run["h2d"] == [step_h2d] * STEPS, (run["h2d"], step_h2d)
             assert run["losses"] == pytest.approx(reference, rel=1e-5), name
         assert out["cpu"]["store"] is None and out["all"]["store"] is None  # no swap files
