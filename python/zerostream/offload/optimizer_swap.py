@@ -97,7 +97,12 @@ class SwappedAdam(TieredStateAccess):
         self.steps = [0] * len(sources)
         self.numels = [sinks.numel(s) for s in sources]
         self.sets = max(2, offload.buffer_count // 3)
-        sub_group_size = self._fit_sub_group_size(zero.sub_group_size, self.sets)
+        self.uses_disk = offload.device == "nvme"
+        # Staging only with a disk tier; without one ("cpu" with a ratio) the sub-groups are
+        # DeepSpeed's, so the ratio places the same ones.
+        sub_group_size = zero.sub_group_size
+        if self.uses_disk:
+            sub_group_size = self._fit_sub_group_size(sub_group_size, self.sets)
         self.sub_groups = [
             SubGroup(g, lo, hi, i)
             for i, (g, lo, hi) in enumerate(
@@ -124,7 +129,6 @@ class SwappedAdam(TieredStateAccess):
             )
         self.offloaded = self.sub_groups[n_dev:]
         sizes = [s.hi - s.lo for s in self.offloaded]
-        self.uses_disk = offload.device == "nvme"
         if self.uses_disk:
             self.tiers = tiers.plan(sizes, ext.optimizer_max_in_cpu, self.element_bytes)
         else:  # "cpu": every offloaded sub-group in host memory
