@@ -240,8 +240,13 @@ def _plan(args):
             raise UsageError(f"--ds-config: {exc}") from exc
         work = _workload(args, shape, cfg)
         z = cfg.zero_optimization
-        option = Option(z.stage, z.offload_optimizer_device, z.offload_param_device)
         knobs = knobs_from_config(z, cfg.zerostream.optimizer_max_in_cpu)
+        option = Option(
+            z.stage,
+            z.offload_optimizer_device,
+            z.offload_param_device,
+            gpu_tier=knobs.offload_ratio < 1.0 and z.offload_optimizer_device != "none",
+        )
         preds = [predict(shape, work, machine, option, knobs)]
     else:
         work = _workload(args, shape)

@@ -177,3 +177,23 @@ def test_argparse_rejects_a_non_integer_count(capsys):
     with pytest.raises(SystemExit) as exc:
         _cli(["--params", "7B", "--gpus", "eight"], capsys)
     assert exc.value.code == 2
+
+
+def test_the_recipe_read_back_predicts_what_the_planner_planned(llama, tmp_path, capsys):
+    """--ds-config of the written recipe (cpu with the GPU tier's ratio) is predicted as the
+    option the planner recommended: same label, same step bound."""
+    out_cfg = tmp_path / "ds.json"
+    rc, out, _ = _cli(
+        ["--model-config", llama, *CASE, "--json", "--write-config", str(out_cfg)], capsys
+    )
+    planned = json.loads(out)["recommended"]
+    rc, out, _ = _cli(
+        ["--model-config", llama, *CASE, "--json", "--ds-config", str(out_cfg)], capsys
+    )
+    assert rc == 0
+    (read_back,) = json.loads(out)["options"]
+    assert read_back["label"] == planned["label"] == "stage 3, optimizer gpu+cpu, params none"
+    assert read_back["step_seconds_lower_bound"] == pytest.approx(
+        planned["step_seconds_lower_bound"], rel=1e-9
+    )
+    assert read_back["device_bytes"] == planned["device_bytes"]
