@@ -8,16 +8,13 @@ TieredStateAccess in; the step itself stays there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional
+from typing import List, Optional
 
 import torch
 
 from ..lazy_tensor import LazyTensor
 from . import tiers
 from .device_tier import RATIO_KEY
-
-if TYPE_CHECKING:
-    from .optimizer_swap import SwappedAdam
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")
 
@@ -52,7 +49,7 @@ class SwapStateSource:
     yielded chunk stays valid until the staging buffers come round again, more than the
     writer's DEPTH chunks later)."""
 
-    def __init__(self, swapper: "SwappedAdam", group: int, kind: str, numel: int = -1):
+    def __init__(self, swapper: "TieredStateAccess", group: int, kind: str, numel: int = -1):
         self.swapper, self.group, self.kind = swapper, group, KINDS.index(kind)
         numel = swapper.numels[group] if numel < 0 else numel
         self.shape, self.dtype = torch.Size([numel]), swapper.dtypes[kind]
