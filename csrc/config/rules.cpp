@@ -88,13 +88,14 @@ void precision_rules(Resolution& r, int64_t stage) {
                        "\" does not match the enabled "
                        "precision (" +
                        model + ")");
-  // Stage 0 adds micro-steps' gradients up in param.grad, in the model's dtype; DeepSpeed
-  // refuses any other there too ("unsupported mix of model_dtype and grad_accum_dtype").
+  // Stage 0 adds micro-steps' gradients up in param.grad, in the model's dtype; DeepSpeed's
+  // initialize() raises NotImplementedError for any other there ("unsupported mix of
+  // model_dtype and grad_accum_dtype"), and so does zerostream's (unsupported.py).
   const std::string ga = str(r, "data_types.grad_accum_dtype");
   if (stage == 0 && !ga.empty() && short_dtype(ga) != model)
-    r.errors.push_back("data_types.grad_accum_dtype: \"" + ga + "\" with the model in " + model +
-                       " needs ZeRO stage 1-3 (stage 0 accumulates gradients in the model's "
-                       "dtype)");
+    r.warnings.push_back("data_types.grad_accum_dtype: \"" + ga + "\" with the model in " + model +
+                         " needs ZeRO stage 1-3 (stage 0 accumulates gradients in the model's "
+                         "dtype); initialize() raises NotImplementedError while it is set");
 }
 
 void offload_rules(Resolution& r, int64_t stage) {

@@ -83,6 +83,11 @@ class LossScaler:
     def loss_scale(self) -> float:
         return self.cur_scale
 
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """DeepSpeed's LossScaleConfig name for `dynamic`."""
+        return self.dynamic
+
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.cur_scale
 

@@ -14,7 +14,7 @@ from typing import Iterable, List, Optional
 
 import torch
 
-from .config import DeepSpeedConfig
+from .config import DeepSpeedConfig, dtype_name
 from .moe.layer import EXPERT_PARALLELISM
 from .moe.utils import is_moe_param, is_moe_param_group
 
@@ -41,6 +41,13 @@ def _config_features(cfg: DeepSpeedConfig) -> List[str]:
         found.append(f"{zp}zenflow: ZenFlow stall-free offload")
     if z.offload_optimizer is not None and z.offload_optimizer.super_offload:
         found.append(f"{zp}offload_optimizer.super_offload: SuperOffload")
+    accum = dtype_name(cfg.data_types.grad_accum_dtype)
+    if z.stage == 0 and accum is not None and accum != cfg.precision:
+        found.append(
+            f"data_types.grad_accum_dtype={cfg.data_types.grad_accum_dtype}: accumulating "
+            f"gradients in {accum} with the model in {cfg.precision} at ZeRO stage 0 (it adds "
+            f"them up in param.grad, in the model's dtype; DeepSpeed refuses it too; stages 1-3 accumulate in {accum})"
+        )
     compile_section = cfg.raw.get("compile")
     if isinstance(compile_section, Mapping) and compile_section.get("deepcompile") is True:
         found.append("compile.deepcompile: DeepCompile (compiler-driven ZeRO)")

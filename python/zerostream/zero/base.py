@@ -269,6 +269,16 @@ class ZeroOptimizerBase:
     def cur_scale(self) -> float:
         return self.loss_scaler.loss_scale
 
+    # DeepSpeed's optimizer wrappers name the model's training dtype and their loss-scale
+    # settings so (its test_ds_initialize reads both); the engine's scaler holds the latter.
+    @property
+    def low_precision_dtype(self) -> torch.dtype:
+        return self.ctx.dtype
+
+    @property
+    def loss_scale_config(self):
+        return self.loss_scaler
+
     @property
     def global_grad_norm(self) -> Optional[torch.Tensor]:
         """The last step's pre-clip, unscaled global norm (inf after an overflow)."""

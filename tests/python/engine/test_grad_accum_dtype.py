@@ -103,5 +103,11 @@ def test_offloaded_partitions_take_16bit_gradients_only_at_the_models_accumulati
 def test_stage0_refuses_another_accumulation_dtype(one_rank_process_group):
     import zerostream
 
-    with pytest.raises(ValueError, match="data_types.grad_accum_dtype"):
+    # NotImplementedError, DeepSpeed's type (its test_ds_initialize expects it); the config
+    # check warns.
+    with pytest.raises(NotImplementedError, match="data_types.grad_accum_dtype=fp32"):
         zerostream.initialize(model=Dot(), config=_config(0, "fp32"))
+    from zerostream import config
+
+    warned = config.load(_config(0, "fp32"), world_size=1, log=False).warnings
+    assert any("initialize() raises NotImplementedError" in w for w in warned), warned

@@ -285,3 +285,31 @@ def test_unscale_and_clip_coef_formula_and_validation():
         P.unscale_and_clip_coef(1.0, 1.0, -1.0)
     with pytest.raises(ValueError, match="loss_scale"):
         P.unscale_and_clip_coef(1.0, 0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "precision,dtype,dynamic,scale",
+    [
+        ({"bf16": {"enabled": True}}, torch.bfloat16, False, 1.0),
+        ({"fp16": {"enabled": True, "loss_scale": 128}}, torch.float16, False, 128.0),
+        ({"fp16": {"enabled": True, "initial_scale_power": 8}}, torch.float16, True, 256.0),
+        ({}, torch.float32, False, 1.0),
+    ],
+)
+def test_the_optimizer_names_its_dtype_and_loss_scale_as_deepspeed(
+    one_rank_process_group, precision, dtype, dynamic, scale
+):
+    """engine.optimizer.low_precision_dtype and .loss_scale_config (cur_scale,
+    dynamic_loss_scale), the names DeepSpeed's optimizer wrappers have (its
+    test_ds_initialize reads them at stage 0 bf16)."""
+    import zerostream
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}, **precision}
+    cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3}}
+    model = torch.nn.Linear(4, 4)
+    engine = zerostream.initialize(model=model, config=cfg)[0]
+    opt = engine.optimizer
+    assert opt.low_precision_dtype == dtype
+    assert opt.loss_scale_config.dynamic_loss_scale is dynamic
+    assert opt.loss_scale_config.cur_scale == scale
+    engine.destroy()
