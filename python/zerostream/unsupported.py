@@ -46,7 +46,8 @@ def _config_features(cfg: DeepSpeedConfig) -> List[str]:
         found.append(
             f"data_types.grad_accum_dtype={cfg.data_types.grad_accum_dtype}: accumulating "
             f"gradients in {accum} with the model in {cfg.precision} at ZeRO stage 0 (it adds "
-            f"them up in param.grad, in the model's dtype; DeepSpeed refuses it too; stages 1-3 accumulate in {accum})"
+            f"them up in param.grad, in the model's dtype; DeepSpeed refuses it too; stages "
+            f"1-3 accumulate in {accum})"
         )
     compile_section = cfg.raw.get("compile")
     if isinstance(compile_section, Mapping) and compile_section.get("deepcompile") is True:
