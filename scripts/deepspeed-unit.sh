@@ -9,7 +9,7 @@
 # `deepspeed/` would shadow the package), and it runs in .venv-dsunit, which holds the pytest
 # DeepSpeed pins (< 8.4) and py-cpuinfo and reads everything else from .venv through a path
 # entry. Which files are run, and why each failure fails, is scripts/deepspeed_unit.py's
-# manifest. Not part of scripts/test.sh: a full run takes about an hour on 2 cores.
+# manifest. Not part of scripts/test.sh: a full run takes about 2 hours on 2 cores.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
