@@ -36,6 +36,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.utils.checkpoint
 
+from .rng_tracker import CudaRNGStatesTracker, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+
 logger = logging.getLogger("zerostream")
 
 _SECTION = "activation_checkpointing"
@@ -208,14 +210,18 @@ def _run(function: Callable, args, use_reentrant: bool) -> Any:
             "to host memory, or set cpu_checkpointing to false"
         )
     calls = 0
+    tracker = get_cuda_rng_tracker()
+    forward_states = tracker.get_states()
 
     def bounded(*a):
         # The first call is the forward (under no_grad when reentrant); any later one is the
-        # recomputation that backward runs.
+        # recomputation that backward runs, which draws from the tracked states the forward
+        # started from (rng_tracker.py: torch restores only the default generators).
         nonlocal calls
         what = "forward" if calls == 0 else "recompute"
         calls += 1
-        with _Boundary(what):
+        replay = tracker.replaying(forward_states) if what == "recompute" else None
+        with _Boundary(what), replay or contextlib.nullcontext():
             return function(*a)
 
     hooks = (
@@ -240,9 +246,12 @@ def non_reentrant_checkpoint(function: Callable, *args) -> Any:
 
 __all__ = [
     "CheckpointingConfigError",
+    "CudaRNGStatesTracker",
     "checkpoint",
     "configure",
+    "get_cuda_rng_tracker",
     "is_configured",
+    "model_parallel_cuda_manual_seed",
     "non_reentrant_checkpoint",
     "reset",
     "settings",

@@ -121,3 +121,57 @@ def test_partitioned_activations_need_no_split_at_model_parallel_size_one():
     assert ac.settings().partition_activations
     with pytest.raises(ac.CheckpointingConfigError, match="model-parallel size 2"):
         ac.configure(_MPU(2), partition_activations=True)
+
+
+def _megatron_block():
+    """A Megatron-style block: dropout in the "tensor-parallel" region draws from the
+    tracker's model-parallel state, the residual dropout from the default generator."""
+    torch.manual_seed(0)
+    fc1, fc2 = torch.nn.Linear(6, 12), torch.nn.Linear(12, 6)
+
+    def block(x):
+        h = torch.nn.functional.gelu(fc1(x))
+        with ac.get_cuda_rng_tracker().fork():
+            h = torch.nn.functional.dropout(h, 0.5, training=True)
+        return x + torch.nn.functional.dropout(fc2(h), 0.3, training=True)
+
+    return block, [fc1.weight, fc1.bias, fc2.weight, fc2.bias]
+
+
+@pytest.mark.parametrize("entry", ["checkpoint", "non_reentrant_checkpoint"])
+def test_a_checkpointed_block_redraws_its_forked_dropout_as_in_the_forward(entry):
+    """Megatron's pattern: model_parallel_cuda_manual_seed, dropout under the tracker's
+    fork() inside a checkpointed block. The recomputation must draw the forward's masks from
+    both states, so the gradients equal plain autograd's with the same seeds."""
+    results = []
+    for run in (lambda f, x: f(x), getattr(ac, entry)):
+        ac.model_parallel_cuda_manual_seed(1234)
+        block, params = _megatron_block()
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        out = run(block, x)
+        out.square().sum().backward()
+        results.append([p.grad.clone() for p in params] + [x.grad.clone()])
+        # A second forward draws new masks: the tracked state moved on in the first.
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    assert len(results[0]) == 5 and any(g.abs().sum() > 0 for g in results[0])
+
+
+def test_model_parallel_seed_tracks_seed_plus_2718_and_seeds_the_default_state():
+    ac.model_parallel_cuda_manual_seed(42)
+    assert torch.initial_seed() == 42  # the default (data-parallel) state
+    tracker = ac.get_cuda_rng_tracker()
+    assert set(tracker.get_states()) == {"model-parallel-rng"}
+    before = torch.get_rng_state()
+    with tracker.fork():
+        drawn = torch.rand(5)
+    assert torch.equal(torch.get_rng_state(), before)  # the default state is untouched
+    assert torch.equal(drawn, torch.rand(5, generator=torch.Generator().manual_seed(42 + 2718)))
+    with tracker.fork():
+        again = torch.rand(5)
+    assert not torch.equal(again, drawn)  # the tracked state advanced
+    with pytest.raises(KeyError, match="no state named 'other'"):
+        with tracker.fork("other"):
+            pass
+    with pytest.raises(ValueError, match="seed 2760 is already tracked"):
+        tracker.add("other", 42 + 2718)
