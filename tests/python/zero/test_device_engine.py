@@ -339,7 +339,8 @@ def test_parked_states_are_readable_when_offload_states_returns(tmp_path):
     """Each parked tensor crosses a lane both ways, and both calls return only once the
     copies are complete: without the waits the host copies read as the sim's poison (on a
     GPU: whatever the copy had not yet written)."""
-    for parked, back, moved, count, finite, violations in run_ranks(parking_worker, 2, ON_GPU):
+    world = min(2, torch.cuda.device_count()) if ON_GPU else 2  # NCCL: one GPU per rank
+    for parked, back, moved, count, finite, violations in run_ranks(parking_worker, world, ON_GPU):
         assert violations == [], violations
         assert moved == 2 * count > 0, (moved, count)
         assert parked and back and finite
