@@ -11,13 +11,13 @@ defaults. Every error names its key path; warnings and "auto" notes are logged o
 from __future__ import annotations
 
 import base64
+import collections.abc
 import binascii
 import dataclasses
 import json
 import logging
 import math
 import os
-import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple, Union
@@ -541,6 +541,31 @@ def _section_class(annotation) -> Optional[type]:
     return None
 
 
+class ReadOnlyMapping(collections.abc.Mapping):
+    """A read-only view of a dict's copy, as types.MappingProxyType, that copy.deepcopy and
+    pickle can copy (a config is deep-copied by clients: Accelerate, Lightning)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping):
+        self._data = dict(data)
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyMapping({self._data!r})"
+
+    def __reduce__(self):
+        return (ReadOnlyMapping, (self._data,))
+
+
 def _build(cls, tree: Mapping[str, Any]):
     """Builds section dataclass `cls` from its part of the resolved tree (whose keys are the
     schema's keys); nested sections become their own dataclasses, other mappings read-only."""
@@ -556,7 +581,7 @@ def _build(cls, tree: Mapping[str, Any]):
         if section is not None and isinstance(value, Mapping):
             value = _build(section, value)
         elif isinstance(value, Mapping):
-            value = types.MappingProxyType(dict(value))
+            value = ReadOnlyMapping(dict(value))
         values[f.name] = value
     return cls(**values)
 
@@ -610,8 +635,8 @@ def load(
     cfg = dataclasses.replace(
         build_config(res["tree"]),
         data_parallel_size=res["data_parallel_size"],
-        raw=types.MappingProxyType(_C.read_json_text(text, source)),
-        resolved=types.MappingProxyType(res["resolved"]),
+        raw=ReadOnlyMapping(_C.read_json_text(text, source)),
+        resolved=ReadOnlyMapping(res["resolved"]),
         warnings=tuple(res["warnings"]),
         notes=tuple(res["notes"]),
     )

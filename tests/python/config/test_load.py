@@ -332,3 +332,25 @@ def test_parameter_alignment_is_accepted_with_a_warning_saying_what_it_means():
         log=False,
     )
     assert off.warnings == ()
+
+
+def test_a_loaded_config_deep_copies_and_pickles_and_stays_read_only():
+    """Clients deep-copy the engine's config (Accelerate, Lightning): the copy equals it, and
+    its mappings are still read-only."""
+    import copy
+    import pickle
+
+    cfg = config.load(
+        {
+            "train_micro_batch_size_per_gpu": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95]}},
+            "zero_optimization": {"stage": 2},
+        }
+    )
+    for twin in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert twin == cfg and twin.raw == cfg.raw and twin.resolved == cfg.resolved
+        assert twin.optimizer.params == cfg.optimizer.params
+        with pytest.raises(TypeError):
+            twin.raw["optimizer"] = None
+        with pytest.raises(TypeError):
+            twin.optimizer.params["lr"] = 1.0
