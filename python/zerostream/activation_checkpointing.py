@@ -10,8 +10,9 @@ gradient hook firing during that recomputation).
 `configure(...)` sets the `activation_checkpointing` options, from a ds_config or from
 arguments (arguments win), as DeepSpeed's does:
 
-- `cpu_checkpointing` (checkpoint_in_cpu): the saved inputs are moved to host memory in the
-  forward and back to their device for the recomputation.
+- `cpu_checkpointing` (checkpoint_in_cpu): the saved inputs are parked in page-locked host
+  memory in the forward and brought back for the recomputation, both on a copy stage's
+  lanes, one ahead in backward (Note [Parked activations] in offload/saved_activations.py).
 - `synchronize_checkpoint_boundary` (synchronize): the accelerator is synchronized before
   and after each checkpointed forward and recomputation.
 - `profile`: each checkpointed forward and recomputation logs its time on rank 0.
@@ -36,6 +37,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.utils.checkpoint
 
+from .offload import saved_activations
 from .rng_tracker import CudaRNGStatesTracker, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
 
 logger = logging.getLogger("zerostream")
@@ -151,6 +153,7 @@ def reset() -> None:
     zerostream does not allocate)."""
     global _settings
     _settings = Settings()
+    saved_activations.forget_parkings()
 
 
 def settings() -> Settings:
@@ -159,15 +162,24 @@ def settings() -> Settings:
 
 
 def _offload_pack(t: torch.Tensor):
-    """Saved-tensor hook of cpu_checkpointing: the saved input goes to host memory."""
+    """Saved-tensor hook of cpu_checkpointing: the saved input is parked in page-locked host
+    memory through a copy stage (Note [Parked activations] in offload/saved_activations.py).
+    A CPU tensor already is in host memory; another accelerator's is copied with a blocking
+    `.to("cpu")`, as DeepSpeed does."""
+    if saved_activations.moves_to_host(t.device):
+        return saved_activations.parking_for(t.device).park(t)
     if t.device.type == "cpu":
-        return (t.device, t)
-    return (t.device, t.to("cpu", non_blocking=False))
+        return t
+    return (t.device, t.to("cpu"))
 
 
 def _offload_unpack(packed):
+    if isinstance(packed, saved_activations.Parked):
+        return saved_activations.parking_for(packed.device).fetch(packed)
+    if isinstance(packed, torch.Tensor):
+        return packed
     device, t = packed
-    return t if t.device == device else t.to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _sync() -> None:

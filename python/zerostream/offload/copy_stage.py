@@ -81,7 +81,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Optional
+from typing import Callable, Deque, Dict, Optional
 
 import torch
 
@@ -411,7 +411,7 @@ class CopyStage:
         # Host memory the copies queued read or write, kept alive until they are known
         # complete (Note [Host memory of a copy in flight]).
         self._held: Deque[tuple] = deque()  # (upload event, its host source), queue order
-        self._landing: List[torch.Tensor] = []  # direct downloads' destinations, to drain()
+        self._landing: Deque[tuple] = deque()  # (event, direct download's destination)
         weakref.finalize(
             self, _orphan, self.lanes, self._tail, self._held, self._landing, self._slots
         )
@@ -483,13 +483,25 @@ class CopyStage:
                 f"{dst.numel()} of {dst.dtype}; a direct download neither converts nor cuts"
             )
         if src.numel():
-            self._downloaded(self.lanes.copy(dst.reshape(-1), src.reshape(-1), False), src)
-            self._landing.append(dst)
+            event = self.lanes.copy(dst.reshape(-1), src.reshape(-1), False)
+            self._downloaded(event, src)
+            self._landing.append((event, dst))
 
     def _downloaded(self, event, src: torch.Tensor) -> None:
         self._tail.down = self._unreleased = event
         self.stats["d2h_bytes"] += src.numel() * src.element_size()
         self.stats["copies"] += 1
+
+    def download_mark(self):
+        """A mark of the downloads queued so far, for host_wait_mark (None: nothing queued
+        since the last drain())."""
+        return self._tail.down
+
+    def release_landed(self) -> None:
+        """Drops the destinations of the direct downloads seen complete, in queue order
+        (the stage holds them until then: Note [Host memory of a copy in flight])."""
+        while self._landing and self.lanes.ready(self._landing[0][0]):
+            self._landing.popleft()
 
     def release_sources(self) -> None:
         """The compute stream waits (on the device) for every download queued so far: work
@@ -596,14 +608,17 @@ class CopyStage:
             self.lanes.device_wait(mark)
 
     def host_wait_mark(self, mark) -> None:
-        """The host waits until the uploads up to `mark` completed (their host sources may be
-        rewritten after it), and drops the held sources of those it now knows complete."""
+        """The host waits until the copies of one lane up to `mark` (upload_mark() or
+        download_mark()) completed: uploads' host sources may be rewritten after it, and
+        downloads' destinations read. Drops the held host memory of those it now knows
+        complete."""
         if mark is None:
             return
         if not self.lanes.ready(mark):
             self.stats["host_waits"] += 1
             self.lanes.host_wait(mark)
         self.release_held()
+        self.release_landed()
 
     def fence(self) -> None:
         """The compute stream waits (on the device) for every upload queued so far."""

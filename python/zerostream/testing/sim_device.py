@@ -41,7 +41,9 @@ Note [The simulated device]
   the device (page-locked) are tracked; an asynchronous copy to or from host memory outside
   them (pageable) is counted, since a GPU runs it synchronously; a registered host buffer
   the program released before the host knew its copy completed (back to its arena, where
-  the next read lands in it) is reported.
+  the next read lands in it) is reported. A download's device side is let go once the copy
+  ran (record_stream's promise kept). With track_memory, `memory` (sim_memory.py) counts the
+  device bytes held and their peak, as torch.cuda.memory_allocated would.
 
   Threads. Each thread has its own current device (set_device). A CUDA call from a thread
   whose current device is not the stream's device (a thread that never set one is on
@@ -65,6 +67,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .sim_memory import DeviceMemory
 from .sim_streams import SimEvent, SimStream, _Copy, _Item, _poison
 
 POLICIES = ("lazy", "random", "eager")
@@ -113,9 +116,13 @@ class _ComputeOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         sim = self.sim
-        if not sim._local.__dict__.get("internal") and sim.current_stream().host:
+        internal = sim._local.__dict__.get("internal")
+        if not internal and sim.current_stream().host:
             sim.compute_ops += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if sim.memory is not None and not internal:
+            sim.memory.allocated(out)
+        return out
 
 
 class SimDevice:
@@ -143,6 +150,7 @@ class SimDevice:
         self.kept: Dict[int, List[Tuple[SimStream, int]]] = {}
         self.live_aliases: Dict[int, int] = {}
         self.compute_ops = 0
+        self.memory: Optional[DeviceMemory] = None  # installed(track_memory=True)
         self.violations: List[str] = []
         self.counters = {
             "copies": 0,
@@ -332,6 +340,11 @@ class SimDevice:
             c.result = c.src.clone()
             if freed and not kept:
                 _poison(c.result)
+            # The copy has read its source: record_stream is satisfied and the allocator may
+            # hand the block out again, so the sim lets go of its alias (the memory model).
+            with self.cv:
+                self._drop_alias(c.key)
+            c.src = c.device_side = None
 
     def _observe(self, stream: SimStream, seq: int) -> None:
         """The host learned that `stream` completed up to `seq`."""
@@ -353,18 +366,22 @@ class SimDevice:
                         f"{c.host_side.dtype}) was released to its arena while a copy on "
                         f"{stream.name} still used it, before the host knew it had completed"
                     )
-                for key in (c.key, c.host_key):
-                    n = self.live_aliases.get(key, 1) - 1
-                    if n:
-                        self.live_aliases[key] = n
-                    else:
-                        self.live_aliases.pop(key, None)
-                        self.kept.pop(key, None)
+                for key in (c.key, c.host_key) if c.upload else (c.host_key,):
+                    self._drop_alias(key)
+
+    def _drop_alias(self, key: int) -> None:
+        n = self.live_aliases.get(key, 1) - 1
+        if n:
+            self.live_aliases[key] = n
+        else:
+            self.live_aliases.pop(key, None)
+            self.kept.pop(key, None)
 
     def keep_alive(self, tensor: torch.Tensor, stream: SimStream) -> None:
         with self.cv:
             key = tensor.untyped_storage().data_ptr()
-            self.kept.setdefault(key, []).append((stream, stream.issued))
+            if key in self.live_aliases:  # else the copies on it ran already: nothing to keep
+                self.kept.setdefault(key, []).append((stream, stream.issued))
 
     # --- host memory ---------------------------------------------------------------------------
     def register(self, tensor: torch.Tensor) -> None:
@@ -374,6 +391,8 @@ class SimDevice:
         span = (lo, lo + tensor.numel() * tensor.element_size())
         with self.cv:
             self.registered.append(span)
+        if self.memory is not None:  # counted by the ops that cut it out, before this call
+            self.memory.forget(*span)
         weakref.finalize(tensor, self._unregister, span)
 
     def _unregister(self, span: Tuple[int, int]) -> None:
@@ -478,16 +497,22 @@ def _sim_accelerator(sim: SimDevice):
 
 @contextlib.contextmanager
 def installed(
-    policy: str = "lazy", seed: int = 0, device_index: int = 0, max_delay_s: float = 0.002
+    policy: str = "lazy",
+    seed: int = 0,
+    device_index: int = 0,
+    max_delay_s: float = 0.002,
+    track_memory: bool = False,
 ):
     """Runs the block with the engine's CUDA path on a SimDevice (yielded); raises its
-    violations at the end."""
+    violations at the end. `track_memory`: its `memory` counts device bytes (sim_memory.py)."""
     import torch.distributed as dist
 
     from .. import accelerator
     from ..offload import copy_stage, host_buffers
 
     sim = SimDevice(policy, seed, device_index, max_delay_s)
+    if track_memory:
+        sim.memory = DeviceMemory(sim)
     saved_acc = accelerator._ACCELERATOR
     saved_cuda, saved_observer = copy_stage.simulated_cuda, host_buffers.registration_observer
     saved = {name: getattr(dist, name) for name in _TENSOR_COLLECTIVES + _DEVICE_BOUND}
