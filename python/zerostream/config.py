@@ -11,8 +11,8 @@ defaults. Every error names its key path; warnings and "auto" notes are logged o
 from __future__ import annotations
 
 import base64
-import collections.abc
 import binascii
+import collections.abc
 import dataclasses
 import json
 import logging
