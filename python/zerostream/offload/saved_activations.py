@@ -39,7 +39,7 @@ from typing import Deque, Dict, List, Optional
 
 import torch
 
-from . import copy_stage
+from . import lanes
 from .copy_stage import CopyStage
 from .host_buffers import HostArena
 
@@ -89,7 +89,7 @@ class ActivationParking:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.simulated = copy_stage.simulated_cuda  # held: what parking_for compares
+        self.simulated = lanes.simulated_cuda  # held: what parking_for compares
         # Direct copies only: two minimal slots, and no consumer thread (nothing to land).
         self.stage = CopyStage(device, slot_bytes=4096, slots=2, consumer_thread=False)
         self.pool = _HostPool()
@@ -164,14 +164,14 @@ _PARKINGS: Dict[str, ActivationParking] = {}
 def moves_to_host(device: torch.device) -> bool:
     """Whether a saved tensor on `device` is parked: a CUDA device (or the simulated one);
     on the CPU it already is in host memory."""
-    return device.type == "cuda" or copy_stage.simulated_cuda is not None
+    return device.type == "cuda" or lanes.simulated_cuda is not None
 
 
 def parking_for(device: torch.device) -> ActivationParking:
     """The device's parking; a new one when the simulated device changed since (its stage's
     lanes belong to the device it was made on)."""
     parking = _PARKINGS.get(str(device))
-    if parking is None or parking.simulated is not copy_stage.simulated_cuda:
+    if parking is None or parking.simulated is not lanes.simulated_cuda:
         parking = _PARKINGS[str(device)] = ActivationParking(device)
     return parking
 

@@ -5,7 +5,7 @@ Note [The simulated device]
   record_stream cannot change a result there. This device behaves like a GPU where a GPU
   punishes such mistakes, while the tensors stay real CPU tensors, so a run on it is
   compared bit for bit with the plain CPU run. It replaces what the copy stage asks of CUDA
-  (offload/copy_stage.TorchCuda: streams, events, copies, record_stream, binding a thread to
+  (offload/lanes.TorchCuda: streams, events, copies, record_stream, binding a thread to
   the device), the accelerator's set_device, the host arena's registration and the
   collectives' entry points; everything else runs as on the CPU.
 
@@ -74,7 +74,7 @@ POLICIES = ("lazy", "random", "eager")
 
 
 class SimCuda:
-    """copy_stage.TorchCuda's interface for one device of the simulation."""
+    """lanes.TorchCuda's interface for one device of the simulation."""
 
     def __init__(self, sim: "SimDevice", index: int):
         self.sim, self.index = sim, index
@@ -508,13 +508,13 @@ def installed(
     import torch.distributed as dist
 
     from .. import accelerator
-    from ..offload import copy_stage, host_buffers
+    from ..offload import host_buffers, lanes
 
     sim = SimDevice(policy, seed, device_index, max_delay_s)
     if track_memory:
         sim.memory = DeviceMemory(sim)
     saved_acc = accelerator._ACCELERATOR
-    saved_cuda, saved_observer = copy_stage.simulated_cuda, host_buffers.registration_observer
+    saved_cuda, saved_observer = lanes.simulated_cuda, host_buffers.registration_observer
     saved = {name: getattr(dist, name) for name in _TENSOR_COLLECTIVES + _DEVICE_BOUND}
 
     def tensor_collective(name, fn):
@@ -536,7 +536,7 @@ def installed(
     for name in _DEVICE_BOUND:
         setattr(dist, name, device_bound(name, saved[name]))
     accelerator._ACCELERATOR = _sim_accelerator(sim)
-    copy_stage.simulated_cuda = lambda device: SimCuda(sim, sim.device_index)
+    lanes.simulated_cuda = lambda device: SimCuda(sim, sim.device_index)
     host_buffers.registration_observer = sim.register
     mode = _ComputeOps(sim)
     failed = True
@@ -551,7 +551,7 @@ def installed(
                 sim.synchronize_all()
             except Exception:  # the block's own error is the one to report
                 pass
-        copy_stage.simulated_cuda = saved_cuda
+        lanes.simulated_cuda = saved_cuda
         host_buffers.registration_observer = saved_observer
         accelerator._ACCELERATOR = saved_acc
         for name, fn in saved.items():
