@@ -12,13 +12,13 @@ import torch
 
 from . import autocast, comm
 from .accelerator import bind_run_device
-from .checkpoint import load_checkpoint, save_checkpoint
-from .checkpoint.target import CheckpointTarget, TrainingCounters
 from .config import DeepSpeedConfig
+from .engine_accessors import ConfigAccessors
+from .engine_checkpoints import CheckpointMethods
 from .lr_schedules import build_scheduler
 from .offload.memory_preflight import STEP_PEAKS
 from .optim_factory import client_groups, param_groups_of
-from .precision import DTYPES, make_loss_scaler
+from .precision import make_loss_scaler
 from .telemetry import StepTelemetry
 from .unsupported import refuse_unsupported
 from .zero.factory import build_zero_optimizer, stage_class
@@ -35,7 +35,7 @@ class NoSyncError(RuntimeError, ValueError, AssertionError):
     RuntimeError (step, re-entry) and ValueError (stage) zerostream raised before, too."""
 
 
-class ZeroEngine(torch.nn.Module):
+class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
     """What `zerostream.initialize` returns. Attributes and methods follow DeepSpeedEngine.
 
     The engine runs the loop and owns the phase (`training_state`); everything about where
@@ -426,185 +426,7 @@ class ZeroEngine(torch.nn.Module):
     def was_step_applied(self) -> bool:
         return self._step_applied
 
-    # --- accessors ------------------------------------------------------------------------------
-    def train_batch_size(self) -> int:
-        return self._config.train_batch_size
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self._config.train_micro_batch_size_per_gpu
-
-    def gradient_accumulation_steps(self) -> int:
-        return self._config.gradient_accumulation_steps
-
-    def zero_optimization(self) -> bool:
-        return self._config.zero_stage > 0
-
-    def zero_optimization_stage(self) -> int:
-        return self._config.zero_stage
-
-    def zero_optimization_partition_gradients(self) -> bool:
-        return self._config.zero_stage >= 2
-
-    def zero_optimization_partition_weights(self) -> bool:
-        return self._config.zero_stage >= 3
-
-    def zero_offload_optimizer(self):
-        return self._config.zero_optimization.offload_optimizer
-
-    def zero_offload_param(self):
-        return self._config.zero_optimization.offload_param
-
-    def zero_cpu_offload(self) -> bool:
-        return self._config.zero_optimization.offload_optimizer_device == "cpu"
-
-    def zero_use_cpu_optimizer(self) -> bool:
-        return self._config.zero_optimization.offload_optimizer_device in ("cpu", "nvme")
-
-    def zero_gather_16bit_weights_on_model_save(self) -> bool:
-        """Accelerate's get_state_dict asks before gathering stage-3 weights."""
-        return self._config.zero_optimization.stage3_gather_16bit_weights_on_model_save
-
-    def fp16_enabled(self) -> bool:
-        return self._config.fp16.enabled
-
-    def bfloat16_enabled(self) -> bool:
-        return self._config.bf16.enabled
-
-    def gradient_clipping(self) -> float:
-        return self._config.gradient_clipping
-
-    def dynamic_loss_scale(self) -> bool:
-        return self._config.fp16.enabled and self._config.fp16.loss_scale == 0
-
-    def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale
-
-    def steps_per_print(self):
-        return self._config.steps_per_print
-
-    @property
-    def communication_data_type(self) -> torch.dtype:
-        return DTYPES[self._config.communication_data_type]
-
-    def get_lr(self):
-        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
-
-    def get_mom(self):
-        if self.optimizer is None:
-            return []
-        return [g.get("betas", g.get("momentum")) for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self):
-        return None if self.optimizer is None else self.optimizer.global_grad_norm
-
-    # --- checkpoints (checkpoint/) ----------------------------------------------------------------
-    def save_checkpoint(
-        self,
-        save_dir: str,
-        tag=None,
-        client_state: Optional[dict] = None,
-        save_latest: bool = True,
-        exclude_frozen_parameters: bool = False,
-    ) -> bool:
-        """DeepSpeed's layout under save_dir/tag (default tag global_step<N>), written
-        crash-safely; `latest` is replaced last. All ranks must call it."""
-        self._require_consistent("save_checkpoint")
-        return save_checkpoint(
-            self._checkpoint_target(),
-            save_dir,
-            tag,
-            client_state,
-            save_latest,
-            exclude_frozen_parameters,
-        )
-
-    def load_checkpoint(
-        self,
-        load_dir: str,
-        tag=None,
-        load_module_strict: bool = True,
-        load_optimizer_states: bool = True,
-        load_lr_scheduler_states: bool = True,
-        load_module_only: bool = False,
-        custom_load_fn=None,
-    ):
-        """(path, client_state), or (None, None) when load_dir has no `latest` (and no tag
-        was given). A checkpoint of another data-parallel size is resharded."""
-        loaded = load_checkpoint(
-            self._checkpoint_target(),
-            load_dir,
-            tag,
-            load_module_strict,
-            load_optimizer_states,
-            load_lr_scheduler_states,
-            load_module_only,
-            custom_load_fn,
-        )
-        if loaded.counters is not None:
-            self.global_steps = loaded.counters.global_steps
-            self.global_samples = loaded.counters.global_samples
-            self.skipped_steps = loaded.counters.skipped_steps
-        return loaded.path, loaded.client_state
-
-    def _checkpoint_target(self) -> CheckpointTarget:
-        """What checkpoint/ saves and loads (checkpoint/target.py): the stage's side of it
-        (Note [Stage checkpoints] in zero/protocol.py), the config sections it reads, this
-        rank's place, and the counters a save writes."""
-        cfg = self._config
-        return CheckpointTarget(
-            module=self.module,
-            stage=stage_class(cfg.zero_stage).checkpointer(self.module, self.optimizer),
-            lr_scheduler=self.lr_scheduler,
-            checkpoint=cfg.checkpoint,
-            aio=cfg.aio,
-            aio_keys=tuple((cfg.raw.get("aio") or {}).keys()),
-            ds_config=self.config,
-            global_rank=self.global_rank,
-            world_size=self.world_size,
-            dp_rank=comm.get_rank(self.dp_process_group),
-            dp_world_size=self.dp_world_size,
-            mp_world_size=self.mp_world_size,
-            bf16=self.bfloat16_enabled(),
-            train_batch_size=self.train_batch_size(),
-            counters=TrainingCounters(self.global_steps, self.global_samples, self.skipped_steps),
-            set_inconsistent=self._run.set_inconsistent,
-        )
-
-    # --- whole weights and stage-3 housekeeping ---------------------------------------------
-    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
-        """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""
-        stage = stage_class(self._config.zero_stage)
-        return stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
-
-    def save_16bit_model(
-        self,
-        save_dir: str,
-        save_filename: str = "pytorch_model.bin",
-        exclude_frozen_parameters: bool = False,
-    ) -> bool:
-        """Rank 0 writes the module's weights to save_dir/save_filename. At stage 3 only
-        with zero_optimization.stage3_gather_16bit_weights_on_model_save (else returns False,
-        as DeepSpeed does); all ranks must call it."""
-        import os
-
-        stage = stage_class(self._config.zero_stage)
-        zero = self._config.zero_optimization
-        if stage.gathers_to_save and not zero.stage3_gather_16bit_weights_on_model_save:
-            logger.warning(
-                "save_16bit_model: nothing written; at ZeRO stage 3 set "
-                "zero_optimization.stage3_gather_16bit_weights_on_model_save to true "
-                "to gather the weights into one file"
-            )
-            return False
-        state = stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
-        if state is not None:
-            os.makedirs(save_dir, exist_ok=True)
-            torch.save(state, os.path.join(save_dir, save_filename))
-        comm.barrier()
-        return True
-
-    save_fp16_model = save_16bit_model
-
+    # --- stage-3 housekeeping -------------------------------------------------------------------
     def empty_partition_cache(self) -> None:
         """Stage 3: releases every gathered parameter that is not persistent."""
         stage_class(self._config.zero_stage).release_gathered(self.module)

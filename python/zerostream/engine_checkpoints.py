@@ -1,0 +1,125 @@
+"""The engine's checkpoint methods (DeepSpeed's `save_checkpoint`, `load_checkpoint`,
+`save_16bit_model`): what checkpoint/ saves and loads for it (a CheckpointTarget), and the
+whole 16-bit weights. Mixed into engine.ZeroEngine."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from . import comm
+from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint.target import CheckpointTarget, TrainingCounters
+from .zero.factory import stage_class
+
+logger = logging.getLogger("zerostream")
+
+
+class CheckpointMethods:
+    def save_checkpoint(
+        self,
+        save_dir: str,
+        tag=None,
+        client_state: Optional[dict] = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        """DeepSpeed's layout under save_dir/tag (default tag global_step<N>), written
+        crash-safely; `latest` is replaced last. All ranks must call it."""
+        self._require_consistent("save_checkpoint")
+        return save_checkpoint(
+            self._checkpoint_target(),
+            save_dir,
+            tag,
+            client_state,
+            save_latest,
+            exclude_frozen_parameters,
+        )
+
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        tag=None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+        custom_load_fn=None,
+    ):
+        """(path, client_state), or (None, None) when load_dir has no `latest` (and no tag
+        was given). A checkpoint of another data-parallel size is resharded."""
+        loaded = load_checkpoint(
+            self._checkpoint_target(),
+            load_dir,
+            tag,
+            load_module_strict,
+            load_optimizer_states,
+            load_lr_scheduler_states,
+            load_module_only,
+            custom_load_fn,
+        )
+        if loaded.counters is not None:
+            self.global_steps = loaded.counters.global_steps
+            self.global_samples = loaded.counters.global_samples
+            self.skipped_steps = loaded.counters.skipped_steps
+        return loaded.path, loaded.client_state
+
+    def _checkpoint_target(self) -> CheckpointTarget:
+        """What checkpoint/ saves and loads (checkpoint/target.py): the stage's side of it
+        (Note [Stage checkpoints] in zero/protocol.py), the config sections it reads, this
+        rank's place, and the counters a save writes."""
+        cfg = self._config
+        return CheckpointTarget(
+            module=self.module,
+            stage=stage_class(cfg.zero_stage).checkpointer(self.module, self.optimizer),
+            lr_scheduler=self.lr_scheduler,
+            checkpoint=cfg.checkpoint,
+            aio=cfg.aio,
+            aio_keys=tuple((cfg.raw.get("aio") or {}).keys()),
+            ds_config=self.config,
+            global_rank=self.global_rank,
+            world_size=self.world_size,
+            dp_rank=comm.get_rank(self.dp_process_group),
+            dp_world_size=self.dp_world_size,
+            mp_world_size=self.mp_world_size,
+            bf16=self.bfloat16_enabled(),
+            train_batch_size=self.train_batch_size(),
+            counters=TrainingCounters(self.global_steps, self.global_samples, self.skipped_steps),
+            set_inconsistent=self._run.set_inconsistent,
+        )
+
+    # --- whole weights ---------------------------------------------------------------------------
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""
+        stage = stage_class(self._config.zero_stage)
+        return stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
+
+    def save_16bit_model(
+        self,
+        save_dir: str,
+        save_filename: str = "pytorch_model.bin",
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        """Rank 0 writes the module's weights to save_dir/save_filename. At stage 3 only
+        with zero_optimization.stage3_gather_16bit_weights_on_model_save (else returns False,
+        as DeepSpeed does); all ranks must call it."""
+        stage = stage_class(self._config.zero_stage)
+        zero = self._config.zero_optimization
+        if stage.gathers_to_save and not zero.stage3_gather_16bit_weights_on_model_save:
+            logger.warning(
+                "save_16bit_model: nothing written; at ZeRO stage 3 set "
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save to true "
+                "to gather the weights into one file"
+            )
+            return False
+        state = stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
+        if state is not None:
+            os.makedirs(save_dir, exist_ok=True)
+            torch.save(state, os.path.join(save_dir, save_filename))
+        comm.barrier()
+        return True
+
+    save_fp16_model = save_16bit_model
