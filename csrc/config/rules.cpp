@@ -132,6 +132,12 @@ void offload_rules(Resolution& r, int64_t stage) {
     r.errors.push_back("zero_optimization.offload_optimizer.ratio: partial offloading (" +
                        show(ratio) + " < 1) is only supported for ZeRO stage 3; got stage " +
                        std::to_string(stage));
+  if (str(r, "zerostream.device_tier_grads") == "host" &&
+      !(ratio.is_number() && ratio.get<double>() < 1.0))
+    r.warnings.push_back(
+        "zerostream.device_tier_grads: \"host\" has no effect: it places the gradients of the "
+        "optimizer sub-groups zero_optimization.offload_optimizer.ratio keeps on the device, "
+        "and no ratio below 1 is set");
   const Json& in_cpu = r.at("zerostream.optimizer_max_in_cpu");
   if (opt_device != "nvme" && in_cpu != 0)
     r.warnings.push_back("zerostream.optimizer_max_in_cpu: " + show(in_cpu) +

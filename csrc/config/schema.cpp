@@ -248,7 +248,9 @@ struct Schema {
                                              U("cpu_optimizer_threads", 0),
                                              U("max_consecutive_skipped_steps", 50),
                                              E("offload_gradient_dtype", "auto", {"auto", "fp32"}),
-                                             U("optimizer_max_in_cpu", 0).or_auto()}};
+                                             U("optimizer_max_in_cpu", 0).or_auto(),
+                                             E("device_tier_grads", "device",
+                                               {"device", "host"})}};
 
     root = {"", false, true, {
         I("train_batch_size", nullptr).greater_than_zero(),

@@ -405,6 +405,11 @@ class ZeroStreamExtConfig:
     # sub-groups, never written to the swap files), or "auto": as many as the free host
     # memory allows (offload/tiers.py). 0: all on NVMe, DeepSpeed's behaviour.
     optimizer_max_in_cpu: Union[int, str]
+    # offload_optimizer.ratio's device sub-groups: their gradients land on the device
+    # ("device", DeepSpeed's behaviour) or cross to the host partition and back up for their
+    # update ("host": 2-4 bytes an element less device memory, so more sub-groups fit there;
+    # Note [Device-tier gradients stay on the device] in offload/device_tier.py).
+    device_tier_grads: str
 
 
 @dataclass(frozen=True)

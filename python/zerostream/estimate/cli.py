@@ -240,7 +240,9 @@ def _plan(args):
             raise UsageError(f"--ds-config: {exc}") from exc
         work = _workload(args, shape, cfg)
         z = cfg.zero_optimization
-        knobs = knobs_from_config(z, cfg.zerostream.optimizer_max_in_cpu)
+        knobs = knobs_from_config(
+            z, cfg.zerostream.optimizer_max_in_cpu, cfg.zerostream.device_tier_grads
+        )
         option = Option(
             z.stage,
             z.offload_optimizer_device,

@@ -154,6 +154,9 @@ class Knobs:
     # offload_optimizer.ratio (stage 3): the share of the sub-groups offloaded; the rest
     # are stepped on the device (Note [The device tier] in offload/device_tier.py).
     offload_ratio: float = 1.0
+    # zerostream.device_tier_grads: where the device tier's gradients land ("device", as in
+    # DeepSpeed, or "host" and back up: Note [Device-tier gradients stay on the device])
+    device_tier_grads: str = "device"
 
 
 def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
@@ -178,9 +181,10 @@ def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
     )
 
 
-def knobs_from_config(zero, in_cpu=0) -> Knobs:
+def knobs_from_config(zero, in_cpu=0, tier_grads: str = "device") -> Knobs:
     """The knobs of a resolved config's zero_optimization section (zerostream.config) and
-    its zerostream.optimizer_max_in_cpu (`in_cpu`; "auto" is planned by the run)."""
+    its zerostream.optimizer_max_in_cpu (`in_cpu`; "auto" is planned by the run) and
+    zerostream.device_tier_grads (`tier_grads`)."""
     op, oo = zero.offload_param, zero.offload_optimizer
     return Knobs(
         reduce_bucket_size=zero.reduce_bucket_size,
@@ -198,6 +202,7 @@ def knobs_from_config(zero, in_cpu=0) -> Knobs:
         max_in_cpu=(0 if op.max_in_cpu == "auto" else op.max_in_cpu) if op else int(1e9),
         optimizer_max_in_cpu=0 if in_cpu == "auto" else in_cpu,
         offload_ratio=oo.ratio if oo and zero.stage == 3 else 1.0,
+        device_tier_grads=tier_grads,
     )
 
 
@@ -317,8 +322,14 @@ def _memory(shape, work, machine, option, knobs):
     if on_device:  # offload_optimizer.ratio: the device tier's state, the rest offloaded
         device[f"device-tier {master}"] = work.master_bytes * on_device
         device[f"device-tier {moments}"] = work.moment_bytes * on_device
-        width = min(knobs.sub_group_size or part, part)
-        step["device-tier gradient buffer"] = offloaded_grad_bytes(d, work) * width
+        # Its gradients land on the device (Note [Device-tier gradients stay on the device]),
+        # in the host partition's dtype; the host partition keeps its full size. With
+        # device_tier_grads "host" one sub-group's slice at a time goes back up instead.
+        if knobs.device_tier_grads == "device":
+            device["device-tier grads"] = offloaded_grad_bytes(d, work) * on_device
+        else:
+            width = min(knobs.sub_group_size or part, part)
+            step["device-tier gradient buffer"] = offloaded_grad_bytes(d, work) * width
         states[master] = work.master_bytes * (part - on_device)
         states[moments] = work.moment_bytes * (part - on_device)
     if option.optimizer == "none":
@@ -380,13 +391,16 @@ def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
     t = {"h2d": 0.0, "d2h": 0.0, "nvme_read": 0.0, "nvme_write": 0.0}
     on_device = device_tier_elements(part, option, knobs)
     if option.optimizer != "none":
-        t["d2h"] += d * part * A  # gradient partitions to the host every micro-batch
+        # Gradient partitions to the host every micro-batch, but the device tier's, which
+        # land on the device (offload_optimizer.ratio), unless device_tier_grads is "host":
+        # then they come back up for its update
+        grads_home = on_device if knobs.device_tier_grads == "device" else 0
+        t["d2h"] += d * (part - grads_home) * A
+        t["h2d"] += offloaded_grad_bytes(d, work) * (on_device - grads_home)
         if option.param == "none":
             t["h2d"] += d * (part - on_device)  # the updated 16-bit partition back
         else:  # the device tier's updated weights down to the host shards
             t["d2h"] += d * on_device
-        # offload_optimizer.ratio: the device tier's gradients back up for its update
-        t["h2d"] += offloaded_grad_bytes(d, work) * on_device
     if option.stage == 3 and option.param != "none":
         t["h2d"] += 2 * d * part * A  # shards up for the forward and the backward gathers
     if option.optimizer == "nvme":  # master and moments, each sub-group in and out
@@ -513,13 +527,24 @@ def plan_gpu_tier(
     from dataclasses import replace
 
     part = math.ceil(shape.params / machine.world)
-    knobs = replace(base.knobs, sub_group_size=int(1e8))
-    sized = replace(base, knobs=knobs)
-    ratio, on_gpu = _gpu_tier(part, work, machine, sized)
-    if not on_gpu:
-        return None
     option = Option(base.option.stage, "cpu", base.option.param, gpu_tier=True)
-    return predict(shape, work, machine, option, replace(knobs, offload_ratio=ratio))
+    plans = []
+    for where in GRAD_HOMES:
+        knobs = replace(base.knobs, sub_group_size=int(1e8), device_tier_grads=where)
+        ratio, on_gpu = _gpu_tier(part, work, machine, replace(base, knobs=knobs))
+        if on_gpu:
+            plans.append(predict(shape, work, machine, option, replace(knobs, offload_ratio=ratio)))
+    return _faster(plans)
+
+
+# Where the device tier's gradients may land, DeepSpeed's first: the planner takes "host"
+# only when its step is faster (Note [Device-tier gradients stay on the device]).
+GRAD_HOMES = ("device", "host")
+
+
+def _faster(plans: List[Prediction]) -> Optional[Prediction]:
+    """The plan with the shorter step (the first of equals), None when there is none."""
+    return min(plans, key=lambda p: p.step_seconds) if plans else None
 
 
 def plan_tiers(
@@ -534,7 +559,20 @@ def plan_tiers(
     - the host memory it leaves free on each node, shared by its processes, goes to param
       shards on disk (6 bytes of disk traffic saved per step for 2 held), then to the
       optimizer state still on disk (24 saved for 12, or 2 x state_bytes for state_bytes).
-    None when nothing is free."""
+    None when nothing is free. Where the GPU tier's gradients land is planned both ways and
+    the faster taken."""
+    from dataclasses import replace
+
+    plans = []
+    for where in GRAD_HOMES:
+        homed = replace(base, knobs=replace(base.knobs, device_tier_grads=where))
+        plans.append(_plan_tiers(shape, work, machine, homed))
+    return _faster([p for p in plans if p is not None])
+
+
+def _plan_tiers(
+    shape: ModelShape, work: Workload, machine: Machine, base: Prediction
+) -> Optional[Prediction]:
     from dataclasses import replace
 
     part = math.ceil(shape.params / machine.world)
@@ -571,7 +609,8 @@ def plan_tiers(
 
 def _gpu_tier(part: int, work: Workload, machine: Machine, base: Prediction) -> Tuple[float, int]:
     """(offload_optimizer.ratio, elements on the GPU): the whole sub-groups of this rank's
-    partition that fit the GPU memory `base` leaves (less one sub-group's gradient buffer),
+    partition that fit the GPU memory `base` leaves (with their gradients, or one sub-group's
+    gradient buffer when they land on the host: base.knobs.device_tier_grads),
     as the ratio whose int((1 - ratio) * n) is their count (half a sub-group of margin
     against rounding). (1.0, 0) off stage 3, with offloaded params, or without a GPU."""
     option = base.option
@@ -580,8 +619,11 @@ def _gpu_tier(part: int, work: Workload, machine: Machine, base: Prediction) -> 
     width = min(base.knobs.sub_group_size or part, part)
     n = math.ceil(part / width)
     spare = machine.gpu_mem - machine.gpu_reserve - base.device_peak
-    spare -= offloaded_grad_bytes(work.dtype_bytes, work) * width
-    k = max(0, min(n, spare // (work.state_bytes * width)))
+    grad = offloaded_grad_bytes(work.dtype_bytes, work)
+    if base.knobs.device_tier_grads == "device":  # gradients beside the state
+        k = max(0, min(n, spare // ((work.state_bytes + grad) * width)))
+    else:  # one sub-group's gradient buffer
+        k = max(0, min(n, (spare - grad * width) // (work.state_bytes * width)))
     if k == 0:
         return 1.0, 0
     ratio = 1.0 - (k + 0.5) / n if k < n else 0.0

@@ -91,9 +91,17 @@ def explain(
     if tiered:
         t = tiered[0]
         kept = t.host.get(optimizer_state_key(work, in_cpu=True), 0)
-        on_gpu = sum(v for k, v in t.device.items() if k.startswith("device-tier"))
+        on_gpu = sum(
+            v for k, v in t.device.items() if k.startswith("device-tier") and "grads" not in k
+        )
+        grads = t.device.get("device-tier grads", 0)
+        home = (
+            f", with their gradients ({gb(grads)} GB)"
+            if grads
+            else ', their gradients landed in host RAM (zerostream.device_tier_grads "host")'
+        )
         gpu = (
-            f"the GPUs' spare memory keeps {gb(on_gpu)} GB of the optimizer state each "
+            f"the GPUs' spare memory keeps {gb(on_gpu)} GB of the optimizer state each{home} "
             f"(offload_optimizer.ratio {t.knobs.offload_ratio:.4f}: the first sub-groups are "
             f"stepped there)"
         )
@@ -224,6 +232,8 @@ def ds_config(rec: Prediction, shape: ModelShape, work: Workload, nvme_path: str
         if k.offload_ratio < 1.0:  # the planner's GPU tier (Note [The device tier])
             off["ratio"] = round(k.offload_ratio, 6)
             zero["sub_group_size"] = k.sub_group_size  # the ratio counts these
+            if k.device_tier_grads != "device":  # it found the host's landing faster
+                cfg_ext["device_tier_grads"] = k.device_tier_grads
         zero["offload_optimizer"] = off
     if o.stage == 3 and o.param != "none":
         off = {"device": o.param, "pin_memory": True}

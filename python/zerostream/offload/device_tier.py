@@ -13,30 +13,43 @@ zerostream.optimizer_max_in_cpu splits them between host memory and disk as with
 The placement changes no result beyond fp32 rounding: the device runs the CPU kernel's rule
 (ops/device_adam.py) on the same values.
 
-A device sub-group's step, on the copy stage (offload/copy_stage.py):
-1. its slice of the gradient partition, which the reducer landed in host memory like the
-   rest, is uploaded into a device buffer on the upload lane. One buffer, as wide as the
-   widest device sub-group, serves them all: a lane copy first waits for the compute stream,
-   so the next upload into it follows the update that read it;
-2. the compute stream waits for the upload (fence) and runs the update there;
-3. the new master values become the 16-bit partition's: a device partition is written on
-   the compute stream; a host one or NVMe shards (offload_param) take a blocking copy.
-The next backward lands its gradients in the same host memory, so the host must know the
-uploads finished reading it first: the step ends by waiting for the last of them, after the
-offloaded sub-groups were stepped (which normally hides the wait entirely).
+Note [Device-tier gradients stay on the device]
+  Sub-groups are cut from each group's partition in order, so the device tier is a prefix of
+  each group's partition: [0, d_g) (all of the first groups, part of one, none of the rest).
+  The reducer's landing (zero/grad_reduce.py Landing.device_parts) adds a reduced gradient's
+  elements below d_g into a device buffer of the gradient partition's dtype, on the compute
+  stream, and sends only the rest down to the host partition; the host partition's first
+  d_g elements stay zero. So the device share's gradients never cross the link, as in
+  DeepSpeed. The step's norm and overflow check read both (zero/sharded.py), and the
+  parameter accessors (safe_get_full_grad and co, zero/param_access.py) read and write a
+  fragment on either side of d_g through ShardedOptimizerBase.grad_read / grad_write.
+
+  With `"zerostream": {"device_tier_grads": "host"}` they land in the host partition like
+  the rest instead, and each device sub-group's slice goes back up for its update into one
+  buffer as wide as the widest sub-group (a lane copy first waits for the compute stream, so
+  the next upload into it follows the update that read it; the compute stream waits for the
+  upload, on the device). The step ends with the host waiting for the last upload: the next
+  backward lands gradients in that host memory. That costs 2 x 2-4 bytes an element of PCIe
+  a step and saves 2-4 bytes an element of device memory, room for about a seventh more
+  sub-groups on the device: the better trade when the CPU's share of the step is its bound,
+  which `zerostream estimate` weighs when it plans a ratio.
+
+A device sub-group's step runs on the compute stream (ops/device_adam.py, the CPU kernel's
+rule); then the new master values become the 16-bit partition's: a device partition is
+written on the compute stream; a host one or NVMe shards (offload_param) take a blocking
+copy.
 
 What it buys: the device holds 12 bytes an element (fp32 master, exp_avg, exp_avg_sq) for
-its share, and host memory (or, under "nvme", 24 bytes an element of disk traffic per step)
-is saved on it; the CPU kernel's share of the step shrinks with it. What it does not yet: the
-gradients of the device share still cross the link both ways (4 bytes an element, 2 when
-they land 16-bit); DeepSpeed keeps them on the device. On a machine without a GPU the device
+its share, and its gradients (4 bytes, 2 when they land 16-bit) unless they go to the host;
+host memory (or, under "nvme", 24 bytes an element of disk traffic per step) is saved on it,
+and the CPU kernel's share of the step shrinks with it. On a machine without a GPU the device
 is the CPU, and the tier is ordinary memory beside the host arena.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
@@ -67,8 +80,11 @@ class DeviceTier:
         self.kind_dtypes = kind_dtypes
         self.elements = sum(s.hi - s.lo for s in sub_groups)
         self.width = max((s.hi - s.lo for s in sub_groups), default=0)
-        self.grad_buf: Optional[torch.Tensor] = None  # made at the first step, grads' dtype
-        self._uploaded = None  # the copy stage's mark after this step's gradient uploads
+        self.grad_parts: Dict[int, torch.Tensor] = {}  # group -> gradients [0, d_g)
+        # zerostream.device_tier_grads "host": one buffer they are uploaded into, and the
+        # copy stage's mark after this step's uploads
+        self.grad_buf: Optional[torch.Tensor] = None
+        self._uploaded = None
         try:
             for s in sub_groups:
                 s.dev = [torch.empty(s.hi - s.lo, dtype=d, device=device) for d in kind_dtypes]
@@ -79,6 +95,22 @@ class DeviceTier:
                 f"({nbytes / 2**30:.2f} GiB of master weights and moments) do not fit there; "
                 f"raise the ratio (the share offloaded) or lower sub_group_size: {exc}"
             ) from exc
+
+    def make_grad_parts(self, dtype: torch.dtype) -> Dict[int, torch.Tensor]:
+        """The device buffers the reducer lands the tier's gradients in (Note [Device-tier
+        gradients stay on the device]): per group, elements [0, d_g), zeroed."""
+        ends: Dict[int, int] = {}
+        for s in self.sub_groups:
+            if s.lo != ends.get(s.group, 0):
+                raise RuntimeError(
+                    f"{RATIO_KEY}: the device sub-groups of param group {s.group} are not a "
+                    f"prefix of its partition (a sub-group starts at {s.lo})"
+                )
+            ends[s.group] = s.hi
+        self.grad_parts = {
+            g: torch.zeros(d, dtype=dtype, device=self.device) for g, d in ends.items()
+        }
+        return self.grad_parts
 
     @property
     def state_bytes(self) -> int:
@@ -99,18 +131,22 @@ class DeviceTier:
         grad_scale: float,
         stage: Optional["CopyStage"],
     ) -> None:
-        """One sub-group's step (Note [The device tier])."""
+        """One sub-group's step (Note [The device tier]), from its gradients on the device,
+        or with zerostream.device_tier_grads "host" uploaded from the host partition first."""
         n = s.hi - s.lo
-        host_grad = grads[s.group][s.lo : s.hi]
-        if self.grad_buf is None or self.grad_buf.dtype != host_grad.dtype:
-            self.grad_buf = torch.empty(self.width, dtype=host_grad.dtype, device=self.device)
-        grad = self.grad_buf[:n]
-        if stage is not None:
-            stage.upload(host_grad, grad)
-            self._uploaded = stage.upload_mark()
-            stage.fence()  # the compute stream reads it next
+        if self.grad_parts:
+            grad = self.grad_parts[s.group][s.lo : s.hi]
         else:
-            grad.copy_(host_grad)
+            host_grad = grads[s.group][s.lo : s.hi]
+            if self.grad_buf is None or self.grad_buf.dtype != host_grad.dtype:
+                self.grad_buf = torch.empty(self.width, dtype=host_grad.dtype, device=self.device)
+            grad = self.grad_buf[:n]
+            if stage is not None:
+                stage.upload(host_grad, grad)
+                self._uploaded = stage.upload_mark()
+                stage.fence()  # the compute stream reads it next
+            else:
+                grad.copy_(host_grad)
         p, m, v = s.dev
         device_adam_step(
             p,
@@ -129,7 +165,8 @@ class DeviceTier:
         write_partition(partitions[s.group], s.lo, s.hi, p)
 
     def finish(self, stage: Optional["CopyStage"]) -> None:
-        """The end of a step: the host knows every gradient upload has read its source."""
+        """The end of a step: the host knows every gradient upload has read its source (the
+        next backward lands gradients there)."""
         if stage is not None and self._uploaded is not None:
             stage.host_wait_mark(self._uploaded)
         self._uploaded = None

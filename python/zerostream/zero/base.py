@@ -319,8 +319,16 @@ class ZeroOptimizerBase:
         """Squared norm of the still-scaled grads, summed over ranks when each holds a
         partition; inf or nan anywhere makes it non-finite, so one scalar tells both."""
         grads = [g for g in grads if g is not None and g.numel() > 0]
-        if grads:
-            total = torch.stack([_squared_sum(g) for g in grads]).sum()
+        by_device: dict = {}  # host partitions and the device tier's (offload_optimizer.ratio)
+        for g in grads:
+            by_device.setdefault(g.device, []).append(_squared_sum(g))
+        if len(by_device) > 1:
+            total = sum(
+                torch.stack(sums).sum().to(self.ctx.device, non_blocking=True)
+                for sums in by_device.values()
+            )
+        elif grads:
+            total = torch.stack(next(iter(by_device.values()))).sum()
         else:
             total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         if partitioned and self.ctx.world > 1:

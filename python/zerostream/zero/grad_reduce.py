@@ -51,7 +51,7 @@ import functools
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -151,8 +151,13 @@ class Landing:
         self.direct = stage is not None and bool(targets) and targets[0].dtype != torch.float32
         self.fresh = True  # nothing landed since zero(): a direct landing overwrites
         self._covered = Coverage(len(targets))  # written since zero() (direct landing)
+        # group -> the device buffer that takes partition elements [0, len) instead of the
+        # target (Note [Device-tier gradients stay on the device] in offload/device_tier.py)
+        self.device_parts: Dict[int, torch.Tensor] = {}
 
     def land(self, source: torch.Tensor, spans: List[Tuple[int, int, int, int]]) -> None:
+        if self.device_parts:
+            spans = self._land_on_device(source, spans)
         if not spans:
             return
         if self.stage is None:
@@ -178,14 +183,37 @@ class Landing:
             add = [(off, g, at, n, True) for off, g, at, n in overwrite] + add
         self._through_slot(source, add)
 
+    def _land_on_device(self, source: torch.Tensor, spans) -> List[Tuple[int, int, int, int]]:
+        """Adds each span's part below its group's device range into the device buffer, on
+        the compute stream; returns the parts left for the targets."""
+        rest = []
+        for off, g, at, n in spans:
+            part = self.device_parts.get(g)
+            d = 0 if part is None else part.numel()
+            if at < d:
+                m = min(n, d - at)
+                part[at : at + m].add_(source[off : off + m])
+                off, at, n = off + m, at + m, n - m
+            if n:
+                rest.append((off, g, at, n))
+        return rest
+
     def _through_slot(self, source: torch.Tensor, spans) -> None:
         """Spans (off, group, at, n, overwrite) landed through the copy stage's slots: a
         source of another dtype, or a part added to what an earlier one wrote."""
         if not spans:
             return
-        lo = min(s[0] for s in spans)
-        hi = max(s[0] + s[3] for s in spans)
-        self.stage.to_host(source[lo:hi], functools.partial(self._landed, spans, lo))
+        # One download per run of adjacent spans: the elements between runs (landed on the
+        # device, or another rank's) do not cross.
+        runs: List[list] = []
+        for span in sorted(spans, key=lambda sp: sp[0]):
+            if runs and span[0] <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], span[0] + span[3])
+                runs[-1][2].append(span)
+            else:
+                runs.append([span[0], span[0] + span[3], [span]])
+        for lo, hi, run in runs:
+            self.stage.to_host(source[lo:hi], functools.partial(self._landed, run, lo))
 
     def _landed(self, spans, base: int, at: int, chunk: torch.Tensor) -> None:
         """The overlap of each span with a landed chunk (source elements [base + at, ...)),
@@ -221,6 +249,8 @@ class Landing:
     def zero(self) -> None:
         """No gradient: a direct landing's partitions are overwritten by the next backward
         (and what it leaves unwritten zeroed), others are cleared now."""
+        for part in self.device_parts.values():
+            part.zero_()
         if self.direct:
             self.fresh, self._covered = True, Coverage(len(self.targets))
         else:

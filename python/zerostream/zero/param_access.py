@@ -82,6 +82,10 @@ class _Access:
         gradient, which the step will sum over ranks. None: the param has no gradient."""
         raise NotImplementedError
 
+    def grad_assign(self, param, target: torch.Tensor, values: torch.Tensor) -> None:
+        """Writes `values` where grad_view's `target` came from."""
+        target.copy_(values)
+
     # --- the fp32 state ---------------------------------------------------------------------
     def _swapper(self):
         return getattr(self.opt, "swapper", None)
@@ -198,8 +202,12 @@ class _Sharded(_Access):
         return Fragment(group, at, lo, lo + zp.shard_valid)
 
     def grad_view(self, param):
+        f = self.fragment(param)  # a copy where it straddles the device tier's boundary
+        return f.lo, self.opt.grad_read(f.index, f.offset, f.hi - f.lo), True
+
+    def grad_assign(self, param, target: torch.Tensor, values: torch.Tensor) -> None:
         f = self.fragment(param)
-        return f.lo, self.opt.grads[f.index][f.offset : f.offset + f.hi - f.lo], True
+        self.opt.grad_write(f.index, f.offset, values)
 
     def local_span(self, param) -> Tuple[int, int, int]:
         zp = zero_param_of(param)
@@ -337,7 +345,7 @@ def safe_set_full_grad(param, value: torch.Tensor) -> None:
         lo, target, summed = view
         piece = flat[lo : lo + target.numel()].to(target.device, torch.float32)
         # The step divides the sum over ranks by the world size (Note [Param access ...]).
-        target.copy_(piece * access.divisor if summed else piece)
+        access.grad_assign(param, target, piece * access.divisor if summed else piece)
 
 
 def safe_update_full_grad_vectorized(params, update_func) -> None:
@@ -411,7 +419,7 @@ def safe_get_local_grad(param) -> Optional[torch.Tensor]:
     if found is None or not found[0].opt.holding_grads:
         return None
     access, (index, offset, n) = found
-    local = access.opt.grads[index][offset : offset + n].float() / access.divisor
+    local = access.opt.grad_read(index, offset, n).float() / access.divisor
     return local.to(param.device)
 
 
@@ -424,10 +432,9 @@ def safe_set_local_grad(param, value: torch.Tensor) -> None:
     _require_grads(access, what)
     if value.numel() != n:
         raise ValueError(f"{what}: value has {value.numel()} elements; this rank's shard has {n}")
-    target = access.opt.grads[index][offset : offset + n]
     with torch.no_grad():
-        value = value.detach().reshape(-1).to(target.device, torch.float32)
-        target.copy_(value * access.divisor)
+        value = value.detach().reshape(-1).to(torch.float32)
+        access.opt.grad_write(index, offset, value * access.divisor)
 
 
 __all__ = [

@@ -151,8 +151,53 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         return {
             K.optim_states: StateGroup(moments),
             K.hp_params: StateGroup(masters),
-            K.lp_grads: StateGroup(list(self.grads)),
+            K.lp_grads: StateGroup(list(self.grads) + self._device_grads()),
         }
+
+    # --- gradients of the device tier (offload_optimizer.ratio) ---------------------------------
+    def _device_tier(self):
+        return self.swapper.device_tier if self.swapper is not None else None
+
+    def _keep_device_tier_grads(self, landing) -> None:
+        """The reducer lands the device tier's gradients on the device (Note [Device-tier
+        gradients stay on the device] in offload/device_tier.py)."""
+        tier = self._device_tier()
+        on_device = self.ctx.config.zerostream.device_tier_grads == "device"
+        if tier is not None and self.grads and on_device:
+            landing.device_parts = tier.make_grad_parts(self.grads[0].dtype)
+
+    def _device_grads(self) -> List[torch.Tensor]:
+        tier = self._device_tier()
+        return list(tier.grad_parts.values()) if tier is not None else []
+
+    def grad_read(self, index: int, offset: int, n: int) -> torch.Tensor:
+        """Elements [offset, offset + n) of group `index`'s gradient partition, wherever they
+        landed: a view on one side of the device tier's boundary, an fp32 copy on the device
+        across it."""
+        host = self.grads[index]
+        tier = self._device_tier()
+        part = tier.grad_parts.get(index) if tier is not None else None
+        d = 0 if part is None else part.numel()
+        if offset >= d:
+            return host[offset : offset + n]
+        if offset + n <= d:
+            return part[offset : offset + n]
+        rest = host[d : offset + n].to(part.device, torch.float32)
+        return torch.cat([part[offset:d].float(), rest])
+
+    def grad_write(self, index: int, offset: int, values: torch.Tensor) -> None:
+        """Writes `values` into group `index`'s gradient partition from `offset`, on either
+        side of the device tier's boundary."""
+        values = values.reshape(-1)
+        tier = self._device_tier()
+        part = tier.grad_parts.get(index) if tier is not None else None
+        d = 0 if part is None else part.numel()
+        if offset < d:
+            m = min(values.numel(), d - offset)
+            part[offset : offset + m].copy_(values[:m])
+            values, offset = values[m:], offset + m
+        if values.numel():
+            self.grads[index][offset : offset + values.numel()].copy_(values)
 
     def _require_host_memory(self, ctx: StageContext, numel: int) -> None:
         require_host_state(ctx, numel)
@@ -210,7 +255,8 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         # "mean") is folded into the norm and the factor instead of a pass over them (and a
         # rounding of 16-bit ones).
         divisor = self.dp_divisor
-        norm_sq = self._norm_and_overflow(self.grads, partitioned=True) / divisor**2
+        grads = list(self.grads) + self._device_grads()
+        norm_sq = self._norm_and_overflow(grads, partitioned=True) / divisor**2
         factor = self._grad_factor(norm_sq)
         if factor is not None:
             self._update(factor / divisor)

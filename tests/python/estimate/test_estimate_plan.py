@@ -178,10 +178,14 @@ def test_grad_accumulation_spreads_the_per_step_traffic():
     assert many.bound_by == "compute"
 
 
-def _gpu_sub_groups(base, per: int = 12) -> int:
-    """By hand: whole sub-groups of 1e8 elements (per bytes each) in the GPU memory an
-    all-on-NVMe option leaves, less 2 GB reserved and one sub-group's bf16 gradient buffer."""
-    return int((40 * 10**9 - 2 * 10**9 - base.device_peak - 2 * 10**8) // (per * 10**8))
+def _gpu_sub_groups(base, per: int = 12, grads: str = "host") -> int:
+    """By hand: whole sub-groups of 1e8 elements (per bytes each: fp32 master and moments)
+    in the GPU memory an all-on-NVMe option leaves, less 2 GB reserved, with their bf16
+    gradients (2 bytes an element more) or, landed on the host, one sub-group's buffer."""
+    spare = 40 * 10**9 - 2 * 10**9 - base.device_peak
+    if grads == "device":
+        return int(spare // ((per + 2) * 10**8))
+    return int((spare - 2 * 10**8) // (per * 10**8))
 
 
 def test_memory_tiers_fill_the_gpu_then_the_host_memory():
@@ -199,10 +203,15 @@ def test_memory_tiers_fill_the_gpu_then_the_host_memory():
     all_out = predict_all(shape, work, machine)
     planned = {p.option.param: p for p in all_out[len(OPTIONS) :]}
     assert set(planned) == {"none", "nvme"}
-    # Params on the GPUs: 7 of 87 sub-groups there, the rest fits in host RAM.
+    # Params on the GPUs: 7 of 87 sub-groups there with their gradients landed in host RAM
+    # (6 with them on the GPUs: the CPU Adam, the bound, would step 1e8 more elements a
+    # rank), the rest fits in host RAM.
     t, base = planned["none"], by[(3, "nvme", "none")]
     n, k = math.ceil(PART / 10**8), _gpu_sub_groups(base)
-    assert (n, k) == (87, 7)
+    assert (n, k, _gpu_sub_groups(base, grads="device")) == (87, 7, 6)
+    assert t.knobs.device_tier_grads == "host" and t.bound_by == "cpu_adam"
+    assert t.step["device-tier gradient buffer"] == 2 * 10**8
+    assert t.traffic["h2d"] == t.traffic["d2h"] == 2 * PART  # its grads up, not its weights
     assert t.option == Option(3, "cpu", "none", gpu_tier=True)
     assert t.option.label == "stage 3, optimizer gpu+cpu, params none"
     assert t.knobs.offload_ratio == pytest.approx(1 - 7.5 / 87)
@@ -296,8 +305,8 @@ def test_70b_on_four_nodes_is_bound_by_the_network_between_them():
 @pytest.mark.parametrize("offload", ["cpu", "nvme"])
 def test_offload_ratio_moves_the_first_sub_groups_state_to_the_gpu_by_hand(offload):
     """offload_optimizer.ratio 0.3 (Note [The device tier]): of PART / 1e8 sub-groups the
-    first int(0.7 n) keep master and moments on the GPU, off the host (or disk); their
-    gradients go back up every step, their weights do not, and the CPU kernel skips them."""
+    first int(0.7 n) keep master, moments and gradients on the GPU, off the host (or disk);
+    neither their gradients nor their weights cross, and the CPU kernel skips them."""
     shape = from_hf_config(LLAMA2_70B)
     work = Workload(1, 4096, 1, "bf16", True)
     machine = _node()
@@ -322,12 +331,13 @@ def test_offload_ratio_moves_the_first_sub_groups_state_to_the_gpu_by_hand(offlo
     dev = int(0.7 * n) * 10**8  # 60 of the 87 sub-groups
     assert part.device["device-tier fp32 master"] == 4 * dev
     assert part.device["device-tier Adam m, v"] == 8 * dev
-    assert part.step["device-tier gradient buffer"] == 2 * 10**8  # bf16 grads, one sub-group
+    assert part.device["device-tier grads"] == 2 * dev  # bf16, as the host partition
     where = part.host if offload == "cpu" else part.nvme
     before = tier.host if offload == "cpu" else tier.nvme
     assert sum(before.values()) - sum(where.values()) == 12 * dev
-    # Up: the device tier's bf16 gradients instead of its bf16 weights, the same bytes.
-    assert part.traffic["h2d"] == tier.traffic["h2d"] == 2 * PART
+    # The device tier's bf16 gradients do not go down, nor its bf16 weights up.
+    assert tier.traffic["h2d"] == tier.traffic["d2h"] == 2 * PART
+    assert part.traffic["h2d"] == part.traffic["d2h"] == 2 * (PART - dev)
     assert part.traffic["cpu_adam"] == tier.traffic["cpu_adam"] - 8 * dev
     if offload == "nvme":
         assert part.traffic["optimizer_nvme_read"] == 8.0 * 12 * (PART - dev)

@@ -6,8 +6,11 @@ offload/device_tier.py).
 - The update: the device rule equals the CPU kernel and torch.optim.Adam/AdamW to fp32
   rounding, for fp32 and bf16 states.
 - The mechanism: device sub-groups hold their state on the engine's device, outside the host
-  arena, with no extent in the swap files and no disk traffic; their gradients cross on the
-  copy stage; with "cpu" there is no swap store at all. All three tiers in one run.
+  arena, with no extent in the swap files and no disk traffic; with "cpu" there is no swap
+  store at all. All three tiers in one run.
+- Their gradients land on the device and never cross; the parameter accessors
+  (safe_get/set_full_grad, safe_get/set_local_grad) read and write them there, also for a
+  parameter whose shard straddles the device tier's boundary.
 - The math: plain PyTorch AdamW's losses (2 ranks); a checkpoint saved with a ratio resumes
   into an all-NVMe run, and back, with the losses of an uninterrupted run.
 """
@@ -79,7 +82,7 @@ def test_the_device_update_is_the_cpu_kernel_s_and_torch_s(adamw, master, states
 
 
 # --- the engine ----------------------------------------------------------------------------------
-def _config(micro, nvme, device="cpu", ratio=0.5, max_in_cpu=0, params="none"):
+def _config(micro, nvme, device="cpu", ratio=0.5, max_in_cpu=0, params="none", grads="device"):
     offload = {"device": device, "ratio": ratio}
     if device == "nvme":
         offload["nvme_path"] = nvme
@@ -92,7 +95,7 @@ def _config(micro, nvme, device="cpu", ratio=0.5, max_in_cpu=0, params="none"):
     }
     if params != "none":  # the device tier's updated weights go down to host or NVMe shards
         zero["offload_param"] = {"device": params, "nvme_path": f"{nvme}/params"}
-    ext = {"zerostream": {"optimizer_max_in_cpu": max_in_cpu}} if max_in_cpu else {}
+    ext = {"zerostream": {"optimizer_max_in_cpu": max_in_cpu, "device_tier_grads": grads}}
     return adamw_ds_config(micro, zero, LR, BETAS, WD, CLIP, **ext)
 
 
@@ -105,17 +108,35 @@ def _train(engine, rank, world, steps, first=0):
     swapper, stage = engine.optimizer.swapper, engine.optimizer.copy_stage
     for s in range(first, first + steps):
         before = (swapper.bytes_read, swapper.bytes_written, stage.stats["h2d_bytes"])
+        before += (stage.stats["d2h_bytes"],)
         loss = engine(
             xs[s][rank * micro : (rank + 1) * micro], ys[s][rank * micro : (rank + 1) * micro]
         )
         engine.backward(loss)
         engine.step()
         traffic.append((swapper.bytes_read - before[0], swapper.bytes_written - before[1]))
-        h2d.append(stage.stats["h2d_bytes"] - before[2])
+        h2d.append((stage.stats["h2d_bytes"] - before[2], stage.stats["d2h_bytes"] - before[3]))
         total = loss.detach().float().clone()
         dist.all_reduce(total)
         losses.append(float(total) / world)
     return losses, traffic, h2d
+
+
+def _device_grads(engine):
+    """After a backward: whether the device tier's gradient buffers are on the engine's
+    device, their elements, and whether the host partitions' elements below them are zero."""
+    x, y = make_batches(1, GLOBAL_BATCH)
+    engine.backward(engine(x[0][:2], y[0][:2]))
+    opt = engine.optimizer
+    tier = opt.swapper.device_tier
+    parts = tier.grad_parts
+    on_device = all(p.device == engine.device and bool(p.ne(0).any()) for p in parts.values())
+    ends = {}
+    for s in tier.sub_groups:
+        ends[s.group] = s.hi
+    zero = all(not bool(opt.grads[g][:d].ne(0).any()) for g, d in ends.items())
+    opt.zero_grad()
+    return on_device, sum(p.numel() for p in parts.values()), zero
 
 
 def tiers_worker(rank, world, root):
@@ -128,6 +149,7 @@ def tiers_worker(rank, world, root):
         "all": dict(device="cpu", ratio=0.0),
         "three": dict(device="nvme", ratio=0.5, max_in_cpu=2000),
         "params_nvme": dict(device="cpu", ratio=0.5, params="nvme"),
+        "host_grads": dict(device="cpu", ratio=0.5, grads="host"),
     }
     for name, kw in runs.items():
         torch.manual_seed(0)
@@ -150,6 +172,7 @@ def tiers_worker(rank, world, root):
             "arena_in_use": swapper.host_arena.stats()["in_use"] if swapper.host_arena else 0,
             "host_tier_bytes": sum(swapper._host_bytes(s) for s in swapper.sub_groups if s.on_host),
             "grad_bytes": engine.optimizer.grads[0].element_size(),
+            "device_grads": _device_grads(engine),
             "state_kinds": sorted(
                 k
                 for k in engine.optimizer.offloadable_states()
@@ -184,13 +207,21 @@ def test_device_sub_groups_hold_their_state_on_the_device_and_train_as_pytorch(t
             for s in run["sub_groups"]:
                 assert ("param" in s) == (s["tier"] == NVME), s
             assert run["traffic"] == [(12 * run["elements"]["nvme"],) * 2] * STEPS
-            # Every step, the copy stage carried their gradients up and the other sub-groups'
-            # updated weights (fp32 here); the device tier's weights never crossed up.
+            # Every step the copy stage carried the other sub-groups' gradients down and
+            # their updated weights (fp32 here) up; the device tier's gradients landed on the
+            # device (its buffers there, the host partition's first elements untouched) and
+            # neither they nor its weights crossed.
             total = sum(run["elements"].values())
-            step_h2d = dev * run["grad_bytes"] + 4 * (total - dev)
-            if name == "params_nvme":  # the weights go to the NVMe shards, not up
-                step_h2d = dev * run["grad_bytes"]
-            assert run["h2d"] == [step_h2d] * STEPS, (run["h2d"], step_h2d)
+            step_h2d = 0 if name == "params_nvme" else 4 * (total - dev)  # params_nvme: to disk
+            step_d2h = run["grad_bytes"] * (total - dev)
+            on_device, grad_elements, host_prefix_zero = run["device_grads"]
+            if name == "host_grads":  # zerostream.device_tier_grads "host": down and back up
+                step_h2d += run["grad_bytes"] * dev
+                step_d2h += run["grad_bytes"] * dev
+                assert grad_elements == 0 and not host_prefix_zero
+            else:
+                assert on_device and grad_elements == dev and host_prefix_zero
+            assert run["h2d"] == [(step_h2d, step_d2h)] * STEPS, (run["h2d"], step_h2d, step_d2h)
             assert run["losses"] == pytest.approx(reference, rel=1e-5), name
         assert out["cpu"]["store"] is None and out["all"]["store"] is None  # no swap files
         assert set(s["tier"] for s in out["all"]["sub_groups"]) == {DEVICE}
@@ -280,3 +311,60 @@ def test_offload_states_parks_the_device_tier_and_training_goes_on_bitwise(tmp_p
     for out in run_ranks(parked_worker, 2, str(tmp_path)):
         assert out["moved"]
         assert out[True] == out[False]
+
+
+def access_worker(rank, world, root):
+    """One backward, then DeepSpeed's gradient accessors, with a ratio and without one."""
+    import zerostream
+    from zerostream.utils import (
+        safe_get_full_grad,
+        safe_get_local_grad,
+        safe_set_full_grad,
+        safe_set_local_grad,
+    )
+    from zerostream.zero import GatheredParameters
+
+    micro = GLOBAL_BATCH // world
+    xs, ys = make_batches(2, GLOBAL_BATCH)
+    out = {}
+    for ratio in (0.5, 1.0):
+        torch.manual_seed(0)
+        cfg = _config(micro, f"{root}/{ratio}", ratio=ratio)
+        engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+        opt = engine.optimizer
+        straddling = 0
+        if ratio < 1.0:
+            parts = opt.swapper.device_tier.grad_parts
+            for zp_id, (g, at) in opt.slots.items():
+                d = parts[g].numel() if g in parts else 0
+                n = next(zp.shard_numel for zps in opt.groups for zp in zps if zp.ds_id == zp_id)
+                straddling += at < d < at + n
+        lo, hi = rank * micro, (rank + 1) * micro
+        engine.backward(engine(xs[0][lo:hi], ys[0][lo:hi]))
+        params = [p for p in engine.module.parameters() if p.requires_grad]
+        full = [safe_get_full_grad(p) for p in params]
+        local = [safe_get_local_grad(p) for p in params]
+        for p, g in zip(params, full):
+            safe_set_full_grad(p, g * 0.5)
+        halved = [safe_get_local_grad(p) for p in params]
+        safe_set_local_grad(params[0], local[0] * 0.25)
+        quarter = safe_get_local_grad(params[0])
+        engine.step()
+        with GatheredParameters(params):
+            after = [p.detach().float().clone() for p in params]
+        out[ratio] = (full, local, halved, quarter, after, straddling)
+        engine.destroy()
+    return out
+
+
+def test_the_gradient_accessors_read_and_write_the_device_tier_s_gradients(tmp_path):
+    for out in run_ranks(access_worker, 2, str(tmp_path)):
+        full, local, halved, quarter, after, straddling = out[0.5]
+        assert straddling >= 1  # a shard across the boundary: read and written on both sides
+        want = out[1.0]  # every gradient in the host partitions
+        assert all(torch.equal(a, b) for a, b in zip(full, want[0]))
+        assert all(torch.equal(a, b) for a, b in zip(local, want[1]))
+        assert all(torch.equal(a, b * 0.5) for a, b in zip(halved, local))
+        assert torch.equal(quarter, local[0] * 0.25) and torch.equal(quarter, want[3])
+        for a, b in zip(after, want[4]):  # the halved gradients stepped: device rule vs kernel
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -49,12 +49,13 @@ CASES += [(3, "tiered", "fp32", 1)]
 CASES += [(1, "cpu", "bf16m", 1), (2, "nvme", "bf16m", 1), (3, "cpu", "bf16m", 1)]
 CASES += [(3, "nvme", "bf16m", 1), (3, "tiered", "bf16m", 1)]
 # "ratio": offload_optimizer.ratio 0.5 (Note [The device tier]): the first sub-groups are
-# stepped on the device from gradients uploaded on the copy stage, the rest offloaded: "cpu"
-# (the host tier), "cpu+ratio" (parameters in host memory too, so the device tier's results
-# go down to the host partitions), "ratio3" (NVMe with 5000 elements in host memory: all
-# three tiers).
+# stepped on the device from gradients landed there, the rest offloaded: "cpu" (the host
+# tier), "cpu+ratio" (parameters in host memory too, so the device tier's results go down to
+# the host partitions), "ratio3" (NVMe with 5000 elements in host memory: all three tiers),
+# "ratioh" (zerostream.device_tier_grads "host": its gradients go down and back up on the
+# copy stage).
 CASES += [(3, "ratio", "bf16", 1), (3, "ratio", "fp32", 2), (3, "cpu+ratio", "bf16", 1)]
-CASES += [(3, "ratio3", "bf16", 1), (3, "ratio", "bf16m", 1)]
+CASES += [(3, "ratio3", "bf16", 1), (3, "ratio", "bf16m", 1), (3, "ratioh", "bf16", 1)]
 if os.environ.get("ZS_DEVICE_CASES") == "quick":  # gpu-check's stream-sanitizer pass
     CASES = [(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")]
 RESUMED = {(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")} | {
@@ -75,8 +76,10 @@ def config(case, micro: int, nvme: str) -> dict:
         "stage3_prefetch_bucket_size": 3000,
     }
     tiered = offload in ("tiered", "ratio3")
-    ratio = offload.endswith("ratio") or offload == "ratio3"
+    ratio = offload.endswith("ratio") or offload in ("ratio3", "ratioh")
+    host_grads = offload == "ratioh"
     offload = {"tiered": "nvme", "ratio3": "none+nvme", "ratio": "none+cpu"}.get(offload, offload)
+    offload = "none+cpu" if host_grads else offload
     offload = offload.replace("+ratio", "+cpu")
     param, opt = (offload.split("+") + [offload])[:2]  # "cpu+none": params cpu, optimizer none
     if opt != "none":
@@ -92,6 +95,8 @@ def config(case, micro: int, nvme: str) -> dict:
         cfg["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     if tiered:
         cfg["zerostream"] = {**cfg.get("zerostream", {}), "optimizer_max_in_cpu": 5000}
+    if host_grads:
+        cfg["zerostream"] = {**cfg.get("zerostream", {}), "device_tier_grads": "host"}
     return cfg
 
 

@@ -232,6 +232,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
         self.reducer = Stage3Reducer(
             slots, self.grads, zero.reduce_bucket_size, ctx, self.copy_stage
         )
+        self._keep_device_tier_grads(self.reducer.landing)
         self._hooks = [
             zp.param.register_post_accumulate_grad_hook(self._on_grad)
             for zps in self.groups
