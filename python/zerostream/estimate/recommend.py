@@ -91,10 +91,8 @@ def explain(
     if tiered:
         t = tiered[0]
         kept = t.host.get(optimizer_state_key(work, in_cpu=True), 0)
-        on_gpu = sum(
-            v for k, v in t.device.items() if k.startswith("device-tier") and "grads" not in k
-        )
         grads = t.device.get("device-tier grads", 0)
+        on_gpu = sum(v for k, v in t.device.items() if k.startswith("device-tier")) - grads
         home = (
             f", with their gradients ({gb(grads)} GB)"
             if grads

@@ -139,19 +139,20 @@ class ActivationParking:
         return back
 
     def _next_after(self, p: Parked) -> Optional[Parked]:
-        """The input parked just before p that is not on its way back yet: backward's next."""
-        order = self._order
-        while order and order[-1]() is None:
-            order.pop()
-        for i in range(len(order) - 1, -1, -1):
-            if order[i]() is p:
-                del order[i]
-                for j in range(i - 1, -1, -1):
-                    q = order[j]()
-                    if q is not None and q.back is None:
-                        return q
-                return None
-        return None
+        """The input parked just before p that is not on its way back yet: backward's next.
+        Drops p and every input whose graph is gone (never fetched) from the order."""
+        live = [q for q in (r() for r in self._order) if q is not None and q is not p]
+        before = None
+        for r in self._order:
+            q = r()
+            if q is p:
+                break
+            if q is not None and q.back is None:
+                before = q
+        else:
+            before = None  # p was not in the order (a retained graph's second backward)
+        self._order = deque(weakref.ref(q) for q in live)
+        return before
 
     def drain(self) -> None:
         """Every copy queued so far completed (engine teardown, tests)."""

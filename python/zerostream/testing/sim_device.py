@@ -402,7 +402,10 @@ class SimDevice:
 
     def _registered(self, t: torch.Tensor) -> bool:
         lo = t.data_ptr()
-        hi = lo + t.numel() * t.element_size()
+        return self.span_registered(lo, lo + t.numel() * t.element_size())
+
+    def span_registered(self, lo: int, hi: int) -> bool:
+        """Whether host bytes [lo, hi) lie in one registered (page-locked) range."""
         with self.cv:
             return any(a <= lo and hi <= b for a, b in self.registered)
 

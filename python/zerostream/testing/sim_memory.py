@@ -39,7 +39,7 @@ class DeviceMemory:
                 continue
             storage = t.untyped_storage()
             lo, nbytes = storage.data_ptr(), storage.nbytes()
-            if nbytes == 0 or lo in self.live or self._registered(lo, lo + nbytes):
+            if nbytes == 0 or lo in self.live or self.sim.span_registered(lo, lo + nbytes):
                 continue
             self.live[lo] = (StorageWeakRef(storage), nbytes)
             self.current += nbytes
@@ -49,10 +49,6 @@ class DeviceMemory:
         """Host memory in [lo, hi) was registered: the storages there are not the device's."""
         for key in [k for k, (_, n) in self.live.items() if lo <= k and k + n <= hi]:
             self.current -= self.live.pop(key)[1]
-
-    def _registered(self, lo: int, hi: int) -> bool:
-        with self.sim.cv:
-            return any(a <= lo and hi <= b for a, b in self.sim.registered)
 
     def allocated_bytes(self) -> int:
         """Device bytes held now (memory_allocated)."""

@@ -170,14 +170,19 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         tier = self._device_tier()
         return list(tier.grad_parts.values()) if tier is not None else []
 
+    def _device_grad_part(self, index: int):
+        """(the device tier's gradient buffer of group `index` or None, its elements d: the
+        partition's boundary between device and host gradients)."""
+        tier = self._device_tier()
+        part = tier.grad_parts.get(index) if tier is not None else None
+        return part, 0 if part is None else part.numel()
+
     def grad_read(self, index: int, offset: int, n: int) -> torch.Tensor:
         """Elements [offset, offset + n) of group `index`'s gradient partition, wherever they
         landed: a view on one side of the device tier's boundary, an fp32 copy on the device
         across it."""
         host = self.grads[index]
-        tier = self._device_tier()
-        part = tier.grad_parts.get(index) if tier is not None else None
-        d = 0 if part is None else part.numel()
+        part, d = self._device_grad_part(index)
         if offset >= d:
             return host[offset : offset + n]
         if offset + n <= d:
@@ -189,9 +194,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         """Writes `values` into group `index`'s gradient partition from `offset`, on either
         side of the device tier's boundary."""
         values = values.reshape(-1)
-        tier = self._device_tier()
-        part = tier.grad_parts.get(index) if tier is not None else None
-        d = 0 if part is None else part.numel()
+        part, d = self._device_grad_part(index)
         if offset < d:
             m = min(values.numel(), d - offset)
             part[offset : offset + m].copy_(values[:m])
