@@ -51,6 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(bf16 masters and moments: 6 bytes of optimizer state an element, not 12)",
     )
     p.add_argument(
+        "--wide-matmul",
+        action="store_true",
+        help="a bf16 model's matmuls in fp32 (bench/gpt.py WideLinear): on a CPU without bf16 "
+        "GEMM hardware torch's bf16 GEMM is a scalar fallback that makes the step compute-bound",
+    )
+    p.add_argument(
         "--optimizer-max-in-cpu",
         default=None,
         help="zerostream.optimizer_max_in_cpu: elements of optimizer state kept in host memory, "
@@ -186,7 +192,7 @@ def measure(args) -> dict:
         torch.manual_seed(0)
         dtype = torch.bfloat16 if _bf16_model(args) else torch.float32
         with zerostream.zero.Init(config_dict_or_path=cfg, dtype=dtype):
-            model = GPT(shape)
+            model = GPT(shape, wide_matmul=args.wide_matmul)
         built = time.perf_counter() - start
         rss_built = (_rss_gib(), _rss_now_gib())
         engine, optimizer, _, _ = zerostream.initialize(model=model, config=cfg)
@@ -336,6 +342,8 @@ def _child(args, max_in_cpu: str, param_in_cpu: str, nvme: str) -> dict:
         cmd.append("--bf16")
     if args.bf16_states:
         cmd.append("--bf16-states")
+    if args.wide_matmul:
+        cmd.append("--wide-matmul")
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode not in (0, 1) or not lines:  # 1: ran, but a verdict failed (reported)

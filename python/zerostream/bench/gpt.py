@@ -37,16 +37,57 @@ SIZES = {
 }
 
 
+class _WideMatmul(torch.autograd.Function):
+    """x @ w.T (+ b) with 16-bit operands widened to fp32 and the results rounded back: the
+    GEMMs run in MKL's sgemm. Accumulation is fp32 either way; only the summation order can
+    differ from torch's own 16-bit GEMM."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        y = x.float() @ w.float().t()
+        if b is not None:
+            y += b.float()
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g32 = g.float()
+        gx = (g32 @ w.float()).to(x.dtype)
+        gw = (g32.reshape(-1, g.shape[-1]).t() @ x.float().reshape(-1, x.shape[-1])).to(w.dtype)
+        gb = g32.reshape(-1, g.shape[-1]).sum(0).to(w.dtype) if ctx.has_bias else None
+        return gx, gw, gb
+
+
+def wide_linear(x: torch.Tensor, w: torch.Tensor, b=None) -> torch.Tensor:
+    return _WideMatmul.apply(x, w, b)
+
+
+class WideLinear(torch.nn.Linear):
+    """nn.Linear whose 16-bit matmuls run in fp32 (_WideMatmul). For CPUs without bf16 GEMM
+    hardware (AVX-512 BF16, AMX), where torch's bf16 GEMM is a scalar fallback about 25x
+    slower than sgemm at these shapes: a bf16 benchmark there measures that fallback, not
+    the offload it is for (GPT(wide_matmul=True), bench capacity --wide-matmul)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype == torch.float32:
+            return super().forward(x)
+        return wide_linear(x, self.weight, self.bias)
+
+
 class Block(torch.nn.Module):
-    def __init__(self, s: GPTShape):
+    def __init__(self, s: GPTShape, wide_matmul: bool = False):
         super().__init__()
+        linear = WideLinear if wide_matmul else torch.nn.Linear
         self.heads = s.heads
         self.ln1 = torch.nn.LayerNorm(s.hidden)
-        self.qkv = torch.nn.Linear(s.hidden, 3 * s.hidden)
-        self.proj = torch.nn.Linear(s.hidden, s.hidden)
+        self.qkv = linear(s.hidden, 3 * s.hidden)
+        self.proj = linear(s.hidden, s.hidden)
         self.ln2 = torch.nn.LayerNorm(s.hidden)
-        self.up = torch.nn.Linear(s.hidden, 4 * s.hidden)
-        self.down = torch.nn.Linear(4 * s.hidden, s.hidden)
+        self.up = linear(s.hidden, 4 * s.hidden)
+        self.down = linear(4 * s.hidden, s.hidden)
         self.proj.residual_out = self.down.residual_out = True  # GPT-2's scaled init
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,14 +101,15 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    def __init__(self, s: GPTShape):
+    def __init__(self, s: GPTShape, wide_matmul: bool = False):
         super().__init__()
         if s.hidden % s.heads:
             raise ValueError(f"hidden {s.hidden} is not a multiple of heads {s.heads}")
         self.shape = s
+        self.wide_matmul = wide_matmul  # 16-bit matmuls in fp32 (WideLinear)
         self.tok = torch.nn.Embedding(s.vocab, s.hidden)
         self.pos = torch.nn.Embedding(s.seq, s.hidden)
-        self.blocks = torch.nn.ModuleList(Block(s) for _ in range(s.layers))
+        self.blocks = torch.nn.ModuleList(Block(s, wide_matmul) for _ in range(s.layers))
         self.ln = torch.nn.LayerNorm(s.hidden)
         # GPT-2's initialisation, module by module through apply(), which zero.Init wraps
         # to gather each module's params around it: the same weights with or without it.
@@ -86,7 +128,9 @@ class GPT(torch.nn.Module):
         x = self.tok(tokens) + self.pos(pos)
         for block in self.blocks:
             x = block(x)
-        logits = F.linear(self.ln(x), self.tok.weight)  # tied head
+        head = self.tok.weight  # tied
+        wide = self.wide_matmul and head.dtype != torch.float32
+        logits = (wide_linear if wide else F.linear)(self.ln(x), head)
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 

@@ -158,3 +158,37 @@ def test_compare_rounds_alternate_the_order_and_take_the_median_ratio(monkeypatc
     assert [r["first"] for r in res["rounds"]] == ["all_nvme", "tiered", "all_nvme"]
     assert [r["speedup"] for r in res["rounds"]] == [2.0, 1.0, 2.0]
     assert res["tiered_speedup"] == 2.0 and res["same_losses"]
+
+
+def test_wide_matmul_gives_the_bf16_linear_its_values_and_gradients():
+    """bench GPT's WideLinear (--wide-matmul): a bf16 Linear whose GEMMs run in fp32. Output
+    and every gradient equal an fp64 reference on the same bf16 values, rounded once to bf16
+    (at most one bf16 ulp: fp32 accumulation), as torch's own bf16 Linear does within the
+    same bound; fp32 weights take nn.Linear's path unchanged."""
+    from zerostream.bench.gpt import GPT, WideLinear
+
+    torch.manual_seed(0)
+    lin = WideLinear(48, 24).to(torch.bfloat16)
+    x = torch.randn(2, 5, 48, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(2, 5, 24, dtype=torch.bfloat16)
+    y = lin(x)
+    y.backward(g)
+    w, b, x64, g64 = lin.weight.double(), lin.bias.double(), x.detach().double(), g.double()
+    want = {
+        "y": x64 @ w.t() + b,
+        "x": g64 @ w,
+        "w": g64.reshape(-1, 24).t() @ x64.reshape(-1, 48),
+        "b": g64.reshape(-1, 24).sum(0),
+    }
+    got = {"y": y, "x": x.grad, "w": lin.weight.grad, "b": lin.bias.grad}
+    for name, ref in want.items():
+        assert got[name].dtype == torch.bfloat16, name
+        ulp = ref.abs().clamp_min(1e-3) * 2**-7  # bf16's 8-bit significand
+        assert ((got[name].double() - ref).abs() <= ulp).all(), name
+    plain = torch.nn.Linear(48, 24)
+    wide = WideLinear(48, 24)
+    wide.load_state_dict(plain.state_dict())
+    x32 = torch.randn(3, 48)
+    assert torch.equal(wide(x32), plain(x32))
+    model = GPT(GPTShape(1, 32, 4, 64, 8), wide_matmul=True)
+    assert sum(isinstance(m, WideLinear) for m in model.modules()) == 4  # qkv, proj, up, down
