@@ -317,14 +317,17 @@ def _memory(shape, work, machine, option, knobs):
     grads_key = "bf16 grads" if work.bf16_master else "fp32 grads"
     states = {master: work.master_bytes * part, grads_key: work.master_bytes * part}
     states[moments] = work.moment_bytes * part
-    host_grads = ("16-bit grads", 2 * part) if offloaded_grad_bytes(d, work) == 2 else None
     on_device = device_tier_elements(part, option, knobs)
+    # The offloaded gradient partition: without the device tier's share when that lands on
+    # the device (Note [Device-tier gradients stay on the device]).
+    landed = part - on_device if knobs.device_tier_grads == "device" else part
+    host_grads = ("16-bit grads", 2 * landed) if offloaded_grad_bytes(d, work) == 2 else None
     if on_device:  # offload_optimizer.ratio: the device tier's state, the rest offloaded
         device[f"device-tier {master}"] = work.master_bytes * on_device
         device[f"device-tier {moments}"] = work.moment_bytes * on_device
-        # Its gradients land on the device (Note [Device-tier gradients stay on the device]),
-        # in the host partition's dtype; the host partition keeps its full size. With
-        # device_tier_grads "host" one sub-group's slice at a time goes back up instead.
+        # Its gradients land on the device, in the host partition's dtype, and the host
+        # partition holds only the rest. With device_tier_grads "host" they land on the
+        # host and one sub-group's slice at a time goes back up instead.
         if knobs.device_tier_grads == "device":
             device["device-tier grads"] = offloaded_grad_bytes(d, work) * on_device
         else:
@@ -338,12 +341,12 @@ def _memory(shape, work, machine, option, knobs):
     elif option.optimizer == "cpu":
         host.update(states)
         del host[grads_key]
-        name, size = host_grads or ("fp32 grads", 4 * part)
+        name, size = host_grads or ("fp32 grads", 4 * landed)
         host[name] = size
     else:
         sets = max(2, knobs.optimizer_buffer_count // 3)
         width = min(knobs.sub_group_size or part, part)
-        name, size = host_grads or ("fp32 grads", 4 * part)
+        name, size = host_grads or ("fp32 grads", 4 * landed)
         host[name] = size
         widest = 2 if work.bf16_master and work.bf16_states else 4
         host["optimizer staging"] = sets * 3 * widest * width
@@ -579,6 +582,8 @@ def _plan_tiers(
     d = work.dtype_bytes
     ratio, on_gpu = _gpu_tier(part, work, machine, base)
     free = (machine.host_usable - base.host_node) // machine.gpus_per_node
+    if base.knobs.device_tier_grads == "device":  # the host gradient partition shrinks
+        free += offloaded_grad_bytes(d, work) * on_gpu
     if free <= 0 and not on_gpu:
         return None
     free = max(0, free)

@@ -18,9 +18,10 @@ Note [Device-tier gradients stay on the device]
   each group's partition: [0, d_g) (all of the first groups, part of one, none of the rest).
   The reducer's landing (zero/grad_reduce.py Landing.device_parts) adds a reduced gradient's
   elements below d_g into a device buffer of the gradient partition's dtype, on the compute
-  stream, and sends only the rest down to the host partition; the host partition's first
-  d_g elements stay zero. So the device share's gradients never cross the link, as in
-  DeepSpeed. The step's norm and overflow check read both (zero/sharded.py), and the
+  stream, and sends only the rest down to the host partition, which holds only [d_g, n_g)
+  (its element i is the partition's d_g + i: Landing.host_base, SwappedAdam.grad_base), so
+  no host memory is kept for gradients that never land there. So the device share's
+  gradients never cross the link, as in DeepSpeed. The step's norm and overflow check read both (zero/sharded.py), and the
   parameter accessors (safe_get_full_grad and co, zero/param_access.py) read and write a
   fragment on either side of d_g through ShardedOptimizerBase.grad_read / grad_write.
 
@@ -96,9 +97,9 @@ class DeviceTier:
                 f"raise the ratio (the share offloaded) or lower sub_group_size: {exc}"
             ) from exc
 
-    def make_grad_parts(self, dtype: torch.dtype) -> Dict[int, torch.Tensor]:
-        """The device buffers the reducer lands the tier's gradients in (Note [Device-tier
-        gradients stay on the device]): per group, elements [0, d_g), zeroed."""
+    def prefix_ends(self) -> Dict[int, int]:
+        """Per param group with device sub-groups, d_g: the tier holds elements [0, d_g) of
+        its partition (Note [Device-tier gradients stay on the device])."""
         ends: Dict[int, int] = {}
         for s in self.sub_groups:
             if s.lo != ends.get(s.group, 0):
@@ -107,8 +108,14 @@ class DeviceTier:
                     f"prefix of its partition (a sub-group starts at {s.lo})"
                 )
             ends[s.group] = s.hi
+        return ends
+
+    def make_grad_parts(self, dtype: torch.dtype) -> Dict[int, torch.Tensor]:
+        """The device buffers the reducer lands the tier's gradients in (Note [Device-tier
+        gradients stay on the device]): per group, elements [0, d_g), zeroed."""
         self.grad_parts = {
-            g: torch.zeros(d, dtype=dtype, device=self.device) for g, d in ends.items()
+            g: torch.zeros(d, dtype=dtype, device=self.device)
+            for g, d in self.prefix_ends().items()
         }
         return self.grad_parts
 

@@ -95,6 +95,9 @@ class SwappedAdam(TieredStateAccess):
             groups, optimizer.kwargs("lr", "betas", "eps", "weight_decay", "bias_correction")
         )
         self.steps = [0] * len(sources)
+        # Per group, the partition element its gradient partition (step's `grads`) starts at:
+        # d_g when the device tier's gradients land on the device (set by the owner).
+        self.grad_base = [0] * len(sources)
         self.numels = [sinks.numel(s) for s in sources]
         self.sets = max(2, offload.buffer_count // 3)
         self.uses_disk = offload.device == "nvme"
@@ -468,6 +471,7 @@ class SwappedAdam(TieredStateAccess):
     def _update(self, s: SubGroup, state, grads, partitions, grad_scale: float) -> None:
         p, m, v = (buf[: s.hi - s.lo] for buf in state)
         group = self.hyper.param_groups[s.group]
+        base = self.grad_base[s.group]  # the host gradient partition starts there
         sink = partitions[s.group]
         # Pieces of one copy-stage slot for a DeviceSink, each crossing to the device while
         # the next is stepped; the whole sub-group otherwise (Note [Partition sinks]).
@@ -478,7 +482,7 @@ class SwappedAdam(TieredStateAccess):
             a, b = lo - s.lo, hi - s.lo
             cpu_adam_step(
                 p[a:b],
-                grads[s.group][lo:hi],
+                grads[s.group][lo - base : hi - base],
                 m[a:b],
                 v[a:b],
                 lr=group["lr"],

@@ -154,6 +154,9 @@ class Landing:
         # group -> the device buffer that takes partition elements [0, len) instead of the
         # target (Note [Device-tier gradients stay on the device] in offload/device_tier.py)
         self.device_parts: Dict[int, torch.Tensor] = {}
+        # group -> the partition element its target starts at (d_g beside device_parts: the
+        # host partition holds only [d_g, n_g)); spans are in partition elements
+        self.host_base: Dict[int, int] = {}
 
     def land(self, source: torch.Tensor, spans: List[Tuple[int, int, int, int]]) -> None:
         if self.device_parts:
@@ -185,7 +188,7 @@ class Landing:
 
     def _land_on_device(self, source: torch.Tensor, spans) -> List[Tuple[int, int, int, int]]:
         """Adds each span's part below its group's device range into the device buffer, on
-        the compute stream; returns the parts left for the targets."""
+        the compute stream; returns the parts left for the targets, in target elements."""
         rest = []
         for off, g, at, n in spans:
             part = self.device_parts.get(g)
@@ -195,7 +198,7 @@ class Landing:
                 part[at : at + m].add_(source[off : off + m])
                 off, at, n = off + m, at + m, n - m
             if n:
-                rest.append((off, g, at, n))
+                rest.append((off, g, at - self.host_base.get(g, 0), n))
         return rest
 
     def _through_slot(self, source: torch.Tensor, spans) -> None:

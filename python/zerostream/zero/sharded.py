@@ -108,10 +108,19 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.copy_stage = CopyStage(ctx.device, slot_bytes=slot, pin=pin)
             self._copy_meter = CopyMeter(self.copy_stage, ctx.telemetry)
         sizes = [sinks.numel(p) for p in partitions]
+        self.grad_base = [0] * len(sizes)  # where each host gradient partition starts
         if make_swapped is not None:
             # offload_optimizer nvme: the fp32 state lives in the swap store from the start.
-            self.grads = self._allocate_grads(sizes, _host_grad_dtype(ctx, True), zero)
             self.swapper = make_swapped(partitions, options, param_starts)
+            tier = self.swapper.device_tier
+            if tier is not None and ctx.config.zerostream.device_tier_grads == "device":
+                # Note [Device-tier gradients stay on the device]: the host partitions hold
+                # only what lands there, [d_g, n_g).
+                for g, d in tier.prefix_ends().items():
+                    self.grad_base[g] = d
+            self.swapper.grad_base = self.grad_base
+            sizes = [n - b for n, b in zip(sizes, self.grad_base)]
+            self.grads = self._allocate_grads(sizes, _host_grad_dtype(ctx, True), zero)
             self.masters, inner = [], self.swapper.hyper
         else:
             if self.offload_device != "none" or host_partitions or ctx.device.type == "cpu":
@@ -162,9 +171,9 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         """The reducer lands the device tier's gradients on the device (Note [Device-tier
         gradients stay on the device] in offload/device_tier.py)."""
         tier = self._device_tier()
-        on_device = self.ctx.config.zerostream.device_tier_grads == "device"
-        if tier is not None and self.grads and on_device:
+        if tier is not None and self.grads and any(self.grad_base):
             landing.device_parts = tier.make_grad_parts(self.grads[0].dtype)
+            landing.host_base = dict(enumerate(self.grad_base))
 
     def _device_grads(self) -> List[torch.Tensor]:
         tier = self._device_tier()
@@ -180,14 +189,15 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def grad_read(self, index: int, offset: int, n: int) -> torch.Tensor:
         """Elements [offset, offset + n) of group `index`'s gradient partition, wherever they
         landed: a view on one side of the device tier's boundary, an fp32 copy on the device
-        across it."""
+        across it. (The host partition starts at that boundary: its element i is the
+        partition's d + i.)"""
         host = self.grads[index]
         part, d = self._device_grad_part(index)
         if offset >= d:
-            return host[offset : offset + n]
+            return host[offset - d : offset - d + n]
         if offset + n <= d:
             return part[offset : offset + n]
-        rest = host[d : offset + n].to(part.device, torch.float32)
+        rest = host[: offset + n - d].to(part.device, torch.float32)
         return torch.cat([part[offset:d].float(), rest])
 
     def grad_write(self, index: int, offset: int, values: torch.Tensor) -> None:
@@ -200,7 +210,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             part[offset : offset + m].copy_(values[:m])
             values, offset = values[m:], offset + m
         if values.numel():
-            self.grads[index][offset : offset + values.numel()].copy_(values)
+            self.grads[index][offset - d : offset - d + values.numel()].copy_(values)
 
     def _require_host_memory(self, ctx: StageContext, numel: int) -> None:
         require_host_state(ctx, numel)

@@ -245,6 +245,26 @@ def test_memory_tiers_fill_the_gpu_then_the_host_memory():
     assert base.fits and plan_tiers(shape, work, roomy, base) is None
 
 
+def test_device_landed_tier_gradients_take_no_host_memory():
+    """With the device tier's gradients landing on the GPU (Note [Device-tier gradients stay
+    on the device]) the host gradient partition holds only the offloaded share: 2 bytes an
+    element less host memory for each element on the GPU; landed on the host, all of it."""
+    shape, work, machine, preds = _plan70b()
+    base = next(p for p in preds if p.option == Option(3, "nvme", "none"))
+    option = Option(3, "cpu", "none", gpu_tier=True)
+    got = {}
+    for where in ("device", "host"):
+        knobs = dataclasses.replace(
+            base.knobs, sub_group_size=10**8, device_tier_grads=where, offload_ratio=1 - 6.5 / 87
+        )
+        got[where] = predict(shape, work, machine, option, knobs)
+    k = 6 * 10**8  # int(6.5) whole sub-groups of 1e8 on each GPU
+    assert got["device"].device["device-tier grads"] == 2 * k
+    assert got["device"].host["16-bit grads"] == 2 * (PART - k)
+    assert got["host"].host["16-bit grads"] == 2 * PART
+    assert got["host"].host_node - got["device"].host_node == 8 * 2 * k
+
+
 @pytest.mark.parametrize("states", [False, True])
 def test_bf16_masters_and_moments_shrink_the_optimizer_state_by_hand(states):
     """bf16.bf16_master_weights_and_grads (2 B masters) and bf16_optimizer_states (2 + 2 B
@@ -268,10 +288,14 @@ def test_bf16_masters_and_moments_shrink_the_optimizer_state_by_hand(states):
     on_gpu = predict(shape, work, machine, Option(3, "none", "none"))
     assert on_gpu.device["bf16 master"] == 2 * PART and on_gpu.device["bf16 grads"] == 2 * PART
     t = plan_tiers(shape, work, machine, nv)
+    where = t.knobs.device_tier_grads
+    # the GPU tier holds per bytes an element too (and its 2-byte gradients, landed there)
+    gpu = _gpu_sub_groups(nv, per, grads=where) * 10**8
     free = (machine.host_usable - nv.host_node) // 8
+    if where == "device":  # the host gradient partition is 2 bytes an element shorter
+        free += 2 * gpu
     assert 0 < free // per < PART
     assert t.knobs.optimizer_max_in_cpu == free // per
-    gpu = _gpu_sub_groups(nv, per) * 10**8  # the GPU tier holds per bytes an element too
     assert gpu > 0 and t.device[f"device-tier {key.split(',')[0]}"] == 2 * gpu
     assert t.nvme[key] == per * (PART - gpu - t.knobs.optimizer_max_in_cpu)
 
@@ -334,7 +358,10 @@ def test_offload_ratio_moves_the_first_sub_groups_state_to_the_gpu_by_hand(offlo
     assert part.device["device-tier grads"] == 2 * dev  # bf16, as the host partition
     where = part.host if offload == "cpu" else part.nvme
     before = tier.host if offload == "cpu" else tier.nvme
-    assert sum(before.values()) - sum(where.values()) == 12 * dev
+    # 12 bytes of state an element, and on "cpu" the host gradient partition's 2
+    saved = 14 * dev if offload == "cpu" else 12 * dev
+    assert sum(before.values()) - sum(where.values()) == saved
+    assert part.host["16-bit grads"] == 2 * (PART - dev)
     # The device tier's bf16 gradients do not go down, nor its bf16 weights up.
     assert tier.traffic["h2d"] == tier.traffic["d2h"] == 2 * PART
     assert part.traffic["h2d"] == part.traffic["d2h"] == 2 * (PART - dev)
