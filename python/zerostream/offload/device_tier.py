@@ -21,9 +21,10 @@ Note [Device-tier gradients stay on the device]
   stream, and sends only the rest down to the host partition, which holds only [d_g, n_g)
   (its element i is the partition's d_g + i: Landing.host_base, SwappedAdam.grad_base), so
   no host memory is kept for gradients that never land there. So the device share's
-  gradients never cross the link, as in DeepSpeed. The step's norm and overflow check read both (zero/sharded.py), and the
-  parameter accessors (safe_get_full_grad and co, zero/param_access.py) read and write a
-  fragment on either side of d_g through ShardedOptimizerBase.grad_read / grad_write.
+  gradients never cross the link, as in DeepSpeed. The step's norm and overflow check read
+  both (zero/sharded.py), and the parameter accessors (safe_get_full_grad and co,
+  zero/param_access.py) read and write a fragment on either side of d_g through
+  ShardedOptimizerBase.grad_read / grad_write.
 
   With `"zerostream": {"device_tier_grads": "host"}` they land in the host partition like
   the rest instead, and each device sub-group's slice goes back up for its update into one
