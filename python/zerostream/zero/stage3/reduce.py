@@ -67,15 +67,21 @@ class Stage3Reducer(ReducerBase):
         total = sum(zp.shard_numel for zp, _ in items)
         grad0 = items[0][1]
         dtype = self.comm_dtype if world > 1 else grad0.dtype  # communication_data_type
-        send = torch.zeros(world, total, dtype=dtype, device=grad0.device)
+        # Row r holds every rank r shard; only the padding past a parameter's last element
+        # is zeroed (a memset of the whole bucket was a pass over it on the host).
+        send = torch.empty(world, total, dtype=dtype, device=grad0.device)
         off = 0
         for zp, g in items:
             k, n = zp.shard_numel, zp.numel
             whole = n // k if k else 0
+            rest = n - whole * k
             if whole:
                 send[:whole, off : off + k].copy_(g[: whole * k].view(whole, k))
-            if n - whole * k:
-                send[whole, off : off + n - whole * k].copy_(g[whole * k :])
+            if rest:
+                send[whole, off : off + rest].copy_(g[whole * k :])
+            if whole < world:  # the padding: the rest of the partial row, the empty rows
+                send[whole, off + rest : off + k].zero_()
+                send[whole + 1 :, off : off + k].zero_()
             off += k
         flat = send.view(-1)
         if world > 1:
