@@ -98,7 +98,8 @@ def check(
     ring = ranks[0]["ring"]
     pred = predict_cpu_run(shape, cfg, option, nodes=nodes, nproc=nproc)
 
-    loaded = training_rates(ranks) if "stamps" in ranks[0] else {}
+    stamped = "stamps" in ranks[0]  # results of a run before CallClock have none
+    loaded = training_rates(ranks) if stamped else {}
 
     def measured_on(kind: str, rings=ring):  # the machine with this kind's measured links
         r, source = rings[kind], f"measured: {kind} on this job's ranks"
@@ -107,7 +108,7 @@ def check(
         mine = {k: Rate(v, pred.machine.rates[k].unit, source) for k, v in rates.items()}
         return replace(pred.machine, rates={**pred.machine.rates, **mine})
 
-    split = transfer_split(ranks) if "stamps" in ranks[0] else {}
+    split = transfer_split(ranks) if stamped else {}
     rows = []
     for kind in ("all_gather", "reduce_scatter", "all_reduce"):
         got = [r["bytes"].get(kind, 0) for r in ranks]

@@ -19,7 +19,7 @@ Note [Device-tier gradients stay on the device]
   The reducer's landing (zero/grad_reduce.py Landing.device_parts) adds a reduced gradient's
   elements below d_g into a device buffer of the gradient partition's dtype, on the compute
   stream, and sends only the rest down to the host partition, which holds only [d_g, n_g)
-  (its element i is the partition's d_g + i: Landing.host_base, SwappedAdam.grad_base), so
+  (its element i is the partition's d_g + i, d_g being the device buffer's length), so
   no host memory is kept for gradients that never land there. So the device share's
   gradients never cross the link, as in DeepSpeed. The step's norm and overflow check read
   both (zero/sharded.py), and the parameter accessors (safe_get_full_grad and co,
@@ -98,9 +98,9 @@ class DeviceTier:
                 f"raise the ratio (the share offloaded) or lower sub_group_size: {exc}"
             ) from exc
 
-    def prefix_ends(self) -> Dict[int, int]:
-        """Per param group with device sub-groups, d_g: the tier holds elements [0, d_g) of
-        its partition (Note [Device-tier gradients stay on the device])."""
+    def make_grad_parts(self, dtype: torch.dtype) -> Dict[int, torch.Tensor]:
+        """The device buffers the reducer lands the tier's gradients in (Note [Device-tier
+        gradients stay on the device]): per group, elements [0, d_g), zeroed."""
         ends: Dict[int, int] = {}
         for s in self.sub_groups:
             if s.lo != ends.get(s.group, 0):
@@ -109,14 +109,8 @@ class DeviceTier:
                     f"prefix of its partition (a sub-group starts at {s.lo})"
                 )
             ends[s.group] = s.hi
-        return ends
-
-    def make_grad_parts(self, dtype: torch.dtype) -> Dict[int, torch.Tensor]:
-        """The device buffers the reducer lands the tier's gradients in (Note [Device-tier
-        gradients stay on the device]): per group, elements [0, d_g), zeroed."""
         self.grad_parts = {
-            g: torch.zeros(d, dtype=dtype, device=self.device)
-            for g, d in self.prefix_ends().items()
+            g: torch.zeros(d, dtype=dtype, device=self.device) for g, d in ends.items()
         }
         return self.grad_parts
 

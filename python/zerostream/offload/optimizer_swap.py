@@ -95,9 +95,6 @@ class SwappedAdam(TieredStateAccess):
             groups, optimizer.kwargs("lr", "betas", "eps", "weight_decay", "bias_correction")
         )
         self.steps = [0] * len(sources)
-        # Per group, the partition element its gradient partition (step's `grads`) starts at:
-        # d_g when the device tier's gradients land on the device (set by the owner).
-        self.grad_base = [0] * len(sources)
         self.numels = [sinks.numel(s) for s in sources]
         self.sets = max(2, offload.buffer_count // 3)
         self.uses_disk = offload.device == "nvme"
@@ -471,7 +468,10 @@ class SwappedAdam(TieredStateAccess):
     def _update(self, s: SubGroup, state, grads, partitions, grad_scale: float) -> None:
         p, m, v = (buf[: s.hi - s.lo] for buf in state)
         group = self.hyper.param_groups[s.group]
-        base = self.grad_base[s.group]  # the host gradient partition starts there
+        # The gradient partition starts past the device tier's gradients, where they land
+        # on the device (Note [Device-tier gradients stay on the device]).
+        dev = self.device_tier.grad_parts.get(s.group) if self.device_tier else None
+        base = 0 if dev is None else dev.numel()
         sink = partitions[s.group]
         # Pieces of one copy-stage slot for a DeviceSink, each crossing to the device while
         # the next is stepped; the whole sub-group otherwise (Note [Partition sinks]).

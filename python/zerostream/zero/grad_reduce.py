@@ -153,10 +153,8 @@ class Landing:
         self._covered = Coverage(len(targets))  # written since zero() (direct landing)
         # group -> the device buffer that takes partition elements [0, len) instead of the
         # target (Note [Device-tier gradients stay on the device] in offload/device_tier.py)
+        # (its target then holds only the rest: its element i is the partition's len + i)
         self.device_parts: Dict[int, torch.Tensor] = {}
-        # group -> the partition element its target starts at (d_g beside device_parts: the
-        # host partition holds only [d_g, n_g)); spans are in partition elements
-        self.host_base: Dict[int, int] = {}
 
     def land(self, source: torch.Tensor, spans: List[Tuple[int, int, int, int]]) -> None:
         if self.device_parts:
@@ -198,7 +196,7 @@ class Landing:
                 part[at : at + m].add_(source[off : off + m])
                 off, at, n = off + m, at + m, n - m
             if n:
-                rest.append((off, g, at - self.host_base.get(g, 0), n))
+                rest.append((off, g, at - d, n))
         return rest
 
     def _through_slot(self, source: torch.Tensor, spans) -> None:

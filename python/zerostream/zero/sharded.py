@@ -108,19 +108,17 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.copy_stage = CopyStage(ctx.device, slot_bytes=slot, pin=pin)
             self._copy_meter = CopyMeter(self.copy_stage, ctx.telemetry)
         sizes = [sinks.numel(p) for p in partitions]
-        self.grad_base = [0] * len(sizes)  # where each host gradient partition starts
         if make_swapped is not None:
             # offload_optimizer nvme: the fp32 state lives in the swap store from the start.
             self.swapper = make_swapped(partitions, options, param_starts)
+            dtype = _host_grad_dtype(ctx, True)
             tier = self.swapper.device_tier
             if tier is not None and ctx.config.zerostream.device_tier_grads == "device":
-                # Note [Device-tier gradients stay on the device]: the host partitions hold
-                # only what lands there, [d_g, n_g).
-                for g, d in tier.prefix_ends().items():
-                    self.grad_base[g] = d
-            self.swapper.grad_base = self.grad_base
-            sizes = [n - b for n, b in zip(sizes, self.grad_base)]
-            self.grads = self._allocate_grads(sizes, _host_grad_dtype(ctx, True), zero)
+                # Note [Device-tier gradients stay on the device]: the tier's gradients get
+                # device buffers [0, d_g), and the host partitions hold the rest, [d_g, n_g).
+                for g, part in tier.make_grad_parts(dtype).items():
+                    sizes[g] -= part.numel()
+            self.grads = self._allocate_grads(sizes, dtype, zero)
             self.masters, inner = [], self.swapper.hyper
         else:
             if self.offload_device != "none" or host_partitions or ctx.device.type == "cpu":
@@ -171,9 +169,8 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         """The reducer lands the device tier's gradients on the device (Note [Device-tier
         gradients stay on the device] in offload/device_tier.py)."""
         tier = self._device_tier()
-        if tier is not None and self.grads and any(self.grad_base):
-            landing.device_parts = tier.make_grad_parts(self.grads[0].dtype)
-            landing.host_base = dict(enumerate(self.grad_base))
+        if tier is not None:
+            landing.device_parts = tier.grad_parts
 
     def _device_grads(self) -> List[torch.Tensor]:
         tier = self._device_tier()
