@@ -68,6 +68,8 @@ def swap_files(root: str) -> list:
 
 
 def main() -> None:
+    import torch
+
     out, nvme_root, ckpt, mode = sys.argv[1:5]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     engine = build(world, nvme_root, seed=0 if mode == "first" else 1)
@@ -81,6 +83,9 @@ def main() -> None:
             raise SystemExit(f"rank {rank}: loaded {client} at step {engine.global_steps}")
         losses = []
     losses += steps(engine, rank, world, K, K, collectives)
+    # A node's ranks share its swap folder: list it only while no rank has begun to
+    # destroy its engine (which deletes its swap files), and destroy only after all listed.
+    torch.distributed.barrier()
     record = {
         "losses": losses,
         "collectives": collectives,
@@ -88,6 +93,7 @@ def main() -> None:
         "node": int(os.environ["GROUP_RANK"]),
         "swap": swap_files(nvme_root),
     }
+    torch.distributed.barrier()
     engine.destroy()
     pathlib.Path(out, f"{mode}-rank{rank}.json").write_text(json.dumps(record))
 
