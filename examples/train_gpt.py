@@ -24,19 +24,18 @@ import json
 import logging
 import os
 import resource
-import sysconfig
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import hjson
 import torch
 import torch.distributed as dist
 
 import zerostream as deepspeed
+from zerostream.bench.corpus import VOCAB, read_corpus, windows
 from zerostream.bench.gpt import GPT, GPTShape
 
-VOCAB = 256  # bytes
 SIZES = {  # layers, hidden, heads, seq
     "tiny": (2, 64, 4, 64),
     "small": (4, 256, 4, 128),
@@ -49,32 +48,6 @@ TIERS = ("comm", "nvme_read", "nvme_write", "param_nvme_read", "param_nvme_write
 
 
 # --- data ---------------------------------------------------------------------------------------
-def read_corpus(max_mb: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(train, validation) byte tensors from the standard library's .py files, in a fixed order
-    so every rank and every run sees the same text."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
-    if not files:
-        raise SystemExit(f"train_gpt: no .py files under {root} to train on")
-    train, valid, budget = [], [], int(max_mb * 2**20)
-    for i, path in enumerate(files):
-        data = path.read_bytes()
-        (valid if i % 20 == 19 else train).append(data)
-        budget -= len(data)
-        if budget <= 0:
-            break
-    return _bytes(train), _bytes(valid)
-
-
-def _bytes(chunks: List[bytes]) -> torch.Tensor:
-    return torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8)
-
-
-def windows(text: torch.Tensor, count: int, seq: int, gen: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, text.numel() - seq - 1, (count,), generator=gen)
-    return torch.stack([text[s : s + seq + 1] for s in starts.tolist()]).long()
-
-
 def micro_batch(text, step, micro, rank, args, device):
     """The rank's `micro`-th micro-batch of global step `step`: a pure function of the step, so
     a resumed run draws exactly what the uninterrupted one would have."""

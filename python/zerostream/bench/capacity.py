@@ -27,6 +27,7 @@ from typing import Dict
 
 import torch
 
+from .corpus import VOCAB, read_corpus, text_batches
 from .gpt import GPT, GPTShape, batches
 from .memory import peak_rss_bytes
 
@@ -35,10 +36,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=36)
     p.add_argument("--hidden", type=int, default=2560)
     p.add_argument("--heads", type=int, default=20)
-    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--vocab", type=int, default=8192, help="synthetic tokens' vocabulary")
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument(
+        "--corpus-mb",
+        type=float,
+        default=0.0,
+        help="train on the demo's text (bench/corpus.py: this many MiB of the standard "
+        "library's source, byte tokens, vocabulary 256) instead of synthetic tokens",
+    )
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW's learning rate")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=0,
+        help="DeepSpeed's WarmupLR, linear from 0 to --lr over this many steps (0: none)",
+    )
     p.add_argument("--nvme-path", help="swap directory (default: a temporary one, removed)")
     p.add_argument("--sub-group-size", type=float, default=5e7, help="optimizer sub-group")
     p.add_argument("--buffer-size", type=float, default=5e7, help="offload_param.buffer_size")
@@ -123,7 +138,22 @@ def _config(args, nvme: str) -> dict:
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
         "steps_per_print": 0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
+        "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.01}},
+        **(
+            {
+                "scheduler": {
+                    "type": "WarmupLR",
+                    "params": {
+                        "warmup_min_lr": 0.0,
+                        "warmup_max_lr": args.lr,
+                        "warmup_num_steps": args.warmup_steps,
+                        "warmup_type": "linear",
+                    },
+                }
+            }
+            if args.warmup_steps > 0
+            else {}
+        ),
         "zero_optimization": {
             "stage": 3,
             "sub_group_size": int(args.sub_group_size),
@@ -175,13 +205,28 @@ def host_budget_bytes(
     )
 
 
+def _vocab(args) -> int:
+    """The demo's text is bytes: with --corpus-mb the vocabulary is 256 (--vocab is for
+    synthetic tokens)."""
+    if args.corpus_mb < 0:
+        raise ValueError(f"--corpus-mb: expected >= 0 MiB; got {args.corpus_mb}")
+    return VOCAB if args.corpus_mb > 0 else args.vocab
+
+
+def _data(args, shape: GPTShape, device):
+    if args.corpus_mb > 0:
+        train, _ = read_corpus(args.corpus_mb)
+        return text_batches(train, args.micro_batch, shape.seq, device)
+    return batches(shape, args.micro_batch, device)
+
+
 def measure(args) -> dict:
     import psutil
 
     import zerostream
     from zerostream import comm
 
-    shape = GPTShape(args.layers, args.hidden, args.heads, args.vocab, args.seq)
+    shape = GPTShape(args.layers, args.hidden, args.heads, _vocab(args), args.seq)
     owned = args.nvme_path is None
     nvme = args.nvme_path or tempfile.mkdtemp(prefix="zs-capacity-")
     ram = psutil.virtual_memory().total
@@ -198,7 +243,7 @@ def measure(args) -> dict:
         engine, optimizer, _, _ = zerostream.initialize(model=model, config=cfg)
         ready = time.perf_counter() - start - built
         rss_ready = _rss_now_gib()
-        data = batches(shape, args.micro_batch, engine.device)
+        data = _data(args, shape, engine.device)
         tel = engine.telemetry
         step_times, losses, settled = [], [], []
         for _ in range(args.steps):
@@ -225,21 +270,28 @@ def measure(args) -> dict:
             for tier, b in tel.bytes.items()
         }
         numel = shape.params
+        width = 2 if _bf16_model(args) else 4
         states = ((2 if _bf16_model(args) else 4) + _state_bytes(args)) * numel
         tiers = engine.optimizer.swapper.tiers
         peak = _rss_gib()
         summary = optimizer.state_summary()
         swap = summary["params"].get("swap") or {}
-        width = 2 if _bf16_model(args) else 4
         # Shards kept by an element count or brought back by "auto" (arena pages).
         kept = max(swap.get("kept_bytes", 0), width * swap.get("in_cpu_numel", 0))
         budget = host_budget_bytes(numel, args, tiers.host_elements, kept)
         return {
             "shape": shape.__dict__,
+            "data": f"corpus ({args.corpus_mb} MiB)" if args.corpus_mb > 0 else "synthetic",
+            "lr": args.lr,
+            "warmup_steps": args.warmup_steps,
             "params": numel,
             "model_states_gib": round(states / 2**30, 2),
             "ram_gib": round(ram / 2**30, 2),
             "states_over_ram": round(states / ram, 2),
+            # DeepSpeed's count for mixed precision (16 B a parameter with fp32 Adam): the
+            # states and the gradient partition (16-bit with a bf16 model).
+            "states_and_grads_gib": round((states + width * numel) / 2**30, 2),
+            "states_and_grads_over_ram": round((states + width * numel) / ram, 2),
             "host_budget_gib": round(budget / 2**30, 2),
             "peak_rss_gib": round(peak, 2),
             "rss_after_build_gib": {
@@ -255,6 +307,8 @@ def measure(args) -> dict:
             "last_step_phases_seconds": phases,
             "last_step_moved": moved,
             "losses": losses,
+            # On real text (--corpus-mb) the loss of the last steps is below the first's.
+            "losses_fell": len(losses) > 1 and max(losses[len(losses) // 2 :]) < losses[0],
             "swap_directory_gib": round(_du(nvme) / 2**30, 2),
             "param_in_cpu_numel": (summary["params"].get("swap") or {}).get("in_cpu_numel", 0),
             "optimizer_tiers": {
@@ -325,6 +379,9 @@ _PASSED = (
     "seq",
     "micro_batch",
     "steps",
+    "corpus_mb",
+    "lr",
+    "warmup_steps",
     "sub_group_size",
     "buffer_size",
     "max_live",
@@ -499,6 +556,10 @@ def run(args) -> int:
         f"), initialize {res['initialize_seconds']} s (RSS {res['rss_after_initialize_gib']} "
         f"GiB), "
         f"swap files {res['swap_directory_gib']} GiB"
+    )
+    print(
+        f"with the gradient partition {res['states_and_grads_gib']} GiB = "
+        f"{res['states_and_grads_over_ram']}x RAM; data: {res['data']}"
     )
     print(f"step seconds: {res['step_seconds']}  losses: {[round(x, 4) for x in res['losses']]}")
     print(f"last step phases (s): {res['last_step_phases_seconds']}")
