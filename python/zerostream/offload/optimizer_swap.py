@@ -148,6 +148,12 @@ class SwappedAdam(TieredStateAccess):
         self.last_step_wait = 0.0  # the last step's share of wait_seconds
         self._step_started: Optional[float] = None
         self.last_interval = 0.0  # seconds from one step() to the next: a whole iteration
+        # The last step() and what came before it (Note [Predicting the placed step]).
+        self._step_ended = 0.0
+        self.forward_backward_s = 0.0  # from the end of one step() to the start of the next
+        self.last_step_seconds = 0.0
+        self.last_step_disk_bytes = 0  # state read and written, and shards written, by it
+        self.last_step_shard_bytes = 0
         self.prediction: Optional[dict] = None  # place_measured's predicted step time
         self.steps_here = 0  # steps this process ran (the first one is the measurement)
         self.pin_memory = offload.pin_memory
@@ -318,11 +324,17 @@ class SwappedAdam(TieredStateAccess):
         now = time.perf_counter()
         if self._step_started is not None:
             self.last_interval = now - self._step_started
+            self.forward_backward_s = now - self._step_ended
         self._step_started = now
         if self.auto_pending and self.steps_here >= 1 and self._params_placed():
             self.place_measured()
         self.steps_here += 1
         wait_before = self.wait_seconds
+        started, moved_before, shards_before = (
+            time.perf_counter(),
+            self.bytes_read + self.bytes_written,
+            self._shard_bytes_written(),
+        )
         for g in range(len(self.steps)):
             self.steps[g] += 1
         # NVMe sub-groups take staging slots in turn (the j-th one slot j % sets); host ones
@@ -367,6 +379,17 @@ class SwappedAdam(TieredStateAccess):
         if self.device_tier is not None:
             self.device_tier.finish(stage)
         self.last_step_wait = self.wait_seconds - wait_before
+        self._step_ended = time.perf_counter()
+        self.last_step_seconds = self._step_ended - started
+        self.last_step_shard_bytes = self._shard_bytes_written() - shards_before
+        self.last_step_disk_bytes = (
+            self.bytes_read + self.bytes_written - moved_before + self.last_step_shard_bytes
+        )
+
+    def _shard_bytes_written(self) -> int:
+        """Bytes of parameter shards written to disk so far (the update writes each shard
+        that lives there: Note [Predicting the placed step] in tiers.py)."""
+        return self.param_tier.bytes_written if self.param_tier is not None else 0
 
     def claim_first(self, param_wait_s: float, param_disk_bytes: int) -> int:
         """Asked by the parameter shards' "auto" as it places them: the host bytes this tier
@@ -451,19 +474,39 @@ class SwappedAdam(TieredStateAccess):
             plan.source,
             self.element_bytes,
         )
-        self.prediction = tiers.predict_step(
-            self.last_interval, self.last_step_wait, sum(sizes), self.tiers.nvme_elements
-        )
+        self.prediction = self._predict()
+        p = self.prediction
         logger.info(
-            "%s; predicted step %.2f s (the last one took %.2f s and waited %.2f s on the "
-            "optimizer state's disk, which now holds %.0f%% of it)",
+            "%s; predicted step %.2f s: forward and backward %.2f s as measured, the optimizer "
+            "step %.2f s (the last one took %.2f s moving %.2f GB to and from disk; now %.2f GB)",
             self.tiers.describe(),
-            self.prediction["predicted_step_seconds"],
-            self.last_interval,
-            self.last_step_wait,
-            100 * self.prediction["disk_share_after"],
+            p["predicted_step_seconds"],
+            p["forward_backward_seconds"],
+            p["predicted_optimizer_step_seconds"],
+            p["last_optimizer_step_seconds"],
+            p["optimizer_disk_bytes_before"] / 1e9,
+            p["optimizer_disk_bytes_after"] / 1e9,
         )
         return len(moving)
+
+    def _predict(self) -> dict:
+        """The placed step's time from the measured one (Note [Predicting the placed step]
+        in tiers.py): called as the tier is placed, at the start of a step()."""
+        fb, shard_bytes = self.forward_backward_s, self.last_step_shard_bytes
+        pt = self.param_tier
+        if pt is not None and pt.rehomed_at is not None and pt.rehomed_at > self._step_ended:
+            # The shards moved into host memory in this forward: not a step's cost, and the
+            # next update writes only the shards still on disk.
+            fb -= pt.rehome_seconds
+            shard_bytes = int(shard_bytes * pt.disk_share_after_rehome)
+        state = 2 * self.element_bytes * self.tiers.nvme_elements  # read and written back
+        return tiers.predict_step(
+            max(0.0, fb),
+            self.last_step_seconds,
+            self.last_step_wait,
+            self.last_step_disk_bytes,
+            state + shard_bytes,
+        )
 
     def _update(self, s: SubGroup, state, grads, partitions, grad_scale: float) -> None:
         p, m, v = (buf[: s.hi - s.lo] for buf in state)

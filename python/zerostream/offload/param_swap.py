@@ -84,6 +84,11 @@ class ParamSwapper:
         self.reads = self.writes = 0
         self.deferred_reads = 0  # prefetched shards that found no free buffer (read late)
         self.wait_seconds = 0.0  # the host waited this long for shard reads (_land)
+        # "auto"'s move into host memory: when it ended (perf_counter), what it took and
+        # the share of the disk's shard bytes left there (the optimizer's step prediction).
+        self.rehomed_at: Optional[float] = None
+        self.rehome_seconds = 0.0
+        self.disk_share_after_rehome = 1.0
         # The last step's share of wait_seconds and, where the optimizer's state is "auto"
         # on NVMe too, its SwappedAdam (Note [Which tier first] in tiers.py).
         self._wait_mark = 0.0
@@ -279,6 +284,7 @@ class ParamSwapper:
 
         if not self.auto or self.kept_arena is not None:
             return 0
+        started = time.perf_counter()
         self.read_counts = {zp.ds_id: n for zp, n in reads.items()}  # stats(), tests
         while self.pending:  # reads issued ahead land first: no shard moves under a read
             self.pending[0].land()
@@ -311,6 +317,9 @@ class ParamSwapper:
             self.in_cpu_numel += zp.shard_numel
             self._in_cpu.add(zp.ds_id)
             saved += (reads[zp] + 1) * zp.shard_numel * zp.dtype.itemsize
+        self.rehomed_at = time.perf_counter()
+        self.rehome_seconds = self.rehomed_at - started
+        self.disk_share_after_rehome = 1.0 - self.kept_bytes / max(1, sum(sizes))
         logger.info(
             'zero_optimization.offload_param.max_in_cpu "auto": %d of %d shards on disk '
             "(%.2f GiB, the most read) now live in host memory (budget %.2f GiB from %s); "

@@ -37,6 +37,23 @@ planned step too) and move into host memory at the next optimizer step, from wha
 shards left free. Moving costs one read of what moves, once; the disk extents they leave
 are freed.
 
+Note [Predicting the placed step]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+When the optimizer's "auto" places its tier it logs the step time it expects. Two measured
+parts, each scaled by what the placement changes:
+- forward and backward: the time from the end of the last optimizer step to this one, less
+  the parameter shards' one-time move into host memory if it happened in it (the shards'
+  "auto" runs at a forward's start, before the optimizer's: that forward already runs with
+  the shards where they will stay);
+- the optimizer step: the last one's time, times the disk bytes the step will move over
+  those it moved (optimizer state read and written, and the updated parameter shards it
+  wrote to disk). Its pipeline overlaps the reads, the writes and the kernel, so a step
+  whose state is mostly on disk takes as long as its slowest stream, which scales with the
+  bytes, but never below the part of the last step that did not wait on the disk (the
+  kernel, which still updates every element).
+Session 28 predicted from the whole last interval less the optimizer's wait only: 1.5x off,
+as that interval held the shards' move and the parameter writes the placement removed.
+
 Note [Parameter shards in host memory]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 offload_param.max_in_cpu keeps DeepSpeed's meaning (the first N elements of shards stay in
@@ -153,18 +170,27 @@ def optimizer_first(
     return opt_wait_s / opt_disk_bytes >= REORDER_MARGIN * param_wait_s / param_disk_bytes
 
 
-def predict_step(step_s: float, wait_s: float, elements: int, nvme_elements_after: int) -> dict:
-    """The step time "auto" expects after placing the optimizer's host tier: the last step's
-    time less the part of its wait on the optimizer's disk traffic that the host tier
-    removes, taken as proportional to the elements that left the disk (Note [Which tier
-    first]: the wait is what the disk cost beyond what the step hid). A lower bound where
-    the disk's queue was the bottleneck of other traffic too."""
-    share = nvme_elements_after / elements if elements else 0.0
+def predict_step(
+    forward_backward_s: float,
+    optimizer_s: float,
+    optimizer_wait_s: float,
+    disk_bytes_before: int,
+    disk_bytes_after: int,
+) -> dict:
+    """The step time "auto" expects once its tiers are placed (Note [Predicting the placed
+    step]): the forward and backward as just measured, plus the last optimizer step scaled
+    by the disk bytes it will move against those it moved, never below the part of it that
+    did not wait on the disk."""
+    scale = disk_bytes_after / disk_bytes_before if disk_bytes_before > 0 else 1.0
+    optimizer_after = max(optimizer_s * scale, optimizer_s - optimizer_wait_s)
     return {
-        "last_step_seconds": round(step_s, 3),
-        "optimizer_wait_seconds": round(wait_s, 3),
-        "disk_share_after": round(share, 4),
-        "predicted_step_seconds": round(max(0.0, step_s - (1.0 - share) * wait_s), 3),
+        "forward_backward_seconds": round(forward_backward_s, 3),
+        "last_optimizer_step_seconds": round(optimizer_s, 3),
+        "optimizer_wait_seconds": round(optimizer_wait_s, 3),
+        "optimizer_disk_bytes_before": int(disk_bytes_before),
+        "optimizer_disk_bytes_after": int(disk_bytes_after),
+        "predicted_optimizer_step_seconds": round(optimizer_after, 3),
+        "predicted_step_seconds": round(forward_backward_s + optimizer_after, 3),
     }
 
 

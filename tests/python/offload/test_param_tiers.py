@@ -37,6 +37,17 @@ def test_the_tier_that_buys_back_more_step_time_per_byte_goes_first():
     assert not tiers.optimizer_first(5.0, 10, 5.0, 0)  # no optimizer state on disk
 
 
+def test_the_placed_step_is_predicted_from_the_bytes_its_optimizer_step_moves():
+    # Note [Predicting the placed step]: 41 s of forward and backward as measured; the last
+    # optimizer step took 55.7 s (40.4 waiting) moving 82.3 GB, the placed one moves 66.
+    got = tiers.predict_step(41.0, 55.7, 40.4, 82_300, 66_000)
+    assert got["predicted_optimizer_step_seconds"] == round(55.7 * 66 / 82.3, 3)
+    assert got["predicted_step_seconds"] == round(41.0 + 55.7 * 66 / 82.3, 3)
+    # Nearly all in host memory: the kernel's part of the last step (20 - 5 s) stays.
+    assert tiers.predict_step(10.0, 20.0, 5.0, 100, 10)["predicted_step_seconds"] == 25.0
+    assert tiers.predict_step(10.0, 20.0, 5.0, 0, 0)["predicted_step_seconds"] == 30.0
+
+
 EXCESS = 1 << 26  # a step's measured excess, fixed in the ranks (their VmHWM is their launcher's)
 
 
@@ -235,6 +246,23 @@ def test_both_tiers_auto_place_the_shards_first_and_the_optimizer_from_what_is_l
     assert auto["losses"] == none["losses"]  # the placement changes no bit
     assert not opt["claimed_first"]  # its reads are fast: the shards' default order
     assert opt["tier_order_inputs"]["optimizer_wait_seconds"] < tiers.MIN_REORDER_WAIT_S
+    # The step it predicted (Note [Predicting the placed step]): the placed step moves the
+    # state left on disk, read and written (12 bytes an element each way), and no shard
+    # (all came back); the measured one moved all of it, and the shards its update wrote
+    # if they were still on disk then.
+    pred = opt["prediction"]
+    assert pred["optimizer_disk_bytes_after"] == 2 * 12 * opt["nvme_elements"]
+    everything = 2 * 12 * (opt["host_elements"] + opt["nvme_elements"])
+    shards = sum(auto["bytes"].values())
+    assert pred["optimizer_disk_bytes_before"] in (everything, everything + shards)
+    assert 0 < pred["forward_backward_seconds"] < max(auto["intervals"]), pred
+    scaled = pred["last_optimizer_step_seconds"] * (
+        pred["optimizer_disk_bytes_after"] / pred["optimizer_disk_bytes_before"]
+    )
+    floor = pred["last_optimizer_step_seconds"] - pred["optimizer_wait_seconds"]
+    assert pred["predicted_step_seconds"] == pytest.approx(
+        pred["forward_backward_seconds"] + max(scaled, floor), abs=2e-3
+    )
 
 
 @pytest.mark.slow  # CI's 25 minutes; tiers.optimizer_first's rule is tested by hand
@@ -258,18 +286,28 @@ def test_an_optimizer_that_waits_longer_per_byte_takes_the_budget_first(tmp_path
     assert opt["budget_elements"] == left // 12
     assert 0 < opt["host_elements"] <= opt["budget_elements"]
     assert auto["losses"] == none["losses"]
-    # The predicted step: the last one less the share of its optimizer wait that left the disk.
+    # The predicted step (Note [Predicting the placed step]): the shards stayed on disk, so
+    # the update writes them as before; the optimizer state left on disk is read and written.
     pred = opt["prediction"]
-    share = opt["nvme_elements"] / (opt["nvme_elements"] + opt["host_elements"])
-    assert pred["disk_share_after"] == round(share, 4)
+    state_before = 2 * 12 * (opt["nvme_elements"] + opt["host_elements"])
+    shards = pred["optimizer_disk_bytes_before"] - state_before
+    assert shards == sum(auto["bytes"].values())  # every shard written by the last update
+    assert pred["optimizer_disk_bytes_after"] == 2 * 12 * opt["nvme_elements"] + shards
     assert pred["optimizer_wait_seconds"] >= 0.02 * 3 * 14
-    expected = pred["last_step_seconds"] - (1 - share) * pred["optimizer_wait_seconds"]
+    scaled = pred["last_optimizer_step_seconds"] * (
+        pred["optimizer_disk_bytes_after"] / pred["optimizer_disk_bytes_before"]
+    )
+    floor = pred["last_optimizer_step_seconds"] - pred["optimizer_wait_seconds"]
+    expected = pred["forward_backward_seconds"] + max(scaled, floor)
     assert abs(pred["predicted_step_seconds"] - expected) < 2e-3
     # The steps after the placement (they wait only on the sub-groups left on disk) take
     # about what was predicted: far less than the slow step before it.
     placed = auto["opt_host"].index(opt["host_elements"])
     after = auto["intervals"][placed + 1 :]
-    assert after and max(after) < pred["last_step_seconds"]
+    slow = pred["forward_backward_seconds"] + pred["last_optimizer_step_seconds"]
+    assert after and max(after) < slow
+    # The first of them also read the placed state in; the rest are the placed steps.
+    assert after[1:] and max(after[1:]) < 2 * pred["predicted_step_seconds"], (after, pred)
 
 
 def slow_disk_worker(rank, world, root):

@@ -244,6 +244,12 @@ def _run_matrix(world: int, cases, tmp_path, references) -> None:
             if "ratio" in offload:
                 for run in runs.values():
                     _assert_device_tier(run[3], offload)
+            if world == 1 and stage == 3 and "ratio" not in offload:
+                # Note [One rank on the host lands each gradient as it comes]: the CPU run
+                # lands without buckets; a copy stage keeps them (one download a bucket).
+                assert cpu[3]["landed_directly"] > 0, cpu[3]
+                if "lazy" in runs and offload not in ("none", "cpu+none"):
+                    assert runs["lazy"][3]["landed_directly"] == 0, runs["lazy"][3]
             for policy in [p for p in ("lazy", "random") if p in runs]:
                 run = runs[policy]
                 counters, violations = run[4], run[5]

@@ -6,6 +6,16 @@ partition as stages 1 and 2 land theirs (Landing, zero/grad_reduce.py).
 A bucket of parameters p1..pn is laid out rank-major: row r holds rank r's shard of p1, then
 of p2, ... (each shard ceil(numel/world) elements, zero padded), so one reduce-scatter of
 world*S elements leaves each rank its S elements, in the order of its gradient partition.
+
+Note [One rank on the host lands each gradient as it comes]
+  With one rank there is nothing to reduce and, on the CPU (no copy stage, or the host's
+  own, whose copies are done when issued), nothing to download: a bucket would be a copy of
+  every gradient into a fresh buffer (its pages faulted in anew each step: 1.3 s of a
+  4-layer, hidden-2560 slice's step) before the landing copies or adds it into the
+  partition. So each gradient is landed as autograd finishes it, by the same landing (the
+  same bits), and is freed then instead of waiting in a bucket. A device's copy stage (a
+  GPU, or the simulated device) keeps the buckets: one download a bucket, not one a
+  parameter.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ class Stage3Reducer(ReducerBase):
         self.pending: List[Tuple[ZeroParam, torch.Tensor]] = []
         self.pending_numel = 0
         self.reduced_numel = 0
+        self.landed_directly = 0  # gradients landed without a bucket (Note above)
 
     def add(self, zp: ZeroParam, grad: torch.Tensor) -> None:
         """Takes a parameter's full gradient (the caller drops its own reference)."""
@@ -46,10 +57,26 @@ class Stage3Reducer(ReducerBase):
                 f"ZeRO-3: gradient for param ds_id={zp.ds_id} {tuple(zp.shape)} that is in "
                 f"no optimizer param group"
             )
+        if self._lands_directly():
+            group, at = self.slots[zp.ds_id]  # Note [One rank on the host lands each ...]
+            self.landing.land(grad.reshape(-1), [(0, group, at, zp.numel)])
+            self.reduced_numel += zp.numel
+            self.landed_directly += 1
+            return
         self.pending.append((zp, grad.reshape(-1)))
         self.pending_numel += zp.numel
         if self.pending_numel >= self.bucket_size:
             self.flush()
+
+    def _lands_directly(self) -> bool:
+        """One rank whose gradients need no device copy: no copy stage, or the host's own
+        (lanes "host": a copy is done when issued); no device-tier gradients."""
+        stage = self.landing.stage
+        return (
+            self.world == 1
+            and (stage is None or stage.lanes.kind == "host")
+            and not self.landing.device_parts
+        )
 
     def flush(self) -> None:
         """Reduce-scatters the pending gradients into the fp32 partitions."""
@@ -98,4 +125,8 @@ class Stage3Reducer(ReducerBase):
         self.reduced_numel += sum(zp.numel for zp, _ in items)
 
     def summary(self) -> dict:
-        return {**super().summary(), "reduced_numel": self.reduced_numel}
+        return {
+            **super().summary(),
+            "reduced_numel": self.reduced_numel,
+            "landed_directly": self.landed_directly,
+        }
