@@ -31,7 +31,10 @@ def read_corpus(max_mb: float) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def _bytes(chunks: List[bytes]) -> torch.Tensor:
-    return torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8)
+    data = b"".join(chunks)
+    if not data:  # a budget that ends within the first files holds out nothing
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def windows(text: torch.Tensor, count: int, seq: int, gen: torch.Generator) -> torch.Tensor:

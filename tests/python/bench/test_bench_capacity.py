@@ -192,3 +192,39 @@ def test_wide_matmul_gives_the_bf16_linear_its_values_and_gradients():
     assert torch.equal(wide(x32), plain(x32))
     model = GPT(GPTShape(1, 32, 4, 64, 8), wide_matmul=True)
     assert sum(isinstance(m, WideLinear) for m in model.modules()) == 4  # qkv, proj, up, down
+
+
+def test_the_corpus_option_trains_on_the_demo_s_bytes():
+    import argparse
+
+    from zerostream.bench import capacity
+    from zerostream.bench.corpus import read_corpus
+
+    p = argparse.ArgumentParser()
+    capacity.add_arguments(p)
+    args = p.parse_args(["--corpus-mb", "0.25", "--seq", "16", "--micro-batch", "3"])
+    assert capacity._vocab(args) == 256  # bytes, whatever --vocab says
+    assert capacity._vocab(p.parse_args([])) == 8192  # synthetic tokens keep --vocab
+    with pytest.raises(ValueError, match="--corpus-mb"):
+        capacity._vocab(p.parse_args(["--corpus-mb", "-1"]))
+    shape = GPTShape(1, 64, 4, capacity._vocab(args), args.seq)
+    train, _ = read_corpus(0.25)
+    text = bytes(train.tolist())
+    first = capacity._data(args, shape, "cpu")
+    again = capacity._data(args, shape, "cpu")
+    for _ in range(3):
+        x, y = next(first)
+        x2, y2 = next(again)
+        assert torch.equal(x, x2) and torch.equal(y, y2)  # the same batches for every peer
+        assert x.shape == y.shape == (3, 16) and x.dtype == torch.long
+        assert torch.equal(x[:, 1:], y[:, :-1])  # y is x's next byte
+        for row_x, row_y in zip(x.tolist(), y.tolist()):
+            window = bytes(row_x + row_y[-1:])
+            assert window in text  # a real window of the standard library's source
+    # The config takes --lr and --warmup-steps as DeepSpeed's optimizer and WarmupLR.
+    args = p.parse_args(["--lr", "3e-5", "--warmup-steps", "4"])
+    cfg = capacity._config(args, "/nvme")
+    assert cfg["optimizer"]["params"]["lr"] == 3e-5
+    assert cfg["scheduler"]["params"]["warmup_max_lr"] == 3e-5
+    assert cfg["scheduler"]["params"]["warmup_num_steps"] == 4
+    assert "scheduler" not in capacity._config(p.parse_args([]), "/nvme")
