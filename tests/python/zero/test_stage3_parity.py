@@ -213,11 +213,27 @@ def references():
     }
 
 
+# World 1 lands each gradient and gathers each shard without a bucket (Note [One rank on the
+# host lands each gradient as it comes], Note [One rank gathers into the full tensors]):
+# gradients in parts (reentrant checkpointing), accumulation, shards in host memory and on disk.
+ONE_RANK = [
+    ("fp32", "none", "none", "plain"),
+    ("bf16", "cpu", "cpu", "plain"),
+    ("bf16", "cpu", "nvme", "plain_gas4"),
+    ("fp32", "none", "none", "checkpoint_reentrant"),
+    ("bf16", "none", "cpu", "reuse"),
+    ("fp32", "cpu", "cpu", "checkpoint_non_reentrant"),
+    ("fp32", "nvme", "cpu", "checkpoint_reentrant"),
+]
+
+
 @pytest.mark.multirank
 # World 4 runs the same code with more ranks (uneven partitions): the slow tier.
-@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("world", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_stage3_matches_plain_pytorch(world, references, tmp_path):
-    cases = CASES if world == 2 else [c for c in CASES if c[1] == c[2] or c[3] != "plain"]
+    cases = {1: ONE_RANK, 2: CASES}.get(world) or [
+        c for c in CASES if c[1] == c[2] or c[3] != "plain"
+    ]
     results = run_ranks(stage3_worker, world, cases, str(tmp_path), timeout=900)[0]
     assert len(results) == len(cases)
     failures = []
@@ -239,7 +255,11 @@ def test_stage3_matches_plain_pytorch(world, references, tmp_path):
             assert summary["params"]["offload_param"] == offload_param
             if offload_param == "cpu":  # every shard in page-locked (registered) host memory
                 assert summary["params"]["shard_arena_bytes"] >= summary["params"]["shard_bytes"]
-            assert summary["collectives"].get("reduce_scatter", 0) > 0
+            if world > 1:
+                assert summary["collectives"].get("reduce_scatter", 0) > 0
+                assert summary["landed_directly"] == 0
+            else:  # nothing to reduce: every gradient landed as autograd finished it
+                assert summary["landed_directly"] > 0 and not summary["collectives"], summary
             trace = summary["trace"]
             assert trace["trace_mode"] == "complete" and trace["invalidations"] == 0, trace
             assert trace["trace_recordings"] == 1, trace

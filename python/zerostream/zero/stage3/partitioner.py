@@ -31,11 +31,21 @@ class InflightGather:
     everywhere."""
 
     def __init__(
-        self, partitioner: "Partitioner", zps: List[ZeroParam], out, handle, reads=None, mark=None
+        self,
+        partitioner: "Partitioner",
+        zps: List[ZeroParam],
+        out,
+        handle,
+        reads=None,
+        mark=None,
+        direct: bool = False,
     ):
         self.partitioner, self.zps, self.out, self.handle = partitioner, zps, out, handle
         self.reads = reads
         self.mark = mark  # the uploads into the send buffer (host shards), see Partitioner
+        # The shards were copied straight into the full tensors (Note [One rank gathers
+        # into the full tensors]): nothing to carve out of a gathered buffer.
+        self.direct = direct
         self.done = False
 
     def launch(self, early: bool = True) -> None:
@@ -62,8 +72,16 @@ class InflightGather:
                 part.telemetry.moved("all_gather", 0, time.perf_counter() - start)
         if part.uploads is not None:
             part.uploads.wait_mark(self.mark)  # one rank: `out` is the uploaded send buffer
-        world = self.partitioner.world
-        rows = self.out.view(world, -1)
+        if not self.direct:
+            self._carve()
+        for zp in self.zps:
+            zp.to_gathered()
+            self.partitioner.inflight.pop(zp.ds_id, None)
+        self.done = True
+
+    def _carve(self) -> None:
+        """Each parameter's full tensor from the rank-major gathered buffer."""
+        rows = self.out.view(self.partitioner.world, -1)
         off = 0
         with torch.no_grad():
             for zp in self.zps:
@@ -75,9 +93,6 @@ class InflightGather:
                 if n - whole * k:
                     full[whole * k :].copy_(rows[whole, off : off + n - whole * k])
                 off += k
-                zp.to_gathered()
-                self.partitioner.inflight.pop(zp.ds_id, None)
-        self.done = True
 
 
 class Partitioner:
@@ -284,6 +299,11 @@ class Partitioner:
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
         self.gathers += 1
         self.gathered_numel += sum(zp.numel for zp in zps)
+        if self.world == 1 and not any(zp.on_nvme for zp in zps):
+            gather = self._gather_alone(zps)
+            if not async_op:
+                gather.wait()
+            return gather
         send = torch.empty(total, dtype=dtype, device=self.device)
         offsets, off = [], 0
         for zp in zps:
@@ -306,6 +326,20 @@ class Partitioner:
             self.inflight[zp.ds_id] = gather
         if not async_op:
             gather.wait()
+        return gather
+
+    def _gather_alone(self, zps: List[ZeroParam]) -> InflightGather:
+        """Note [One rank gathers into the full tensors]: one rank's shard is the whole
+        parameter (ceil(n / 1) = n, no padding), so each shard is copied (uploaded from host
+        memory on the copy stage's lane) straight into its parameter's full tensor: no send
+        buffer allocated, filled and carved again, twice a step for every parameter. A shard
+        on disk still goes through the reads' buffer."""
+        for zp in zps:
+            to_device(self.uploads, zp.shard, zp.full_flat())
+        mark = self.uploads.upload_mark() if self.uploads is not None else None
+        gather = InflightGather(self, zps, None, None, mark=mark, direct=True)
+        for zp in zps:
+            self.inflight[zp.ds_id] = gather
         return gather
 
     def launch_reads(self, ds_ids) -> None:
