@@ -271,7 +271,7 @@ def measure(args) -> dict:
         }
         numel = shape.params
         width = 2 if _bf16_model(args) else 4
-        states = ((2 if _bf16_model(args) else 4) + _state_bytes(args)) * numel
+        states = (width + _state_bytes(args)) * numel
         tiers = engine.optimizer.swapper.tiers
         peak = _rss_gib()
         summary = optimizer.state_summary()

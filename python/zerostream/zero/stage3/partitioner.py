@@ -291,7 +291,6 @@ class Partitioner:
     def _gather(self, zps: List[ZeroParam], dtype: torch.dtype, async_op: bool) -> InflightGather:
         if self.uploads is not None and not self._loose_scanned:
             self.home_loose_shards()
-        total = sum(zp.shard_numel for zp in zps)
         for zp in zps:
             zp.to_inflight()
             if not zp.persist:
@@ -301,10 +300,19 @@ class Partitioner:
         self.gathered_numel += sum(zp.numel for zp in zps)
         if self.world == 1 and not any(zp.on_nvme for zp in zps):
             gather = self._gather_alone(zps)
-            if not async_op:
-                gather.wait()
-            return gather
-        send = torch.empty(total, dtype=dtype, device=self.device)
+        else:
+            gather = self._gather_collective(zps, dtype, async_op)
+        for zp in zps:
+            self.inflight[zp.ds_id] = gather
+        if not async_op:
+            gather.wait()
+        return gather
+
+    def _gather_collective(
+        self, zps: List[ZeroParam], dtype: torch.dtype, async_op: bool
+    ) -> InflightGather:
+        """The shards into one send buffer (read from disk, or uploaded) and its all-gather."""
+        send = torch.empty(sum(zp.shard_numel for zp in zps), dtype=dtype, device=self.device)
         offsets, off = [], 0
         for zp in zps:
             offsets.append(off)
@@ -314,19 +322,14 @@ class Partitioner:
             reads = self.swapper.start_reads(zps, send, offsets, self.uploads)
             gather = InflightGather(self, zps, None, None, reads=reads)
             self.reading.append(gather)
+            return gather
+        if self.swapper is not None:
+            self.swapper.read_into(zps, send, offsets, self.uploads)
         else:
-            if self.swapper is not None:
-                self.swapper.read_into(zps, send, offsets, self.uploads)
-            else:
-                for zp, off in zip(zps, offsets):
-                    to_device(self.uploads, zp.shard, send[off : off + zp.shard_numel])
-            mark = self.uploads.upload_mark() if self.uploads is not None else None
-            gather = InflightGather(self, zps, *self.collect(send, async_op), mark=mark)
-        for zp in zps:
-            self.inflight[zp.ds_id] = gather
-        if not async_op:
-            gather.wait()
-        return gather
+            for zp, off in zip(zps, offsets):
+                to_device(self.uploads, zp.shard, send[off : off + zp.shard_numel])
+        mark = self.uploads.upload_mark() if self.uploads is not None else None
+        return InflightGather(self, zps, *self.collect(send, async_op), mark=mark)
 
     def _gather_alone(self, zps: List[ZeroParam]) -> InflightGather:
         """Note [One rank gathers into the full tensors]: one rank's shard is the whole
@@ -337,10 +340,7 @@ class Partitioner:
         for zp in zps:
             to_device(self.uploads, zp.shard, zp.full_flat())
         mark = self.uploads.upload_mark() if self.uploads is not None else None
-        gather = InflightGather(self, zps, None, None, mark=mark, direct=True)
-        for zp in zps:
-            self.inflight[zp.ds_id] = gather
-        return gather
+        return InflightGather(self, zps, None, None, mark=mark, direct=True)
 
     def launch_reads(self, ds_ids) -> None:
         """Launches the reads ahead that hold any of `ds_ids` (the next module's params):
