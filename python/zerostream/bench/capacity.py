@@ -19,11 +19,8 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from typing import Dict
 
 import torch
 
@@ -245,7 +242,7 @@ def measure(args) -> dict:
         rss_ready = _rss_now_gib()
         data = _data(args, shape, engine.device)
         tel = engine.telemetry
-        step_times, losses, settled = [], [], []
+        step_times, losses, settled, step_phases = [], [], [], []
         for _ in range(args.steps):
             tel.seconds.clear()
             tel.bytes.clear()
@@ -258,7 +255,8 @@ def measure(args) -> dict:
             step_times.append(time.perf_counter() - t0)
             losses.append(float(loss.detach()))
             settled.append(_tiers_settled(engine))
-        phases = {k: round(v, 3) for k, v in tel.seconds.items()}
+            step_phases.append(_phases(tel))
+        phases = step_phases[-1] if step_phases else {}
         moved = {
             tier: {
                 "bytes": int(b),
@@ -305,6 +303,8 @@ def measure(args) -> dict:
             "step_seconds": [round(t, 2) for t in step_times],
             "tiers_settled_after_step": settled,
             "last_step_phases_seconds": phases,
+            # Each step's phases and disk bytes: what changes between the steps of a run.
+            "step_phases": step_phases,
             "last_step_moved": moved,
             "losses": losses,
             # On real text (--corpus-mb) the loss of the last steps is below the first's.
@@ -334,6 +334,15 @@ def measure(args) -> dict:
             shutil.rmtree(nvme, ignore_errors=True)
 
 
+def _phases(tel) -> dict:
+    """One step's seconds by phase and the GB it read and wrote on disk."""
+    out = {k: round(v, 3) for k, v in tel.seconds.items()}
+    for tier, b in tel.bytes.items():
+        if tier.endswith(("nvme_read", "nvme_write")):
+            out[f"{tier}_gb"] = round(b / 1e9, 3)
+    return out
+
+
 def _tiers_settled(engine) -> bool:
     """Whether every "auto" tier has been placed (Note ["auto" is sized from a measured
     step]): the steps after the one that placed them are the tiered run's steady state."""
@@ -348,17 +357,6 @@ def _tiers_settled(engine) -> bool:
     return True
 
 
-def _steady_steps(res: dict) -> list:
-    """The steps after the one whose end saw every tier placed (the last half of them, for
-    a run that reports no placement); never the first step."""
-    times, settled = res["step_seconds"], res.get("tiers_settled_after_step")
-    if settled and any(settled):
-        first = max(1, settled.index(True) + 1)
-        if first < len(times):
-            return times[first:]
-    return times[len(times) // 2 :]
-
-
 def _du(path: str) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -370,175 +368,15 @@ def _du(path: str) -> int:
     return total
 
 
-# --- all on NVMe against tiered, in one invocation ------------------------------------------------
-_PASSED = (
-    "layers",
-    "hidden",
-    "heads",
-    "vocab",
-    "seq",
-    "micro_batch",
-    "steps",
-    "corpus_mb",
-    "lr",
-    "warmup_steps",
-    "sub_group_size",
-    "buffer_size",
-    "max_live",
-)
-
-
-def _child(args, max_in_cpu: str, param_in_cpu: str, nvme: str) -> dict:
-    """One configuration in its own process (its own peak RSS), as --json prints it."""
-    cmd = [sys.executable, "-m", "zerostream.cli", "bench", "capacity", "--json"]
-    for name in _PASSED:
-        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    cmd += ["--optimizer-max-in-cpu", max_in_cpu, "--param-max-in-cpu", param_in_cpu]
-    cmd += ["--nvme-path", nvme]
-    if args.bf16:
-        cmd.append("--bf16")
-    if args.bf16_states:
-        cmd.append("--bf16-states")
-    if args.wide_matmul:
-        cmd.append("--wide-matmul")
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode not in (0, 1) or not lines:  # 1: ran, but a verdict failed (reported)
-        raise RuntimeError(
-            f"bench capacity (optimizer {max_in_cpu}, params {param_in_cpu}) exited "
-            f"{done.returncode} without its result:\n{done.stderr[-3000:]}"
-        )
-    return json.loads(lines[-1])
-
-
-def _per_step_bytes(res: dict) -> Dict[str, int]:
-    return {tier: m["bytes"] for tier, m in res["last_step_moved"].items()}
-
-
-def compare(args) -> dict:
-    """Both configurations (`--rounds` times, alternating which goes first), then fio on the
-    same directory: each run's disk bytes per step over fio's sequential rates give the
-    disk-bound floor of its step. The speedup is the median over rounds of each round's
-    ratio of the two runs' steady medians; `runs` holds the first round's runs whole."""
-    from .checkpoint import _fio
-
-    if args.rounds < 1:
-        raise ValueError(f"--rounds: expected >= 1; got {args.rounds}")
-    root = args.nvme_path or tempfile.mkdtemp(prefix="zs-capacity-")
-    try:
-        # The tiered run: the given tiers, "auto" for a flag not given.
-        opt, par = (
-            v if v is not None else "auto"
-            for v in (args.optimizer_max_in_cpu, args.param_max_in_cpu)
-        )
-        pair = (("all_nvme", ("0", "0")), ("tiered", (opt, par)))
-        rounds = []
-        for r in range(args.rounds):
-            got = {}
-            for name, (opt, par) in pair if r % 2 == 0 else pair[::-1]:
-                got[name] = _child(args, opt, par, os.path.join(root, name))
-                got[name]["round"] = r
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            rounds.append(got)
-        runs = rounds[0]
-        # fio moves about what a step moves (at least 256 MiB, at most 4 GiB).
-        work = sum(_per_step_bytes(runs["all_nvme"]).values())
-        probe, size = os.path.join(root, "fio.probe"), min(4 << 30, max(256 << 20, work))
-        disk = {
-            "write_gb_per_s": _fio(probe, "write", size, direct=True),
-            "read_gb_per_s": _fio(probe, "read", size, direct=True),
-        }
-        os.unlink(probe)
-    finally:
-        if args.nvme_path is None:
-            shutil.rmtree(root, ignore_errors=True)
-    for res in (res for got in rounds for res in got.values()):
-        moved = _per_step_bytes(res)
-        read = sum(b for t, b in moved.items() if t.endswith("nvme_read"))
-        written = sum(b for t, b in moved.items() if t.endswith("nvme_write"))
-        res["disk_bytes_per_step"] = {"read": read, "written": written}
-        res["floor_seconds"] = round(
-            read / disk["read_gb_per_s"] / 1e9 + written / disk["write_gb_per_s"] / 1e9, 2
-        )
-        # "auto" places the tiers between steps (Note ["auto" is sized from a measured step]):
-        # both runs are compared over the steps after every tier was placed.
-        late = _steady_steps(res)
-        res["steady_steps"] = len(late)
-        res["median_step_seconds"] = sorted(late)[len(late) // 2]
-        res["over_floor"] = (
-            round(res["median_step_seconds"] / res["floor_seconds"], 3)
-            if res["floor_seconds"]
-            else None
-        )
-        pred = res.get("optimizer_tiers", {}).get("prediction")
-        if pred:  # "auto" predicted the steady step when it placed: how close it came
-            res["predicted_over_measured"] = round(
-                pred["predicted_step_seconds"] / res["median_step_seconds"], 3
-            )
-    ratios = [
-        round(got["all_nvme"]["median_step_seconds"] / got["tiered"]["median_step_seconds"], 3)
-        for got in rounds
-    ]
-    return {
-        "disk": disk,
-        "runs": runs,
-        "rounds": [
-            {
-                "first": "all_nvme" if r % 2 == 0 else "tiered",
-                "all_nvme_median_s": got["all_nvme"]["median_step_seconds"],
-                "tiered_median_s": got["tiered"]["median_step_seconds"],
-                "speedup": ratio,
-            }
-            for r, (got, ratio) in enumerate(zip(rounds, ratios))
-        ],
-        "tiered_speedup": sorted(ratios)[len(ratios) // 2],
-        "same_losses": all(
-            got[name]["losses"] == runs["all_nvme"]["losses"] for got in rounds for name in got
-        ),
-    }
-
-
-def _print_compare(res: dict) -> None:
-    d = res["disk"]
-    print(
-        f"fio on the swap directory: read {d['read_gb_per_s']:.2f} GB/s, "
-        f"write {d['write_gb_per_s']:.2f} GB/s"
-    )
-    for name, r in res["runs"].items():
-        b, ot = r["disk_bytes_per_step"], r["optimizer_tiers"]
-        print(
-            f"{name}: step {r['median_step_seconds']} s (all {r['step_seconds']}), disk "
-            f"{b['read'] / 1e9:.1f} GB read + {b['written'] / 1e9:.1f} GB written per step, "
-            f"floor {r['floor_seconds']} s (x{r['over_floor']}), optimizer state in host memory "
-            f"{ot['host_elements']} of {ot['host_elements'] + ot['nvme_elements']} elements, "
-            f"peak RSS {r['peak_rss_gib']} GiB (budget {r['host_budget_gib']}), losses "
-            f"{[round(x, 4) for x in r['losses']]}"
-        )
-        pred = ot.get("prediction")
-        if pred:
-            print(
-                f'  "auto" predicted {pred["predicted_step_seconds"]} s a step when it placed '
-                f"the optimizer tier: x{r['predicted_over_measured']} of the measured median"
-            )
-    if len(res["rounds"]) > 1:
-        for i, r in enumerate(res["rounds"]):
-            print(
-                f"round {i} ({r['first']} first): all on NVMe {r['all_nvme_median_s']} s, "
-                f"tiered {r['tiered_median_s']} s, {r['speedup']}x"
-            )
-    print(
-        f"tiered over all on NVMe: {res['tiered_speedup']}x faster (median over "
-        f"{len(res['rounds'])} round(s)); same losses: {res['same_losses']}"
-    )
-
-
 def run(args) -> int:
     if args.compare_tiers:
+        from .tier_compare import compare, print_compare
+
         res = compare(args)
         if args.json:
             print(json.dumps(res))  # the verdicts are in it, as with one run
             return 0
-        _print_compare(res)
+        print_compare(res)
         ok = all(all(r["verdict"].values()) for r in res["runs"].values())
         return 0 if ok and res["same_losses"] else 1
     res = measure(args)

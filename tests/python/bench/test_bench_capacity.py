@@ -93,10 +93,35 @@ def test_capacity_compare_tiers_moves_fewer_disk_bytes_for_the_same_losses(tmp_p
         assert moved == saved, (way, moved, saved)
     assert res["same_losses"] and len(a["losses"]) == 2
     assert res["disk"]["read_gb_per_s"] > 0 and t["floor_seconds"] < a["floor_seconds"]
+    assert res["disk"]["concurrent_read_gb_per_s"] > 0 and res["disk"]["queue_depth"] == 32
+    # Each step's phases and disk bytes; the last one is the last step's.
+    assert len(t["step_phases"]) == 2 and t["step_phases"][-1]["step"] > 0
+    assert t["step_phases"][-1]["nvme_read_gb"] == round(
+        t["last_step_moved"]["nvme_read"]["bytes"] / 1e9, 3
+    )
+
+
+def test_the_disk_bound_floor_is_the_slowest_of_three_bounds():
+    """Note [The disk-bound floor]: reading alone, writing alone, or both directions at the
+    disk's combined rate, whichever takes longest."""
+    from zerostream.bench.tier_compare import floor_seconds
+
+    disk = {
+        "read_gb_per_s": 0.8,
+        "write_gb_per_s": 2.0,
+        "concurrent_read_gb_per_s": 0.7,
+        "concurrent_write_gb_per_s": 0.6,
+    }
+    # Balanced: 20 GB each way at 1.3 GB/s combined (30.8 s) beats 20 / 0.8 (25 s).
+    assert abs(floor_seconds(20 * 10**9, 20 * 10**9, disk) - 40 / 1.3) < 1e-9
+    # Reads only: the read rate alone bounds it (the combined rate is higher).
+    assert abs(floor_seconds(20 * 10**9, 0, disk) - 25.0) < 1e-9
+    # Mostly writes: 30 GB at 2 GB/s (15 s) against 31 GB at 1.3 (23.8 s).
+    assert abs(floor_seconds(10**9, 30 * 10**9, disk) - 31 / 1.3) < 1e-9
 
 
 def test_compare_tiers_times_the_steps_after_every_tier_was_placed():
-    from zerostream.bench.capacity import _steady_steps
+    from zerostream.bench.tier_compare import _steady_steps
 
     times = [9.0, 8.0, 9.5, 8.5, 12.0, 4.0, 4.2]
     # "auto": placed during step 5 (index 4, its end is the first settled): steps 6-7 count.
@@ -125,7 +150,7 @@ def test_compare_rounds_alternate_the_order_and_take_the_median_ratio(monkeypatc
     rounds' ratios, and the losses must agree in every run."""
     import argparse
 
-    from zerostream.bench import capacity, checkpoint
+    from zerostream.bench import capacity, tier_compare
 
     order = []
     step = {"all_nvme": [9.0, 10.0, 10.0, 10.0], "tiered": [9.0, 5.0, 5.0, 5.0]}
@@ -143,17 +168,14 @@ def test_compare_rounds_alternate_the_order_and_take_the_median_ratio(monkeypatc
             "last_step_moved": moved,
         }
 
-    monkeypatch.setattr(capacity, "_child", child)
-
-    def fio(path, *a, **k):  # the probe file is the real one's, removed after
-        open(path, "wb").close()
-        return 1.0
-
-    monkeypatch.setattr(checkpoint, "_fio", fio)
+    monkeypatch.setattr(tier_compare, "_child", child)
+    rates = ("read", "write", "concurrent_read", "concurrent_write")
+    disk = {f"{k}_gb_per_s": 1.0 for k in rates}
+    monkeypatch.setattr(tier_compare, "measure_disk", lambda *a, **k: disk)
     p = argparse.ArgumentParser()
     capacity.add_arguments(p)
     args = p.parse_args(["--compare-tiers", "--rounds", "3", "--nvme-path", str(tmp_path)])
-    res = capacity.compare(args)
+    res = tier_compare.compare(args)
     assert order == ["all_nvme", "tiered", "tiered", "all_nvme", "all_nvme", "tiered"]
     assert [r["first"] for r in res["rounds"]] == ["all_nvme", "tiered", "all_nvme"]
     assert [r["speedup"] for r in res["rounds"]] == [2.0, 1.0, 2.0]
