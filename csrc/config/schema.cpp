@@ -250,7 +250,8 @@ struct Schema {
                                              E("offload_gradient_dtype", "auto", {"auto", "fp32"}),
                                              U("optimizer_max_in_cpu", 0).or_auto(),
                                              E("device_tier_grads", "device",
-                                               {"device", "host"})}};
+                                               {"device", "host"}),
+                                             E("host_malloc", "system", {"system", "retain"})}};
 
     root = {"", false, true, {
         I("train_batch_size", nullptr).greater_than_zero(),

@@ -410,6 +410,10 @@ class ZeroStreamExtConfig:
     # update ("host": 2-4 bytes an element less device memory, so more sub-groups fit there;
     # Note [Device-tier gradients stay on the device] in offload/device_tier.py).
     device_tier_grads: str
+    # "retain": freed host memory stays in the process for the next step (no fresh pages to
+    # fault in on the CPU path; Note [Fresh pages cost more than the math] in host_malloc.py);
+    # "system": glibc's own policy.
+    host_malloc: str
 
 
 @dataclass(frozen=True)

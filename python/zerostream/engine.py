@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import autocast, comm
+from . import autocast, comm, host_malloc
 from .accelerator import bind_run_device
 from .config import DeepSpeedConfig
 from .engine_accessors import ConfigAccessors
@@ -113,6 +113,10 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
             group=dp_group,
             world=self.dp_world_size,
         )
+        # Last, so that a refused config leaves the process's malloc as it was.
+        self._retains_host_memory = cfg.zerostream.host_malloc == "retain"
+        if self._retains_host_memory:
+            host_malloc.retain()
         if cfg.zero_optimization.round_robin_gradients and cfg.zero_stage in (1, 2):
             logger.warning(
                 "zero_optimization.round_robin_gradients: zerostream partitions "
@@ -444,6 +448,9 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         """Ends the engine: stage 3's module hooks go (parameters stay partitioned) and the
         swap files of NVMe offload are deleted, their directories given up."""
         stage_class(self._config.zero_stage).close(self.module, self.optimizer)
+        if self._retains_host_memory:  # Note [Fresh pages cost more than the math]
+            self._retains_host_memory = False
+            host_malloc.release()
 
     def compile(self, backend=None, compile_kwargs=None, **kwargs) -> None:
         """DeepSpeed's engine.compile (Accelerate calls it when a dynamo backend is set);

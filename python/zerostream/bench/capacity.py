@@ -93,6 +93,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --compare-tiers: run the pair this many times, alternating which goes "
         "first (a shared VM's disk drifts between runs by more than small gains)",
     )
+    p.add_argument(
+        "--host-malloc",
+        choices=("retain", "system"),
+        default="retain",
+        help='zerostream.host_malloc: "retain" keeps freed host memory for the next step (no '
+        'fresh pages to fault in: Note [Fresh pages cost more than the math]); "system" '
+        "is glibc's policy, the engine's default",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -130,7 +138,10 @@ def _config(args, nvme: str) -> dict:
         bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     return {
         "bf16": bf16,
-        "zerostream": {"optimizer_max_in_cpu": _max_in_cpu(args.optimizer_max_in_cpu)},
+        "zerostream": {
+            "optimizer_max_in_cpu": _max_in_cpu(args.optimizer_max_in_cpu),
+            "host_malloc": args.host_malloc,
+        },
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
@@ -282,6 +293,7 @@ def measure(args) -> dict:
             "data": f"corpus ({args.corpus_mb} MiB)" if args.corpus_mb > 0 else "synthetic",
             "lr": args.lr,
             "warmup_steps": args.warmup_steps,
+            "host_malloc": args.host_malloc,
             "params": numel,
             "model_states_gib": round(states / 2**30, 2),
             "ram_gib": round(ram / 2**30, 2),

@@ -29,9 +29,10 @@ from typing import Dict
 QUEUE_DEPTH = 32
 
 
-def _fio_jobs(jobs: Dict[str, tuple], size: int, depth: int) -> Dict[str, float]:
-    """Runs the named jobs ({name: (rw, path)}) together in one fio invocation; GB/s of each
-    (its own direction)."""
+def _fio_jobs(jobs: Dict[str, tuple], size: int, depth: int, seconds: int = 0) -> Dict[str, float]:
+    """Runs the named jobs ({name: (rw, path)}) together in one fio invocation, each over
+    `size` bytes, or for `seconds` (looping over them) when given, so that jobs run together
+    all the time they are measured; GB/s of each (its own direction)."""
     cmd = [
         "fio",
         "--output-format=json",
@@ -42,6 +43,8 @@ def _fio_jobs(jobs: Dict[str, tuple], size: int, depth: int) -> Dict[str, float]
         "--direct=1",
         "--invalidate=1",  # reads start from a cold cache
     ]
+    if seconds:
+        cmd += [f"--runtime={seconds}", "--time_based"]
     for name, (rw, path) in jobs.items():
         cmd += [f"--name={name}", f"--rw={rw}", f"--filename={path}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -58,7 +61,8 @@ def measure_disk(directory: str, size: int, depth: int = QUEUE_DEPTH) -> Dict[st
     try:
         w = _fio_jobs({"w": ("write", a)}, size, depth)["w"]
         r = _fio_jobs({"r": ("read", a)}, size, depth)["r"]
-        both = _fio_jobs({"r": ("read", a), "w": ("write", b)}, size, depth)
+        # Timed, so that neither runs alone at the end of the other.
+        both = _fio_jobs({"r": ("read", a), "w": ("write", b)}, size, depth, seconds=10)
     finally:
         for path in (a, b):
             if os.path.exists(path):
@@ -111,6 +115,7 @@ _PASSED = (
     "sub_group_size",
     "buffer_size",
     "max_live",
+    "host_malloc",
 )
 
 

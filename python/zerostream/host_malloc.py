@@ -1,0 +1,96 @@
+"""`"zerostream": {"host_malloc": "retain"}`: freed host memory stays in the process for the
+next step instead of going back to the kernel (Note [Fresh pages cost more than the math]).
+
+Note [Fresh pages cost more than the math]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+glibc's malloc serves every allocation above its mmap threshold (at most 32 MiB) with a
+fresh mmap and unmaps it on free. A CPU training step allocates many such tensors and frees
+them again: the gathered stage-3 parameters, a bf16 model's fp32 casts, the weight gradients.
+Each first touch of a fresh page traps into the kernel, which zeroes it: on this project's
+VM that costs about 0.4 s a GB, eight times the cost of writing the bytes themselves, and a
+3.17 B-parameter step touches some 40 GB of fresh pages, so its forward and backward spent
+more time faulting than computing (benchmarks/capacity.md, session 30). On a GPU the caching
+allocator keeps device blocks for reuse; "retain" does the same for the host heap: mmap is
+off for malloc (M_MMAP_MAX 0: big blocks come from the heap) and the heap's top is never
+trimmed (M_TRIM_THRESHOLD at its largest), so a step's freed tensors are the next step's,
+pages already mapped. PyTorch's own CPU launcher (torch.backends.xeon.run_cpu) gets the
+same effect by preloading jemalloc or tcmalloc; this needs no other library.
+
+The cost: the process keeps its high-water mark of heap memory (RSS does not fall after a
+step; it is reused by the next), which the "auto" tiers measure as used, as they should.
+engine.destroy() gives the free pages back (malloc_trim) and puts glibc's defaults back when
+the last engine that asked for "retain" ends. The host arenas of the offload tier (page-
+locked staging, the host tiers) are mmap'ed by the native core and are unaffected.
+
+"system" (the default) changes nothing. On a libc other than glibc "retain" is refused by
+name: its mallopt does not mean the same.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+
+logger = logging.getLogger("zerostream")
+
+KEY = "zerostream.host_malloc"
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+# glibc's defaults (malloc/malloc.c): a 128 KiB trim threshold, 65536 mmapped chunks. Setting
+# either fixes the dynamic mmap threshold, which restoring them does not undo.
+_DEFAULT_TRIM = 128 * 1024
+_DEFAULT_MMAP_MAX = 65536
+_LARGEST = (1 << 31) - 1  # mallopt takes an int
+
+_lock = threading.Lock()
+_holders = 0
+
+
+def _glibc():
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    if not hasattr(libc, "gnu_get_libc_version"):
+        raise ValueError(
+            f'{KEY}: "retain" needs glibc\'s malloc (its mallopt settings); this process '
+            'runs on another libc: use "system"'
+        )
+    return libc
+
+
+def retain() -> None:
+    """Freed heap memory stays for reuse (Note [Fresh pages cost more than the math]); one
+    call per engine, undone by the matching release()."""
+    global _holders
+    with _lock:
+        libc = _glibc()
+        if _holders == 0:
+            if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _LARGEST)):
+                raise RuntimeError(f'{KEY} "retain": glibc refused mallopt')
+            logger.info(
+                '%s "retain": freed host memory stays in this process for the next step '
+                "(no fresh pages to fault in); engine.destroy() gives it back",
+                KEY,
+            )
+        _holders += 1
+
+
+def release() -> None:
+    """The end of one engine that called retain(): the last one gives the free pages back
+    and restores glibc's defaults."""
+    global _holders
+    with _lock:
+        if _holders == 0:
+            return
+        _holders -= 1
+        if _holders:
+            return
+        libc = _glibc()
+        libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM)
+        libc.malloc_trim(0)
+
+
+def holders() -> int:
+    """How many engines hold "retain" now (tests)."""
+    return _holders
