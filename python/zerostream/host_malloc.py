@@ -7,9 +7,9 @@ glibc's malloc serves every allocation above its mmap threshold (at most 32 MiB)
 fresh mmap and unmaps it on free. A CPU training step allocates many such tensors and frees
 them again: the gathered stage-3 parameters, a bf16 model's fp32 casts, the weight gradients.
 Each first touch of a fresh page traps into the kernel, which zeroes it: on this project's
-VM that costs about 0.4 s a GB, eight times the cost of writing the bytes themselves, and a
-3.17 B-parameter step touches some 40 GB of fresh pages, so its forward and backward spent
-more time faulting than computing (benchmarks/capacity.md, session 30). On a GPU the caching
+VM that costs about 0.4 s a GB, eight times the cost of writing the bytes themselves; the
+3.17 B bench's forward and backward (all on NVMe) took 37-48 s a step with glibc's policy
+and 18-25 s with "retain", bit-identical losses (benchmarks/capacity.md, session 30). On a GPU the caching
 allocator keeps device blocks for reuse; "retain" does the same for the host heap: mmap is
 off for malloc (M_MMAP_MAX 0: big blocks come from the heap) and the heap's top is never
 trimmed (M_TRIM_THRESHOLD at its largest), so a step's freed tensors are the next step's,
@@ -17,10 +17,14 @@ pages already mapped. PyTorch's own CPU launcher (torch.backends.xeon.run_cpu) g
 same effect by preloading jemalloc or tcmalloc; this needs no other library.
 
 The cost: the process keeps its high-water mark of heap memory (RSS does not fall after a
-step; it is reused by the next), which the "auto" tiers measure as used, as they should.
-engine.destroy() gives the free pages back (malloc_trim) and puts glibc's defaults back when
-the last engine that asked for "retain" ends. The host arenas of the offload tier (page-
-locked staging, the host tiers) are mmap'ed by the native core and are unaffected.
+step), and the heap can still grow where a later step's blocks do not fit the holes the
+earlier ones left (glibc splits big free blocks; an 8-layer bench step's peak RSS rose 15%).
+So "retain" is refused with "auto" tiers (csrc/config/rules.cpp): they size themselves from
+the memory a measured step leaves free, which a retained heap reads as none needed, and the
+3.17 B tiered bench ran out of memory that way. engine.destroy() gives the free pages back
+(malloc_trim) and puts glibc's defaults back when the last engine that asked for "retain"
+ends. The host arenas of the offload tier (page-locked staging, the host tiers) are
+mmap'ed by the native core and are unaffected.
 
 "system" (the default) changes nothing. On a libc other than glibc "retain" is refused by
 name: its mallopt does not mean the same.

@@ -96,10 +96,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host-malloc",
         choices=("retain", "system"),
-        default="retain",
+        default="system",
         help='zerostream.host_malloc: "retain" keeps freed host memory for the next step (no '
-        'fresh pages to fault in: Note [Fresh pages cost more than the math]); "system" '
-        "is glibc's policy, the engine's default",
+        "fresh pages to fault in: Note [Fresh pages cost more than the math]; refused with "
+        '"auto" tiers); "system" is glibc\'s policy, the engine\'s default',
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
