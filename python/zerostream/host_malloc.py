@@ -8,7 +8,7 @@ fresh mmap and unmaps it on free. A CPU training step allocates many such tensor
 them again: the gathered stage-3 parameters, a bf16 model's fp32 casts, the weight gradients.
 Each first touch of a fresh page traps into the kernel, which zeroes it: on this project's
 VM that costs about 0.4 s a GB, eight times the cost of writing the bytes themselves; the
-3.17 B bench's forward and backward (all on NVMe) took 37-48 s a step with glibc's policy
+3.17 B bench's forward and backward (all on NVMe) took 36-48 s a step with glibc's policy
 and 18-25 s with "retain", bit-identical losses (benchmarks/capacity.md, session 30). On a GPU the caching
 allocator keeps device blocks for reuse; "retain" does the same for the host heap: mmap is
 off for malloc (M_MMAP_MAX 0: big blocks come from the heap) and the heap's top is never
