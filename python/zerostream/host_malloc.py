@@ -9,12 +9,13 @@ them again: the gathered stage-3 parameters, a bf16 model's fp32 casts, the weig
 Each first touch of a fresh page traps into the kernel, which zeroes it: on this project's
 VM that costs about 0.4 s a GB, eight times the cost of writing the bytes themselves; the
 3.17 B bench's forward and backward (all on NVMe) took 36-48 s a step with glibc's policy
-and 18-25 s with "retain", bit-identical losses (benchmarks/capacity.md, session 30). On a GPU the caching
-allocator keeps device blocks for reuse; "retain" does the same for the host heap: mmap is
-off for malloc (M_MMAP_MAX 0: big blocks come from the heap) and the heap's top is never
-trimmed (M_TRIM_THRESHOLD at its largest), so a step's freed tensors are the next step's,
-pages already mapped. PyTorch's own CPU launcher (torch.backends.xeon.run_cpu) gets the
-same effect by preloading jemalloc or tcmalloc; this needs no other library.
+and 18-25 s with "retain", bit-identical losses (benchmarks/capacity.md, session 30).
+On a GPU the caching allocator keeps device blocks for reuse; "retain" does the same for
+the host heap: mmap is off for malloc (M_MMAP_MAX 0: big blocks come from the heap) and the
+heap's top is never trimmed (M_TRIM_THRESHOLD at its largest), so a step's freed tensors
+are the next step's, pages already mapped. PyTorch's own CPU launcher
+(torch.backends.xeon.run_cpu) gets the same effect by preloading jemalloc or tcmalloc; this
+needs no other library.
 
 The cost: the process keeps its high-water mark of heap memory (RSS does not fall after a
 step), and the heap can still grow where a later step's blocks do not fit the holes the
