@@ -113,7 +113,8 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
             group=dp_group,
             world=self.dp_world_size,
         )
-        # Last, so that a refused config leaves the process's malloc as it was.
+        # After everything above that can refuse the engine, so that a refusal leaves the
+        # process's malloc as it was.
         self._retains_host_memory = cfg.zerostream.host_malloc == "retain"
         if self._retains_host_memory:
             host_malloc.retain()

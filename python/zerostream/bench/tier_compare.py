@@ -16,10 +16,13 @@ from typing import Dict
 # Note [The disk-bound floor]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # A step that reads R bytes and writes W bytes of swap cannot take less than the disk needs
-# for them. fio measures the three rates that bound it, with the engine's own pattern: 1 MiB
-# pieces, O_DIRECT, `aio.queue_depth` (32) in flight: reading alone (r), writing alone (w), and
-# one job reading while another writes a second file (rc + wc, the disk's combined rate when
-# both directions are busy, as in the optimizer's pipelined step). The floor is
+# for them. fio measures the three rates that bound it, in 1 MiB pieces with O_DIRECT like the
+# engine, at 32 in flight (the I/O engine's own default depth; the bench's swap runs at its
+# ds_config's aio.queue_depth, DeepSpeed's 8, at which fio measured this VM's disk slower,
+# 0.71 / 1.39 GB/s read / write against 0.84 / 2.22, so the floor stays a lower bound):
+# reading alone (r), writing alone (w), and one job reading while another writes a second
+# file (rc + wc, the disk's combined rate when both directions are busy, as in the
+# optimizer's pipelined step). The floor is
 #     max(R / r, W / w, (R + W) / (rc + wc)).
 # Session 29's floor was R / r + W / w with depth-1 rates: on a virtual disk whose reads and
 # writes proceed together (and whose write rate grows with the depth: 0.99 GB/s at depth 1,
