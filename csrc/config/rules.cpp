@@ -132,12 +132,30 @@ void offload_rules(Resolution& r, int64_t stage) {
     r.errors.push_back("zero_optimization.offload_optimizer.ratio: partial offloading (" +
                        show(ratio) + " < 1) is only supported for ZeRO stage 3; got stage " +
                        std::to_string(stage));
-  if (str(r, "zerostream.device_tier_grads") == "host" &&
-      !(ratio.is_number() && ratio.get<double>() < 1.0))
+  // zerostream.optimizer_max_on_device: the device tier as elements or "auto"
+  // (python/zerostream/offload/device_auto.py); one way of sizing it at a time.
+  const bool partial = ratio.is_number() && ratio.get<double>() < 1.0;
+  const Json& on_device = r.at("zerostream.optimizer_max_on_device");
+  const bool wants_device = !on_device.is_null() && on_device != 0;
+  if (wants_device && partial)
+    r.errors.push_back("zerostream.optimizer_max_on_device: " + show(on_device) +
+                       " and zero_optimization.offload_optimizer.ratio " + show(ratio) +
+                       " both size the optimizer state kept on the device; set one of them");
+  else if (wants_device && stage != 3)
+    r.errors.push_back("zerostream.optimizer_max_on_device: " + show(on_device) +
+                       " keeps optimizer sub-groups on the device under ZeRO stage 3 only "
+                       "(as offload_optimizer.ratio); got stage " +
+                       std::to_string(stage));
+  else if (wants_device && opt_device != "cpu" && opt_device != "nvme")
+    r.warnings.push_back("zerostream.optimizer_max_on_device: " + show(on_device) +
+                         " has no effect: zero_optimization.offload_optimizer.device is \"" +
+                         (opt_device.empty() ? "none" : opt_device) +
+                         "\", so all of the optimizer state is on the device already");
+  if (str(r, "zerostream.device_tier_grads") == "host" && !partial && !wants_device)
     r.warnings.push_back(
         "zerostream.device_tier_grads: \"host\" has no effect: it places the gradients of the "
-        "optimizer sub-groups zero_optimization.offload_optimizer.ratio keeps on the device, "
-        "and no ratio below 1 is set");
+        "optimizer sub-groups zero_optimization.offload_optimizer.ratio (or "
+        "zerostream.optimizer_max_on_device) keeps on the device, and neither is set");
   const Json& in_cpu = r.at("zerostream.optimizer_max_in_cpu");
   if (opt_device != "nvme" && in_cpu != 0)
     r.warnings.push_back("zerostream.optimizer_max_in_cpu: " + show(in_cpu) +

@@ -249,6 +249,7 @@ struct Schema {
                                              U("max_consecutive_skipped_steps", 50),
                                              E("offload_gradient_dtype", "auto", {"auto", "fp32"}),
                                              U("optimizer_max_in_cpu", 0).or_auto(),
+                                             U("optimizer_max_on_device", 0).or_auto(),
                                              E("device_tier_grads", "device",
                                                {"device", "host"}),
                                              E("host_malloc", "system", {"system", "retain"})}};

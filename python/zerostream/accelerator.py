@@ -7,7 +7,7 @@ or DeepSpeed's `DS_ACCELERATOR` (`cpu` or `cuda`) forces one.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -139,6 +139,16 @@ class CpuAccelerator(_Accelerator):
 
         return psutil.virtual_memory().total
 
+    def memory_room(self) -> Optional[Tuple[int, int, int]]:
+        """(bytes the current device can still give this process, bytes the work since the
+        last reset_memory_peak() held above what is held now, the device's total), or None
+        where the device's memory is the host's (here: a device tier would only move state
+        from one part of host memory to another)."""
+        return None
+
+    def reset_memory_peak(self) -> None:
+        pass
+
 
 class CudaAccelerator(_Accelerator):
     _name = "cuda"
@@ -188,6 +198,17 @@ class CudaAccelerator(_Accelerator):
 
     def total_memory(self, device_index: Optional[int] = None) -> int:
         return torch.cuda.get_device_properties(device_index or 0).total_memory
+
+    def memory_room(self) -> Optional[Tuple[int, int, int]]:
+        # What the driver has free, plus what the caching allocator holds unused (blocks it
+        # hands out again before asking the driver); the peak is the allocator's.
+        free, total = torch.cuda.mem_get_info()
+        held = torch.cuda.memory_allocated()
+        cached = torch.cuda.memory_reserved() - held
+        return free + cached, torch.cuda.max_memory_allocated() - held, total
+
+    def reset_memory_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats()
 
 
 _ACCELERATOR: Optional[_Accelerator] = None

@@ -405,6 +405,11 @@ class ZeroStreamExtConfig:
     # sub-groups, never written to the swap files), or "auto": as many as the free host
     # memory allows (offload/tiers.py). 0: all on NVMe, DeepSpeed's behaviour.
     optimizer_max_in_cpu: Union[int, str]
+    # ZeRO-3 with offload_optimizer cpu or nvme: optimizer-state elements per rank kept and
+    # stepped on the compute device (whole sub-groups, the first in step order, as
+    # offload_optimizer.ratio places them), or "auto": as many as the device memory a
+    # measured step leaves allows (offload/device_auto.py). 0: none, DeepSpeed's default.
+    optimizer_max_on_device: Union[int, str]
     # offload_optimizer.ratio's device sub-groups: their gradients land on the device
     # ("device", DeepSpeed's behaviour) or cross to the host partition and back up for their
     # update ("host": 2-4 bytes an element less device memory, so more sub-groups fit there;

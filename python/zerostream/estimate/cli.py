@@ -240,14 +240,16 @@ def _plan(args):
             raise UsageError(f"--ds-config: {exc}") from exc
         work = _workload(args, shape, cfg)
         z = cfg.zero_optimization
+        ext = cfg.zerostream
         knobs = knobs_from_config(
-            z, cfg.zerostream.optimizer_max_in_cpu, cfg.zerostream.device_tier_grads
+            z, ext.optimizer_max_in_cpu, ext.device_tier_grads, ext.optimizer_max_on_device
         )
+        device_tier = knobs.offload_ratio < 1.0 or knobs.optimizer_max_on_device > 0
         option = Option(
             z.stage,
             z.offload_optimizer_device,
             z.offload_param_device,
-            gpu_tier=knobs.offload_ratio < 1.0 and z.offload_optimizer_device != "none",
+            gpu_tier=device_tier and z.offload_optimizer_device != "none",
         )
         preds = [predict(shape, work, machine, option, knobs)]
     else:

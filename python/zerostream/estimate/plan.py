@@ -157,6 +157,9 @@ class Knobs:
     # zerostream.device_tier_grads: where the device tier's gradients land ("device", as in
     # DeepSpeed, or "host" and back up: Note [Device-tier gradients stay on the device])
     device_tier_grads: str = "device"
+    # zerostream.optimizer_max_on_device as elements (stage 3): the first whole sub-groups
+    # within it are the device tier instead of a ratio's ("auto" is the run's to size).
+    optimizer_max_on_device: int = 0
 
 
 def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
@@ -181,10 +184,12 @@ def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
     )
 
 
-def knobs_from_config(zero, in_cpu=0, tier_grads: str = "device") -> Knobs:
+def knobs_from_config(zero, in_cpu=0, tier_grads: str = "device", on_device=0) -> Knobs:
     """The knobs of a resolved config's zero_optimization section (zerostream.config) and
-    its zerostream.optimizer_max_in_cpu (`in_cpu`; "auto" is planned by the run) and
-    zerostream.device_tier_grads (`tier_grads`)."""
+    its zerostream.optimizer_max_in_cpu (`in_cpu`; "auto" is planned by the run),
+    zerostream.device_tier_grads (`tier_grads`) and zerostream.optimizer_max_on_device
+    (`on_device`; "auto" is sized by the run from its device memory: counted as none, the
+    bound on host memory and disk the preflight must pass)."""
     op, oo = zero.offload_param, zero.offload_optimizer
     return Knobs(
         reduce_bucket_size=zero.reduce_bucket_size,
@@ -203,18 +208,24 @@ def knobs_from_config(zero, in_cpu=0, tier_grads: str = "device") -> Knobs:
         optimizer_max_in_cpu=0 if in_cpu == "auto" else in_cpu,
         offload_ratio=oo.ratio if oo and zero.stage == 3 else 1.0,
         device_tier_grads=tier_grads,
+        optimizer_max_on_device=0 if on_device == "auto" or zero.stage != 3 else on_device,
     )
 
 
 def device_tier_elements(part: int, option: "Option", knobs: Knobs) -> int:
     """Elements of a rank's partition whose optimizer state offload_optimizer.ratio keeps on
-    the device: the first int((1 - ratio) * n) of its n sub-groups (device_tier.py), the
-    sub-groups taken as sub_group_size each (the runtime also cuts at param groups)."""
+    the device: the first int((1 - ratio) * n) of its n sub-groups (device_tier.py), or the
+    whole ones within zerostream.optimizer_max_on_device (device_auto.py), the sub-groups
+    taken as sub_group_size each (the runtime also cuts at param groups)."""
     from ..offload.device_tier import device_count
 
-    if option.stage != 3 or option.optimizer == "none" or knobs.offload_ratio >= 1.0:
+    if option.stage != 3 or option.optimizer == "none":
         return 0
     width = min(knobs.sub_group_size or part, part) or 1
+    if knobs.optimizer_max_on_device > 0:  # whole sub-groups within the count
+        return min(part, knobs.optimizer_max_on_device // width * width)
+    if knobs.offload_ratio >= 1.0:
+        return 0
     return min(part, device_count(math.ceil(part / width), knobs.offload_ratio) * width)
 
 

@@ -76,7 +76,13 @@ class DeviceTier:
     """The device sub-groups' (param, exp_avg, exp_avg_sq), allocated on `device` in
     `kind_dtypes`, and their update."""
 
-    def __init__(self, sub_groups: list, kind_dtypes: List[torch.dtype], device: torch.device):
+    def __init__(
+        self,
+        sub_groups: list,
+        kind_dtypes: List[torch.dtype],
+        device: torch.device,
+        key: str = RATIO_KEY,
+    ):
         self.device = device
         self.sub_groups = sub_groups
         self.kind_dtypes = kind_dtypes
@@ -92,10 +98,11 @@ class DeviceTier:
                 s.dev = [torch.empty(s.hi - s.lo, dtype=d, device=device) for d in kind_dtypes]
         except torch.OutOfMemoryError as exc:
             nbytes = self.elements * sum(d.itemsize for d in kind_dtypes)
+            fix = "raise the ratio (the share offloaded)" if key == RATIO_KEY else "lower it"
             raise torch.OutOfMemoryError(
-                f"{RATIO_KEY}: the {len(sub_groups)} optimizer sub-groups it keeps on {device} "
+                f"{key}: the {len(sub_groups)} optimizer sub-groups it keeps on {device} "
                 f"({nbytes / 2**30:.2f} GiB of master weights and moments) do not fit there; "
-                f"raise the ratio (the share offloaded) or lower sub_group_size: {exc}"
+                f"{fix} or lower sub_group_size: {exc}"
             ) from exc
 
     def make_grad_parts(self, dtype: torch.dtype) -> Dict[int, torch.Tensor]:

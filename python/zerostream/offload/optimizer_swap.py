@@ -30,8 +30,8 @@ import torch
 from .. import _C
 from ..ops.adam import cpu_adam_step
 from ..ops.threads import ranks_on_this_host
-from . import sinks, tiers
-from .device_tier import RATIO_KEY, DeviceTier, device_count
+from . import device_auto, sinks, tiers
+from .device_auto import DeviceAutoPlacement
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine, io_config_for
 from .memory_preflight import STEP_PEAKS
@@ -56,7 +56,7 @@ class _HyperParams(torch.optim.Optimizer):
         raise RuntimeError("the optimizer of an NVMe-offloaded run steps through the engine")
 
 
-class SwappedAdam(TieredStateAccess):
+class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
     """Adam/AdamW whose state lives on NVMe (see Note [Sub-group pipeline]). Built from
     its config sections: `optimizer` (hyperparameters, Adam vs AdamW), `zero`
     (sub_group_size, offload_optimizer), `aio` (the I/O engine) and `ext` (zerostream's
@@ -110,23 +110,13 @@ class SwappedAdam(TieredStateAccess):
             )
         ]
         # The device tier first (Note [The device tier]); the tiers below place the rest.
-        n_dev = device_count(len(self.sub_groups), offload.ratio)
-        self.device_tier = None
-        if n_dev:
-            home = device if device is not None else torch.device("cpu")
-            self.device_tier = DeviceTier(self.sub_groups[:n_dev], self.kind_dtypes, home)
-            logger.info(
-                "%s %s: %d of %d optimizer sub-groups (%d of %d elements, %.2f GiB of state) "
-                "are stepped on %s",
-                RATIO_KEY,
-                offload.ratio,
-                n_dev,
-                len(self.sub_groups),
-                self.device_tier.elements,
-                sum(self.numels),
-                self.device_tier.state_bytes / 2**30,
-                home,
-            )
+        # "auto" places it after a measured step (Note [The device tier from a measured step]).
+        on_device = ext.optimizer_max_on_device
+        self.device_tier = device_auto.build(
+            self.sub_groups, self.kind_dtypes, device, offload.ratio, on_device
+        )
+        n_dev = len(self.device_tier.sub_groups) if self.device_tier is not None else 0
+        self._init_device_auto(on_device, device)
         self.offloaded = self.sub_groups[n_dev:]
         sizes = [s.hi - s.lo for s in self.offloaded]
         if self.uses_disk:
@@ -326,6 +316,9 @@ class SwappedAdam(TieredStateAccess):
             self.last_interval = now - self._step_started
             self.forward_backward_s = now - self._step_ended
         self._step_started = now
+        # The device tier's "auto" before the host tier's: that takes what the device leaves.
+        if self.device_auto_at_step(max(g.element_size() for g in grads)):
+            self._offloaded_changed()
         if self.auto_pending and self.steps_here >= 1 and self._params_placed():
             self.place_measured()
         self.steps_here += 1
@@ -385,6 +378,29 @@ class SwappedAdam(TieredStateAccess):
         self.last_step_disk_bytes = (
             self.bytes_read + self.bytes_written - moved_before + self.last_step_shard_bytes
         )
+
+    def _offloaded_changed(self) -> None:
+        """Sub-groups moved to the device ("auto"): the host and NVMe tiers are what is
+        left, and unless the host tier's "auto" is still to place (it predicts then), the
+        step time expected now is logged."""
+        self.offloaded = [s for s in self.sub_groups if s.dev is None]
+        host = sum(s.hi - s.lo for s in self.offloaded if s.on_host)
+        self.tiers = tiers.TierPlan(
+            [tiers.HOST if s.on_host else tiers.NVME for s in self.offloaded],
+            host,
+            sum(s.hi - s.lo for s in self.offloaded) - host,
+            self.tiers.budget_elements,
+            self.tiers.source,
+            self.element_bytes,
+        )
+        if self.uses_disk and not self.auto_pending:
+            self.prediction = p = self._predict()
+            logger.info(
+                "%s; predicted step %.2f s (forward and backward %.2f s as measured)",
+                self.tiers.describe(),
+                p["predicted_step_seconds"],
+                p["forward_backward_seconds"],
+            )
 
     def _shard_bytes_written(self) -> int:
         """Bytes of parameter shards written to disk so far (the update writes each shard
@@ -563,6 +579,7 @@ class SwappedAdam(TieredStateAccess):
             "store": self.store.stats() if self.store is not None else None,
             "directory": self.store.directory if self.store is not None else None,
             "device_elements": self.device_tier.elements if self.device_tier else 0,
+            "device_inputs": self.device_inputs,
             "host_elements": self.tiers.host_elements,
             "nvme_elements": self.tiers.nvme_elements,
             "budget_elements": self.tiers.budget_elements,

@@ -14,6 +14,7 @@ import torch
 
 from ..lazy_tensor import LazyTensor
 from . import tiers
+from .device_auto import KEY
 from .device_tier import RATIO_KEY
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")
@@ -90,7 +91,7 @@ class TieredStateAccess:
     def location(self, s: SubGroup) -> str:
         """Where sub-group `s`'s state is, in words (error messages)."""
         if s.dev is not None:
-            return f"{self.device_tier.device} memory ({RATIO_KEY})"
+            return f"{self.device_tier.device} memory (the device tier: {RATIO_KEY} or {KEY})"
         if s.on_host:
             return "host memory (" + (
                 "zerostream.optimizer_max_in_cpu)" if self.uses_disk else 'offload_optimizer "cpu")'

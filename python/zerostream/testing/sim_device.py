@@ -495,6 +495,15 @@ def _sim_accelerator(sim: SimDevice):
         def synchronize(self, device_index: Optional[int] = None) -> None:
             sim.synchronize_all()
 
+        def memory_room(self):
+            """From the memory model when it has a capacity; else None, as on the CPU."""
+            mem = sim.memory
+            return mem.room() if mem is not None and mem.capacity is not None else None
+
+        def reset_memory_peak(self) -> None:
+            if sim.memory is not None:
+                sim.memory.reset_peak()
+
     return SimAccelerator()
 
 
@@ -505,17 +514,21 @@ def installed(
     device_index: int = 0,
     max_delay_s: float = 0.002,
     track_memory: bool = False,
+    device_capacity: Optional[int] = None,
 ):
     """Runs the block with the engine's CUDA path on a SimDevice (yielded); raises its
-    violations at the end. `track_memory`: its `memory` counts device bytes (sim_memory.py)."""
+    violations at the end. `track_memory`: its `memory` counts device bytes (sim_memory.py);
+    `device_capacity` (bytes, implies track_memory): holding more is a violation, and the
+    accelerator's memory_room() reports what is left of it."""
     import torch.distributed as dist
 
     from .. import accelerator
     from ..offload import host_buffers, lanes
 
     sim = SimDevice(policy, seed, device_index, max_delay_s)
-    if track_memory:
+    if track_memory or device_capacity is not None:
         sim.memory = DeviceMemory(sim)
+        sim.memory.capacity = device_capacity
     saved_acc = accelerator._ACCELERATOR
     saved_cuda, saved_observer = lanes.simulated_cuda, host_buffers.registration_observer
     saved = {name: getattr(dist, name) for name in _TENSOR_COLLECTIVES + _DEVICE_BOUND}

@@ -1,9 +1,11 @@
 """The simulated device's memory (Note [The simulated device] in sim_device.py): how many bytes
 of device memory the program holds, and their peak, as torch.cuda.memory_allocated and
-max_memory_allocated would say on a GPU.
+max_memory_allocated would say on a GPU; with a capacity, holding more is reported as a
+violation (out of memory), and accelerator.memory_room() answers from it.
 
-Every storage an op on the device creates counts from that op until the last tensor on it is
-gone, the program's or a queued copy's (the sim lets go of a download's device side once the
+Every storage an op on the device creates counts, at its size of the moment (stage 3 frees a
+gathered parameter by resizing its storage to nothing), from that op until the last tensor on
+it is gone, the program's or a queued copy's (the sim lets go of a download's device side once the
 copy ran: record_stream's promise is kept then). Host memory registered with the device
 (page-locked arenas, the copy stage's slots) is not device memory and does not count. Frees
 are seen at the next op, before its outputs count, so the peak is exact at every allocation,
@@ -23,13 +25,31 @@ from torch.utils._pytree import tree_leaves
 class DeviceMemory:
     def __init__(self, sim):
         self.sim = sim
-        self.live: Dict[int, Tuple[StorageWeakRef, int]] = {}  # data_ptr -> (storage, bytes)
+        # The storage's identity (its StorageImpl, which a resize keeps) -> (a weak reference,
+        # the bytes counted for it)
+        self.live: Dict[int, Tuple[StorageWeakRef, int]] = {}
         self.current = 0
         self.peak = 0
+        self.capacity = None  # installed(device_capacity=...): more is out of memory
+        self.over = False
+
+    def room(self):
+        """accelerator.memory_room()'s answer: (capacity - held, peak - held, capacity)."""
+        self._sweep()
+        return self.capacity - self.current, self.peak - self.current, self.capacity
 
     def _sweep(self) -> None:
-        for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
-            self.current -= self.live.pop(key)[1]
+        """Drops the storages gone and recounts the others at their size now: stage 3 frees
+        a gathered parameter by resizing its storage to nothing and gathers into it again."""
+        for key, (ref, counted) in list(self.live.items()):
+            if ref.expired():
+                self.current -= counted
+                del self.live[key]
+                continue
+            now = torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()
+            if now != counted:
+                self.current += now - counted
+                self.live[key] = (ref, now)
 
     def allocated(self, out) -> None:
         """Counts the storages of an op's outputs that are new device memory."""
@@ -39,16 +59,29 @@ class DeviceMemory:
                 continue
             storage = t.untyped_storage()
             lo, nbytes = storage.data_ptr(), storage.nbytes()
-            if nbytes == 0 or lo in self.live or self.sim.span_registered(lo, lo + nbytes):
+            key = storage._cdata
+            if nbytes == 0 or key in self.live or self.sim.span_registered(lo, lo + nbytes):
                 continue
-            self.live[lo] = (StorageWeakRef(storage), nbytes)
+            self.live[key] = (StorageWeakRef(storage), nbytes)
             self.current += nbytes
         self.peak = max(self.peak, self.current)
+        cap = self.capacity
+        if cap is not None and self.current > cap and not self.over:
+            self.over = True  # once: what follows the first would only repeat it
+            self.sim.violations.append(
+                f"device memory: {self.current} bytes held, more than the device's {cap} "
+                f"(a GPU would raise OutOfMemoryError here)"
+            )
 
     def forget(self, lo: int, hi: int) -> None:
         """Host memory in [lo, hi) was registered: the storages there are not the device's."""
-        for key in [k for k, (_, n) in self.live.items() if lo <= k and k + n <= hi]:
-            self.current -= self.live.pop(key)[1]
+        for key, (ref, counted) in list(self.live.items()):
+            if ref.expired():
+                continue
+            ptr = torch.UntypedStorage._new_with_weak_ptr(ref.cdata).data_ptr()
+            if lo <= ptr and ptr + counted <= hi:
+                self.current -= counted
+                del self.live[key]
 
     def allocated_bytes(self) -> int:
         """Device bytes held now (memory_allocated)."""

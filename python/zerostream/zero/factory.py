@@ -42,7 +42,7 @@ def build_zero_optimizer(
     cls = stage_class(stage)
     groups = client_groups(client, param_groups)
     _check_client_states(client, cfg)
-    if stage > 0 and _sub_grouped(cfg.zero_optimization):
+    if stage > 0 and _sub_grouped(cfg.zero_optimization, cfg.zerostream):
         if isinstance(client, torch.optim.Optimizer):
             check_client_optimizer(client, cfg)  # zero_force_ds_cpu_optimizer, as for "cpu"
         opt = cls(ctx, groups, None, make_swapped=_swapped_adam(ctx, client))
@@ -89,12 +89,16 @@ def _check_client_states(client, cfg) -> None:
     )
 
 
-def _sub_grouped(zero) -> bool:
+def _sub_grouped(zero, ext) -> bool:
     """Whether the optimizer state is stepped sub-group by sub-group across tiers
-    (offload/optimizer_swap.py): offload_optimizer "nvme", or "cpu" with a ratio below 1
-    that keeps the first sub-groups on the device (Note [The device tier])."""
+    (offload/optimizer_swap.py): offload_optimizer "nvme", or "cpu" with a device tier (a
+    ratio below 1, or zerostream.optimizer_max_on_device: Note [The device tier])."""
     device = zero.offload_optimizer_device
-    return device == "nvme" or (device == "cpu" and zero.offload_optimizer.ratio < 1.0)
+    if device != "cpu":
+        return device == "nvme"
+    return zero.offload_optimizer.ratio < 1.0 or (
+        ext.optimizer_max_on_device != 0 and zero.stage == 3
+    )
 
 
 def _swapped_adam(ctx: StageContext, client):
@@ -110,10 +114,15 @@ def _swapped_adam(ctx: StageContext, client):
     offload = cfg.zero_optimization.offload_optimizer
     if offload.device == "nvme":
         why = 'zero_optimization.offload_optimizer.device "nvme" keeps Adam/AdamW state on NVMe'
-    else:
+    elif offload.ratio < 1.0:
         why = (
             f"zero_optimization.offload_optimizer.ratio {offload.ratio} steps part of the "
             f"Adam/AdamW state on the device (DeepSpeed requires DeepSpeedCPUAdam there too)"
+        )
+    else:
+        why = (
+            f"zerostream.optimizer_max_on_device {cfg.zerostream.optimizer_max_on_device!r} "
+            "steps part of the Adam/AdamW state on the device"
         )
     opt = cfg.optimizer if client is None else _client_adam(client, why)
     if opt is not None and opt.name in ("adam", "adamw") and opt.params["torch_adam"]:

@@ -370,6 +370,47 @@ def test_offload_ratio_moves_the_first_sub_groups_state_to_the_gpu_by_hand(offlo
         assert part.traffic["optimizer_nvme_read"] == 8.0 * 12 * (PART - dev)
 
 
+def test_an_element_count_on_the_device_plans_as_the_ratio_that_keeps_those_sub_groups():
+    """zerostream.optimizer_max_on_device 6.05e9 elements: the first 60 whole sub-groups of
+    1e8 (the 61st does not fit), the same device tier as ratio 0.3 keeps (int(0.7 x 87));
+    "auto" is sized by the run and planned as none."""
+    shape = from_hf_config(LLAMA2_70B)
+    work = Workload(1, 4096, 1, "bf16", True)
+    machine = _node()
+
+    def load(section, ext):
+        return config.load(
+            {"train_micro_batch_size_per_gpu": 1,
+             "zero_optimization": {"stage": 3, "sub_group_size": 10**8,
+                                   "offload_optimizer": section},
+             "zerostream": ext},
+            world_size=8, log=False,
+        )  # fmt: skip
+
+    def knobs(cfg):
+        ext = cfg.zerostream
+        return knobs_from_config(
+            cfg.zero_optimization,
+            ext.optimizer_max_in_cpu,
+            ext.device_tier_grads,
+            ext.optimizer_max_on_device,
+        )
+
+    option = Option(3, "cpu", "none", gpu_tier=True)
+    counted = knobs(load({"device": "cpu"}, {"optimizer_max_on_device": 6_050_000_000}))
+    ratio = knobs(load({"device": "cpu", "ratio": 0.3}, {}))
+    auto = knobs(load({"device": "cpu"}, {"optimizer_max_on_device": "auto"}))
+    assert counted.optimizer_max_on_device == 6_050_000_000 and counted.offload_ratio == 1.0
+    assert auto.optimizer_max_on_device == 0
+    by_count = predict(shape, work, machine, option, counted)
+    by_ratio = predict(shape, work, machine, option, ratio)
+    assert by_count.device["device-tier fp32 master"] == 4 * 60 * 10**8
+    assert by_count.device == by_ratio.device and by_count.host == by_ratio.host
+    assert by_count.traffic == by_ratio.traffic
+    none = predict(shape, work, machine, Option(3, "cpu", "none"), auto)
+    assert "device-tier fp32 master" not in none.device
+
+
 def test_a_cpu_offload_with_spare_gpu_memory_steps_part_of_the_optimizer_there():
     """8 x 80 GB and 2 TB: the "cpu" option fits, bound by the CPU Adam (13.8 s); the GPU
     memory it leaves takes whole sub-groups of 1e8 elements (by hand), so the CPU kernel
