@@ -28,14 +28,13 @@ import os
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
 
 import torch
 
-from zerostream.bench import stdout_to_stderr
+from zerostream.bench import fio, stdout_to_stderr
 
 from .memory import memory_status, peak_rss_bytes, reset_peak
 
@@ -83,8 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # --- the disk, measured by fio -----------------------------------------------------------------
 def _fio(path: str, op: str, size: int, direct: bool, readonly: bool = False) -> float:
-    cmd = [
-        "fio",
+    options = [
         "--name=zs_bench_checkpoint",
         f"--filename={path}",
         f"--rw={op}",
@@ -93,17 +91,12 @@ def _fio(path: str, op: str, size: int, direct: bool, readonly: bool = False) ->
         "--ioengine=psync",
         f"--direct={int(direct)}",
         "--invalidate=1",  # reads start from a cold cache
-        "--output-format=json",
     ]
     if op == "write" and not direct:
-        cmd.append("--end_fsync=1")  # as the checkpoint writer fsyncs each file
+        options.append("--end_fsync=1")  # as the checkpoint writer fsyncs each file
     if readonly:
-        cmd.append("--readonly")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if r.returncode != 0:
-        raise RuntimeError(f"fio failed: {r.stderr.strip() or r.stdout[-500:]}")
-    job = json.loads(r.stdout[r.stdout.index("{") :])["jobs"][0]
-    return job[op]["bw_bytes"] / 1e9
+        options.append("--readonly")
+    return fio.gb_per_s(fio.run(options)[0], op)
 
 
 def fio_read_files(paths: List[str]) -> float:

@@ -18,14 +18,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable, Optional
 
 import torch
 
-from zerostream.bench import deepspeed_unavailable, remember, stdout_to_stderr
+from zerostream.bench import deepspeed_unavailable, fio, remember, stdout_to_stderr
 from zerostream.offload.crc32c import crc32c
 from zerostream.offload.host_buffers import HostArena, arena_bytes
 from zerostream.offload.io_engine import BACKENDS, IoEngine, warnings_emitted
@@ -235,9 +234,9 @@ def checksum_cost(w: Workload, ops: list[str], loops: int, backend: str) -> dict
 
 
 def fio_command(w: Workload, op: str) -> list[str]:
+    """fio's options for the swap engine's pattern (fio.run adds the JSON output)."""
     per_job = w.size // w.threads // w.block * w.block
     return [
-        "fio",
         "--name=zs_bench_io",
         f"--filename={w.path}",
         f"--rw={op}",
@@ -249,7 +248,6 @@ def fio_command(w: Workload, op: str) -> list[str]:
         "--ioengine=io_uring",
         "--direct=1",
         "--group_reporting",
-        "--output-format=json",
     ]
 
 
@@ -260,11 +258,7 @@ class FioRunner:
         self.w = w
 
     def run(self, op: str) -> float:
-        r = subprocess.run(fio_command(self.w, op), capture_output=True, text=True, timeout=900)
-        if r.returncode != 0:
-            raise RuntimeError(f"fio failed: {r.stderr.strip() or r.stdout[-500:]}")
-        job = json.loads(r.stdout[r.stdout.index("{") :])["jobs"][0]
-        return job[op]["bw_bytes"] / 1e9
+        return fio.gb_per_s(fio.run(fio_command(self.w, op), timeout=900)[0], op)
 
 
 # --- measurement ------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import sys
 import tempfile
 from typing import Dict
 
+from . import fio
+
 # Note [The disk-bound floor]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # A step that reads R bytes and writes W bytes of swap cannot take less than the disk needs
@@ -36,9 +38,7 @@ def _fio_jobs(jobs: Dict[str, tuple], size: int, depth: int, seconds: int = 0) -
     """Runs the named jobs ({name: (rw, path)}) together in one fio invocation, each over
     `size` bytes, or for `seconds` (looping over them) when given, so that jobs run together
     all the time they are measured; GB/s of each (its own direction)."""
-    cmd = [
-        "fio",
-        "--output-format=json",
+    options = [
         "--bs=1M",
         f"--size={size // (1 << 20) * (1 << 20)}",
         "--ioengine=libaio",
@@ -47,14 +47,10 @@ def _fio_jobs(jobs: Dict[str, tuple], size: int, depth: int, seconds: int = 0) -
         "--invalidate=1",  # reads start from a cold cache
     ]
     if seconds:
-        cmd += [f"--runtime={seconds}", "--time_based"]
+        options += [f"--runtime={seconds}", "--time_based"]
     for name, (rw, path) in jobs.items():
-        cmd += [f"--name={name}", f"--rw={rw}", f"--filename={path}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"fio failed: {done.stderr.strip() or done.stdout[-500:]}")
-    out = json.loads(done.stdout[done.stdout.index("{") :])["jobs"]
-    return {j["jobname"]: j[jobs[j["jobname"]][0]]["bw_bytes"] / 1e9 for j in out}
+        options += [f"--name={name}", f"--rw={rw}", f"--filename={path}"]
+    return {j["jobname"]: fio.gb_per_s(j, jobs[j["jobname"]][0]) for j in fio.run(options)}
 
 
 def measure_disk(directory: str, size: int, depth: int = QUEUE_DEPTH) -> Dict[str, float]:
