@@ -163,18 +163,6 @@ void offload_rules(Resolution& r, int64_t stage) {
                          "host memory and disk, and zero_optimization.offload_optimizer.device "
                          "is \"" +
                          (opt_device.empty() ? "none" : opt_device) + "\"");
-  // "retain" keeps the heap's high-water mark in the process, so "auto" would measure a step
-  // as needing nothing above what it leaves, while the heap still grows where the step's
-  // blocks no longer fit its holes (Note [Fresh pages cost more than the math]).
-  const Json& param_in_cpu = r.at("zero_optimization.offload_param.max_in_cpu");
-  if (str(r, "zerostream.host_malloc") == "retain" &&
-      ((opt_device == "nvme" && in_cpu == "auto") ||
-       (str(r, "zero_optimization.offload_param.device") == "nvme" && param_in_cpu == "auto")))
-    r.errors.push_back(
-        "zerostream.host_malloc: \"retain\" cannot be combined with \"auto\" memory tiers "
-        "(zerostream.optimizer_max_in_cpu, zero_optimization.offload_param.max_in_cpu): they "
-        "size themselves from the memory a measured step leaves free, which a retained heap "
-        "hides; give the tiers element counts or use \"system\"");
   if (str(r, "zero_optimization.offload_optimizer.device") == "nvme" && (stage == 1 || stage == 2))
     r.notes.push_back("zero_optimization.offload_optimizer.device: \"nvme\" at stage " +
                       std::to_string(stage) +

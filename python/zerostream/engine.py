@@ -275,6 +275,9 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
                 self.skipped_steps += 1
                 self._skips.skipped(self.global_steps + 1, self.skipped_steps)
             self._step_applied = applied
+            # Before the window closes: "retain" gives its free pages back while "auto" tiers
+            # wait (Note [Fresh pages cost more than the math])
+            host_malloc.settle(bool(STEP_PEAKS.waiting))
             STEP_PEAKS.step_ended()  # "auto" tiers size from whole steps (Note [A step's excess])
             self.global_steps += 1
             self.global_samples += self._samples_this_step()

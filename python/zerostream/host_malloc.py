@@ -20,12 +20,21 @@ needs no other library.
 The cost: the process keeps its high-water mark of heap memory (RSS does not fall after a
 step), and the heap can still grow where a later step's blocks do not fit the holes the
 earlier ones left (glibc splits big free blocks; an 8-layer bench step's peak RSS rose 15%).
-So "retain" is refused with "auto" tiers (csrc/config/rules.cpp): they size themselves from
-the memory a measured step leaves free, which a retained heap reads as none needed, and the
-3.17 B tiered bench ran out of memory that way. engine.destroy() gives the free pages back
-(malloc_trim) and puts glibc's defaults back when the last engine that asked for "retain"
-ends. The host arenas of the offload tier (page-locked staging, the host tiers) are
-mmap'ed by the native core and are unaffected.
+Two consequences:
+- "auto" tiers size themselves from what a measured step needs above what it leaves (Note
+  [A step's excess] in offload/memory_preflight.py), and a retained heap leaves what it
+  needed: the 3.17 B tiered bench, measuring none, ran out of memory in session 30. So while
+  any "auto" tier is still to be placed, each step's end gives the free heap pages back
+  (malloc_trim) before the step's window closes: the window's peak is the step's with
+  "retain" (its holes included), what it leaves is what is live, and the tiers are sized
+  from the difference; once they are placed the heap is kept again.
+- A safety valve: at each step end, if what this process may still allocate
+  (memory_preflight.usable_host_bytes) is below VALVE_BYTES, malloc_trim gives the free
+  pages back to the kernel (counted in trims(); the next step faults them in again) instead
+  of letting the heap's holes push the machine out of memory.
+engine.destroy() gives the free pages back and puts glibc's defaults back when the last
+engine that asked for "retain" ends. The host arenas of the offload tier (page-locked
+staging, the host tiers) are mmap'ed by the native core and are unaffected.
 
 "system" (the default) changes nothing. On a libc other than glibc "retain" is refused by
 name: its mallopt does not mean the same.
@@ -49,8 +58,12 @@ _DEFAULT_TRIM = 128 * 1024
 _DEFAULT_MMAP_MAX = 65536
 _LARGEST = (1 << 31) - 1  # mallopt takes an int
 
+# The valve: below this much memory left to allocate, the retained free pages go back.
+VALVE_BYTES = 512 << 20
+
 _lock = threading.Lock()
 _holders = 0
+_trims = 0
 
 
 def _glibc():
@@ -63,6 +76,16 @@ def _glibc():
     return libc
 
 
+def _engage(libc) -> None:
+    if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _LARGEST)):
+        raise RuntimeError(f'{KEY} "retain": glibc refused mallopt')
+    logger.info(
+        '%s "retain": freed host memory stays in this process for the next step '
+        "(no fresh pages to fault in); engine.destroy() gives it back",
+        KEY,
+    )
+
+
 def retain() -> None:
     """Freed heap memory stays for reuse (Note [Fresh pages cost more than the math]); one
     call per engine, undone by the matching release()."""
@@ -70,14 +93,37 @@ def retain() -> None:
     with _lock:
         libc = _glibc()
         if _holders == 0:
-            if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _LARGEST)):
-                raise RuntimeError(f'{KEY} "retain": glibc refused mallopt')
-            logger.info(
-                '%s "retain": freed host memory stays in this process for the next step '
-                "(no fresh pages to fault in); engine.destroy() gives it back",
-                KEY,
-            )
+            _engage(libc)
         _holders += 1
+
+
+def settle(tiers_waiting: bool) -> None:
+    """A step ended, its window not yet closed (Note [A step's excess]): while "auto" tiers
+    wait to be placed the free heap pages go back, so the window measures what the step
+    needed above what is live; otherwise the valve opens if memory runs short (the Note)."""
+    global _trims
+    if not _holders:
+        return
+    with _lock:
+        libc = _glibc()
+        if tiers_waiting:
+            libc.malloc_trim(0)
+            return
+        from .offload.memory_preflight import usable_host_bytes
+
+        usable, where = usable_host_bytes()
+        if usable is not None and usable < VALVE_BYTES:
+            libc.malloc_trim(0)
+            _trims += 1
+            if _trims == 1:
+                logger.info(
+                    '%s "retain": %s %.2f GiB, under %.2f GiB: the free heap pages go back to '
+                    "the kernel (each time it happens again: trims() counts them)",
+                    KEY,
+                    where,
+                    usable / 2**30,
+                    VALVE_BYTES / 2**30,
+                )
 
 
 def release() -> None:
@@ -99,3 +145,8 @@ def release() -> None:
 def holders() -> int:
     """How many engines hold "retain" now (tests)."""
     return _holders
+
+
+def trims() -> int:
+    """How many times the valve gave the free pages back (tests, benches)."""
+    return _trims

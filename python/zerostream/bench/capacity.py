@@ -98,8 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("retain", "system"),
         default="system",
         help='zerostream.host_malloc: "retain" keeps freed host memory for the next step (no '
-        "fresh pages to fault in: Note [Fresh pages cost more than the math]; refused with "
-        '"auto" tiers); "system" is glibc\'s policy, the engine\'s default',
+        "fresh pages to fault in: Note [Fresh pages cost more than the math]; with "
+        '"auto" tiers, once they are placed); "system" is glibc\'s policy, the engine\'s '
+        "default",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -232,7 +233,7 @@ def measure(args) -> dict:
     import psutil
 
     import zerostream
-    from zerostream import comm
+    from zerostream import comm, host_malloc
 
     shape = GPTShape(args.layers, args.hidden, args.heads, _vocab(args), args.seq)
     owned = args.nvme_path is None
@@ -294,6 +295,7 @@ def measure(args) -> dict:
             "lr": args.lr,
             "warmup_steps": args.warmup_steps,
             "host_malloc": args.host_malloc,
+            "host_malloc_trims": host_malloc.trims(),  # the valve (retain), times it opened
             "params": numel,
             "model_states_gib": round(states / 2**30, 2),
             "ram_gib": round(ram / 2**30, 2),
