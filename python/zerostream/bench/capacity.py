@@ -99,8 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="system",
         help='zerostream.host_malloc: "retain" keeps freed host memory for the next step (no '
         "fresh pages to fault in: Note [Fresh pages cost more than the math]; with "
-        '"auto" tiers, once they are placed); "system" is glibc\'s policy, the engine\'s '
-        "default",
+        '"auto" tiers too: trimmed at each step end until they are placed); "system" is '
+        "glibc's policy, the engine's default",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
