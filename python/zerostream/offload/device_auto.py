@@ -32,6 +32,10 @@ gradients on the device means partitions without its elements (Note [Device-tier
 stay on the device]). An element count places at build time, so it follows
 device_tier_grads like a ratio.
 
+The interval's peak is the accelerator's (torch.cuda.max_memory_allocated on a GPU), so
+"auto" resets the allocator's peak statistics at the first optimizer step: a script reading
+max_memory_allocated across that step sees the peak since then.
+
 If the device cannot allocate the chosen tier after all, nothing has moved yet: a warning,
 and the state stays where it was. Where the device's memory is the host's (a run without a
 GPU), "auto" places nothing and says so: a device tier there would only move state from one
@@ -117,6 +121,15 @@ def build(
             KEY,
             max_on_device,
         )
+        if not n and sub_groups:  # asked for, not placed: said, never silent
+            logger.warning(
+                "%s %d: the first optimizer sub-group (%d elements) does not fit in it, so "
+                "nothing is kept on the device; raise it or lower "
+                "zero_optimization.sub_group_size",
+                KEY,
+                max_on_device,
+                sub_groups[0].hi - sub_groups[0].lo,
+            )
     else:
         n, key, value = device_count(len(sub_groups), ratio), RATIO_KEY, ratio
     if not n:

@@ -317,7 +317,7 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
             self.forward_backward_s = now - self._step_ended
         self._step_started = now
         # The device tier's "auto" before the host tier's: that takes what the device leaves.
-        if self.device_auto_at_step(max(g.element_size() for g in grads)):
+        if self.device_auto_at_step(max((g.element_size() for g in grads), default=4)):
             self._offloaded_changed()
         if self.auto_pending and self.steps_here >= 1 and self._params_placed():
             self.place_measured()

@@ -43,6 +43,18 @@ def test_an_element_count_keeps_the_first_whole_sub_groups_that_fit():
     assert device_auto.count_within([2000, 3000, 500], 2600) == 1
 
 
+def test_a_count_below_the_first_sub_group_places_nothing_and_says_so(caplog):
+    from zerostream.offload.tiered_state import SubGroup
+
+    groups = [SubGroup(0, 0, 2000, 0), SubGroup(0, 2000, 4000, 1)]
+    kinds = [torch.float32] * 3
+    with caplog.at_level("WARNING", logger="zerostream"):
+        assert device_auto.build(groups, kinds, None, 1.0, 1999) is None
+    assert "zerostream.optimizer_max_on_device 1999: the first optimizer sub-group" in caplog.text
+    tier = device_auto.build(groups, kinds, None, 1.0, 2000)
+    assert [s.index for s in tier.sub_groups] == [0] and groups[0].dev is not None
+
+
 def test_the_budget_is_free_memory_less_the_step_s_excess_the_update_and_the_reserve():
     gib = 1 << 30
     reserve = device_auto.DEVICE_RESERVE_BYTES + int(device_auto.DEVICE_RESERVE_SHARE * 40 * gib)
