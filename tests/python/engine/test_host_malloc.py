@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-SCRIPT = r"""
+PRELUDE = r"""
 import json, resource, sys
 import torch
 import zerostream
@@ -28,6 +28,11 @@ def faults_of_fresh_tensors(reps=8, numel=16 << 20):
     for _ in range(reps):
         t = torch.empty(numel); t.fill_(1.0); del t
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+"""
+
+SCRIPT = (
+    PRELUDE
+    + r"""
 
 def train(policy):
     torch.manual_seed(0)
@@ -57,6 +62,7 @@ out["holders_after"] = host_malloc.holders()
 out["after"] = faults_of_fresh_tensors()
 print(json.dumps(out))
 """
+)
 
 PAGES = 8 * (16 << 20) * 4 // 4096  # eight 64 MiB tensors, in 4 KiB pages
 
@@ -105,20 +111,9 @@ def test_an_unknown_host_malloc_policy_is_refused_by_name(one_rank_process_group
     assert host_malloc.holders() == 0
 
 
-AUTO_SCRIPT = r"""
-import json, os, resource, sys
-import torch
-import zerostream
-from zerostream import host_malloc
-sys.path.insert(0, "tests/python")
-from mlp import MLP
-
-def faults_of_fresh_tensors(reps=8, numel=16 << 20):
-    t = torch.empty(numel); t.fill_(1.0); del t
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(reps):
-        t = torch.empty(numel); t.fill_(1.0); del t
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+AUTO_SCRIPT = (
+    PRELUDE
+    + r"""
 
 class Wide(torch.nn.Module):
     # two 32 MiB weights: stage 3 gathers each into a fresh full tensor every pass
@@ -154,6 +149,7 @@ out["trims"] = host_malloc.trims()
 engine.destroy()
 print(json.dumps(out))
 """
+)
 
 
 def _own_group_env() -> dict:
