@@ -325,8 +325,8 @@ def run(args) -> int:
     if args.repeats < 1:
         print("bench checkpoint: --repeats must be >= 1", file=sys.stderr)
         return 2
-    if not args.no_fio and shutil.which("fio") is None:
-        print("bench checkpoint: fio is not installed (apt-get install fio)", file=sys.stderr)
+    if not args.no_fio and not fio.available():
+        print(f"bench checkpoint: {fio.MISSING}", file=sys.stderr)
         return 2
     os.makedirs(args.path, exist_ok=True)
     need = 3 * 14 * args.params  # swap files + checkpoint + fio file, with room

@@ -8,12 +8,18 @@ import shutil
 import subprocess
 from typing import List
 
+MISSING = "fio is not installed (apt-get install fio)"
+
+
+def available() -> bool:
+    return shutil.which("fio") is not None
+
 
 def run(options: List[str], timeout: int = 1800) -> List[dict]:
     """Runs `fio <options> --output-format=json` and returns its jobs (one dict each, as
     fio's JSON has them); a clear error when fio is missing or fails."""
-    if shutil.which("fio") is None:
-        raise RuntimeError("fio is not installed (apt-get install fio)")
+    if not available():
+        raise RuntimeError(MISSING)
     done = subprocess.run(
         ["fio", "--output-format=json", *options], capture_output=True, text=True, timeout=timeout
     )

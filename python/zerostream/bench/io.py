@@ -253,8 +253,8 @@ def fio_command(w: Workload, op: str) -> list[str]:
 
 class FioRunner:
     def __init__(self, w: Workload):
-        if shutil.which("fio") is None:
-            raise RuntimeError("fio is not installed (apt-get install fio)")
+        if not fio.available():  # said when the peer is set up, not at its first run
+            raise RuntimeError(fio.MISSING)
         self.w = w
 
     def run(self, op: str) -> float:

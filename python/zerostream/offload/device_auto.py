@@ -108,7 +108,7 @@ def choose(candidates: Sequence[Tuple[int, bool]], budget: int, element_bytes: i
 
 
 def build(
-    sub_groups: list, kind_dtypes, device: Optional[torch.device], ratio: float, max_on_device
+    sub_groups: list, kind_dtypes, home: torch.device, ratio: float, max_on_device
 ) -> Optional[DeviceTier]:
     """The device tier placed when the optimizer is built: the first sub-groups in step order
     that offload_optimizer.ratio keeps (DeepSpeed's rule) or that fit an element count of
@@ -134,7 +134,6 @@ def build(
         n, key, value = device_count(len(sub_groups), ratio), RATIO_KEY, ratio
     if not n:
         return None
-    home = device if device is not None else torch.device("cpu")
     tier = DeviceTier(sub_groups[:n], kind_dtypes, home, key=key)
     logger.info(
         "%s %s: %d of %d optimizer sub-groups (%d of %d elements, %.2f GiB of state) "
@@ -153,8 +152,8 @@ def build(
 
 class DeviceAutoPlacement:
     """The "auto" device tier of SwappedAdam (offload/optimizer_swap.py), mixed in: uses its
-    `sub_groups`, `kind_dtypes`, `element_bytes`, `store`, staging (`_staged`), `_wait`,
-    `bytes_read` and `device_tier`."""
+    `sub_groups`, `kind_dtypes`, `element_bytes`, staging (`_staged`), `take_out_of_store`
+    and `device_tier`."""
 
     def _init_device_auto(self, max_on_device, device: Optional[torch.device]) -> None:
         self.device_auto_pending = max_on_device == "auto"
@@ -247,18 +246,14 @@ class DeviceAutoPlacement:
 
     def _move_to_device(self, s, on_disk: bool) -> None:
         """Sub-group `s`'s state into its device tensors (s.dev, just allocated), from the
-        swap store through staging slot 0 (its extents freed after) or from the host tier
+        swap store through staging slot 0 (its extents freed) or from the host tier
         (its arena bytes stay with the arena). Blocking copies: the staging slot is reused
         for the next one."""
-        n = s.hi - s.lo
         if on_disk:
-            staged = self._staged(0, n)
-            self._wait([self.store.read(3 * s.index + k, t) for k, t in enumerate(staged)])
-            self.bytes_read += self.element_bytes * n
+            staged = self._staged(0, s.hi - s.lo)
+            self.take_out_of_store(s, staged)
             for dev, t in zip(s.dev, staged):
                 dev.copy_(t)
-            for k in range(len(s.dev)):
-                self.store.free(3 * s.index + k)
         else:
             for dev, t in zip(s.dev, s.host):
                 dev.copy_(t)

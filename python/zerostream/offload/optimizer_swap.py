@@ -112,11 +112,11 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         # The device tier first (Note [The device tier]); the tiers below place the rest.
         # "auto" places it after a measured step (Note [The device tier from a measured step]).
         on_device = ext.optimizer_max_on_device
+        self._init_device_auto(on_device, device)
         self.device_tier = device_auto.build(
-            self.sub_groups, self.kind_dtypes, device, offload.ratio, on_device
+            self.sub_groups, self.kind_dtypes, self.device_home, offload.ratio, on_device
         )
         n_dev = len(self.device_tier.sub_groups) if self.device_tier is not None else 0
-        self._init_device_auto(on_device, device)
         self.offloaded = self.sub_groups[n_dev:]
         sizes = [s.hi - s.lo for s in self.offloaded]
         if self.uses_disk:
@@ -287,6 +287,14 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
             self.bytes_written += self.element_bytes * n
 
     # --- the step --------------------------------------------------------------------------------
+    def take_out_of_store(self, s: SubGroup, into: List[torch.Tensor]) -> None:
+        """Sub-group `s`'s three kinds read from the swap store into `into` (blocking), and
+        its extents freed: its state lives elsewhere from now on (a tier's "auto" move)."""
+        self._wait([self.store.read(3 * s.index + k, t) for k, t in enumerate(into)])
+        self.bytes_read += self.element_bytes * (s.hi - s.lo)
+        for k in range(len(KINDS)):
+            self.store.free(3 * s.index + k)
+
     def _read(self, s: SubGroup, slot: int):
         n = s.hi - s.lo
         self.bytes_read += self.element_bytes * n
@@ -475,10 +483,7 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
             )
             for s in moving:
                 host = self._host_state(s)
-                self._wait([self.store.read(3 * s.index + k, t) for k, t in enumerate(host)])
-                self.bytes_read += self.element_bytes * (s.hi - s.lo)
-                for k in range(len(KINDS)):
-                    self.store.free(3 * s.index + k)
+                self.take_out_of_store(s, host)
                 s.host = host
         placed = {s.index for s in moving}
         host = sum(s.hi - s.lo for s in moving)

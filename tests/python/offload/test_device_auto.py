@@ -22,9 +22,10 @@ import os
 
 import pytest
 import torch
+from test_device_tier import _config as device_tier_config
 
 from multirank import run_ranks
-from tiny_gpt import TinyGPT, adamw_ds_config, make_batches, plain_adamw_losses
+from tiny_gpt import TinyGPT, make_batches, plain_adamw_losses
 from zerostream.offload import device_auto
 from zerostream.offload.tiers import DEVICE, NVME
 
@@ -49,9 +50,9 @@ def test_a_count_below_the_first_sub_group_places_nothing_and_says_so(caplog):
     groups = [SubGroup(0, 0, 2000, 0), SubGroup(0, 2000, 4000, 1)]
     kinds = [torch.float32] * 3
     with caplog.at_level("WARNING", logger="zerostream"):
-        assert device_auto.build(groups, kinds, None, 1.0, 1999) is None
+        assert device_auto.build(groups, kinds, torch.device("cpu"), 1.0, 1999) is None
     assert "zerostream.optimizer_max_on_device 1999: the first optimizer sub-group" in caplog.text
-    tier = device_auto.build(groups, kinds, None, 1.0, 2000)
+    tier = device_auto.build(groups, kinds, torch.device("cpu"), 1.0, 2000)
     assert [s.index for s in tier.sub_groups] == [0] and groups[0].dev is not None
 
 
@@ -82,18 +83,7 @@ def test_on_disk_sub_groups_go_first_whole_and_a_misfit_is_skipped():
 
 # --- the engine ----------------------------------------------------------------------------------
 def _config(micro, nvme, on_device="auto", device="nvme", ratio=1.0):
-    offload = {"device": device, "ratio": ratio}
-    if device == "nvme":
-        offload["nvme_path"] = nvme
-    zero = {
-        "stage": 3,
-        "reduce_bucket_size": 3000,
-        "sub_group_size": SUB_GROUP,
-        "stage3_param_persistence_threshold": 0,
-        "offload_optimizer": offload,
-    }
-    ext = {"zerostream": {"optimizer_max_on_device": on_device}}
-    return adamw_ds_config(micro, zero, LR, BETAS, WD, CLIP, **ext)
+    return device_tier_config(micro, nvme, device=device, ratio=ratio, on_device=on_device)
 
 
 def _train(engine, rank, world, steps, first=0):

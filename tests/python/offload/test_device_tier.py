@@ -83,7 +83,9 @@ def test_the_device_update_is_the_cpu_kernel_s_and_torch_s(adamw, master, states
 
 
 # --- the engine ----------------------------------------------------------------------------------
-def _config(micro, nvme, device="cpu", ratio=0.5, max_in_cpu=0, params="none", grads="device"):
+def _config(
+    micro, nvme, device="cpu", ratio=0.5, max_in_cpu=0, params="none", grads="device", on_device=0
+):
     offload = {"device": device, "ratio": ratio}
     if device == "nvme":
         offload["nvme_path"] = nvme
@@ -97,6 +99,8 @@ def _config(micro, nvme, device="cpu", ratio=0.5, max_in_cpu=0, params="none", g
     if params != "none":  # the device tier's updated weights go down to host or NVMe shards
         zero["offload_param"] = {"device": params, "nvme_path": f"{nvme}/params"}
     ext = {"zerostream": {"optimizer_max_in_cpu": max_in_cpu, "device_tier_grads": grads}}
+    if on_device:  # zerostream.optimizer_max_on_device (test_device_auto.py)
+        ext["zerostream"]["optimizer_max_on_device"] = on_device
     return adamw_ds_config(micro, zero, LR, BETAS, WD, CLIP, **ext)
 
 
