@@ -10,7 +10,10 @@ Adam's fp32 master, exp_avg, exp_avg_sq) against this machine's RAM, the host-me
 the configuration implies and the peak RSS measured against it, the bytes each tier moved
 per step and the time split (forward, backward, optimizer step, waits). States larger than
 RAM and an RSS within the budget are the point of the run: the verdict line says whether
-both held.
+both held. Where "auto" placed the optimizer's host tier, the budget is the ceiling "auto"
+allowed itself (the RSS it placed at, the step's measured excess and its whole budget: only
+its reserve left free), and each placed step's own peak RSS is reported against the peak it
+predicted (Note [Predicting the placed step]).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 
 import torch
 
+from ..offload.memory_preflight import STEP_PEAKS, memory_status
 from .corpus import VOCAB, read_corpus, text_batches
 from .gpt import GPT, GPTShape, batches
 from .memory import peak_rss_bytes
@@ -255,6 +259,7 @@ def measure(args) -> dict:
         data = _data(args, shape, engine.device)
         tel = engine.telemetry
         step_times, losses, settled, step_phases = [], [], [], []
+        step_rss, step_peaks = [], []
         for _ in range(args.steps):
             tel.seconds.clear()
             tel.bytes.clear()
@@ -268,6 +273,8 @@ def measure(args) -> dict:
             losses.append(float(loss.detach()))
             settled.append(_tiers_settled(engine))
             step_phases.append(_phases(tel))
+            step_rss.append(round(memory_status().get("VmRSS", 0) / 2**30, 3))
+            step_peaks.append(_placed_step_peak(settled))
         phases = step_phases[-1] if step_phases else {}
         moved = {
             tier: {
@@ -289,6 +296,11 @@ def measure(args) -> dict:
         # Shards kept by an element count or brought back by "auto" (arena pages).
         kept = max(swap.get("kept_bytes", 0), width * swap.get("in_cpu_numel", 0))
         budget = host_budget_bytes(numel, args, tiers.host_elements, kept)
+        prediction = engine.optimizer.swapper.prediction or {}
+        placed_peaks = [p for p in step_peaks if p is not None]
+        placed_peak = max(placed_peaks) if placed_peaks else None
+        predicted = prediction.get("predicted_peak_rss_bytes")
+        ceiling = prediction.get("host_ceiling_bytes")
         return {
             "shape": shape.__dict__,
             "data": f"corpus ({args.corpus_mb} MiB)" if args.corpus_mb > 0 else "synthetic",
@@ -306,6 +318,16 @@ def measure(args) -> dict:
             "states_and_grads_over_ram": round((states + width * numel) / ram, 2),
             "host_budget_gib": round(budget / 2**30, 2),
             "peak_rss_gib": round(peak, 2),
+            # VmRSS at each step's end, and each step's own peak once every tier is placed
+            # (None before): the placed steps' peak against what "auto" predicted for them.
+            "step_rss_gib": step_rss,
+            "step_peak_rss_gib": step_peaks,
+            "placed_peak_rss_gib": placed_peak,
+            "predicted_peak_rss_gib": _gib(predicted),
+            "placed_peak_over_predicted": round(placed_peak * 2**30 / predicted, 3)
+            if placed_peak is not None and predicted
+            else None,
+            "auto_host_ceiling_gib": _gib(ceiling),
             "rss_after_build_gib": {
                 "peak": round(rss_built[0], 2),
                 "now": round(rss_built[1], 2),
@@ -340,12 +362,31 @@ def measure(args) -> dict:
             "param_swap": summary["params"].get("swap"),
             "verdict": {
                 "states_larger_than_ram": states > ram,
-                "rss_within_budget": peak * 2**30 <= budget,
+                # Where "auto" placed the optimizer tier, the budget is the ceiling it
+                # allowed itself (only its reserve left free): the formula cannot know what
+                # "auto" takes. The formula otherwise.
+                "rss_within_budget": peak * 2**30 <= (ceiling or budget),
             },
         }
     finally:
         if owned:
             shutil.rmtree(nvme, ignore_errors=True)
+
+
+def _gib(n) -> "float | None":
+    return None if n is None else round(n / 2**30, 2)
+
+
+def _placed_step_peak(settled: list) -> "float | None":
+    """The peak RSS (GiB) of the step just ended if every tier was placed before it began;
+    None otherwise. Restarts the peak at each step's end from the one that placed the last
+    tier on (no "auto" tier restarts it then: Note [A step's excess])."""
+    if not settled[-1]:
+        return None
+    peak = STEP_PEAKS.restart()
+    if len(settled) < 2 or not settled[-2] or peak is None:
+        return None
+    return round(peak / 2**30, 3)
 
 
 def _phases(tel) -> dict:
@@ -416,6 +457,12 @@ def run(args) -> int:
     print(f"step seconds: {res['step_seconds']}  losses: {[round(x, 4) for x in res['losses']]}")
     print(f"last step phases (s): {res['last_step_phases_seconds']}")
     print(f"last step moved: {res['last_step_moved']}")
+    if res["predicted_peak_rss_gib"] is not None:
+        print(
+            f'placed steps\' peak RSS {res["placed_peak_rss_gib"]} GiB; "auto" predicted '
+            f"{res['predicted_peak_rss_gib']} GiB (x{res['placed_peak_over_predicted']}) and "
+            f"allowed itself {res['auto_host_ceiling_gib']} GiB"
+        )
     print(
         f"peak RSS {res['peak_rss_gib']} GiB against a host budget of "
         f"{res['host_budget_gib']} GiB: verdict {res['verdict']}"

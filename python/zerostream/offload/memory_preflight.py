@@ -156,13 +156,20 @@ class StepPeaks:
         """An optimizer step is over: the window closes if a tier waits to be placed."""
         if not self.waiting:
             return
-        status = memory_status()
-        if "VmHWM" not in status or "VmRSS" not in status:
-            return
-        if restart_peak():
-            self.last_excess = max(0, status["VmHWM"] - status["VmRSS"])
-            self.peak_before = max(self.peak_before, status["VmHWM"])
+        rss = memory_status().get("VmRSS")
+        peak = None if rss is None else self.restart()
+        if peak is not None:
+            self.last_excess = max(0, peak - rss)
             self.windows += 1
+
+    def restart(self) -> Optional[int]:
+        """Restarts VmHWM (its value kept in the process's peak) and returns the peak of the
+        window it closed; None where /proc does not say or refuses."""
+        peak = memory_status().get("VmHWM")
+        if peak is None or not restart_peak():
+            return None
+        self.peak_before = max(self.peak_before, peak)
+        return peak
 
     def excess(self) -> int:
         """The larger of the last whole step's excess and that of the step under way (before

@@ -456,17 +456,18 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         """optimizer_max_in_cpu "auto", between two steps: the sub-groups that fit what this
         rank may still allocate now (tiers.measured_budget_bytes) move from the swap store into
         host memory, for good; their extents are freed. Returns how many moved."""
-        from .memory_preflight import ENV, usable_host_bytes
+        from .memory_preflight import ENV, memory_status, peak_above_now_bytes, usable_host_bytes
 
         self.auto_pending = False
         STEP_PEAKS.done(self)
+        rss, excess = memory_status().get("VmRSS"), peak_above_now_bytes()
         sizes = [s.hi - s.lo for s in self.offloaded]
         # A fixed override of the usable memory does not drop as the parameter shards'
         # arena fills, unlike MemAvailable or the cgroup's room: counted here instead.
         taken = 0
         if self.param_tier is not None and usable_host_bytes()[1] == ENV:
             taken = self.param_tier.kept_bytes
-        budget, source = tiers.measured_budget_bytes(taken)
+        budget, source = tiers.measured_budget_bytes(taken, excess)
         plan = tiers.place(sizes, budget // self.element_bytes, source, self.element_bytes)
         # Each tensor is rounded to the arena's alignment: drop sub-groups (the last in
         # the placement's order) until the arena fits the budget.
@@ -475,6 +476,7 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         while moving and arena > budget:
             s = moving.pop()
             arena -= self._host_bytes(s)
+        arena = arena if moving else 0
         if moving:
             self.host_arena = HostArena(
                 arena,
@@ -495,11 +497,15 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
             plan.source,
             self.element_bytes,
         )
-        self.prediction = self._predict()
+        self.prediction = {
+            **self._predict(),
+            **tiers.predict_peak_rss(rss, excess, arena, budget),
+        }
         p = self.prediction
         logger.info(
             "%s; predicted step %.2f s: forward and backward %.2f s as measured, the optimizer "
-            "step %.2f s (the last one took %.2f s moving %.2f GB to and from disk; now %.2f GB)",
+            "step %.2f s (the last one took %.2f s moving %.2f GB to and from disk; now %.2f GB)"
+            "; predicted peak RSS %s",
             self.tiers.describe(),
             p["predicted_step_seconds"],
             p["forward_backward_seconds"],
@@ -507,6 +513,9 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
             p["last_optimizer_step_seconds"],
             p["optimizer_disk_bytes_before"] / 1e9,
             p["optimizer_disk_bytes_after"] / 1e9,
+            f"{p['predicted_peak_rss_bytes'] / 2**30:.2f} GiB"
+            if "predicted_peak_rss_bytes" in p
+            else "unknown (no /proc)",
         )
         return len(moving)
 

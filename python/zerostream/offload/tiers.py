@@ -53,6 +53,12 @@ parts, each scaled by what the placement changes:
   kernel, which still updates every element).
 Session 28 predicted from the whole last interval less the optimizer's wait only: 1.5x off,
 as that interval held the shards' move and the parameter writes the placement removed.
+It also logs the placed steps' peak RSS it expects: the RSS it placed at (the shards placed
+before it included), plus the bytes it placed, plus the measured step's excess (Note [A
+step's excess]); and its ceiling, that RSS plus the excess plus the whole budget, which
+leaves only the reserve free. `bench capacity` measures the placed steps' own peak against
+both (session 29's largest run peaked 2.5% over the bench's formula with nothing to say
+whether "auto" or the formula was off).
 
 Note [Parameter shards in host memory]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -194,6 +200,24 @@ def predict_step(
     }
 
 
+def predict_peak_rss(
+    rss_bytes: Optional[int], excess_bytes: int, placed_bytes: int, budget_bytes: int
+) -> dict:
+    """The placed steps' peak RSS "auto" expects (Note [Predicting the placed step]): the RSS
+    it placed at, plus what it placed, plus the measured step's excess; and the ceiling it
+    allowed itself (the RSS plus the excess plus the whole budget: what leaves only the
+    reserve). {} where the RSS could not be read."""
+    if rss_bytes is None:
+        return {}
+    return {
+        "rss_at_placement_bytes": int(rss_bytes),
+        "step_excess_bytes": int(excess_bytes),
+        "placed_bytes": int(placed_bytes),
+        "predicted_peak_rss_bytes": int(rss_bytes + excess_bytes + placed_bytes),
+        "host_ceiling_bytes": int(rss_bytes + excess_bytes + budget_bytes),
+    }
+
+
 def auto_budget_bytes(usable_bytes: Optional[int], ranks_on_host: int, other_bytes: int) -> int:
     """What "auto" may keep in host memory: this rank's share of the usable host memory, less
     the reserve (AUTO_RESERVE_*) and `other_bytes` (staging, or what the other tier will
@@ -225,16 +249,18 @@ def place_shards(reads: Sequence[int], sizes: Sequence[int], budget_bytes: int) 
     return sorted(chosen)
 
 
-def measured_budget_bytes(other_bytes: int = 0) -> Tuple[int, str]:
+def measured_budget_bytes(other_bytes: int = 0, excess: Optional[int] = None) -> Tuple[int, str]:
     """(what "auto" may keep in host memory now, between two steps, where that comes from):
     this rank's share of the usable host memory, less the excess a step was measured to
-    need, the reserve and `other_bytes` (Note ["auto" is sized from a measured step])."""
+    need (`excess`, or read now), the reserve and `other_bytes` (Note ["auto" is sized from a
+    measured step])."""
     from .memory_preflight import peak_above_now_bytes
 
     usable, where, ranks = usable_share()
     if usable is None:
         return 0, '"auto": no host-memory reading'
-    excess = peak_above_now_bytes()
+    if excess is None:
+        excess = peak_above_now_bytes()
     budget = auto_budget_bytes(usable, ranks, excess + other_bytes)
     return budget, (
         f'"auto": {where} {usable / 2**30:.2f} GiB'

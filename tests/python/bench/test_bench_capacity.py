@@ -94,6 +94,12 @@ def test_capacity_compare_tiers_moves_fewer_disk_bytes_for_the_same_losses(tmp_p
     assert res["same_losses"] and len(a["losses"]) == 2
     assert res["disk"]["read_gb_per_s"] > 0 and t["floor_seconds"] < a["floor_seconds"]
     assert res["disk"]["concurrent_read_gb_per_s"] > 0 and res["disk"]["queue_depth"] == 32
+    assert len(res["disk_samples"]) == 2
+    # Each step's RSS; each step's own peak once every tier is placed (element counts: from
+    # the first step's end on), none predicted without "auto".
+    assert len(t["step_rss_gib"]) == 2 and t["step_peak_rss_gib"][0] is None
+    assert 0 < t["step_rss_gib"][1] <= t["step_peak_rss_gib"][1] <= t["peak_rss_gib"] + 0.01
+    assert t["predicted_peak_rss_gib"] is None and t["auto_host_ceiling_gib"] is None
     # Each step's phases and disk bytes; the last one is the last step's.
     assert len(t["step_phases"]) == 2 and t["step_phases"][-1]["step"] > 0
     assert t["step_phases"][-1]["nvme_read_gb"] == round(
@@ -170,8 +176,16 @@ def test_compare_rounds_alternate_the_order_and_take_the_median_ratio(monkeypatc
 
     monkeypatch.setattr(tier_compare, "_child", child)
     rates = ("read", "write", "concurrent_read", "concurrent_write")
-    disk = {f"{k}_gb_per_s": 1.0 for k in rates}
-    monkeypatch.setattr(tier_compare, "measure_disk", lambda *a, **k: disk)
+    # fio before the runs and after: each rate is taken at its best of the two (a slow
+    # moment of a shared disk must not raise the floor).
+    both = {f"{k}_gb_per_s": 0.5 for k in rates[2:]}
+    samples = iter(
+        [
+            {"read_gb_per_s": 1.0, "write_gb_per_s": 0.25, **both},
+            {"read_gb_per_s": 0.5, "write_gb_per_s": 1.0, **both},
+        ]
+    )
+    monkeypatch.setattr(tier_compare, "measure_disk", lambda *a, **k: next(samples))
     p = argparse.ArgumentParser()
     capacity.add_arguments(p)
     args = p.parse_args(["--compare-tiers", "--rounds", "3", "--nvme-path", str(tmp_path)])
@@ -180,6 +194,32 @@ def test_compare_rounds_alternate_the_order_and_take_the_median_ratio(monkeypatc
     assert [r["first"] for r in res["rounds"]] == ["all_nvme", "tiered", "all_nvme"]
     assert [r["speedup"] for r in res["rounds"]] == [2.0, 1.0, 2.0]
     assert res["tiered_speedup"] == 2.0 and res["same_losses"]
+    assert len(res["disk_samples"]) == 2
+    assert res["disk"] == {"read_gb_per_s": 1.0, "write_gb_per_s": 1.0, **both}
+    # 1 GB read and 1 GB written: 1 s each way alone, 2 GB at 0.5 + 0.5 GB/s together.
+    assert res["runs"]["all_nvme"]["floor_seconds"] == 2.0
+
+
+def test_the_bench_takes_each_step_s_own_peak_once_every_tier_is_placed(monkeypatch):
+    """Each step's peak RSS from the step after the one that placed the last tier: the peak
+    restarts at the end of every step from that one on, and a step that began before the
+    placement reports none."""
+    from zerostream.bench import capacity
+
+    peaks = iter([5 << 30, 6 << 30, 7 << 30])
+    restarts = []
+
+    def restart():
+        restarts.append(1)
+        return next(peaks)
+
+    monkeypatch.setattr(capacity.STEP_PEAKS, "restart", restart)
+    settled, got = [], []
+    for placed in (False, False, True, True, True):
+        settled.append(placed)
+        got.append(capacity._placed_step_peak(settled))
+    assert got == [None, None, None, 6.0, 7.0]
+    assert len(restarts) == 3  # from the step that placed the last tier on
 
 
 def test_wide_matmul_gives_the_bf16_linear_its_values_and_gradients():

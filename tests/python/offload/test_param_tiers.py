@@ -135,7 +135,7 @@ def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow
         if slow_optimizer:
             _slow_reads(opt_swapper.store)
         losses, reads, opt_host, kept_after, windows = [], [], [], [], []
-        intervals = []
+        intervals, rss = [], []
         first_window = peaks.windows
         for s in range(steps):
             before = swapper.bytes_read
@@ -147,6 +147,7 @@ def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow
             reads.append(swapper.bytes_read - before)
             kept_after.append(swapper.kept_arena is not None)
             windows.append(peaks.windows - first_window)
+            rss.append(memory_preflight.memory_status().get("VmRSS"))
             if opt_swapper is not None:
                 opt_host.append(opt_swapper.stats()["host_elements"])
                 intervals.append(opt_swapper.last_interval)
@@ -165,6 +166,7 @@ def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow
             "trace": engine.optimizer.state_summary()["trace"],
             "opt": opt_swapper.stats() if opt_swapper is not None else None,
             "intervals": intervals,
+            "rss": rss,
         }
         engine.destroy()
     return out
@@ -263,6 +265,15 @@ def test_both_tiers_auto_place_the_shards_first_and_the_optimizer_from_what_is_l
     assert pred["predicted_step_seconds"] == pytest.approx(
         pred["forward_backward_seconds"] + max(scaled, floor), abs=2e-3
     )
+    # The placed steps' peak RSS it expects: the RSS it placed at, the arena it filled (whole
+    # sub-groups, aligned; within the budget) and the step's excess; its ceiling is that RSS
+    # and excess with the whole budget, which leaves only the reserve.
+    assert pred["step_excess_bytes"] == EXCESS
+    assert 12 * opt["host_elements"] <= pred["placed_bytes"] <= left
+    rss = pred["rss_at_placement_bytes"]
+    assert pred["predicted_peak_rss_bytes"] == rss + EXCESS + pred["placed_bytes"]
+    assert pred["host_ceiling_bytes"] == rss + EXCESS + left
+    assert 0 < max(auto["rss"][first:]) <= pred["predicted_peak_rss_bytes"], (auto["rss"], pred)
 
 
 @pytest.mark.slow  # CI's 25 minutes; tiers.optimizer_first's rule is tested by hand
