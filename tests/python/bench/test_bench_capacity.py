@@ -175,14 +175,16 @@ def test_compare_rounds_alternate_the_order_and_take_the_median_ratio(monkeypatc
         }
 
     monkeypatch.setattr(tier_compare, "_child", child)
-    rates = ("read", "write", "concurrent_read", "concurrent_write")
     # fio before the runs and after: each rate is taken at its best of the two (a slow
     # moment of a shared disk must not raise the floor).
-    both = {f"{k}_gb_per_s": 0.5 for k in rates[2:]}
+    # The concurrent pair comes whole from the sample with the higher sum (0.7 + 0.3 here):
+    # 0.7 + 0.4 would mix the two samples into a rate the disk never showed.
+    first = {"concurrent_read_gb_per_s": 0.7, "concurrent_write_gb_per_s": 0.3}
+    second = {"concurrent_read_gb_per_s": 0.5, "concurrent_write_gb_per_s": 0.4}
     samples = iter(
         [
-            {"read_gb_per_s": 1.0, "write_gb_per_s": 0.25, **both},
-            {"read_gb_per_s": 0.5, "write_gb_per_s": 1.0, **both},
+            {"read_gb_per_s": 1.0, "write_gb_per_s": 0.25, **first},
+            {"read_gb_per_s": 0.5, "write_gb_per_s": 1.0, **second},
         ]
     )
     monkeypatch.setattr(tier_compare, "measure_disk", lambda *a, **k: next(samples))
@@ -195,8 +197,8 @@ def test_compare_rounds_alternate_the_order_and_take_the_median_ratio(monkeypatc
     assert [r["speedup"] for r in res["rounds"]] == [2.0, 1.0, 2.0]
     assert res["tiered_speedup"] == 2.0 and res["same_losses"]
     assert len(res["disk_samples"]) == 2
-    assert res["disk"] == {"read_gb_per_s": 1.0, "write_gb_per_s": 1.0, **both}
-    # 1 GB read and 1 GB written: 1 s each way alone, 2 GB at 0.5 + 0.5 GB/s together.
+    assert res["disk"] == {"read_gb_per_s": 1.0, "write_gb_per_s": 1.0, **first}
+    # 1 GB read and 1 GB written: 1 s each way alone, 2 GB at 0.7 + 0.3 GB/s together.
     assert res["runs"]["all_nvme"]["floor_seconds"] == 2.0
 
 
