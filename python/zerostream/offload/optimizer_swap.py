@@ -465,7 +465,8 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         # A fixed override of the usable memory does not drop as the parameter shards'
         # arena fills, unlike MemAvailable or the cgroup's room: counted here instead.
         taken = 0
-        if self.param_tier is not None and usable_host_bytes()[1] == ENV:
+        usable, where = usable_host_bytes()
+        if self.param_tier is not None and where == ENV:
             taken = self.param_tier.kept_bytes
         budget, source = tiers.measured_budget_bytes(taken, excess)
         plan = tiers.place(sizes, budget // self.element_bytes, source, self.element_bytes)
@@ -499,7 +500,8 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         )
         self.prediction = {
             **self._predict(),
-            **tiers.predict_peak_rss(rss, excess, arena, budget),
+            # No ceiling where nothing could be read (the budget is then 0: all stays on disk).
+            **tiers.predict_peak_rss(rss, excess, arena, None if usable is None else budget),
         }
         p = self.prediction
         logger.info(

@@ -201,21 +201,23 @@ def predict_step(
 
 
 def predict_peak_rss(
-    rss_bytes: Optional[int], excess_bytes: int, placed_bytes: int, budget_bytes: int
+    rss_bytes: Optional[int], excess_bytes: int, placed_bytes: int, budget_bytes: Optional[int]
 ) -> dict:
     """The placed steps' peak RSS "auto" expects (Note [Predicting the placed step]): the RSS
     it placed at, plus what it placed, plus the measured step's excess; and the ceiling it
     allowed itself (the RSS plus the excess plus the whole budget: what leaves only the
-    reserve). {} where the RSS could not be read."""
+    reserve; none where no budget was read). {} where the RSS could not be read."""
     if rss_bytes is None:
         return {}
-    return {
+    out = {
         "rss_at_placement_bytes": int(rss_bytes),
         "step_excess_bytes": int(excess_bytes),
         "placed_bytes": int(placed_bytes),
         "predicted_peak_rss_bytes": int(rss_bytes + excess_bytes + placed_bytes),
-        "host_ceiling_bytes": int(rss_bytes + excess_bytes + budget_bytes),
     }
+    if budget_bytes is not None:
+        out["host_ceiling_bytes"] = int(rss_bytes + excess_bytes + budget_bytes)
+    return out
 
 
 def auto_budget_bytes(usable_bytes: Optional[int], ranks_on_host: int, other_bytes: int) -> int:

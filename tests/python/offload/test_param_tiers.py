@@ -48,6 +48,18 @@ def test_the_placed_step_is_predicted_from_the_bytes_its_optimizer_step_moves():
     assert tiers.predict_step(10.0, 20.0, 5.0, 0, 0)["predicted_step_seconds"] == 30.0
 
 
+def test_the_placed_steps_peak_rss_is_what_was_resident_plus_what_moved_plus_the_excess():
+    # Session 32's 4.80 B run: 13.70 GiB resident at placement, 6.71 GiB placed, a step's
+    # measured excess of 1.00 GiB; a budget of 7.04 GiB (what left only the reserve).
+    gib = 2**30
+    got = tiers.predict_peak_rss(int(13.70 * gib), gib, int(6.71 * gib), int(7.04 * gib))
+    assert got["predicted_peak_rss_bytes"] == int(13.70 * gib) + gib + int(6.71 * gib)
+    assert got["host_ceiling_bytes"] == int(13.70 * gib) + gib + int(7.04 * gib)
+    # No budget read: no ceiling; no RSS read: no prediction at all.
+    assert "host_ceiling_bytes" not in tiers.predict_peak_rss(10, 1, 0, None)
+    assert tiers.predict_peak_rss(None, 1, 2, 3) == {}
+
+
 EXCESS = 1 << 26  # a step's measured excess, fixed in the ranks (their VmHWM is their launcher's)
 
 
