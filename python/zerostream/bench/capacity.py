@@ -27,10 +27,9 @@ import time
 
 import torch
 
-from ..offload.memory_preflight import STEP_PEAKS, memory_status
 from .corpus import VOCAB, read_corpus, text_batches
 from .gpt import GPT, GPTShape, batches
-from .memory import peak_rss_bytes
+from .memory import STEP_PEAKS, memory_status, peak_rss_bytes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -100,11 +100,10 @@ def _probe_bytes(work: int) -> int:
 
 
 def _params(args) -> int:
-    from .corpus import VOCAB
+    from .capacity import _vocab
     from .gpt import GPTShape
 
-    vocab = VOCAB if args.corpus_mb > 0 else args.vocab
-    return GPTShape(args.layers, args.hidden, args.heads, vocab, args.seq).params
+    return GPTShape(args.layers, args.hidden, args.heads, _vocab(args), args.seq).params
 
 
 def floor_seconds(read: int, written: int, disk: Dict[str, float]) -> float:

@@ -477,7 +477,6 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         while moving and arena > budget:
             s = moving.pop()
             arena -= self._host_bytes(s)
-        arena = arena if moving else 0
         if moving:
             self.host_arena = HostArena(
                 arena,
