@@ -100,10 +100,13 @@ def _probe_bytes(work: int) -> int:
 
 
 def _params(args) -> int:
-    from .capacity import _vocab
+    """The model's parameter count (capacity._vocab's rule: importing capacity here would
+    close an import cycle, capacity -> tier_compare)."""
+    from .corpus import VOCAB
     from .gpt import GPTShape
 
-    return GPTShape(args.layers, args.hidden, args.heads, _vocab(args), args.seq).params
+    vocab = VOCAB if args.corpus_mb > 0 else args.vocab
+    return GPTShape(args.layers, args.hidden, args.heads, vocab, args.seq).params
 
 
 def floor_seconds(read: int, written: int, disk: Dict[str, float]) -> float:
