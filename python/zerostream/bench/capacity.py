@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from .corpus import VOCAB, read_corpus, text_batches
+from .corpus import read_corpus, text_batches, vocabulary
 from .gpt import GPT, GPTShape, batches
 from .memory import STEP_PEAKS, memory_status, peak_rss_bytes
 
@@ -217,14 +217,6 @@ def host_budget_bytes(
     )
 
 
-def _vocab(args) -> int:
-    """The demo's text is bytes: with --corpus-mb the vocabulary is 256 (--vocab is for
-    synthetic tokens)."""
-    if args.corpus_mb < 0:
-        raise ValueError(f"--corpus-mb: expected >= 0 MiB; got {args.corpus_mb}")
-    return VOCAB if args.corpus_mb > 0 else args.vocab
-
-
 def _data(args, shape: GPTShape, device):
     if args.corpus_mb > 0:
         train, _ = read_corpus(args.corpus_mb)
@@ -238,7 +230,9 @@ def measure(args) -> dict:
     import zerostream
     from zerostream import comm, host_malloc
 
-    shape = GPTShape(args.layers, args.hidden, args.heads, _vocab(args), args.seq)
+    shape = GPTShape(
+        args.layers, args.hidden, args.heads, vocabulary(args.corpus_mb, args.vocab), args.seq
+    )
     owned = args.nvme_path is None
     nvme = args.nvme_path or tempfile.mkdtemp(prefix="zs-capacity-")
     ram = psutil.virtual_memory().total

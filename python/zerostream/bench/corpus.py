@@ -13,6 +13,14 @@ import torch
 VOCAB = 256  # bytes
 
 
+def vocabulary(corpus_mb: float, synthetic: int) -> int:
+    """A bench model's vocabulary: the demo's text is bytes, so with `corpus_mb` > 0 it is
+    256; `synthetic` (a --vocab flag) is for synthetic tokens."""
+    if corpus_mb < 0:
+        raise ValueError(f"--corpus-mb: expected >= 0 MiB; got {corpus_mb}")
+    return VOCAB if corpus_mb > 0 else synthetic
+
+
 def read_corpus(max_mb: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """(train, validation) byte tensors from the standard library's .py files, in a fixed order
     so every rank and every run sees the same text; every 20th file is held out."""

@@ -100,12 +100,11 @@ def _probe_bytes(work: int) -> int:
 
 
 def _params(args) -> int:
-    """The model's parameter count (capacity._vocab's rule: importing capacity here would
-    close an import cycle, capacity -> tier_compare)."""
-    from .corpus import VOCAB
+    """The model's parameter count."""
+    from .corpus import vocabulary
     from .gpt import GPTShape
 
-    vocab = VOCAB if args.corpus_mb > 0 else args.vocab
+    vocab = vocabulary(args.corpus_mb, args.vocab)
     return GPTShape(args.layers, args.hidden, args.heads, vocab, args.seq).params
 
 

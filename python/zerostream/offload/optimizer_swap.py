@@ -465,10 +465,10 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         # A fixed override of the usable memory does not drop as the parameter shards'
         # arena fills, unlike MemAvailable or the cgroup's room: counted here instead.
         taken = 0
-        usable, where = usable_host_bytes()
+        usable, where = usable_host_bytes()  # one reading for the budget and its ceiling
         if self.param_tier is not None and where == ENV:
             taken = self.param_tier.kept_bytes
-        budget, source = tiers.measured_budget_bytes(taken, excess)
+        budget, source = tiers.measured_budget_bytes(taken, excess, (usable, where))
         plan = tiers.place(sizes, budget // self.element_bytes, source, self.element_bytes)
         # Each tensor is rounded to the arena's alignment: drop sub-groups (the last in
         # the placement's order) until the arena fits the budget.

@@ -251,14 +251,21 @@ def place_shards(reads: Sequence[int], sizes: Sequence[int], budget_bytes: int) 
     return sorted(chosen)
 
 
-def measured_budget_bytes(other_bytes: int = 0, excess: Optional[int] = None) -> Tuple[int, str]:
+def measured_budget_bytes(
+    other_bytes: int = 0, excess: Optional[int] = None, reading: Optional[tuple] = None
+) -> Tuple[int, str]:
     """(what "auto" may keep in host memory now, between two steps, where that comes from):
-    this rank's share of the usable host memory, less the excess a step was measured to
-    need (`excess`, or read now), the reserve and `other_bytes` (Note ["auto" is sized from a
-    measured step])."""
+    this rank's share of the usable host memory (`reading`, the caller's (bytes, where) from
+    usable_host_bytes, or read now), less the excess a step was measured to need (`excess`,
+    or read now), the reserve and `other_bytes` (Note ["auto" is sized from a measured
+    step])."""
+    from ..ops.threads import ranks_on_this_host
     from .memory_preflight import peak_above_now_bytes
 
-    usable, where, ranks = usable_share()
+    if reading is None:
+        usable, where, ranks = usable_share()
+    else:
+        (usable, where), ranks = reading, ranks_on_this_host()
     if usable is None:
         return 0, '"auto": no host-memory reading'
     if excess is None:

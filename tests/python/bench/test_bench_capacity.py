@@ -261,17 +261,20 @@ def test_wide_matmul_gives_the_bf16_linear_its_values_and_gradients():
 def test_the_corpus_option_trains_on_the_demo_s_bytes():
     import argparse
 
-    from zerostream.bench import capacity
-    from zerostream.bench.corpus import read_corpus
+    from zerostream.bench import capacity, tier_compare
+    from zerostream.bench.corpus import read_corpus, vocabulary
 
     p = argparse.ArgumentParser()
     capacity.add_arguments(p)
     args = p.parse_args(["--corpus-mb", "0.25", "--seq", "16", "--micro-batch", "3"])
-    assert capacity._vocab(args) == 256  # bytes, whatever --vocab says
-    assert capacity._vocab(p.parse_args([])) == 8192  # synthetic tokens keep --vocab
+    assert vocabulary(args.corpus_mb, args.vocab) == 256  # bytes, whatever --vocab says
+    assert vocabulary(0, 8192) == 8192  # synthetic tokens keep --vocab
     with pytest.raises(ValueError, match="--corpus-mb"):
-        capacity._vocab(p.parse_args(["--corpus-mb", "-1"]))
-    shape = GPTShape(1, 64, 4, capacity._vocab(args), args.seq)
+        vocabulary(-1, 8192)
+    shape = GPTShape(1, 64, 4, vocabulary(args.corpus_mb, args.vocab), args.seq)
+    # The compare sizes its fio probe from the same model (one rule, in corpus.py).
+    args.layers, args.hidden, args.heads = 1, 64, 4
+    assert tier_compare._params(args) == shape.params
     train, _ = read_corpus(0.25)
     text = bytes(train.tolist())
     first = capacity._data(args, shape, "cpu")

@@ -64,6 +64,10 @@ def test_auto_starts_on_disk_and_is_placed_from_the_measured_step(monkeypatch):
     assert "ZEROSTREAM_HOST_MEMORY_LIMIT" in plan.source and "0.50 GiB a step" in plan.source
     taken, _ = tiers.measured_budget_bytes(other_bytes=2**30)  # e.g. parameter shards
     assert budget - taken == 2**30
+    # A caller's own reading of the usable memory is used as given (not read again).
+    given, source = tiers.measured_budget_bytes(reading=(8 * 2**30, "a reading"))
+    assert given == 8 * 2**30 - 2**30 - int(0.05 * 8 * 2**30) - 2**29
+    assert source.startswith('"auto": a reading 8.00 GiB')
 
 
 def test_a_step_s_excess_is_measured_from_the_process_s_peak():
