@@ -27,7 +27,10 @@ Two consequences:
   any "auto" tier is still to be placed, each step's end gives the free heap pages back
   (malloc_trim) before the step's window closes: the window's peak is the step's with
   "retain" (its holes included), what it leaves is what is live, and the tiers are sized
-  from the difference; once they are placed the heap is kept again.
+  from the difference; once they are placed the heap is kept again. A tier places itself
+  inside a later step, after the heap grew back: it gives the free pages back there too
+  before it reads the RSS and the usable memory (STEP_PEAKS.before_placing), or it would
+  count that heap twice, once as memory not available and once in the excess.
 - A safety valve: at each step end, if what this process may still allocate
   (memory_preflight.usable_host_bytes) is below VALVE_BYTES, malloc_trim gives the free
   pages back to the kernel (counted in trims(); the next step faults them in again) instead
@@ -64,6 +67,7 @@ VALVE_BYTES = 512 << 20
 _lock = threading.Lock()
 _holders = 0
 _trims = 0
+_placement_trims = 0
 
 
 def _glibc():
@@ -94,7 +98,21 @@ def retain() -> None:
         libc = _glibc()
         if _holders == 0:
             _engage(libc)
+            from .offload.memory_preflight import STEP_PEAKS
+
+            STEP_PEAKS.release_heap = _give_back  # before an "auto" tier places itself
         _holders += 1
+
+
+def _give_back() -> None:
+    """The free heap pages back to the kernel while "retain" holds, before an "auto" tier
+    reads the memory it places itself in (Note [A step's excess] in
+    offload/memory_preflight.py); counted in placement_trims()."""
+    global _placement_trims
+    with _lock:
+        if _holders:
+            _glibc().malloc_trim(0)
+            _placement_trims += 1
 
 
 def settle(tiers_waiting: bool) -> None:
@@ -136,6 +154,9 @@ def release() -> None:
         _holders -= 1
         if _holders:
             return
+        from .offload.memory_preflight import STEP_PEAKS
+
+        STEP_PEAKS.release_heap = None
         libc = _glibc()
         libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
         libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM)
@@ -150,3 +171,8 @@ def holders() -> int:
 def trims() -> int:
     """How many times the valve gave the free pages back (tests, benches)."""
     return _trims
+
+
+def placement_trims() -> int:
+    """How many times an "auto" placement had the free pages given back first (tests)."""
+    return _placement_trims

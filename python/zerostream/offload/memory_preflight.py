@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from ..ops.threads import ranks_on_this_host
 
@@ -138,13 +138,32 @@ class StepPeaks:
       2 GiB. So while a tier waits to be placed (`waiting`), the engine ends each window at
       its step (step_ended: the excess is noted and VmHWM restarts), and excess() is the
       larger of the last whole step's and the one under way's. The process's peak from before
-      the restarts is kept for the benchmarks (process_peak_bytes)."""
+      the restarts is kept for the benchmarks (process_peak_bytes).
+
+      The excess is the peak less the RSS at the step's end, so a placement must read the RSS
+      and the usable memory at a point that holds what a step's end holds. With
+      `host_malloc: "retain"` a step's end gives the free heap back before its window closes,
+      but a placement comes later, inside the next step, after the heap has grown back: the
+      3.17 B tiered bench placed with 13.06 GiB resident and MemAvailable 9.96 GiB, both short
+      of the ~5 GiB of regrown free heap, and an excess of 6.52 GiB that holds that heap
+      again: it placed 2.0 GB of optimizer state where about 7 fitted, and predicted a peak of
+      21.46 GiB for steps that peaked at 17.21 (session 33). So a tier calls before_placing()
+      before it reads memory: "retain" gives the free heap back there too (`release_heap`,
+      set by host_malloc)."""
 
     def __init__(self):
         self.waiting: "weakref.WeakSet" = weakref.WeakSet()  # the tiers still to be placed
         self.last_excess: Optional[int] = None  # the last whole step's (None: none measured)
         self.peak_before = 0  # the highest VmHWM a restart discarded
         self.windows = 0  # steps measured
+        # Gives the process's free heap back to the kernel (host_malloc "retain" sets it).
+        self.release_heap: Optional[Callable[[], None]] = None
+
+    def before_placing(self) -> None:
+        """A tier is about to read the RSS and the usable memory to place itself: the free
+        heap a retained step grew back goes first (Note [A step's excess])."""
+        if self.release_heap is not None:
+            self.release_heap()
 
     def wait_for_me(self, tier) -> None:
         self.waiting.add(tier)

@@ -460,6 +460,7 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
 
         self.auto_pending = False
         STEP_PEAKS.done(self)
+        STEP_PEAKS.before_placing()  # the RSS of a step's end (Note [A step's excess])
         rss, excess = memory_status().get("VmRSS"), peak_above_now_bytes()
         sizes = [s.hi - s.lo for s in self.offloaded]
         # A fixed override of the usable memory does not drop as the parameter shards'

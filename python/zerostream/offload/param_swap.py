@@ -296,6 +296,7 @@ class ParamSwapper:
         first = 0
         if opt is not None and opt.auto_pending:
             first = opt.claim_first(self.last_step_wait, sum(sizes))
+        STEP_PEAKS.before_placing()  # the RSS of a step's end (Note [A step's excess])
         budget, source = tiers.measured_budget_bytes(first)
         self.kept_budget = budget
         picked = tiers.place_shards([reads[z] for z in on_disk], sizes, budget)
