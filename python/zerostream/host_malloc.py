@@ -32,9 +32,18 @@ Two consequences:
   before it reads the RSS and the usable memory (STEP_PEAKS.before_placing), or it would
   count that heap twice, once as memory not available and once in the excess.
 - A safety valve: at each step end, if what this process may still allocate
-  (memory_preflight.usable_host_bytes) is below VALVE_BYTES, malloc_trim gives the free
-  pages back to the kernel (counted in trims(); the next step faults them in again) instead
-  of letting the heap's holes push the machine out of memory.
+  (memory_preflight.usable_host_bytes) is below VALVE_BYTES plus the excess an "auto" tier
+  measured (valve_bytes), malloc_trim gives the free pages back to the kernel (counted in
+  trims(); the next step faults them in again) instead of letting the heap's holes push
+  the machine out of memory. The excess is in it because the heap creeps: blocks that do
+  not fit the holes earlier ones left take new pages, step after step (the 3.17 B bench's
+  all-NVMe run went from 14.3 to 17.4 GiB over ten steps), and "auto" leaves only a step's
+  excess and its reserve free. With a valve of VALVE_BYTES alone the tiered bench of
+  session 33 was killed for memory after its tiers were placed; a step that starts with a
+  step's excess free fits even if it reuses no hole. So that the valve does not then open
+  at every step end (and "retain" gain nothing), "auto" leaves room for both while
+  "retain" holds: the heap it keeps (about a step's excess) and a step's excess free
+  (tiers.measured_budget_bytes).
 engine.destroy() gives the free pages back and puts glibc's defaults back when the last
 engine that asked for "retain" ends. The host arenas of the offload tier (page-locked
 staging, the host tiers) are mmap'ed by the native core and are unaffected.
@@ -115,6 +124,16 @@ def _give_back() -> None:
             _placement_trims += 1
 
 
+def valve_bytes(step_excess) -> int:
+    """Below this much memory left to allocate at a step's end the retained heap goes back:
+    VALVE_BYTES, plus what a step was measured to need above what it leaves (`step_excess`,
+    from an "auto" tier's measurement; None where none was made). A retained heap reuses its
+    holes only where the next blocks fit them and can creep upward from step to step (the
+    3.17 B bench's all-NVMe run: 14.3 -> 17.4 GiB over ten steps); a step that starts with a
+    step's excess free fits even if it reuses nothing."""
+    return VALVE_BYTES + (step_excess or 0)
+
+
 def settle(tiers_waiting: bool) -> None:
     """A step ended, its window not yet closed (Note [A step's excess]): while "auto" tiers
     wait to be placed the free heap pages go back, so the window measures what the step
@@ -127,10 +146,10 @@ def settle(tiers_waiting: bool) -> None:
         if tiers_waiting:
             libc.malloc_trim(0)
             return
-        from .offload.memory_preflight import usable_host_bytes
+        from .offload.memory_preflight import STEP_PEAKS, usable_host_bytes
 
         usable, where = usable_host_bytes()
-        if usable is not None and usable < VALVE_BYTES:
+        if usable is not None and usable < valve_bytes(STEP_PEAKS.last_excess):
             libc.malloc_trim(0)
             _trims += 1
             if _trims == 1:

@@ -260,7 +260,7 @@ def measured_budget_bytes(
     or read now), the reserve and `other_bytes` (Note ["auto" is sized from a measured
     step])."""
     from ..ops.threads import ranks_on_this_host
-    from .memory_preflight import peak_above_now_bytes
+    from .memory_preflight import STEP_PEAKS, peak_above_now_bytes
 
     if reading is None:
         usable, where, ranks = usable_share()
@@ -270,11 +270,16 @@ def measured_budget_bytes(
         return 0, '"auto": no host-memory reading'
     if excess is None:
         excess = peak_above_now_bytes()
-    budget = auto_budget_bytes(usable, ranks, excess + other_bytes)
+    # host_malloc "retain" keeps a step's freed heap (about its excess) resident, and its
+    # valve wants a step's excess free at each step's end besides (Note [Fresh pages cost
+    # more than the math] in host_malloc.py): both are left out of the tiers.
+    heap = excess if STEP_PEAKS.release_heap is not None else 0
+    budget = auto_budget_bytes(usable, ranks, excess + heap + other_bytes)
     return budget, (
         f'"auto": {where} {usable / 2**30:.2f} GiB'
         + (f" shared by {ranks} ranks" if ranks > 1 else "")
         + f", less {excess / 2**30:.2f} GiB a step needs above what it leaves (measured)"
+        + (', as much again for the heap "retain" keeps' if heap else "")
         + (f" and {other_bytes / 2**30:.2f} GiB taken since" if other_bytes else "")
     )
 

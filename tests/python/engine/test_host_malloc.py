@@ -230,6 +230,14 @@ def test_retain_gives_free_pages_back_when_memory_runs_short(tmp_path, system_au
     heap (the first step's end trims for the measurement instead, uncounted)."""
     low = _run_auto("retain", "auto", tmp_path / "l", env={"ZEROSTREAM_HOST_MEMORY_LIMIT": "100M"})
     assert low["placed"] == [False, True, True, True] and low["trims"] == 3, low
+    # Above VALVE_BYTES but short of a step's measured excess on top (valve_bytes): the heap
+    # could creep past what is left, so it goes back too (VALVE_BYTES alone: no trim here).
+    from zerostream.host_malloc import VALVE_BYTES, valve_bytes
+
+    edge = _run_auto("retain", "auto", tmp_path / "e", env={"ZEROSTREAM_HOST_MEMORY_LIMIT": "520M"})
+    assert VALVE_BYTES < 520 << 20 < valve_bytes(min(e for e in edge["excess"] if e)), edge
+    assert edge["placed"] == [False, True, True, True] and edge["trims"] == 3, edge
+    assert edge["losses"] == system_auto["losses"]
     # Never with memory to spare (the test above), and never a changed result.
     assert low["losses"] == system_auto["losses"]
 
