@@ -159,6 +159,11 @@ class StepPeaks:
         # Gives the process's free heap back to the kernel (host_malloc "retain" sets it).
         self.release_heap: Optional[Callable[[], None]] = None
 
+    @property
+    def heap_retained(self) -> bool:
+        """Whether host_malloc "retain" keeps freed heap resident now."""
+        return self.release_heap is not None
+
     def before_placing(self) -> None:
         """A tier is about to read the RSS and the usable memory to place itself: the free
         heap a retained step grew back goes first (Note [A step's excess])."""

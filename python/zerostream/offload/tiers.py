@@ -273,7 +273,7 @@ def measured_budget_bytes(
     # host_malloc "retain" keeps a step's freed heap (about its excess) resident, and its
     # valve wants a step's excess free at each step's end besides (Note [Fresh pages cost
     # more than the math] in host_malloc.py): both are left out of the tiers.
-    heap = excess if STEP_PEAKS.release_heap is not None else 0
+    heap = excess if STEP_PEAKS.heap_retained else 0
     budget = auto_budget_bytes(usable, ranks, excess + heap + other_bytes)
     return budget, (
         f'"auto": {where} {usable / 2**30:.2f} GiB'

@@ -212,7 +212,7 @@ def test_a_placement_with_retain_measures_memory_with_the_free_heap_given_back(
     the fault count frees between steps): it gives the free pages back first, so the RSS it
     places at is what the first step's end left (within 32 MiB), not that plus the heap,
     which its measured excess already holds (Note [A step's excess]: counted twice, the
-    3.17 B bench placed 2.0 GB where about 7 fitted)."""
+    3.17 B bench's prediction was 20% over its placed steps' peak)."""
     retain = _run_auto("retain", "auto", tmp_path / "p")
     assert retain["placed"] == [False, True, True, True], retain
     assert retain["placement_trims"] == 1, retain
