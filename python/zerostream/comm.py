@@ -12,6 +12,8 @@ from __future__ import annotations
 import atexit
 import datetime
 import functools
+import inspect
+import json
 import logging
 import math
 import os
@@ -21,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed.comm does)
 
-from . import peers
+from . import collective_check, peers
 from .accelerator import get_accelerator
 
 if dist.is_available():
@@ -206,6 +208,41 @@ def _host_int(t: torch.Tensor) -> int:
     return int(t.item())
 
 
+def store_broadcast(key: str, value, group=None):
+    """`value` (JSON-able) of the group's rank 0, handed to every member through the default
+    group's store: no collective, nothing on the device. Every member calls it with the
+    same key once (a key is written once; members read it within the group's timeout)."""
+    store = dist.PrefixStore("zerostream/broadcast", dist.distributed_c10d._get_default_store())
+    if get_rank(group) == 0:
+        store.set(key, json.dumps(value))
+        return value
+    store.wait([key])
+    return json.loads(store.get(key))
+
+
+def agree(values, op: str = "min", group=None, device=None) -> List[float]:
+    """Every member's `values` combined elementwise ("min" or "max"): the same list on every
+    rank. A decision made from per-rank readings (free memory, a measured peak or wait)
+    that shapes the collectives, or the placement the ranks should share, is made from the
+    agreed numbers (Note [Ranks that issue different collectives] in collective_check.py).
+    One all-reduce and one host read."""
+    values = [float(v) for v in values]
+    if get_world_size(group) <= 1 or not values:
+        return values
+    reduce_op = {"min": ReduceOp.MIN, "max": ReduceOp.MAX}[op]
+    if device is None:
+        device = get_accelerator().current_device_name() if get_backend(group) == "nccl" else "cpu"
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    all_reduce(t, op=reduce_op, group=group)
+    return t.tolist()
+
+
+def agreement(group=None, device=None):
+    """`agree` bound to a group and a device: what the memory tiers take (offload/ knows no
+    group)."""
+    return functools.partial(agree, group=group, device=device)
+
+
 # --- queries ------------------------------------------------------------------------------------
 
 
@@ -292,13 +329,27 @@ def _named(op):
     """Re-raises a collective's failure with the rank, the operation and the rank that stopped
     answering in front; an asynchronous call's handle does the same from wait()."""
 
+    params = list(inspect.signature(op).parameters)
+
     @functools.wraps(op)
     def call(*args, **kwargs):
+        checker = collective_check.active()
+        if checker is not None and checker.depth == 0:
+            # Arguments by name, so the fingerprint reads group/op/src/dst wherever passed.
+            named = dict(zip(params, args), **kwargs)
+            checker.before(op.__name__, (), named)
+        if checker is not None:
+            checker.depth += 1
         try:
             result = op(*args, **kwargs)
         except (RuntimeError, ValueError) as exc:
             raise _failure(op.__name__, exc) from exc
-        return NamedWork(result, op.__name__) if isinstance(result, dist.Work) else result
+        finally:
+            if checker is not None:
+                checker.depth -= 1
+        if isinstance(result, (dist.Work, _ThenCopy)):
+            return NamedWork(result, op.__name__)
+        return result
 
     return call
 
@@ -424,9 +475,35 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     # Gloo has no reduce-scatter: an all-reduce in place, so on Gloo `input` is left holding
     # the full reduction (NCCL leaves it as it was). The engine's callers pass scratch buckets;
     # a copy here would double the largest bucket's memory on the CPU path.
-    dist.all_reduce(input, op=op, group=group)
-    output.copy_(input.view(world, -1)[get_rank(group)].view_as(output))
-    return None
+    mine = input.view(world, -1)[get_rank(group)].view_as(output)
+    work = dist.all_reduce(input, op=op, group=group, async_op=async_op)
+    if not async_op:
+        output.copy_(mine)
+        return None
+    return _ThenCopy(work, output, mine)
+
+
+class _ThenCopy:
+    """An emulated reduce-scatter in flight (Gloo): wait() finishes the all-reduce, then
+    copies this rank's piece into the output, so the output is right once waited for, as
+    NCCL's is (and read before that, it is not)."""
+
+    def __init__(self, work, output: torch.Tensor, piece: torch.Tensor):
+        self.work, self.output, self.piece = work, output, piece
+        self.done = False
+
+    def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
+        if not self.done:
+            self.work.wait() if timeout is None else self.work.wait(timeout)
+            self.output.copy_(self.piece)
+            self.done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done or self.work.is_completed()
+
+    def get_future(self):
+        return self.work.get_future()
 
 
 allgather_fn = all_gather_into_tensor

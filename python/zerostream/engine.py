@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import autocast, comm, host_malloc
+from . import autocast, collective_check, comm, host_malloc
 from .accelerator import bind_run_device
 from .config import DeepSpeedConfig
 from .engine_accessors import ConfigAccessors
@@ -282,6 +282,9 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
             self.global_steps += 1
             self.global_samples += self._samples_this_step()
             self._report_progress()
+            # ZEROSTREAM_CHECK_COLLECTIVES=step: the ranks compare this step's collectives
+            # (Note [Ranks that issue different collectives]).
+            collective_check.step_ended()
 
     def _samples_this_step(self) -> int:
         if self._managed_accumulation:

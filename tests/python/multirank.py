@@ -1,5 +1,11 @@
 """Runs a function on N ranks: processes on this machine talking Gloo on loopback, with a hard
-timeout so a hang fails the test instead of blocking CI (see shared/TESTING.md)."""
+timeout so a hang fails the test instead of blocking CI (see shared/TESTING.md).
+
+Every run checks that the ranks issued the same collectives in the same order: each rank logs
+the fingerprint of every collective it issues through zerostream.comm
+(ZEROSTREAM_COLLECTIVE_LOG, Note [Ranks that issue different collectives] in
+zerostream/collective_check.py), and the run fails naming the first call where two ranks
+differ, also when a rank aborted or hung there."""
 
 from __future__ import annotations
 
@@ -7,7 +13,9 @@ import io
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import shutil
 import socket
+import tempfile
 import time
 import traceback
 from typing import Any, Callable, List
@@ -78,16 +86,41 @@ def run_ranks(
     timeout: float = 120.0,
     env: dict = None,
     expect_failure: bool = False,
+    check_collectives: bool = True,
 ) -> List[Any]:
     """fn(rank, world, *args) on `world` processes; returns results ordered by rank.
 
     With expect_failure, returns [(status, payload)] per rank instead of raising, for tests
-    where some rank is meant to die.
+    where some rank is meant to die (the collectives are compared up to the shortest log).
+    check_collectives=False leaves the collectives unchecked: only for tests that make ranks
+    differ on purpose and check the outcome themselves.
     """
+    log_dir = tempfile.mkdtemp(prefix="zs-collectives-") if check_collectives else None
+    try:
+        return _run(fn, world, args, timeout, env, expect_failure, log_dir)
+    finally:
+        if log_dir is not None:
+            shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def collective_mismatch(log_dir: str, prefix_only: bool = False):
+    """The first collective on which the ranks' logs differ, in words, or None."""
+    from zerostream.collective_check import first_difference, read_logs
+
+    logs = read_logs(log_dir)
+    if prefix_only and logs:
+        shortest = min(len(v) for v in logs.values())
+        logs = {r: v[:shortest] for r, v in logs.items()}
+    return first_difference(logs)
+
+
+def _run(fn, world, args, timeout, env, expect_failure, log_dir):
     ctx = _context()
     queue = ctx.Queue()
     port = free_port()
     parent = dict(os.environ)
+    if log_dir is not None:
+        env = {**(env or {}), "ZEROSTREAM_COLLECTIVE_LOG": log_dir}
     procs = [
         ctx.Process(
             target=_entry, args=(fn, r, world, port, queue, args, env or {}, parent), daemon=True
@@ -112,14 +145,20 @@ def run_ranks(
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
+    differ = None
+    if log_dir is not None:
+        differ = collective_mismatch(log_dir, prefix_only=expect_failure)
     if expect_failure:
+        if differ:
+            raise AssertionError(f"the ranks issued different collectives: {differ}")
         return [
             results.get(r, ("missing", f"exit code {procs[r].exitcode}")) for r in range(world)
         ]  # "ok" payloads stay serialized bytes here
+    first = f"the ranks issued different collectives: {differ}\n" if differ else ""
     missing = [r for r in range(world) if r not in results]
     if missing:
         raise AssertionError(
-            f"ranks {missing} did not finish within {timeout:.0f}s "
+            f"{first}ranks {missing} did not finish within {timeout:.0f}s "
             f"(exit codes {[procs[r].exitcode for r in missing]})"
         )
     errors = [
@@ -127,8 +166,8 @@ def run_ranks(
         for r, (status, payload) in sorted(results.items())
         if status != "ok"
     ]
-    if errors:
-        raise AssertionError("\n".join(errors))
+    if errors or differ:
+        raise AssertionError(first + "\n".join(errors))
     import torch
 
     return [torch.load(io.BytesIO(results[r][1]), weights_only=False) for r in range(world)]

@@ -53,6 +53,7 @@ import torch
 
 from ..ops.device_adam import CHUNK
 from .device_tier import DeviceTier
+from .memory_preflight import skewed
 
 logger = logging.getLogger("zerostream")
 
@@ -192,10 +193,13 @@ class DeviceAutoPlacement:
             )
             return 0
         free, excess, total = room
+        free, excess = skewed(free, "device_free"), skewed(excess, "device_excess")
         offloaded = [s for s in self.sub_groups if s.dev is None]
         width = max((s.hi - s.lo for s in offloaded), default=0)
         update = update_bytes(width, grad_itemsize)
         budget = budget_bytes(free, excess, total, update)
+        if self.agree is not None:  # Note [Every rank places the same tiers] in tiers.py
+            budget = int(self.agree([budget], "min")[0])
         candidates = [(s.hi - s.lo, s.on_disk) for s in offloaded]
         moving = [offloaded[i] for i in choose(candidates, budget, self.element_bytes)]
         self.device_inputs = {
@@ -217,13 +221,22 @@ class DeviceAutoPlacement:
             )
             return 0
         from_disk = [s.on_disk for s in moving]
+        tier, refused = None, None
         try:
             tier = DeviceTier(moving, self.kind_dtypes, self.device_home, key=KEY)
         except torch.OutOfMemoryError as exc:
+            refused = str(exc)
+        if self.agree is not None:
+            # A tier one rank could not allocate is allocated on none: the ranks keep one
+            # placement (Note [Every rank places the same tiers] in tiers.py).
+            if self.agree([0.0 if refused else 1.0], "min")[0] < 1.0 and refused is None:
+                refused = "another rank could not allocate it"
+                tier = None
+        if refused is not None:
             for s in moving:
                 s.dev = None
-            self.device_inputs["refused"] = str(exc)
-            logger.warning('%s "auto": nothing moved to the device: %s', KEY, exc)
+            self.device_inputs["refused"] = refused
+            logger.warning('%s "auto": nothing moved to the device: %s', KEY, refused)
             return 0
         for s, on_disk in zip(moving, from_disk):
             self._move_to_device(s, on_disk)

@@ -14,11 +14,36 @@ from __future__ import annotations
 
 import os
 import weakref
+import zlib
 from typing import Callable, Dict, Optional, Tuple
 
 from ..ops.threads import ranks_on_this_host
 
 ENV = "ZEROSTREAM_HOST_MEMORY_LIMIT"
+SKEW_ENV = "ZEROSTREAM_TEST_SKEW"
+
+
+def skewed(value, kind: str):
+    """`value`, a reading that feeds an "auto" decision (free host or device memory, a
+    step's measured excess, a measured wait), as this rank reads it. Under
+    ZEROSTREAM_TEST_SKEW=<f> (tests: the rank-asymmetry mode) it is scaled by a factor in
+    [1 - f, 1], different for each rank and each kind of reading and the same on every
+    call, so ranks read different numbers as on a real host (Note [Every rank places the
+    same tiers] in tiers.py). Unset, the reading as it is."""
+    text = os.environ.get(SKEW_ENV)
+    if not text or value is None:
+        return value
+    try:
+        amount = float(text)
+    except ValueError:
+        amount = -1.0
+    if not 0.0 <= amount < 1.0:
+        raise ValueError(f"{SKEW_ENV}: expected a fraction in [0, 1); got {text!r}")
+    rank = int(os.environ.get("RANK", "0"))
+    phase = (zlib.crc32(kind.encode()) / 2**32 + 0.382 * (rank + 1)) % 1.0
+    scaled = value * (1.0 - amount * phase)
+    return type(value)(scaled) if isinstance(value, int) else scaled
+
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -201,7 +226,7 @@ class StepPeaks:
         status = memory_status()
         if "VmHWM" not in status or "VmRSS" not in status:
             return self.last_excess or 0
-        return max(self.last_excess or 0, status["VmHWM"] - status["VmRSS"])
+        return skewed(max(self.last_excess or 0, status["VmHWM"] - status["VmRSS"]), "excess")
 
     def process_peak_bytes(self) -> Optional[int]:
         """The process's peak RSS across the restarts (None where /proc does not say)."""
@@ -229,11 +254,11 @@ def usable_host_bytes() -> Tuple[Optional[int], str]:
     nothing can be read (the preflight then stays out of the way)."""
     override = os.environ.get(ENV)
     if override:
-        return parse_bytes(override, ENV), ENV
+        return skewed(parse_bytes(override, ENV), "usable"), ENV
     available, room = mem_available(), cgroup_room()
     if room is not None and (available is None or room < available):
-        return room, "the cgroup memory limit"
-    return available, "MemAvailable"
+        return skewed(room, "usable"), "the cgroup memory limit"
+    return skewed(available, "usable"), "MemAvailable"
 
 
 def require_host_memory(need: int, what: str, advice: str) -> None:

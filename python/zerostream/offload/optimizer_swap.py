@@ -34,7 +34,7 @@ from . import device_auto, sinks, tiers
 from .device_auto import DeviceAutoPlacement
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine, io_config_for
-from .memory_preflight import STEP_PEAKS
+from .memory_preflight import STEP_PEAKS, skewed
 from .swap_store import SwapStore
 from .tiered_state import KINDS, SubGroup, TieredStateAccess
 
@@ -80,8 +80,12 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         dtypes: Tuple[torch.dtype, torch.dtype] = (torch.float32, torch.float32),
         device: Optional[torch.device] = None,
         host_preflight: Optional[Callable[[int], None]] = None,
+        agree: Optional[Callable] = None,
     ):
         offload = zero.offload_optimizer
+        # comm.agreement over the data-parallel group (Note [Every rank places the same
+        # tiers] in tiers.py); None with one rank.
+        self.agree = agree
         master, moments = dtypes
         self.dtypes = {"param": master, "exp_avg": moments, "exp_avg_sq": moments}
         self.kind_dtypes = [self.dtypes[k] for k in KINDS]
@@ -379,7 +383,7 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
             self._wait(writes)
         if self.device_tier is not None:
             self.device_tier.finish(stage)
-        self.last_step_wait = self.wait_seconds - wait_before
+        self.last_step_wait = skewed(self.wait_seconds - wait_before, "optimizer_wait")
         self._step_ended = time.perf_counter()
         self.last_step_seconds = self._step_ended - started
         self.last_step_shard_bytes = self._shard_bytes_written() - shards_before
@@ -421,6 +425,10 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         [Which tier first] in tiers.py."""
         disk = [s for s in self.sub_groups if s.on_disk]
         disk_bytes = sum(self._host_bytes(s) for s in disk)
+        if self.agree is not None:  # the slowest rank's waits decide, on every rank
+            param_wait_s, self.last_step_wait = self.agree(
+                [param_wait_s, self.last_step_wait], "max"
+            )
         self.claimed_first = tiers.optimizer_first(
             param_wait_s, param_disk_bytes, self.last_step_wait, disk_bytes
         )
@@ -469,7 +477,9 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         usable, where = usable_host_bytes()  # one reading for the budget and its ceiling
         if self.param_tier is not None and where == ENV:
             taken = self.param_tier.kept_bytes
-        budget, source = tiers.measured_budget_bytes(taken, excess, (usable, where))
+        budget, source = tiers.measured_budget_bytes(
+            taken, excess, (usable, where), agree=self.agree
+        )
         plan = tiers.place(sizes, budget // self.element_bytes, source, self.element_bytes)
         # Each tensor is rounded to the arena's alignment: drop sub-groups (the last in
         # the placement's order) until the arena fits the budget.

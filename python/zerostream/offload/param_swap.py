@@ -29,7 +29,7 @@ from ..zero.stage3.param import ShardHome, ZeroParam
 from .copy_stage import to_device
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine
-from .memory_preflight import STEP_PEAKS
+from .memory_preflight import STEP_PEAKS, skewed
 from .sinks import StagedSink
 from .swap_store import SwapStore
 
@@ -94,6 +94,9 @@ class ParamSwapper:
         self._wait_mark = 0.0
         self.last_step_wait = 0.0
         self.optimizer_tier = None
+        # comm.agreement over the data-parallel group, set by the stage (Note [Every rank
+        # places the same tiers] in tiers.py); None with one rank.
+        self.agree = None
         self.auto_buffer_count = True  # fit_read_ahead may raise buffer_count
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
         self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
@@ -267,7 +270,7 @@ class ParamSwapper:
         step's, and "auto" is sized from the peak it measured; a step whose plan was
         abandoned (a module found reading another's params) does not count: sizing from one
         got the 3.17 B run of benchmarks/capacity.md killed for memory twice."""
-        self.last_step_wait = self.wait_seconds - self._wait_mark
+        self.last_step_wait = skewed(self.wait_seconds - self._wait_mark, "param_wait")
         self._wait_mark = self.wait_seconds
         if self.pending_reads is None or not self.plan_has_run:
             return 0
@@ -297,7 +300,7 @@ class ParamSwapper:
         if opt is not None and opt.auto_pending:
             first = opt.claim_first(self.last_step_wait, sum(sizes))
         STEP_PEAKS.before_placing()  # the RSS of a step's end (Note [A step's excess])
-        budget, source = tiers.measured_budget_bytes(first)
+        budget, source = tiers.measured_budget_bytes(first, agree=self.agree)
         self.kept_budget = budget
         picked = tiers.place_shards([reads[z] for z in on_disk], sizes, budget)
         chosen = [on_disk[i] for i in picked]

@@ -37,6 +37,20 @@ planned step too) and move into host memory at the next optimizer step, from wha
 shards left free. Moving costs one read of what moves, once; the disk extents they leave
 are freed.
 
+Note [Every rank places the same tiers]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Each rank reads its own free memory, its own step's peak and its own waits, and two ranks on
+one host rarely read the same. A placement made from them differed between ranks, and it
+shapes the collectives: a stage-3 prefetch whose shards all live in host memory issues its
+all-gather at once, one with a shard on disk later, so two ranks that kept different shards
+issued the gathers and reduce-scatters in between in different orders (Gloo aborted, NCCL
+would hang). So every "auto" decision is made from agreed numbers, one all-reduce at the
+point every rank places (comm.agree, handed in as `agree`): the smallest of the ranks'
+budgets (host memory, device memory), the largest of their measured waits (which tier goes
+first), and a device tier that could not be allocated on one rank is allocated on none. The
+rest of a placement is a function of those and of sizes and read counts every rank shares.
+`ZEROSTREAM_TEST_SKEW` skews the readings per rank in tests (memory_preflight.skewed).
+
 Note [Predicting the placed step]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 When the optimizer's "auto" places its tier it logs the step time it expects. Two measured
@@ -92,7 +106,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 logger = logging.getLogger("zerostream")
 
@@ -252,13 +266,17 @@ def place_shards(reads: Sequence[int], sizes: Sequence[int], budget_bytes: int) 
 
 
 def measured_budget_bytes(
-    other_bytes: int = 0, excess: Optional[int] = None, reading: Optional[tuple] = None
+    other_bytes: int = 0,
+    excess: Optional[int] = None,
+    reading: Optional[tuple] = None,
+    agree: Optional[Callable] = None,
 ) -> Tuple[int, str]:
     """(what "auto" may keep in host memory now, between two steps, where that comes from):
     this rank's share of the usable host memory (`reading`, the caller's (bytes, where) from
     usable_host_bytes, or read now), less the excess a step was measured to need (`excess`,
     or read now), the reserve and `other_bytes` (Note ["auto" is sized from a measured
-    step])."""
+    step]). With `agree` (comm.agreement), the smallest of the ranks' budgets: every rank
+    then places the same shards and sub-groups (Note [Every rank places the same tiers])."""
     from ..ops.threads import ranks_on_this_host
     from .memory_preflight import STEP_PEAKS, peak_above_now_bytes
 
@@ -266,8 +284,6 @@ def measured_budget_bytes(
         usable, where, ranks = usable_share()
     else:
         (usable, where), ranks = reading, ranks_on_this_host()
-    if usable is None:
-        return 0, '"auto": no host-memory reading'
     if excess is None:
         excess = peak_above_now_bytes()
     # host_malloc "retain" keeps a step's freed heap (about its excess) resident, and its
@@ -275,12 +291,23 @@ def measured_budget_bytes(
     # more than the math] in host_malloc.py): both are left out of the tiers.
     heap = excess if STEP_PEAKS.heap_retained else 0
     budget = auto_budget_bytes(usable, ranks, excess + heap + other_bytes)
+    agreed = ""
+    if agree is not None:
+        # Every rank calls this at the same point, reading or not: a rank without a
+        # reading (budget 0) keeps every rank on disk.
+        smallest = int(agree([budget], "min")[0])
+        if smallest < budget:
+            agreed = f"; {smallest / 2**30:.2f} GiB, the smallest of the ranks' budgets"
+        budget = smallest
+    if usable is None:
+        return 0, '"auto": no host-memory reading' + agreed
     return budget, (
         f'"auto": {where} {usable / 2**30:.2f} GiB'
         + (f" shared by {ranks} ranks" if ranks > 1 else "")
         + f", less {excess / 2**30:.2f} GiB a step needs above what it leaves (measured)"
         + (', as much again for the heap "retain" keeps' if heap else "")
         + (f" and {other_bytes / 2**30:.2f} GiB taken since" if other_bytes else "")
+        + agreed
     )
 
 

@@ -45,6 +45,15 @@ Note [The simulated device]
   ran (record_stream's promise kept). With track_memory, `memory` (sim_memory.py) counts the
   device bytes held and their peak, as torch.cuda.memory_allocated would.
 
+  Collectives. A tensor collective runs when issued (it reads its inputs then, after the
+  work queued on the stream it is issued from). Issued with async_op, its outputs hold
+  poison (NaN) until the program waits for its handle, whose is_completed() follows the
+  policy (lazily: never before wait); so a bucket landed, or a gathered parameter read,
+  before its wait is visibly wrong, as a GPU may make it. `collective_log` keeps the
+  issues and waits in order: how tests see whether the compute stream waited for a
+  collective inside backward. A real device's collective runs on NCCL's stream after its
+  issue; the sim cannot see a write to an input after issue (it already read it).
+
   Threads. Each thread has its own current device (set_device). A CUDA call from a thread
   whose current device is not the stream's device (a thread that never set one is on
   device 0, where the runtime would create a context) is reported, and so are object
@@ -150,6 +159,9 @@ class SimDevice:
         self.kept: Dict[int, List[Tuple[SimStream, int]]] = {}
         self.live_aliases: Dict[int, int] = {}
         self.compute_ops = 0
+        # ("sync" | "async" | "wait", collective): the order the program issued and waited
+        # for its collectives in (Note [The simulated device])
+        self.collective_log: List[Tuple[str, str]] = []
         self.memory: Optional[DeviceMemory] = None  # installed(track_memory=True)
         self.violations: List[str] = []
         self.counters = {
@@ -160,6 +172,8 @@ class SimDevice:
             "compute_waits": 0,
             "pageable_copies": 0,
             "lane_collectives": 0,
+            "empty_cache": 0,
+            "collective_waits": 0,
         }
         self.main_thread = threading.get_ident()
 
@@ -410,6 +424,25 @@ class SimDevice:
             return any(a <= lo and hi <= b for a, b in self.registered)
 
     # --- collectives -----------------------------------------------------------------------------
+    def collective(self, name: str, fn, args: tuple, kwargs: dict):
+        """A tensor collective (Note [The simulated device]): run at issue
+        (it reads its inputs then, after the stream it is issued from), and, issued with
+        async_op, its outputs hold poison until the program waits for its handle."""
+        self.before_collective(name)
+        if not kwargs.get("async_op") or name in _UNCOMPARED_P2P:
+            self.collective_log.append(("sync", name))
+            return fn(*args, **kwargs)
+        kwargs = {**kwargs, "async_op": False}
+        fn(*args, **kwargs)
+        outputs = args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list"))
+        outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        with self.internal():
+            results = [t.clone() for t in outputs]
+            for t in outputs:
+                _poison(t)
+        self.collective_log.append(("async", name))
+        return SimWork(self, name, outputs, results)
+
     def before_collective(self, what: str) -> None:
         """A tensor collective: NCCL's stream waits for the current stream, so one issued
         from a lane reads what that lane produced."""
@@ -456,6 +489,39 @@ class SimDevice:
         for lane in self.lanes:
             lane.thread.join(timeout=5)
 
+
+class SimWork:
+    """The handle of an asynchronous collective on the simulated device: its outputs hold
+    poison until wait(), which puts the results there (the compute stream then waits for
+    the collective's stream, as NCCL's Work.wait does). is_completed() follows the policy:
+    lazily, never before wait()."""
+
+    def __init__(self, sim: SimDevice, name: str, outputs, results):
+        self.sim, self.name = sim, name
+        self.outputs, self.results = outputs, results
+        self.done = False
+        self.due = sim._due()
+
+    def wait(self, timeout=None) -> bool:
+        if not self.done:
+            with self.sim.internal():
+                for t, r in zip(self.outputs, self.results):
+                    t.copy_(r)
+            self.done = True
+            self.outputs = self.results = None
+            self.sim.collective_log.append(("wait", self.name))
+            self.sim.count("collective_waits")
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done or (self.sim.policy != "lazy" and time.monotonic() >= self.due)
+
+    def get_future(self):
+        raise NotImplementedError("the simulated device's collectives have no futures")
+
+
+# Point-to-point calls run as issued (a recv's buffer is the program's to wait on).
+_UNCOMPARED_P2P = ("send", "recv", "isend", "irecv")
 
 # --- installation --------------------------------------------------------------------------------
 
@@ -504,6 +570,11 @@ def _sim_accelerator(sim: SimDevice):
             if sim.memory is not None:
                 sim.memory.reset_peak()
 
+        def empty_cache(self) -> None:
+            sim.count("empty_cache")
+            if sim.memory is not None:
+                sim.memory.empty_cache()
+
     return SimAccelerator()
 
 
@@ -535,8 +606,7 @@ def installed(
 
     def tensor_collective(name, fn):
         def call(*args, **kwargs):
-            sim.before_collective(name)
-            return fn(*args, **kwargs)
+            return sim.collective(name, fn, args, kwargs)
 
         return call
 

@@ -32,6 +32,11 @@ class DeviceMemory:
         self.peak = 0
         self.capacity = None  # installed(device_capacity=...): more is out of memory
         self.over = False
+        # What the caching allocator keeps from the device: grows with what is held and
+        # stays when it is freed (a freed block is cached for the next allocation), until
+        # empty_cache() gives the cached blocks back (memory_reserved on a GPU).
+        self.reserved = 0
+        self.emptied = 0  # empty_cache() calls
 
     def room(self):
         """accelerator.memory_room()'s answer: (capacity - held, peak - held, capacity)."""
@@ -65,6 +70,7 @@ class DeviceMemory:
             self.live[key] = (StorageWeakRef(storage), nbytes)
             self.current += nbytes
         self.peak = max(self.peak, self.current)
+        self.reserved = max(self.reserved, self.current)
         cap = self.capacity
         if cap is not None and self.current > cap and not self.over:
             self.over = True  # once: what follows the first would only repeat it
@@ -92,3 +98,15 @@ class DeviceMemory:
         """Starts a new peak from what is held now (reset_peak_memory_stats)."""
         self._sweep()
         self.peak = self.current
+
+    def reserved_bytes(self) -> int:
+        """Device bytes the caching allocator holds (memory_reserved): what another process
+        cannot use."""
+        self._sweep()
+        return self.reserved
+
+    def empty_cache(self) -> None:
+        """The cached blocks go back to the device (torch.cuda.empty_cache)."""
+        self._sweep()
+        self.reserved = self.current
+        self.emptied += 1

@@ -156,6 +156,7 @@ def _swapped_adam(ctx: StageContext, client):
             dtypes=(master_dtype(ctx), state_dtype(ctx, opt)),
             device=ctx.device,
             host_preflight=lambda numel: require_host_state(ctx, numel),
+            agree=comm.agreement(ctx.group, ctx.device) if ctx.world > 1 else None,
         )
 
     return make

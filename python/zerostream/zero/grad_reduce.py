@@ -57,6 +57,7 @@ import torch
 
 from .. import comm
 from ..precision import DTYPES
+from .bucket_order import BucketOrder
 from .flat import FlatGroup, ParamSlot
 
 
@@ -272,8 +273,16 @@ def piece_spans(pieces: List["Piece"], relative: bool) -> List[Tuple[int, int, i
 
 class ReducerBase:
     """What every stage's gradient reduction shares: the Landing of reduced gradients in the
-    partitions (through the copy stage when offloaded), and the count and time of its
-    collectives."""
+    partitions (through the copy stage when offloaded), the count and time of its
+    collectives, and the buckets in flight.
+
+    With overlap_comm a bucket's collective runs while autograd goes on; the bucket (its
+    full-size gradients, on the device) lives until its reduced piece has landed. At most
+    IN_FLIGHT buckets are kept in flight: each is landed as soon as its collective is seen
+    complete, the oldest waited for when a newer one would exceed the limit, so neither the
+    device memory nor the start of the offloaded landing grows with the model."""
+
+    IN_FLIGHT = 2
 
     def __init__(self, targets: List[torch.Tensor], ctx, stage=None):
         self.targets = targets
@@ -288,6 +297,10 @@ class ReducerBase:
         # unless set); pieces land in the partitions from it.
         self.comm_dtype = DTYPES[ctx.config.communication_data_type]
         self.collectives: Counter = Counter()  # kind -> count, for state_summary()
+        self.late_rounds = 0  # backwards whose late gradient parts were reduced again
+        self.overlap = ctx.config.zero_optimization.overlap_comm
+        self._pending = []  # (work, finish) of asynchronous reductions, oldest first
+        self.peak_in_flight = 0
 
     def _timed(self, kind: str, payload: torch.Tensor, collective, *args, **kwargs):
         """Runs `collective(*args, **kwargs)`, counting its payload and time."""
@@ -301,6 +314,54 @@ class ReducerBase:
 
     def summary(self) -> dict:
         return {"collectives": dict(self.collectives)}
+
+    def settle_late(self, order, issue, device) -> None:
+        """The end of a backward: the buckets some rank holds late gradient parts of are
+        reduced again on every rank (Note [Buckets in one order on every rank] in
+        bucket_order.py). `issue(items)` reduces one bucket's (key, part or None) list."""
+        if self.world == 1:
+            again = order.late_buckets()
+        else:
+            flags = order.late_flags(device)
+            comm.all_reduce(flags, op=comm.ReduceOp.MAX, group=self.group)
+            again = [b for b, flag in enumerate(self._host_flags(flags)) if flag > 0]
+        for b in again:
+            issue(order.take_late(b))
+        self.late_rounds += bool(again)
+
+    def _in_flight(self, work, finish) -> None:
+        """A bucket's collective was issued: `finish()` lands it once `work` completes (at
+        once when it ran synchronously: work None)."""
+        if work is None:
+            finish()
+            return
+        self._pending.append((work, finish))
+        self._land_finished()
+
+    def _land_finished(self) -> None:
+        """Lands the buckets whose collective has completed, in order, and waits for the
+        oldest while more than IN_FLIGHT are in flight."""
+        pending = self._pending
+        while pending and (len(pending) > self.IN_FLIGHT or pending[0][0].is_completed()):
+            work, finish = pending.pop(0)
+            work.wait()
+            finish()
+        self.peak_in_flight = max(self.peak_in_flight, len(pending))
+
+    def _land_all(self) -> None:
+        """Waits for every bucket in flight and lands it. comm's handles fail from wait()
+        named: this rank, the collective and the rank that stopped answering. The list is
+        dropped even then, so a failed step leaves no work behind to be waited on twice."""
+        pending, self._pending = self._pending, []
+        for work, finish in pending:
+            work.wait()
+            finish()
+
+    @staticmethod
+    def _host_flags(flags: torch.Tensor) -> list:
+        """The late-part flags' device-to-host read, once a backward with several ranks
+        (tests count the calls)."""
+        return flags.tolist()
 
     def drain(self) -> None:
         """Every gradient handed to the copy stage has reached the partitions."""
@@ -368,59 +429,68 @@ class Stage1Reducer(_Reducer):
 
 
 class Stage2Reducer(_Reducer):
-    """Bucketed reduction during backward; see Note [Stage-2 bucket reduction].
-
-    With overlap_comm a bucket's collective runs while autograd goes on; the bucket (its
-    full-size gradients, on the device) lives until its reduced piece has landed. At most
-    IN_FLIGHT buckets are kept in flight: each is landed as soon as its collective is seen
-    complete, the oldest waited for when a newer one would exceed the limit, so neither the
-    device memory nor the start of the offloaded landing grows with the model."""
-
-    IN_FLIGHT = 2
+    """Bucketed reduction during backward; see Note [Stage-2 bucket reduction]. Buckets are
+    planned and issued in one order on every rank (Note [Buckets in one order on every
+    rank] in bucket_order.py), kept in flight as ReducerBase says."""
 
     def __init__(self, flat_groups, targets, ctx, stage=None):
         super().__init__(flat_groups, targets, ctx, stage)
-        zero = ctx.config.zero_optimization
-        self.bucket_size = zero.reduce_bucket_size
-        self.overlap = zero.overlap_comm
-        self._bucket: List[Tuple[int, ParamSlot, torch.Tensor]] = []
-        self._bucket_numel = 0
-        self._pending = []  # (work, finish) of asynchronous reductions, oldest first
-        self.peak_in_flight = 0
+        self.bucket_size = ctx.config.zero_optimization.reduce_bucket_size
+        self.device = ctx.device
+        keys = [(gi, i) for gi, flat in enumerate(flat_groups) for i in range(len(flat.slots))]
+        self._slot_index = {
+            id(s): (gi, i) for gi, flat in enumerate(flat_groups) for i, s in enumerate(flat.slots)
+        }
+        numel = {(gi, i): flat_groups[gi].slots[i].numel for gi, i in keys}
+        self.order = BucketOrder(keys, numel, self.bucket_size)
+        self.zero_filled = 0  # parameters reduced as zeros (no gradient on this rank)
 
     def on_grad(self, gi: int, slot: ParamSlot, grad: torch.Tensor) -> None:
         # A plain loss.backward()'s buckets are flushed by the after_backward its first hook
         # queued (Note [A plain loss.backward()] in zero/base.py).
-        self._bucket.append((gi, slot, grad))
-        self._bucket_numel += slot.numel
-        if self._bucket_numel >= self.bucket_size:
-            self.flush()
+        for b in self.order.put(self._slot_index[id(slot)], grad):
+            self._issue(self.order.take(b))
+
+    def flush(self) -> None:
+        """Issues every bucket not issued yet, in plan order (the end of backward)."""
+        for b in self.order.rest():
+            self._issue(self.order.take(b))
+        self.order.restart()
 
     def after_backward(self) -> None:
         self.flush()
-        pending, self._pending = self._pending, []
         with self.telemetry.phase("reduce"):
-            # comm's handles fail from wait() named: this rank, the collective and the rank
-            # that stopped answering. The list is dropped even then, so a failed step leaves
-            # no work behind to be waited on twice.
-            for work, finish in pending:
-                work.wait()
-                finish()
+            self.settle_late(self.order, self._issue, self.device)
+            self._land_all()
             self.drain()
+        if self.world > 1:
+            self.order.replan(self.group, self.world)
+        else:
+            self.order.arrivals = None
 
     def at_boundary(self) -> None:
         # A step with no backward since zero(): a direct landing's partitions still hold the
         # last step's gradients until finish() zeroes them (a no-op after a backward).
         self.landing.finish()
 
+    def zero(self) -> None:
+        super().zero()
+        self.order.drop_late()
+
     def summary(self) -> dict:
-        return {**super().summary(), "peak_buckets_in_flight": self.peak_in_flight}
+        return {
+            **super().summary(),
+            "peak_buckets_in_flight": self.peak_in_flight,
+            "zero_filled": self.zero_filled,
+            "replans": self.order.replans,
+            "late_rounds": self.late_rounds,
+        }
 
     def owner_pieces(self, bucket) -> List[List[Piece]]:
         """For every rank, the pieces of the bucket it owns (bucket order)."""
         pieces: List[List[Piece]] = [[] for _ in range(self.world)]
         pos = 0
-        for gi, slot, _ in bucket:
+        for gi, slot in bucket:
             flat = self.flat_groups[gi]
             for r in flat.owners(slot):
                 start, end = flat.overlap(slot, r)
@@ -430,40 +500,51 @@ class Stage2Reducer(_Reducer):
             pos += slot.numel
         return pieces
 
-    def flush(self) -> None:
-        if not self._bucket:
-            return
-        bucket, self._bucket, self._bucket_numel = self._bucket, [], 0
-        flat = torch.cat([g for _, _, g in bucket]) if len(bucket) > 1 else bucket[0][2]
-        pieces = self.owner_pieces(bucket)
+    def _issue(self, items) -> None:
+        """One bucket's gradients (None: zeros) reduced and landed."""
+        bucket = [(gi, self.flat_groups[gi].slots[i]) for (gi, i), _ in items]
+        grads = [g for _, g in items]
         if self.world == 1:
-            self._land(flat, pieces[self.rank], relative=False)
+            present = [(b, g) for b, g in zip(bucket, grads) if g is not None]
+            if not present:
+                return
+            flat = torch.cat([g for _, g in present]) if len(present) > 1 else present[0][1]
+            self._land(flat, self.owner_pieces([b for b, _ in present])[self.rank], False)
             return
+        flat = self._flatten(bucket, grads)
+        pieces = self.owner_pieces(bucket)
         widest = widest_owner(pieces)
         if choose_collective(widest, flat.numel(), self.world) == "reduce_scatter":
             work, finish = self._reduce_scatter(flat, pieces, widest)
         else:
             if flat.dtype != self.comm_dtype:
                 flat = flat.to(self.comm_dtype)
-            elif len(bucket) == 1:
+            elif len(bucket) == 1 and grads[0] is not None:
                 flat = flat.clone()  # never reduce into param.grad
             work = self._timed("all_reduce", flat, comm.all_reduce, flat, async_op=self.overlap)
             finish = functools.partial(self._land, flat, pieces[self.rank], relative=False)
-        if work is None:
-            finish()
-        else:
-            self._pending.append((work, finish))
-            self._land_finished()
+        self._in_flight(work, finish)
 
-    def _land_finished(self) -> None:
-        """Lands the buckets whose collective has completed, in order, and waits for the
-        oldest while more than IN_FLIGHT are in flight."""
-        pending = self._pending
-        while pending and (len(pending) > self.IN_FLIGHT or pending[0][0].is_completed()):
-            work, finish = pending.pop(0)
-            work.wait()
-            finish()
-        self.peak_in_flight = max(self.peak_in_flight, len(pending))
+    def _flatten(self, bucket, grads) -> torch.Tensor:
+        """The bucket's gradients back to back; a parameter without one is zeros, so every
+        rank reduces the same elements."""
+        present = [g for g in grads if g is not None]
+        if len(present) == len(grads):
+            return torch.cat(grads) if len(grads) > 1 else grads[0]
+        self.zero_filled += len(grads) - len(present)
+        like = present[0] if present else None
+        dtype = like.dtype if like is not None else self.comm_dtype
+        device = like.device if like is not None else self.device
+        total = sum(slot.numel for _, slot in bucket)
+        flat = torch.empty(total, dtype=dtype, device=device)
+        at = 0
+        for (_, slot), g in zip(bucket, grads):
+            if g is None:
+                flat[at : at + slot.numel].zero_()
+            else:
+                flat[at : at + slot.numel].copy_(g)
+            at += slot.numel
+        return flat
 
     def _reduce_scatter(self, flat: torch.Tensor, pieces, widest: int):
         staging = flat.new_zeros(self.world * widest, dtype=self.comm_dtype)

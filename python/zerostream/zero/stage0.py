@@ -86,8 +86,17 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         by default the sum is divided by the world size after the reduction;
         prescale_gradients divides before, and gradient_predivide_factor f splits it into 1/f
         before and f/world after; gradient_allreduce_op "sum" keeps the sum."""
+        if self.world == 1:
+            return
+        # A param without a gradient on this rank (a branch its batch did not take) is
+        # reduced as zeros, as DeepSpeed does: every rank reduces the same buckets, and the
+        # average counts the missing gradient as zero (Note [Buckets in one order on every
+        # rank] in bucket_order.py says why a per-rank set cannot work).
+        for p in self.params:
+            if p.grad is None and p.requires_grad:
+                p.grad = torch.zeros_like(p)
         grads = [p.grad for p in self.params if p.grad is not None]
-        if self.world == 1 or not grads:
+        if not grads:
             return
         world = self.dp_divisor  # 1 for "sum"
         pre = 1.0 / world if self.prescale else 1.0 / self.predivide

@@ -102,25 +102,43 @@ class PartitionedOptimizer(ShardedOptimizerBase):
                     slot.param.grad = None
 
     def after_backward(self) -> None:
-        self.reducer.after_backward()
+        if not (self.coalescing and self.stage == 2):  # the block's end reduces them
+            self.reducer.after_backward()
         if self.require_all_grads:
-            got, self._got_grad = self._got_grad, set()
-            missing = [
-                f"param {i} of group {gi} {tuple(s.param.shape)}"
-                for gi, flat in enumerate(self.flat_groups)
-                for i, s in enumerate(flat.slots)
-                if id(s.param) not in got
-            ]
-            if missing:
-                shown = ", ".join(missing[:5]) + (
-                    f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-                )
-                raise UnusedParametersError(
-                    f"ZeRO stage {self.stage}: {len(missing)} trainable parameter(s) got no "
-                    f"gradient in this backward ({shown}): the loss does not depend on them. "
-                    f"Set zero_optimization.ignore_unused_parameters to true (DeepSpeed's "
-                    f"default) to train without them, or freeze them (requires_grad=False)."
-                )
+            self._check_all_grads()
+
+    def _check_all_grads(self) -> None:
+        """ignore_unused_parameters false: every rank learns which params some rank left
+        without a gradient (one all-reduce of a flag per param, the highest such rank), so
+        every rank raises the same error instead of one rank raising while the others wait
+        in the next collective."""
+        got, self._got_grad = self._got_grad, set()
+        slots = [
+            (gi, i, s) for gi, flat in enumerate(self.flat_groups) for i, s in enumerate(flat.slots)
+        ]
+        flags = torch.tensor(
+            [0 if id(s.param) in got else self.rank + 1 for _, _, s in slots], dtype=torch.int32
+        )
+        if self.world > 1:
+            flags = flags.to(self.ctx.device)
+            comm.all_reduce(flags, op=comm.ReduceOp.MAX, group=self.group)
+            flags = flags.cpu()
+        missing = [
+            f"param {i} of group {gi} {tuple(s.param.shape)} (rank {int(f) - 1})"
+            for (gi, i, s), f in zip(slots, flags.tolist())
+            if f
+        ]
+        if missing:
+            shown = ", ".join(missing[:5]) + (
+                f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            )
+            raise UnusedParametersError(
+                f"ZeRO stage {self.stage}: {len(missing)} trainable parameter(s) got no "
+                f"gradient in this backward on some rank ({shown}): the loss does not depend "
+                f"on them there. Set zero_optimization.ignore_unused_parameters to true "
+                f"(DeepSpeed's default) to train without them (a missing gradient counts as "
+                f"zero), or freeze them (requires_grad=False)."
+            )
 
     # --- step ------------------------------------------------------------------------------------
     def step(self) -> bool:

@@ -40,6 +40,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 
+from ..accelerator import get_accelerator
 from ..offload.copy_stage import lanes_for
 
 OFFLOADED = "the engine's states are offloaded (offload_states); call engine.reload_states() first"
@@ -174,6 +175,10 @@ def offload_engine_states(engine, include=None, device="cpu", pin_memory=True, n
     engine._run.require_consistent("offload_states")
     groups = engine.optimizer.offloadable_states()
     engine._parked = park(groups, kinds_of(include), pin_memory, lanes_for(engine.device))
+    # The device blocks the parked tensors held go back to the device, not only to torch's
+    # caching allocator: the process that offloads (an RLHF trainer) lends the memory to
+    # another one (its inference engine), as DeepSpeed's offload_states does at every stage.
+    get_accelerator().empty_cache()
     engine._run.set_inconsistent(OFFLOADED)
 
 

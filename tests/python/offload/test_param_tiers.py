@@ -360,3 +360,24 @@ def test_the_time_the_step_waits_for_shard_reads_is_counted(tmp_path):
     waited, reads, took = run_ranks(slow_disk_worker, 1, str(tmp_path))[0]
     assert reads > 0
     assert 0.02 * reads <= waited <= took
+
+
+def test_ranks_that_read_different_memory_keep_the_same_shards(tmp_path, monkeypatch):
+    """Each rank reads its own free memory and peak (ZEROSTREAM_TEST_SKEW scales each
+    rank's readings differently, as two ranks of one host read them): "auto" places from the
+    smallest of the ranks' budgets (Note [Every rank places the same tiers]), so both keep
+    the same shards and issue the same collectives (run_ranks compares them; before, the
+    ranks kept different shards and issued the gathers in different orders)."""
+    # Readings up to 4e-5 apart (about 45 KiB of the 2.3 GB limit): the ranks' budgets,
+    # 55-100 KiB, differ by several shards.
+    monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(2 * _share_for(100 * 1024)))
+    monkeypatch.setenv("ZEROSTREAM_TEST_SKEW", "0.00004")
+    out = run_ranks(worker, 2, str(tmp_path), 4, "auto")
+    stats = [o["auto"]["stats"] for o in out]
+    assert stats[0]["kept_ids"] and stats[0]["kept_ids"] == stats[1]["kept_ids"]
+    assert stats[0]["auto_budget_bytes"] == stats[1]["auto_budget_bytes"]
+    # Both tiers placed, from one budget: the optimizer's too.
+    opts = [o["auto"]["opt"] for o in out]
+    assert opts[0]["host_elements"] == opts[1]["host_elements"]
+    for o in out:  # the placement changes no bit
+        assert o["auto"]["losses"] == o[0]["losses"]

@@ -31,7 +31,7 @@ from zerostream import comm
 from zerostream.config import load
 from zerostream.offload import copy_stage
 from zerostream.precision import make_loss_scaler
-from zerostream.zero import base
+from zerostream.zero import base, grad_reduce
 from zerostream.zero.base import ZeroOptimizerBase
 from zerostream.zero.factory import build_zero_optimizer, stage_class
 from zerostream.zero.protocol import RunState, StageContext, TrainingState
@@ -174,14 +174,32 @@ def fake_cuda(monkeypatch):
     return cuda
 
 
+class _Reads(list):
+    """The step's host reads of the squared norm; `flags`: the late-part flags' reads."""
+
+    flags: list
+
+
 @pytest.fixture
 def gpu_world(monkeypatch, fake_cuda):
     """Two pretend ranks whose collectives insist on CUDA tensors; counts host reads."""
     for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast"):
         monkeypatch.setattr(comm, name, _nccl_like(name, fake_cuda))
     monkeypatch.setattr(comm, "get_global_rank", lambda group, rank: rank)
-    reads = []
+    # Rank 0's gradient order, through the store (bucket_order.py), is this rank's own.
+    monkeypatch.setattr(comm, "store_broadcast", lambda key, value, group=None: value)
+    reads = _Reads()
     monkeypatch.setattr(ZeroOptimizerBase, "_host_scalar", lambda self, t: reads.append(t) or 1.0)
+    # The late-part flags of stages 2 and 3 (bucket_order.py), read once a backward: none set.
+    flag_reads = []
+
+    def host_flags(flags):
+        assert flags.device == CUDA, "the flags are all-reduced on the GPU"
+        flag_reads.append(flags)
+        return [0.0] * flags.numel()
+
+    monkeypatch.setattr(grad_reduce.ReducerBase, "_host_flags", staticmethod(host_flags))
+    reads.flags = flag_reads
     # The host-memory preflight's verdict, all-reduced at setup (on the GPU: the fake NCCL
     # above checks), is read once; nobody is short here.
     monkeypatch.setattr(comm, "_host_int", lambda t: 0)
@@ -269,6 +287,8 @@ def test_the_optimizer_path_keeps_collectives_on_the_gpu(
             assert opt.step()
             ctx.run.state = TrainingState.IDLE
     assert len(gpu_world) == 2, "one host read per step (the global squared norm)"
+    # and, at stage 2, one a backward: which buckets any rank holds late gradient parts of
+    assert len(gpu_world.flags) == (2 if stage == 2 else 0)
     assert all(p.device == CUDA for p in model.parameters())
     assert audit.sync == [], "no synchronous copy between the host and the GPU"
     if offload == "none":

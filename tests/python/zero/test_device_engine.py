@@ -313,7 +313,11 @@ def parking_worker(rank, world, on_gpu):
         "zero_optimization": {"stage": 2},
     }
     x = torch.randn(2, 8, generator=torch.Generator().manual_seed(rank))
-    device = contextlib.nullcontext(None) if on_gpu else sim_device.installed("lazy", 0, rank)
+    device = (
+        contextlib.nullcontext(None)
+        if on_gpu
+        else sim_device.installed("lazy", 0, rank, track_memory=True)
+    )
     with device as sim:
         torch.manual_seed(0)
         engine, *_ = zerostream.initialize(model=MLP(), config=config)
@@ -326,7 +330,17 @@ def parking_worker(rank, world, on_gpu):
             tensors = [t for g in groups.values() for t in g.tensors]
             values = [t.clone() for t in tensors]
             copies = sim.counters["copies"] if sim else 0
+            emptied = sim.counters["empty_cache"] if sim else 0
             engine.offload_states(non_blocking=True)
+            # What the caching allocator keeps is given back (another process may use it):
+            # reserved == allocated afterwards, on the sim's allocator model as on a GPU.
+            if sim:
+                cache = (
+                    sim.counters["empty_cache"] - emptied,
+                    sim.memory.reserved_bytes() - sim.memory.allocated_bytes(),
+                )
+            else:
+                cache = (1, torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
             on_host = all(t.device.type == "cpu" for t in tensors)
             parked = all(torch.equal(t, v.cpu()) for t, v in zip(tensors, values))  # at once
             engine.reload_states(non_blocking=True)
@@ -340,7 +354,7 @@ def parking_worker(rank, world, on_gpu):
             violations = list(sim.violations) if sim else []
             if sim:
                 sim.violations.clear()
-    return parked and on_host, back, moved, len(tensors), finite, violations
+    return parked and on_host, back, moved, len(tensors), finite, violations, cache
 
 
 @pytest.mark.device
@@ -351,7 +365,12 @@ def test_parked_states_are_readable_when_offload_states_returns(tmp_path):
     copies are complete: without the waits the host copies read as the sim's poison (on a
     GPU: whatever the copy had not yet written)."""
     world = min(2, torch.cuda.device_count()) if ON_GPU else 2  # NCCL: one GPU per rank
-    for parked, back, moved, count, finite, violations in run_ranks(parking_worker, world, ON_GPU):
+    results = run_ranks(parking_worker, world, ON_GPU)
+    for parked, back, moved, count, finite, violations, cache in results:
         assert violations == [], violations
+        emptied, cached = cache
+        # offload_states emptied the allocator's cache once: nothing reserved beyond what
+        # is allocated (a GPU rounds blocks: up to 2 MiB of one partly used segment)
+        assert emptied == 1 and 0 <= cached <= (2 << 20 if ON_GPU else 0), cache
         assert moved == 2 * count > 0, (moved, count)
         assert parked and back and finite

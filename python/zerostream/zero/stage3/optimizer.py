@@ -230,7 +230,12 @@ class Stage3Optimizer(ShardedOptimizerBase):
         self._init_state(ctx, self.flat16, options, starts, make_optimizer, make_swapped, host)
         self.slots = slots
         self.reducer = Stage3Reducer(
-            slots, self.grads, zero.reduce_bucket_size, ctx, self.copy_stage
+            slots,
+            {zp.ds_id: zp for zps in self.groups for zp in zps},
+            self.grads,
+            zero.reduce_bucket_size,
+            ctx,
+            self.copy_stage,
         )
         self._keep_device_tier_grads(self.reducer.landing)
         self._hooks = [
@@ -330,7 +335,8 @@ class Stage3Optimizer(ShardedOptimizerBase):
     def after_backward(self) -> None:
         if self.leaf_grads is not None and not self.coalescing:
             self.leaf_grads.finish()
-        self.reducer.flush()
+        if not self.coalescing:  # the block's end reduces its gradients, once
+            self.reducer.end_backward()
         self.reducer.drain()
         self.coord.end_backward()
 

@@ -119,6 +119,10 @@ class Partitioner:
         if (self.offload_device == "nvme") != (swapper is not None):
             raise RuntimeError("ZeRO-3: a param swapper comes with offload_param nvme only")
         self.swapper = swapper  # offload/param_swap.ParamSwapper with offload_param nvme
+        if swapper is not None and self.world > 1:
+            # Its "auto" placement agrees with the other ranks' (Note [Every rank places
+            # the same tiers] in offload/tiers.py).
+            swapper.agree = comm.agreement(group, device)
         self.pin_memory = bool(offload_param.pin_memory) if offload_param is not None else False
         self.persistence_threshold = persistence_threshold
         self.model_persistence_threshold = model_persistence_threshold
