@@ -42,6 +42,7 @@ import json
 import os
 import pickle
 import sys
+import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -305,7 +306,10 @@ class Checker:
 
 
 _checker: Optional[Checker] = None
-_for_group = None  # the default group _checker was made for
+# The default group _checker was made for, held weakly: a reference here would keep the
+# group, and its backend's threads, alive past its destruction (Note [A process group that
+# outlives its destruction] in comm.py).
+_for_group: Optional[weakref.ref] = None
 
 
 def active() -> Optional[Checker]:
@@ -313,11 +317,11 @@ def active() -> Optional[Checker]:
     group destroyed and made again gets a new one), or None when the switches are off."""
     global _checker, _for_group
     world = dist.group.WORLD if dist.is_initialized() else None
-    if world is _for_group:
+    if (_for_group() if _for_group is not None else None) is world:
         return _checker
     if _checker is not None and _checker._log is not None:
         _checker._log.close()
-    _checker, _for_group = None, world
+    _checker, _for_group = None, (weakref.ref(world) if world is not None else None)
     if world is None:
         return None
     mode = os.environ.get(MODE_ENV, "off").strip().lower() or "off"

@@ -18,8 +18,13 @@ Note [Buckets in one order on every rank]
     got no gradient on this rank counted as zeros (the average over ranks then counts it
     as zero, as plain PyTorch summing the ranks' gradients over the world size does);
   - after the first backward, the plan is cut again in the order rank 0 saw the
-    gradients arrive (one broadcast), so buckets fill as autograd runs, as DDP rebuilds
-    its buckets; parameters rank 0 never saw keep their old relative order, at the end.
+    gradients arrive (handed to the others through the store), so buckets fill as
+    autograd runs, as DDP rebuilds its buckets; parameters rank 0 never saw keep their old
+    relative order, at the end. Stage 3 with several ranks keeps its first plan: its
+    buckets take their places in the sequence of gathers the ranks share, recorded with
+    that plan (Note [One gather sequence on every rank] in stage3/coordinator.py), and a
+    bucket whose gradients are not all here when the sequence reaches it goes then, its
+    missing parts late.
 
   A gradient part that arrives after its bucket was issued (reentrant activation
   checkpointing gives a weight used in two segments two parts: Note [A gradient that
@@ -81,17 +86,19 @@ class BucketOrder(Generic[K]):
         self.buckets = cut(order, self.numel, self.bucket_size)
         self.bucket_of = {k: b for b, keys in enumerate(self.buckets) for k in keys}
         self.held: List[Dict[K, torch.Tensor]] = [{} for _ in self.buckets]
-        self.next = 0
+        self.next = 0  # the first bucket neither complete nor issued
+        self.issued = 0  # the first bucket not issued: take() issues them in order
 
     def put(self, key: K, grad: torch.Tensor) -> List[int]:
-        """Takes `key`'s gradient (or another part of it); returns the buckets that may be
-        issued now, in order (take() each)."""
+        """Takes `key`'s gradient (or another part of it); returns the buckets it made
+        ready to issue, in order (take() each, now or when the ranks' agreed sequence
+        says: Note [One gather sequence on every rank] in stage3/coordinator.py)."""
         if key not in self.bucket_of:
             raise KeyError(key)
         if self.arrivals is not None:
             self.arrivals.append(key)
         b = self.bucket_of[key]
-        if b < self.next:  # its bucket went: a late part, reduced at the step
+        if b < self.issued:  # its bucket went: a late part
             prior = self.late.get(key)
             self.late[key] = grad if prior is None else prior + grad
             return []
@@ -108,18 +115,21 @@ class BucketOrder(Generic[K]):
 
     def rest(self) -> List[int]:
         """The end of backward: every bucket not issued yet, in order."""
-        ready = list(range(self.next, len(self.buckets)))
-        self.next = len(self.buckets)
-        return ready
+        return list(range(self.issued, len(self.buckets)))
 
     def take(self, b: int) -> List[Tuple[K, Optional[torch.Tensor]]]:
-        """Bucket b's keys in plan order with their gradients (None: none on this rank)."""
+        """Issues bucket b, the next in order: its keys in plan order with their gradients
+        (None: none on this rank, yet; a part that comes later is a late part)."""
+        if b != self.issued:
+            raise RuntimeError(f"bucket {b} issued out of order (next is {self.issued})")
         held, self.held[b] = self.held[b], {}
+        self.issued = b + 1
+        self.next = max(self.next, self.issued)
         return [(k, held.get(k)) for k in self.buckets[b]]
 
     def restart(self) -> None:
         """A new backward begins with nothing issued (after rest() and take())."""
-        self.next = 0
+        self.next = self.issued = 0
 
     def replan(self, group, world: int) -> bool:
         """After the first backward: the plan cut again in the order rank 0's gradients

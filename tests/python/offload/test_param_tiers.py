@@ -95,14 +95,22 @@ def _stage3_config(micro, root, param_max_in_cpu, optimizer=None):
     return config
 
 
-class PosReadByRoot(TinyGPT):
-    """TinyGPT whose root forward reads the position embedding's weight by attribute: the
-    first replay of the trace finds it (an external param), is abandoned, and the trace is
-    recorded again."""
+class ExtraAtStepTwo(TinyGPT):
+    """TinyGPT whose second forward runs one more module: the replay of the trace recorded
+    by the first meets a module it did not record, leaves it (Note [One gather sequence on
+    every rank]), and the trace is recorded again by the third."""
+
+    def __init__(self):
+        super().__init__()
+        self.extra = torch.nn.Linear(32, 32)
+        self.calls = 0
 
     def forward(self, idx, targets):
+        self.calls += 1
         t = idx.shape[1]
-        x = self.tok(idx) + self.pos.weight[:t]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        if self.calls == 2:
+            x = x + self.extra(x)
         for blk in self.blocks:
             x = blk(x)
         logits = self.head(self.ln_f(x))
@@ -214,17 +222,19 @@ def test_auto_brings_the_most_read_shards_back_within_the_budget(tmp_path, monke
 
 
 def test_a_step_whose_plan_was_abandoned_does_not_size_auto(tmp_path, monkeypatch):
-    # Step 1 records the trace; step 2 replays it, finds the root reading pos.weight and
+    # Step 1 records the trace; step 2 replays it, runs a module it did not record and
     # abandons the plan (its peak is not a planned step's); step 3 records again; step 4 runs
     # the whole plan; the shards come back as step 5 starts, and the optimizer state (also
     # "auto") at step 5's update, after them: before, it took its tier at step 4 and the
     # shards were sized from what its arena left (benchmarks/capacity.md, session 20).
     monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(_share_for(1 << 20)))
-    out = run_ranks(worker, 1, str(tmp_path), 7, "auto", PosReadByRoot)[0]
+    out = run_ranks(worker, 1, str(tmp_path), 7, "auto", ExtraAtStepTwo)[0]
     none, auto = out[0], out["auto"]
     assert auto["trace"]["invalidations"] == 1 and auto["trace"]["trace_recordings"] == 2
     assert auto["kept_after"] == [False, False, False, False, True, True, True]
-    assert set(auto["homes"].values()) == {"host_arena"}
+    # Every shard the trace reads came back; `extra`'s two, read by no planned step, stay.
+    homes = list(auto["homes"].values())
+    assert homes.count("nvme") == 2 and set(homes) == {"host_arena", "nvme"}
     assert [n > 0 for n in auto["opt_host"]] == [False] * 4 + [True] * 3
     # The engine closes a measuring window at each step while a tier waits to be placed
     # (Note [A step's excess]), and none once both are: not at all without "auto".

@@ -206,8 +206,19 @@ def gpu_world(monkeypatch, fake_cuda):
     # The host gradients' norm kernel reads memory, which fake tensors have none of.
     monkeypatch.setattr(base, "_host_squared_sum", lambda g: g.double().pow(2).sum())
     # The copy stage's consumer thread runs ops on fake tensors beside the main thread; the
-    # fake mode keeps "inside a kernel" per mode, not per thread, so its ops are serialized
-    # (else one thread's op sometimes finds the other's flag set and fails an assertion).
+    # fake mode keeps "inside a kernel" per mode, not per thread: kept per thread here (a
+    # fake tensor read on one thread while the other is inside a kernel reported the meta
+    # device, or failed an assertion), and the ops serialized.
+    local = threading.local()
+    monkeypatch.setattr(
+        FakeTensorMode,
+        "in_kernel_invocation",
+        property(
+            lambda self: getattr(local, "inside", False),
+            lambda self, value: setattr(local, "inside", value),
+        ),
+        raising=False,
+    )
     lock, dispatch = threading.RLock(), FakeTensorMode.dispatch
 
     def serialized(self, *args, **kwargs):

@@ -41,11 +41,11 @@ def _train(rank, world, stage, sim=None):
     from zerostream.zero import GatheredParameters
 
     micro = BATCH // world
-    xs, ys = make_batches(2, BATCH)
+    xs, ys = make_batches(3, BATCH)
     torch.manual_seed(0)
     engine = zerostream.initialize(model=TinyGPT(), config=_config(stage, micro))[0]
     backward_logs = []
-    for s in range(2):
+    for s in range(3):
         lo = rank * micro
         loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
         if sim is not None:
@@ -107,9 +107,12 @@ def test_buckets_are_reduced_while_backward_goes_on():
         for stage, (plain, params, logs, summary) in out.items():
             for name, value in plain.items():
                 assert torch.equal(value, params[name]), f"stage {stage}: {name} differs"
-            for log in logs:
-                # No bucket was reduced synchronously on the compute stream in backward
-                # (the late-part flags' all-reduce, after the buckets, is the one sync).
+            # The second step's backward (the first records the stage-3 trace in rounds).
+            for log in logs[1:]:
+                # No bucket was reduced synchronously on the compute stream in backward:
+                # the late-part flags' all-reduce, after the buckets, is a sync, and at stage
+                # 3 the round that ends the backward's gathers (Note [One gather sequence
+                # on every rank]).
                 syncs = [i for i, (k, op) in enumerate(log) if k == "sync" and op == "all_reduce"]
                 issued, waited, early, unforced = _bucket_waits(log, limit)
                 assert issued > limit + 2, (stage, log)
@@ -117,5 +120,5 @@ def test_buckets_are_reduced_while_backward_goes_on():
                 assert unforced == 0, f"stage {stage}: waited with {limit} or fewer in flight"
                 # The limit forces the oldest's wait each time a bucket beyond it is issued.
                 assert early == issued - limit - 1 or early == issued - limit, (stage, log)
-                assert len(syncs) == 1, (stage, log)
+                assert len(syncs) == (2 if stage == 3 else 1), (stage, log)
             assert summary.get("peak_buckets_in_flight") == limit, (stage, summary)

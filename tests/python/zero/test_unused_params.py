@@ -56,7 +56,7 @@ def _config(stage: int, offload: str, ignore: bool = True) -> dict:
     }
 
 
-CASES = [(0, "none"), (1, "none"), (1, "cpu"), (2, "none"), (2, "cpu")]
+CASES = [(0, "none"), (1, "none"), (1, "cpu"), (2, "none"), (2, "cpu"), (3, "none"), (3, "cpu")]
 
 
 def reference():

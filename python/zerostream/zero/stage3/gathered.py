@@ -51,7 +51,11 @@ class GatheredParameters(contextlib.ContextDecorator):
             self._was[zp.ds_id] = zp.state
             by_part.setdefault(id(self._partitioner(zp)), []).append(zp)
         for zps in by_part.values():
-            self._partitioner(zps[0]).gather(zps)
+            # Exactly these params on every rank, whatever each holds already (Note [One
+            # gather sequence on every rank] in coordinator.py); persistent ones are here.
+            part = self._partitioner(zps[0])
+            part.gather_exact(zps)
+            part.gather([zp for zp in zps if zp.persist])  # emptied by empty_partition_cache
         for zp in self.zps:
             zp.users += 1
         return self

@@ -134,6 +134,7 @@ def install(modules, coord: ParamCoordinator) -> List:
     `remove`). Counts, for each param, the modules that use it (tied weights: two)."""
     handles = []
     for m in modules:
+        coord.register(m)  # its unit key, the same on every rank (install order)
         for zp in module_params(m):
             zp.modules += 1
         state = ensure_state(m)

@@ -238,6 +238,11 @@ class Stage3Optimizer(ShardedOptimizerBase):
             self.copy_stage,
         )
         self._keep_device_tier_grads(self.reducer.landing)
+        if self.world > 1:
+            # Gathers and reduce-scatters share the group: their interleaving is one
+            # sequence every rank agrees on (Note [One gather sequence on every rank]).
+            self.reducer.sequencer = self.coord
+            self.coord.reducer = self.reducer
         self._hooks = [
             zp.param.register_post_accumulate_grad_hook(self._on_grad)
             for zps in self.groups
@@ -335,10 +340,12 @@ class Stage3Optimizer(ShardedOptimizerBase):
     def after_backward(self) -> None:
         if self.leaf_grads is not None and not self.coalescing:
             self.leaf_grads.finish()
+        # The gathers' pass ends first (autograd's callback did, on a rank whose backward
+        # reached a hook), then the buckets left: every rank in that order.
+        self.coord.end_backward()
         if not self.coalescing:  # the block's end reduces its gradients, once
             self.reducer.end_backward()
         self.reducer.drain()
-        self.coord.end_backward()
 
     def begin_coalescing(self) -> None:
         super().begin_coalescing()

@@ -39,8 +39,12 @@ class InflightGather:
         reads=None,
         mark=None,
         direct: bool = False,
+        keep=None,
     ):
         self.partitioner, self.zps, self.out, self.handle = partitioner, zps, out, handle
+        # The ds_ids this gather brings in; the others rode along (gather_exact: gathered
+        # here already) and are not carved out (None: all of them).
+        self.keep = keep
         self.reads = reads
         self.mark = mark  # the uploads into the send buffer (host shards), see Partitioner
         # The shards were copied straight into the full tensors (Note [One rank gathers
@@ -74,10 +78,13 @@ class InflightGather:
             part.uploads.wait_mark(self.mark)  # one rank: `out` is the uploaded send buffer
         if not self.direct:
             self._carve()
-        for zp in self.zps:
+        for zp in self._kept():
             zp.to_gathered()
             self.partitioner.inflight.pop(zp.ds_id, None)
         self.done = True
+
+    def _kept(self) -> List[ZeroParam]:
+        return self.zps if self.keep is None else [zp for zp in self.zps if zp.ds_id in self.keep]
 
     def _carve(self) -> None:
         """Each parameter's full tensor from the rank-major gathered buffer."""
@@ -86,6 +93,9 @@ class InflightGather:
         with torch.no_grad():
             for zp in self.zps:
                 k, n = zp.shard_numel, zp.numel
+                if self.keep is not None and zp.ds_id not in self.keep:
+                    off += k
+                    continue
                 full = zp.full_flat()
                 whole = n // k if k else 0
                 if whole:
@@ -292,10 +302,39 @@ class Partitioner:
             last = self._gather(group, dtype, async_op)
         return last
 
-    def _gather(self, zps: List[ZeroParam], dtype: torch.dtype, async_op: bool) -> InflightGather:
+    def gather_exact(
+        self, zps: Iterable[ZeroParam], async_op: bool = False
+    ) -> Optional[InflightGather]:
+        """All-gathers exactly the non-persistent params among `zps`, whatever this rank
+        holds of them (Note [One gather sequence on every rank] in coordinator.py): one
+        collective per dtype, in a fixed order of dtypes, over the same params on every rank
+        that passes the same list. Params this rank has gathered already ride along and are
+        not carved out; ones in flight are waited for first. With one rank, only what is
+        missing is gathered (nothing to agree on)."""
+        zps = [zp for zp in zps if not zp.persist]
+        if self.world == 1:
+            return self.gather(zps, async_op)
+        by_dtype: Dict[torch.dtype, List[ZeroParam]] = {}
+        for zp in zps:
+            if zp.state is ShardState.INFLIGHT:
+                self.inflight[zp.ds_id].wait()
+            by_dtype.setdefault(zp.dtype, []).append(zp)
+        last = None
+        for dtype in sorted(by_dtype, key=str):
+            group = by_dtype[dtype]
+            fresh = {zp.ds_id for zp in group if zp.state is ShardState.SHARDED}
+            last = self._gather(group, dtype, async_op, keep=fresh)
+        return last
+
+    def _gather(
+        self, zps: List[ZeroParam], dtype: torch.dtype, async_op: bool, keep=None
+    ) -> InflightGather:
+        """`keep`: the ds_ids among `zps` to bring in (None: all, each SHARDED); the others
+        are in the collective only."""
         if self.uploads is not None and not self._loose_scanned:
             self.home_loose_shards()
-        for zp in zps:
+        fresh = zps if keep is None else [zp for zp in zps if zp.ds_id in keep]
+        for zp in fresh:
             zp.to_inflight()
             if not zp.persist:
                 self.live_numel += zp.numel
@@ -306,7 +345,8 @@ class Partitioner:
             gather = self._gather_alone(zps)
         else:
             gather = self._gather_collective(zps, dtype, async_op)
-        for zp in zps:
+        gather.keep = keep
+        for zp in fresh:
             self.inflight[zp.ds_id] = gather
         if not async_op:
             gather.wait()
@@ -346,12 +386,13 @@ class Partitioner:
         mark = self.uploads.upload_mark() if self.uploads is not None else None
         return InflightGather(self, zps, None, None, mark=mark, direct=True)
 
-    def launch_reads(self, ds_ids) -> None:
-        """Launches the reads ahead that hold any of `ds_ids` (the next module's params):
-        their uploads and all-gather overlap the module running now."""
+    def launch_reads(self, ds_ids, early: bool = True) -> None:
+        """Launches the reads ahead that hold any of `ds_ids` (the next module's params, or
+        with `early` False the params of the module about to run): their uploads and
+        all-gather overlap the module running now."""
         for gather in list(self.reading):
             if any(zp.ds_id in ds_ids for zp in gather.zps):
-                gather.launch()
+                gather.launch(early)
 
     def collect(self, send: torch.Tensor, async_op: bool):
         """(out, handle): every rank's `send` side by side (rank-major). With host shards the

@@ -58,6 +58,9 @@ class Stage3Reducer(ReducerBase):
         self.landed_directly = 0  # gradients landed without a bucket (Note above)
         self.zero_filled = 0  # params reduced as zeros (no gradient on this rank)
         self._open = False  # gradients taken since the last end of backward
+        # The coordinator, while a traced pass runs with several ranks: it places the
+        # buckets' reduce-scatters in the sequence of gathers every rank shares.
+        self.sequencer = None
 
     def add(self, zp: ZeroParam, grad: torch.Tensor) -> None:
         """Takes a parameter's full gradient (the caller drops its own reference)."""
@@ -74,7 +77,16 @@ class Stage3Reducer(ReducerBase):
             return
         self._open = True
         for b in self.order.put(zp.ds_id, grad.reshape(-1)):
+            if self.sequencer is not None and self.sequencer.bucket_ready(b):
+                continue  # issued where the ranks' gather sequence places it
             self._issue(self.order.take(b))
+
+    def issue_next(self, b: int) -> None:
+        """Issues bucket b, the next (the gather sequence reached it: Note [One gather
+        sequence on every rank] in coordinator.py), whatever gradients this rank holds for
+        it; parts that come later are late parts."""
+        self._open = True
+        self._issue(self.order.take(b))
 
     def _lands_directly(self) -> bool:
         """One rank whose gradients need no device copy: no copy stage, or the host's own
@@ -97,9 +109,11 @@ class Stage3Reducer(ReducerBase):
         self._land_all()
         self.order.restart()
         self._open = False
-        if self.world > 1:
+        if self.world > 1 and self.sequencer is None:
             self.order.replan(self.group, self.world)
         else:
+            # With the coordinator placing the buckets, the plan stays as it is: the traces
+            # recorded since hold its buckets (Note [One gather sequence on every rank]).
             self.order.arrivals = None
 
     def flush(self) -> None:
