@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Deletes, one at a time, each wait, fence, drain, keep_alive/record_stream and device
-binding of the GPU path (and each fix of the GPU-proof issue), runs the tests that must
-catch it on the simulated device, and prints which test caught which deletion.
+binding of the GPU path (and each fix of the GPU-proof issue, and each decision the ranks
+must agree on), runs the tests that must catch it on the simulated device or on ranks that
+differ, and prints which test caught which deletion.
 
     scripts/dev-build.sh                    # the tests import the working tree
     scripts/sync-mutations.py [--only ID,...] [--markdown FILE]
@@ -26,19 +27,21 @@ ENGINE = "tests/python/zero/test_device_engine.py"
 GPU_PATH = "tests/python/zero/test_gpu_path.py"
 SIM = "tests/python/offload/test_sim_device.py"
 AUDIT = "tests/python/zero/test_device_audit.py"
+REDUCE_OVERLAP = "tests/python/zero/test_reduce_overlap.py"
+RANKS_DIFFER = "tests/python/zero/test_ranks_differ.py"
 
 # (id, file, text to delete or replace, replacement, tests that must fail)
 MUTATIONS = [
     (
         "lane-waits-for-compute",
-        "offload/copy_stage.py",
+        "offload/lanes.py",
         "        lane.wait_stream(self.cuda.current_stream())\n        with self.cuda.use(lane):\n",
         "        with self.cuda.use(lane):\n",
         [ENGINE],
     ),
     (
         "keep-alive-device-side",
-        "offload/copy_stage.py",
+        "offload/lanes.py",
         "        self.cuda.keep_alive(device_side, lane)",
         "        pass",
         [ENGINE],
@@ -106,7 +109,7 @@ MUTATIONS = [
     ),
     (
         "collective-after-uploads",
-        "offload/copy_stage.py",
+        "offload/lanes.py",
         "        self.up.wait_stream(self.cuda.current_stream())\n"
         "        with self.cuda.use(self.up):",
         "        with self.cuda.use(self.up):",
@@ -163,7 +166,7 @@ MUTATIONS = [
     ),
     (
         "blocking-events",
-        "offload/copy_stage.py",
+        "offload/lanes.py",
         "            event = self.cuda.new_event(timing=True, blocking=True)",
         "            event = self.cuda.new_event(timing=True)",
         [ENGINE],
@@ -179,12 +182,101 @@ MUTATIONS = [
     (
         "overlap-comm-lands-early",
         "zero/grad_reduce.py",
-        "            self._pending.append((work, finish))\n            self._land_finished()",
-        "            self._pending.append((work, finish))",
+        "        self._pending.append((work, finish))\n        self._land_finished()",
+        "        self._pending.append((work, finish))",
         [
             GPU_PATH
             + "::test_overlap_comm_keeps_two_buckets_in_flight_and_lands_the_rest_in_backward"
         ],
+    ),
+    (
+        "bucket-landed-after-its-wait",
+        "zero/grad_reduce.py",
+        "            work, finish = pending.pop(0)\n            work.wait()\n            finish()",
+        "            work, finish = pending.pop(0)\n            finish()\n            work.wait()",
+        [REDUCE_OVERLAP],
+    ),
+    (
+        "stage3-reduce-scatter-in-flight",
+        "zero/stage3/reduce.py",
+        "                async_op=self.overlap,",
+        "                async_op=False,",
+        [REDUCE_OVERLAP],
+    ),
+    (
+        "offload-states-empties-the-cache",
+        "zero/state_offload.py",
+        "    get_accelerator().empty_cache()\n",
+        "",
+        [ENGINE + "::test_parked_states_are_readable_when_offload_states_returns"],
+    ),
+    (
+        "late-gradient-parts-reduced-again",
+        "zero/grad_reduce.py",
+        "            issue(order.take_late(b))",
+        "            order.take_late(b)",
+        ["tests/python/zero/test_grad_parts.py"],
+    ),
+    (
+        "auto-tiers-from-the-smallest-budget",
+        "offload/tiers.py",
+        "        budget = smallest\n",
+        "",
+        [RANKS_DIFFER],
+    ),
+    (
+        "stage3-buckets-in-the-gather-sequence",
+        "zero/stage3/optimizer.py",
+        "            self.reducer.sequencer = self.coord\n",
+        "",
+        [RANKS_DIFFER],
+    ),
+    (
+        "fp32-weight-writes-wait-for-the-uploads",
+        "zero/param_access.py",
+        "        if stage is not None:\n            # The last update's uploads may still read",
+        "        if False:\n            # The last update's uploads may still read",
+        [GPU_PATH + "::test_fp32_weights_set_after_a_step_wait_for_its_uploads"],
+    ),
+    (
+        "device-tier-slices-down-on-the-lane",
+        "offload/device_tier.py",
+        "        if stage is not None and self._downloaded:\n            stage.drain()",
+        "        if False:\n            stage.drain()",
+        [GPU_PATH + "::test_device_tier_slices_go_down_to_host_params_on_the_lane"],
+    ),
+    (
+        "device-auto-waits-for-a-planned-step",
+        "offload/device_auto.py",
+        " or (self.step_planned is not None and not self.step_planned())",
+        "",
+        [
+            "tests/python/offload/test_device_auto.py::test_auto_sizes_the_device_tier_from_a_step_that_ran_the_plan"
+        ],
+    ),
+    (
+        "parked-input-checked-at-the-next-park",
+        "offload/saved_activations.py",
+        "            if q is not None:\n                q.check_source()",
+        "            if q is not None:\n                pass",
+        [
+            "tests/python/engine/test_checkpoint_in_cpu.py::test_an_input_changed_in_place_then_dropped_is_refused_too"
+        ],
+    ),
+    (
+        "stage3-units-the-same-on-every-rank",
+        "zero/stage3/coordinator.py",
+        "            if zp.ds_id not in unit and key != DONE:",
+        "            if False:",
+        ["tests/python/zero/test_stage3_api.py", "tests/python/zero/test_stage3_parity.py"],
+    ),
+    (
+        "stage3-plan-pins-its-live-params",
+        "zero/stage3/coordinator.py",
+        "        if zp.ds_id in self.pinned:\n            self.deferred.add(zp.ds_id)\n"
+        "        else:",
+        "        if False:\n            pass\n        else:",
+        ["tests/python/zero/test_stage3_parity.py", "tests/python/offload/test_param_tiers.py"],
     ),
     (
         "nvme-read-ahead-launched-early",

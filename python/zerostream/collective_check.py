@@ -53,7 +53,13 @@ LOG_ENV = "ZEROSTREAM_COLLECTIVE_LOG"
 TIMEOUT_ENV = "ZEROSTREAM_CHECK_TIMEOUT"
 MODES = ("off", "step", "each")
 UNCOMPARED = frozenset({"send", "recv", "isend", "irecv"})
-_SKIP_FILES = ("collective_check.py", "comm.py", "functools.py", "contextlib.py")
+# The frames a fingerprint skips: this module, comm's wrappers and the stdlib's decorators.
+_SKIP_FILES = (
+    os.sep + os.path.join("zerostream", "collective_check.py"),
+    os.sep + os.path.join("zerostream", "comm.py"),
+    os.sep + "functools.py",
+    os.sep + "contextlib.py",
+)
 
 
 class CollectiveMismatchError(RuntimeError):

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -160,6 +160,10 @@ class DeviceAutoPlacement:
         self.device_auto_pending = max_on_device == "auto"
         self.device_home = device if device is not None else torch.device("cpu")
         self.device_inputs: Optional[dict] = None  # what place_on_device decided from
+        # Set by stage 3: whether the step under way ran the recorded trace's plan (its
+        # prefetches make the peak a step needs; the recording step, or one that left its
+        # trace, gathers less at once). The same on every rank (the trace is agreed).
+        self.step_planned: Optional[Callable[[], bool]] = None
 
     def device_auto_at_step(self, grad_itemsize: int) -> bool:
         """At the start of each optimizer step while "auto" is pending: the first starts the
@@ -169,7 +173,9 @@ class DeviceAutoPlacement:
 
         if not self.device_auto_pending:
             return False
-        if self.steps_here == 0:
+        if self.steps_here == 0 or (self.step_planned is not None and not self.step_planned()):
+            # The interval starts (again): a step that did not run the stage-3 plan would
+            # size the tier from too small a peak, and it ran out of memory later.
             get_accelerator().reset_memory_peak()
             return False
         return self.place_on_device(grad_itemsize) > 0

@@ -38,8 +38,8 @@ Note [Device-tier gradients stay on the device]
 
 A device sub-group's step runs on the compute stream (ops/device_adam.py, the CPU kernel's
 rule); then the new master values become the 16-bit partition's: a device partition is
-written on the compute stream; a host one or NVMe shards (offload_param) take a blocking
-copy.
+written on the compute stream; a host one (offload_param "cpu") goes down on the copy
+stage's lane while the CPU steps the other sub-groups; NVMe shards take a blocking copy.
 
 What it buys: the device holds 12 bytes an element (fp32 master, exp_avg, exp_avg_sq) for
 its share, and its gradients (4 bytes, 2 when they land 16-bit) unless they go to the host;
@@ -93,6 +93,7 @@ class DeviceTier:
         # copy stage's mark after this step's uploads
         self.grad_buf: Optional[torch.Tensor] = None
         self._uploaded = None
+        self._downloaded = False  # updated slices on their way to a host partition
         try:
             for s in sub_groups:
                 s.dev = [torch.empty(s.hi - s.lo, dtype=d, device=device) for d in kind_dtypes]
@@ -171,23 +172,42 @@ class DeviceTier:
             adamw_mode=adamw_mode,
             grad_scale=grad_scale,
         )
-        write_partition(partitions[s.group], s.lo, s.hi, p)
+        if write_partition(partitions[s.group], s.lo, s.hi, p, stage):
+            self._downloaded = True
 
     def finish(self, stage: Optional["CopyStage"]) -> None:
         """The end of a step: the host knows every gradient upload has read its source (the
-        next backward lands gradients there)."""
-        if stage is not None and self._uploaded is not None:
+        next backward lands gradients there), and every updated slice downloaded to a host
+        partition has landed (the next forward's gathers read it)."""
+        if stage is not None and self._downloaded:
+            stage.drain()
+        elif stage is not None and self._uploaded is not None:
             stage.host_wait_mark(self._uploaded)
         self._uploaded = None
+        self._downloaded = False
 
 
-def write_partition(sink, lo: int, hi: int, values: torch.Tensor) -> None:
+def write_partition(sink, lo: int, hi: int, values: torch.Tensor, stage=None) -> bool:
     """Elements [lo, hi) of a 16-bit partition from device `values`: in place on the device
-    for a partition there (a DeviceSink's or a plain one), through host memory otherwise."""
+    for a partition there (a DeviceSink's or a plain one); into a host partition
+    (offload_param "cpu") on the copy stage's download lane, converted on the device first,
+    while the CPU updates the other sub-groups (the step's finish() drains it); NVMe shards
+    through a blocking copy. Returns whether a download was queued."""
     from .copy_stage import DeviceSink
 
     target = sink.part if isinstance(sink, DeviceSink) else sink
-    if torch.is_tensor(target) and target.device == values.device:
+    if isinstance(sink, DeviceSink) or (
+        stage is None and torch.is_tensor(target) and target.device == values.device
+    ):
         target[lo:hi].copy_(values)
-    else:  # a host partition or NVMe shards (offload_param): a blocking copy to the host
-        sinks.write_piece(sink, lo, hi, values.to("cpu"))
+        return False
+    if stage is not None and torch.is_tensor(target):  # a host partition (the update's own)
+        part = target[lo:hi]
+
+        def land(at: int, chunk: torch.Tensor) -> None:
+            part[at : at + chunk.numel()].copy_(chunk)
+
+        stage.to_host(values.to(target.dtype), land)
+        return True
+    sinks.write_piece(sink, lo, hi, values.to("cpu"))
+    return False

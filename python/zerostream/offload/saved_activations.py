@@ -25,7 +25,11 @@ Note [Parked activations]
 
   A saved input changed in place after its call (`h += checkpoint(f, h)`) is refused at
   backward, as autograd refuses it without cpu_checkpointing: the download may have read
-  either value. The check is the tensor's version counter, while the program still holds it.
+  either value. The check is the tensor's version counter, read while the program still
+  holds the tensor: at each later park (the next checkpointed call) and at its fetch, so a
+  change followed by dropping the tensor before backward is caught too, unless it came after
+  the forward's last checkpointed call (the parking holds no reference: holding one would
+  keep the device memory it frees).
   On the CPU there is no device memory to spare, so nothing moves (as DeepSpeed's `.to("cpu")`
   is a no-op there); on the simulated device (zerostream.testing.sim_device) the stage takes
   the GPU path, so tests see every copy, wait and buffer of it.
@@ -43,25 +47,27 @@ from . import lanes
 from .copy_stage import CopyStage
 from .host_buffers import HostArena
 
-CHUNK_BYTES = 64 << 20  # the first pooled chunk; each next one doubles, or fits the request
+CHUNK_BYTES = 64 << 20  # a pooled chunk (or one request's size, when larger)
 
 
 class _HostPool:
-    """Page-locked host buffers from pooled arenas, one more (twice the last) when the ones
-    mapped are in use: a few registrations per run, buffers reused across steps."""
+    """Page-locked host buffers from pooled arenas, one more chunk of CHUNK_BYTES (or of
+    the request) when the ones mapped are in use: buffers reused across steps, and at most
+    one chunk locked beyond the peak of what is parked at once (doubling chunks had locked
+    1.6-1.9 times that peak). One registration per chunk, all in the first step."""
 
     def __init__(self):
         self.chunks: List[HostArena] = []
-        self.next_bytes = CHUNK_BYTES
 
     def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = numel * dtype.itemsize
         for arena in self.chunks:
+            if int(arena.stats()["budget"]) < nbytes:
+                continue  # a smaller chunk: it could never hold this one
             t = arena.try_empty(numel, dtype)
             if t is not None:
                 return t
-        nbytes = numel * dtype.itemsize
-        arena = HostArena(max(self.next_bytes, nbytes), lock=True, register=True, pooled=True)
-        self.next_bytes = 2 * max(self.next_bytes, nbytes)
+        arena = HostArena(max(CHUNK_BYTES, nbytes), lock=True, register=True, pooled=True)
         self.chunks.append(arena)
         return arena.empty(numel, dtype)
 
@@ -73,7 +79,7 @@ class Parked:
     """One saved input in host memory (or, once fetched ahead, on its way back)."""
 
     __slots__ = ("device", "shape", "dtype", "host", "mark", "source", "version", "back", "up")
-    __slots__ += ("__weakref__",)
+    __slots__ += ("changed", "__weakref__")
 
     def __init__(self, t: torch.Tensor, host: torch.Tensor, mark):
         self.device, self.shape, self.dtype = t.device, t.shape, t.dtype
@@ -82,6 +88,13 @@ class Parked:
         self.version = t._version
         self.back: Optional[torch.Tensor] = None  # the device copy, once its upload is queued
         self.up = None  # that upload's mark
+        self.changed: Optional[int] = None  # the source's version seen changed, if it was
+
+    def check_source(self) -> None:
+        """Remembers an in-place change of the source while it is still alive."""
+        source = self.source()
+        if source is not None and source._version != self.version and self.changed is None:
+            self.changed = source._version
 
 
 class ActivationParking:
@@ -99,6 +112,13 @@ class ActivationParking:
     def park(self, t: torch.Tensor) -> Parked:
         self.stage.release_landed()
         self.stage.release_held()
+        # The inputs parked before this one: changed in place since, while the program still
+        # held them (`h += checkpoint(f, h)`, then the next block)? Recorded now, refused at
+        # backward, even if the program drops them in between.
+        for r in self._order:
+            q = r()
+            if q is not None:
+                q.check_source()
         src = t.detach()
         if not src.is_contiguous():
             src = src.contiguous()
@@ -117,13 +137,13 @@ class ActivationParking:
         p.up = self.stage.upload_mark()
 
     def fetch(self, p: Parked) -> torch.Tensor:
-        source = p.source()
-        if source is not None and source._version != p.version:
+        p.check_source()
+        if p.changed is not None:
             raise RuntimeError(
                 "activation checkpointing (cpu_checkpointing): an input saved for backward by "
                 f"a checkpointed call (shape {tuple(p.shape)}, {p.dtype}) was modified by an "
                 f"in-place operation after the call (version {p.version} -> "
-                f"{source._version}); autograd refuses this without cpu_checkpointing too. "
+                f"{p.changed}); autograd refuses this without cpu_checkpointing too. "
                 "Use an out-of-place operation (h = h + checkpoint(f, h))"
             )
         if p.back is None:

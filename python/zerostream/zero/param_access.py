@@ -125,6 +125,11 @@ class _Access:
         return self._tensor(index, kind).reshape(-1)[offset : offset + n]
 
     def write(self, index: int, offset: int, values: torch.Tensor, kind: str) -> None:
+        stage = getattr(self.opt, "copy_stage", None)
+        if stage is not None:
+            # The last update's uploads may still read what this rewrites (host masters in
+            # the model's dtype are their own upload source), as the next update drains.
+            stage.drain()
         swapper = self._swapper()
         values = values.detach().reshape(-1)
         if swapper is not None:

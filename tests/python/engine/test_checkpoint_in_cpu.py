@@ -289,6 +289,26 @@ def test_an_input_changed_in_place_after_its_call_is_refused(device):
             h2.sum().backward()
 
 
+def test_an_input_changed_in_place_then_dropped_is_refused_too(device):
+    """The saved input changed in place, then the next block runs, then the program drops
+    it before backward: the change was seen at the next block's park and is refused at
+    backward (before, the check needed the tensor alive at backward and let it pass)."""
+    torch.manual_seed(0)
+    block = Block()
+    dev = torch.device("cuda") if device is None else torch.device("cpu")
+    block.to(dev)
+    checkpointing.model_parallel_cuda_manual_seed(7)
+    checkpointing.configure(None, checkpoint_in_cpu=True)
+    h = torch.randn(2, 4, H, device=dev).requires_grad_()
+    x = h * 1.0
+    y = checkpointing.checkpoint(block, x)
+    x.add_(1.0)  # the saved input of the first call, changed
+    z = checkpointing.checkpoint(block, y * 1.0)
+    del x  # and gone before backward
+    with pytest.raises(RuntimeError, match="in-place"):
+        z.sum().backward()
+
+
 def test_a_retained_graph_fetches_its_inputs_again(device):
     """backward twice over one graph (retain_graph): the parked inputs come back both times;
     the gradients are twice those of one backward, bit for bit."""

@@ -352,3 +352,31 @@ def test_auto_on_the_device_under_test_moves_a_small_model_s_whole_state_there(t
     assert traffic[2] == (0, 0)  # nothing left on disk
     reference = plain_adamw_losses(3, GLOBAL_BATCH, LR, BETAS, WD, CLIP)
     assert losses == pytest.approx(reference, rel=2e-4 if kind == "cuda" else 1e-5)
+
+
+def planned_worker(rank, world, root):
+    from test_param_tiers import ExtraAtStepTwo
+
+    import zerostream
+    from zerostream.testing import sim_device
+
+    micro = GLOBAL_BATCH // world
+    with sim_device.installed("lazy", 0, rank, device_capacity=2 << 30):
+        torch.manual_seed(0)
+        model = ExtraAtStepTwo()
+        engine = zerostream.initialize(model=model, config=_config(micro, f"{root}/p"))[0]
+        _, _, tiers = _train(engine, rank, world, 5)
+        trace = engine.optimizer.state_summary()["trace"]
+        engine.destroy()
+    return tiers, trace
+
+
+def test_auto_sizes_the_device_tier_from_a_step_that_ran_the_plan(tmp_path):
+    """Step 1 records the stage-3 trace; step 2 leaves it (a module it did not record) and
+    gathers without the plan's prefetches, a smaller peak; step 3 records again; step 4 runs
+    the plan. "auto" measures step 4 and places at its optimizer step: sized from step 2 it
+    could run out of device memory once the plan's prefetches ran."""
+    for tiers, trace in run_ranks(planned_worker, 2, str(tmp_path)):
+        assert trace["invalidations"] == 1 and trace["trace_recordings"] == 2, trace
+        placed = [DEVICE in t for t in tiers]
+        assert placed == [False, False, False, True, True], tiers

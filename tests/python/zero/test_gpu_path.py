@@ -154,6 +154,23 @@ def scenario_modified_weights(rank, tmp):
     return losses, _weights(engine)
 
 
+def scenario_set_fp32_params(rank, tmp):
+    """safe_set_full_fp32_param right after a step: with bf16 masters in host memory the
+    step's uploads read the masters themselves, and may still be in flight."""
+    import zerostream
+    from zerostream.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+
+    torch.manual_seed(0)
+    config = _config(2, offload_optimizer={"device": "cpu"})
+    config["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True}
+    engine, *_ = zerostream.initialize(model=TinyGPT(), config=config)
+    losses = _gpt_steps(engine, rank, 2)
+    for p in engine.module.parameters():
+        safe_set_full_fp32_param(p, safe_get_full_fp32_param(p) * 0.5)
+    losses += _gpt_steps(engine, rank, 2)
+    return losses, _weights(engine)
+
+
 def scenario_host_params_device_optimizer(rank, tmp):
     import zerostream
 
@@ -175,6 +192,37 @@ def scenario_host_params_device_optimizer(rank, tmp):
         torch.Tensor.to = to
     landed = opt.copy_stage.stats["d2h_bytes"] if opt.copy_stage is not None else 0
     return losses, _weights(engine), landed, blocking
+
+
+def scenario_device_tier_host_params(rank, tmp):
+    """offload_optimizer.ratio keeps half the sub-groups on the device while the params'
+    shards live in host memory (offload_param cpu): each device sub-group's updated slice
+    goes down on the lane while the CPU steps the others, no blocking copy."""
+    import zerostream
+
+    torch.manual_seed(0)
+    zero = {
+        "offload_param": {"device": "cpu"},
+        "offload_optimizer": {"device": "cpu", "ratio": 0.5},
+        "stage3_param_persistence_threshold": 0,
+        "sub_group_size": 2000,
+    }
+    engine, opt, *_ = zerostream.initialize(model=TinyGPT(), config=_config(3, **zero))
+    blocking = []
+    to = torch.Tensor.to
+
+    def watched(self, *args, **kwargs):
+        if args and str(args[0]) == "cpu" and self.dtype.is_floating_point and self.dim():
+            blocking.append(tuple(self.shape))
+        return to(self, *args, **kwargs)
+
+    torch.Tensor.to = watched
+    try:
+        losses = _gpt_steps(engine, rank, 3)
+    finally:
+        torch.Tensor.to = to
+    on_device = opt.swapper.stats()["device_elements"]
+    return losses, _weights(engine), on_device, blocking
 
 
 def scenario_zero_init_device(rank, tmp):
@@ -237,7 +285,9 @@ SCENARIOS = {
     "nvme_read_ahead": scenario_nvme_read_ahead,
     "nvme_small_staging": scenario_nvme_small_staging,
     "modified_weights": scenario_modified_weights,
+    "set_fp32_params": scenario_set_fp32_params,
     "host_params_device_optimizer": scenario_host_params_device_optimizer,
+    "device_tier_host_params": scenario_device_tier_host_params,
     "zero_init_device": scenario_zero_init_device,
     "registrations": scenario_registrations,
 }
@@ -319,10 +369,24 @@ def test_weights_modified_in_gathered_parameters_wait_for_the_uploads(results):
 
 
 @pytest.mark.multirank
+def test_fp32_weights_set_after_a_step_wait_for_its_uploads(results):
+    for _, cpu, _, counters in _check(results, "set_fp32_params"):
+        assert len(cpu[0]) == 4 and counters["copies"] > 0
+
+
+@pytest.mark.multirank
 def test_host_params_with_a_device_optimizer_land_gradients_on_the_lane(results):
     for _, _, simmed, counters in _check(results, "host_params_device_optimizer"):
         _, _, d2h_bytes, blocking = simmed
         assert d2h_bytes > 0 and blocking == [], blocking
+        assert counters["copies"] > 0
+
+
+@pytest.mark.multirank
+def test_device_tier_slices_go_down_to_host_params_on_the_lane(results):
+    for _, _, simmed, counters in _check(results, "device_tier_host_params"):
+        _, _, on_device, blocking = simmed
+        assert on_device > 0 and blocking == [], (on_device, blocking)
         assert counters["copies"] > 0
 
 

@@ -483,6 +483,12 @@ class ParamCoordinator:
             self._rounds(BUCKET_KEYS + b)
         return True
 
+    def step_is_planned(self) -> bool:
+        """Whether the step under way replays a recorded trace and has not left it: its
+        gathers, prefetches included, are the plan's (the same answer on every rank)."""
+        trace = self.trace or next(iter(self.traces.values()), None)
+        return trace is not None and trace.mode is TraceMode.COMPLETE and self.replaying
+
     def _begin_pass(self, kind: str) -> None:
         if self.trace is not None and self.open_pass is None:
             self.open_pass = kind
