@@ -41,6 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deepspeed_unit_causes import CAUSES  # noqa: E402
 
 FILES = [
+    # The launcher: the runners' command lines, resource filters, arguments
+    "unit/launcher/test_run.py",
+    "unit/launcher/test_multinode_runner.py",
+    "unit/launcher/test_ds_arguments.py",
     # ZeRO stages, contexts and engines
     "unit/v1/zero/test_zero.py",
     "unit/v1/zero/test_zero_user_backward.py",

@@ -240,6 +240,16 @@ def set_accelerator(accelerator: _Accelerator) -> None:
     _ACCELERATOR = accelerator
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether a tensor on `a` is on `b`. A CPU tensor's device has no index while the
+    simulated device is named `cpu:<rank>` (Note [Device memory on the simulated device] in
+    testing/sim_compute.py): there an index on one side only does not tell them apart, as a
+    tensor on the device compares with the engine's device on a GPU."""
+    if a.type != b.type:
+        return False
+    return a.index is None or b.index is None or a.index == b.index
+
+
 def bind_run_device(local_rank: int) -> torch.device:
     """This process's device (`cuda:<local_rank>`, or the CPU), made current on the calling
     thread, as DeepSpeed's engine does: when the user made the process group, nothing else
@@ -247,4 +257,6 @@ def bind_run_device(local_rank: int) -> torch.device:
     barriers) would put every local rank's bytes on GPU 0."""
     acc = get_accelerator()
     acc.set_device(local_rank)  # a no-op on the CPU (recorded by the simulated device)
+    if getattr(acc, "simulated", False):
+        return torch.device("cpu", local_rank)
     return torch.device(acc.device_name(local_rank) if acc.device_name() == "cuda" else "cpu")

@@ -27,9 +27,10 @@ Note [Ranks that issue different collectives]
   types, for calls made directly on torch.distributed as well) but names no frame and
   keeps no history; it combines with this check.
   ZEROSTREAM_COLLECTIVE_LOG=<dir> writes each fingerprint as one JSON line to
-  <dir>/rank<R>.jsonl as it is issued (line-buffered, so a rank that aborts leaves its
-  log): the test harness (tests/python/multirank.py) compares the ranks' logs after every
-  multi-rank test with first_difference().
+  <dir>/rank<R>-<port>.<attempt>.jsonl as it is issued (line-buffered, so a rank that
+  aborts leaves its log): the test harness compares the ranks' logs of every job after
+  every test with first_difference() (tests/python/multirank.py for run_ranks, conftest.py
+  for ranks a test starts itself, through the launcher or as subprocesses).
   Point-to-point calls (send, recv) differ between ranks by design and are logged but
   never compared.
 """
@@ -166,14 +167,24 @@ def first_difference(logs: Dict[int, List[dict]]) -> Optional[str]:
     return min(found)[1]
 
 
-def read_logs(directory: str) -> Dict[int, List[dict]]:
-    """The per-rank logs ZEROSTREAM_COLLECTIVE_LOG wrote (a torn last line is skipped)."""
-    logs: Dict[int, List[dict]] = {}
+def _world_key() -> str:
+    """Which job's log a rank writes: its rendezvous port and restart attempt, so that jobs
+    run one after another into one directory (a test that trains, then resumes on another
+    world; a rank restarted by the launcher) are compared each on its own."""
+    port = os.environ.get("MASTER_PORT", "local")
+    return f"{port}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def read_worlds(directory: str) -> Dict[str, Dict[int, List[dict]]]:
+    """The logs ZEROSTREAM_COLLECTIVE_LOG wrote, by job, then rank (a torn last line, from
+    a rank killed while writing it, is skipped)."""
+    worlds: Dict[str, Dict[int, List[dict]]] = {}
     if not os.path.isdir(directory):
-        return logs
+        return worlds
     for name in os.listdir(directory):
         if not (name.startswith("rank") and name.endswith(".jsonl")):
             continue
+        rank, _, key = name[4:-6].partition("-")
         entries = []
         with open(os.path.join(directory, name)) as f:
             for line in f:
@@ -181,8 +192,16 @@ def read_logs(directory: str) -> Dict[int, List[dict]]:
                     entries.append(json.loads(line))
                 except ValueError:
                     break
-        logs[int(name[4:-6])] = entries
-    return logs
+        worlds.setdefault(key, {})[int(rank)] = entries
+    return worlds
+
+
+def read_logs(directory: str) -> Dict[int, List[dict]]:
+    """The per-rank logs of the one job that wrote into `directory`."""
+    worlds = read_worlds(directory)
+    if len(worlds) > 1:
+        raise ValueError(f"{directory} holds the logs of {len(worlds)} jobs; use read_worlds")
+    return next(iter(worlds.values()), {})
 
 
 class Checker:
@@ -205,7 +224,8 @@ class Checker:
         self._log = None
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
-            self._log = open(os.path.join(log_dir, f"rank{self.rank}.jsonl"), "a", buffering=1)
+            name = f"rank{self.rank}-{_world_key()}.jsonl"
+            self._log = open(os.path.join(log_dir, name), "a", buffering=1)
 
     @property
     def store(self):

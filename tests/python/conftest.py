@@ -37,6 +37,23 @@ if os.environ.get("ZS_LOAD_C_FROM"):
     _load_c_variant(os.environ["ZS_LOAD_C_FROM"])
 
 
+@pytest.fixture(autouse=True)
+def same_collectives_on_every_rank(request, tmp_path_factory, monkeypatch):
+    """Every test's ranks, however they are started (run_ranks checks its own; the launcher
+    and subprocess tests start theirs), log their collectives' fingerprints
+    (Note [Ranks that issue different collectives] in zerostream/collective_check.py), and
+    the test fails naming the first call on which two ranks of one job differ. Compared up
+    to the shortest rank's log: some tests kill a rank on purpose."""
+    from multirank import collective_mismatch
+
+    log_dir = tmp_path_factory.mktemp("collectives")
+    monkeypatch.setenv("ZEROSTREAM_COLLECTIVE_LOG", str(log_dir))
+    yield
+    found = collective_mismatch(str(log_dir), prefix_only=True)
+    if found:
+        pytest.fail(f"the ranks issued different collectives: {found}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def compat_dir() -> pathlib.Path:
     path = SHARED / "compat" / "configs"

@@ -104,14 +104,19 @@ def run_ranks(
 
 
 def collective_mismatch(log_dir: str, prefix_only: bool = False):
-    """The first collective on which the ranks' logs differ, in words, or None."""
-    from zerostream.collective_check import first_difference, read_logs
+    """The first collective on which the ranks of a job that logged into `log_dir` differ,
+    in words, or None. `prefix_only`: up to the shortest rank's log (a rank meant to die)."""
+    from zerostream.collective_check import first_difference, read_worlds
 
-    logs = read_logs(log_dir)
-    if prefix_only and logs:
-        shortest = min(len(v) for v in logs.values())
-        logs = {r: v[:shortest] for r, v in logs.items()}
-    return first_difference(logs)
+    worlds = read_worlds(log_dir)
+    for key, logs in sorted(worlds.items()):
+        if prefix_only and logs:
+            shortest = min(len(v) for v in logs.values())
+            logs = {r: v[:shortest] for r, v in logs.items()}
+        found = first_difference(logs)
+        if found:
+            return f"{found} (the job at port.attempt {key})" if len(worlds) > 1 else found
+    return None
 
 
 def _run(fn, world, args, timeout, env, expect_failure, log_dir):
@@ -119,8 +124,8 @@ def _run(fn, world, args, timeout, env, expect_failure, log_dir):
     queue = ctx.Queue()
     port = free_port()
     parent = dict(os.environ)
-    if log_dir is not None:
-        env = {**(env or {}), "ZEROSTREAM_COLLECTIVE_LOG": log_dir}
+    # Its own log directory; none when unchecked (not the one conftest gives the test).
+    env = {**(env or {}), "ZEROSTREAM_COLLECTIVE_LOG": log_dir or ""}
     procs = [
         ctx.Process(
             target=_entry, args=(fn, r, world, port, queue, args, env or {}, parent), daemon=True

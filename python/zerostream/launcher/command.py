@@ -4,9 +4,11 @@ launcher's names, torchrun's where DeepSpeed has none) and what the command does
 from __future__ import annotations
 
 import argparse
+import shlex
+import shutil
 import sys
 
-from . import local, nodes, plan
+from . import cluster, local, nodes, plan
 
 DESCRIPTION = (
     "Start a training script on this machine's GPUs (or 2 processes without one) or on the "
@@ -81,13 +83,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--launcher",
         default="local",
-        metavar="{local,ssh}",
+        type=str.lower,
+        metavar="{" + ",".join(plan.LAUNCHERS) + "}",
         help="with several hosts: 'local' prints each node's command, 'ssh' runs them "
-        "over ssh (default: local)",
+        "over ssh; pdsh, openmpi, mpich, impi, slurm or mvapich start the job through that "
+        "program (default: local)",
     )
-    where.add_argument("--ssh_port", type=int, default=None, help="port for --launcher ssh")
+    where.add_argument("--ssh_port", type=int, default=None, help="port for --launcher ssh or pdsh")
     where.add_argument(
-        "--launcher_args", default="", help="extra ssh options for --launcher ssh (one string)"
+        "--launcher_args",
+        default="",
+        help="extra options for the launcher program (ssh, pdsh, mpirun, srun), one string",
+    )
+    where.add_argument(
+        "--world_info",
+        default=None,
+        help="the job's hosts and slots, base64 JSON {host: [slots]} (DeepSpeed's format, "
+        "what --launcher pdsh gives each node); with --node_rank runs that node's share",
     )
 
     how = parser.add_argument_group("how each rank runs")
@@ -156,14 +168,33 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """The exit status: 0, the first failed rank's (or node's) code, 2 for bad flags."""
     try:
-        what = plan.plan(args)
-        if isinstance(what, plan.MultiNode):
-            return _multi_node(args, what)
+        return execute(args)
     except (ValueError, NotImplementedError) as exc:
         print(f"zerostream run: {exc}", file=sys.stderr)
         return 2
+
+
+def execute(args: argparse.Namespace) -> int:
+    """As `run`, but bad flags raise (ValueError, NotImplementedError) before anything
+    starts, as DeepSpeed's `runner.main` does."""
+    what = plan.plan(args)
+    if isinstance(what, plan.MultiNode):
+        return _multi_node(args, what)
+    if isinstance(what, cluster.ClusterCommand):
+        return _cluster(what)
     node, program = what
     return local.launch(node, program)
+
+
+def _cluster(cmd: cluster.ClusterCommand) -> int:
+    if shutil.which(cmd.argv[0]) is None:  # checked before anything is printed or started
+        raise ValueError(
+            f"--launcher {cmd.launcher}: no `{cmd.argv[0]}` on PATH; install it, or use "
+            f"--launcher ssh (or local, which prints each node's command)"
+        )
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in cmd.env.items())
+    print(f"zerostream run: {(assigns + ' ') if assigns else ''}{shlex.join(cmd.argv)}", flush=True)
+    return cluster.run(cmd)
 
 
 def _multi_node(args, job: plan.MultiNode) -> int:

@@ -10,11 +10,14 @@ every CPU of the machine) or --bind_core_list. The child applies its set with
 from __future__ import annotations
 
 import os
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 
-def parse_core_list(text: str, flag: str = "--bind_core_list") -> List[int]:
-    """`1,3-5,7` -> [1, 3, 4, 5, 7]: order kept, repeats refused."""
+def parse_core_list(
+    text: str, flag: str = "--bind_core_list", ascending: bool = False
+) -> List[int]:
+    """`1,3-5,7` -> [1, 3, 4, 5, 7]: order kept, repeats refused. `ascending` also refuses an
+    item that does not start after the previous one ends (DeepSpeed's `parse_range_list`)."""
     cores: List[int] = []
     for item in text.split(","):
         first, dash, last = item.strip().partition("-")
@@ -23,10 +26,26 @@ def parse_core_list(text: str, flag: str = "--bind_core_list") -> List[int]:
         lo, hi = int(first), int(last) if dash else int(first)
         if hi < lo:
             raise ValueError(f"{flag} {text}: range {item!r} runs backwards")
+        if ascending and cores and lo <= cores[-1]:
+            raise ValueError(
+                f"{flag} {text}: {item!r} starts at or before core {cores[-1]}, where the item "
+                f"before it ends; list the cores in ascending order without overlaps"
+            )
         cores.extend(range(lo, hi + 1))
     if len(set(cores)) != len(cores):
         raise ValueError(f"{flag} {text}: a core is listed twice")
     return cores
+
+
+def format_ranges(cores: Sequence[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> `0-2,5,7-8`, the inverse of parse_core_list (numactl's -C form)."""
+    runs: List[List[int]] = []
+    for core in cores:
+        if runs and core == runs[-1][1] + 1:
+            runs[-1][1] = core
+        else:
+            runs.append([core, core])
+    return ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
 
 
 def available_cores() -> List[int]:
@@ -34,6 +53,12 @@ def available_cores() -> List[int]:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: every CPU
         return list(range(os.cpu_count() or 1))
+
+
+def core_pool(core_list: Optional[str], ascending: bool = False) -> List[int]:
+    """The cores --bind_cores_to_rank splits: --bind_core_list's, else all this process may
+    use."""
+    return parse_core_list(core_list, ascending=ascending) if core_list else available_cores()
 
 
 def split_cores(cores: Sequence[int], nproc: int) -> List[List[int]]:

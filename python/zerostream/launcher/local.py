@@ -43,6 +43,11 @@ class Program:
     kind: str
     local_rank_arg: bool
 
+    def launcher_flags(self) -> List[str]:
+        """The flags that make another node's `zerostream.launcher` run this program alike."""
+        out = [] if self.local_rank_arg else ["--no_local_rank"]
+        return out + {"script": [], "module": ["--module"], "exec": ["--no_python"]}[self.kind]
+
 
 @dataclass(frozen=True)
 class NodeRun:

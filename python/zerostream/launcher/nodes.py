@@ -60,6 +60,30 @@ def node_env(node: Node, exported: Dict[str, str]) -> Dict[str, str]:
     return env
 
 
+def python_exec() -> str:
+    """The Python each node runs: PYTHON_EXEC (as DeepSpeed's launcher reads it), else this one."""
+    return os.environ.get("PYTHON_EXEC", sys.executable)
+
+
+def agent_flags(
+    bind_cores_to_rank: bool,
+    bind_core_list: Optional[str],
+    rank_log_dir: Optional[str],
+    max_restarts: int,
+) -> List[str]:
+    """The flags about how a node's agent runs its ranks, which every node's command keeps."""
+    out = []
+    if bind_cores_to_rank:
+        out.append("--bind_cores_to_rank")
+    if bind_core_list:
+        out.append(f"--bind_core_list={bind_core_list}")
+    if rank_log_dir:
+        out.append(f"--enable_each_rank_log={rank_log_dir}")
+    if max_restarts:
+        out.append(f"--max_restarts={max_restarts}")
+    return out
+
+
 def node_argv(
     node_rank: int,
     nodes: Sequence[Node],
@@ -71,7 +95,7 @@ def node_argv(
     """`python -u -m zerostream.launcher ...` for one node; `forwarded` are the launcher
     flags every node keeps (--bind_cores_to_rank, --no_local_rank, --module...)."""
     return [
-        os.environ.get("PYTHON_EXEC", sys.executable),
+        python_exec(),
         "-u",
         "-m",
         "zerostream.launcher",

@@ -8,7 +8,10 @@ Which hosts and slots (DeepSpeed's rules, see resources.py):
   is given): its hosts, filtered by --include/--exclude, then --num_nodes/--num_gpus;
 - a hostfile naming only this machine runs here; with several hosts --node_rank i (or
   DeepSpeed's --no_ssh with it) runs node i's share here, else each node's line is printed
-  (and run over ssh with --launcher ssh).
+  (and run over ssh with --launcher ssh), or one cluster launcher's command is made
+  (--launcher pdsh, openmpi, mpich, impi, slurm, mvapich: cluster.py);
+- --world_info (what pdsh's node command carries) with --node_rank i: node i's share of the
+  hosts and slots it lists.
 Without a hostfile, --num_nodes N > 1 with --node_rank and --master_addr runs this node's
 share of an N-node job, as the printed lines do.
 """
@@ -20,12 +23,14 @@ import os
 import shutil
 import socket
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from . import cores, nodes, resources
+from . import cluster, cores, nodes, resources
 from .local import DEFAULT_MASTER_PORT, NodeRun, Program
 
 DLTS_HOSTFILE = "/job/hostfile"  # DeepSpeed's default --hostfile
+# local: print each node's command; ssh: run them (nodes.py); the rest: cluster.py.
+LAUNCHERS = ("local", "ssh", *cluster.LAUNCHERS)
 NO_GPU_SLOTS = 2
 
 
@@ -61,10 +66,22 @@ def check_flags(args) -> None:
         raise ValueError("--module and --no_python cannot be used together")
     if args.no_ssh and args.node_rank is None:
         raise ValueError("--no_ssh runs one node's share: give its --node_rank")
-    if args.launcher == "ssh" and (args.node_rank is not None or args.no_ssh):
+    if args.launcher not in LAUNCHERS:
+        raise ValueError(f"--launcher {args.launcher}: expected one of {', '.join(LAUNCHERS)}")
+    if args.launcher != "local" and (args.node_rank is not None or args.no_ssh):
         raise ValueError(
-            "--launcher ssh starts every node from here; --node_rank/--no_ssh run one node's "
-            "share on the node itself: give one or the other"
+            f"--launcher {args.launcher} starts every node from here; --node_rank/--no_ssh run "
+            f"one node's share on the node itself: give one or the other"
+        )
+    if args.world_info is not None and args.node_rank is None:
+        raise ValueError("--world_info lists the job's nodes: give this node's --node_rank")
+    given = [
+        f for f in ("hostfile", "include", "exclude", "num_nodes", "num_gpus") if getattr(args, f)
+    ]
+    if args.world_info is not None and given:
+        raise ValueError(
+            f"--world_info already says which hosts and slots run; drop "
+            f"{', '.join('--' + f for f in given)}"
         )
     if args.max_restarts < 0:
         raise ValueError(f"--max_restarts {args.max_restarts}: expected 0 or more")
@@ -86,12 +103,6 @@ def check_flags(args) -> None:
         )
     if args.bind_core_list and not args.bind_cores_to_rank:
         raise ValueError("--bind_core_list needs --bind_cores_to_rank")
-    if args.launcher not in ("local", "ssh"):
-        raise NotImplementedError(
-            f"--launcher {args.launcher}: zerostream run starts nodes with 'ssh' (DeepSpeed's "
-            f"pdsh does the same over ssh) or prints their commands ('local'); "
-            f"MPI and SLURM launchers are not supported"
-        )
 
 
 def program_of(args) -> Program:
@@ -143,10 +154,7 @@ def _device_env(slots: Tuple[int, ...]) -> Optional[Dict[str, str]]:
 def _core_sets(args, nproc: int) -> Optional[List[List[int]]]:
     if not args.bind_cores_to_rank:
         return None
-    pool = cores.available_cores()
-    if args.bind_core_list:
-        pool = cores.parse_core_list(args.bind_core_list)
-    return cores.split_cores(pool, nproc)
+    return cores.split_cores(cores.core_pool(args.bind_core_list), nproc)
 
 
 def _hostfile(args) -> Optional[str]:
@@ -193,9 +201,14 @@ def _without_hostfile(args, program: Program) -> NodeRun:
     return _node_run(args, nnodes, node_rank, slots, args.master_addr or "127.0.0.1", port)
 
 
-def plan(args) -> Union[Tuple[NodeRun, Program], MultiNode]:
+def plan(args) -> Union[Tuple[NodeRun, Program], MultiNode, cluster.ClusterCommand]:
+    """This node's share of the job; or, for several hosts started from here, each node's
+    command line (--launcher local, ssh) or the cluster launcher's command."""
     check_flags(args)
     program = program_of(args)
+    if args.world_info is not None:
+        chosen = resources.decode_world_info(args.world_info)
+        return _one_node(args, chosen, "--world_info", program), program
     path = _hostfile(args)
     if path is None:
         return _without_hostfile(args, program), program
@@ -205,22 +218,15 @@ def plan(args) -> Union[Tuple[NodeRun, Program], MultiNode]:
     if len(chosen) == 1 and chosen[0].name in _local_names() and not args.node_rank:
         _check_program_here(program)
         return _node_run(args, 1, 0, chosen[0].slots, "127.0.0.1", args.master_port), program
+    if args.node_rank is not None:
+        return _one_node(args, chosen, path, program), program
     master_addr = args.master_addr or chosen[0].name
     master_port = args.master_port or DEFAULT_MASTER_PORT
-    if args.node_rank is not None:
-        if args.node_rank >= len(chosen):
-            raise ValueError(
-                f"--node_rank {args.node_rank}: {path} gives {len(chosen)} node(s) "
-                f"({', '.join(n.name for n in chosen)})"
-            )
-        _check_program_here(program)
-        slots = chosen[args.node_rank].slots
-        return (
-            _node_run(args, len(chosen), args.node_rank, slots, master_addr, master_port),
-            program,
-        )
     cwd = os.getcwd()
     exported = nodes.exported_env(dict(os.environ), cwd)
+    if args.launcher in cluster.LAUNCHERS:
+        job = cluster_job(args, chosen, master_addr, master_port, exported, cwd)
+        return cluster.command(args.launcher, job)
     lines = [
         nodes.shell_line(
             cwd,
@@ -234,21 +240,60 @@ def plan(args) -> Union[Tuple[NodeRun, Program], MultiNode]:
     return MultiNode(chosen, master_addr, master_port, lines)
 
 
+def _one_node(args, chosen: List[resources.Node], source: str, program: Program) -> NodeRun:
+    """Node --node_rank's share of a job over `chosen` (from a hostfile or --world_info)."""
+    if args.node_rank >= len(chosen):
+        raise ValueError(
+            f"--node_rank {args.node_rank}: {source} gives {len(chosen)} node(s) "
+            f"({', '.join(n.name for n in chosen)})"
+        )
+    _check_program_here(program)
+    master_addr = args.master_addr or chosen[0].name
+    master_port = args.master_port or DEFAULT_MASTER_PORT
+    slots = chosen[args.node_rank].slots
+    return _node_run(args, len(chosen), args.node_rank, slots, master_addr, master_port)
+
+
+def cluster_job(
+    args,
+    chosen: Sequence[resources.Node],
+    master_addr: str,
+    master_port: int,
+    exports: Dict[str, str],
+    cwd: str,
+) -> cluster.ClusterJob:
+    """The job a cluster launcher starts, from the launcher flags (also DeepSpeed's own
+    namespace, whose --venv_script and --slurm_comment zerostream run does not have)."""
+    return cluster.ClusterJob(
+        nodes=tuple(chosen),
+        master_addr=master_addr,
+        master_port=master_port,
+        program=program_of(args),
+        exports=exports,
+        launcher_args=args.launcher_args,
+        cwd=cwd,
+        python=nodes.python_exec(),
+        bind_cores_to_rank=args.bind_cores_to_rank,
+        bind_core_list=args.bind_core_list,
+        rank_log_dir=args.enable_each_rank_log,
+        max_restarts=getattr(args, "max_restarts", 0),
+        ssh_port=args.ssh_port,
+        venv_script=getattr(args, "venv_script", None),
+        slurm_comment=getattr(args, "slurm_comment", "") or "",
+        cuda=_gpu_count() > 0,
+    )
+
+
+def agent_flags(args) -> List[str]:
+    """The flags about how a node's agent runs its ranks, which every node keeps."""
+    return nodes.agent_flags(
+        args.bind_cores_to_rank, args.bind_core_list, args.enable_each_rank_log, args.max_restarts
+    )
+
+
 def forwarded_flags(args) -> List[str]:
     """The flags a node's own `zerostream.launcher` keeps from this command line."""
-    out = []
-    if args.bind_cores_to_rank:
-        out.append("--bind_cores_to_rank")
-    if args.bind_core_list:
-        out.append(f"--bind_core_list={args.bind_core_list}")
-    if args.enable_each_rank_log:
-        out.append(f"--enable_each_rank_log={args.enable_each_rank_log}")
-    if args.max_restarts:
-        out.append(f"--max_restarts={args.max_restarts}")
-    for flag in ("no_local_rank", "module", "no_python"):
-        if getattr(args, flag):
-            out.append(f"--{flag}")
-    return out
+    return agent_flags(args) + program_of(args).launcher_flags()
 
 
 def program_argv(args) -> List[str]:

@@ -9,16 +9,19 @@ Filters are `NODE[:SLOT[,SLOT...]][@NODE...]` (DeepSpeed's `parse_resource_filte
   worker-1, and only those hosts;
 - `--exclude worker-1:0` keeps everything but slot 0 of worker-1; a bare host drops it whole.
 
-Hosts keep the hostfile's order (the node ranks follow it) and slots are sorted. Everything
+Hosts keep the hostfile's order (the node ranks follow it) and slots are sorted. The chosen
+hosts and slots travel to the nodes as DeepSpeed's world info (Note [World info]). Everything
 here is pure: no process is started and only the hostfile is read.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
+import json
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 # One host and its slot count, optionally followed by other MPI-style keys DeepSpeed ignores
 # too (`max_slots=`): `worker-0 slots=8`.
@@ -103,20 +106,62 @@ def parse_filter(spec: str, flag: str) -> "collections.OrderedDict[str, List[int
     return out
 
 
+def _slots_text(slots: Sequence[int]) -> str:
+    if list(slots) == list(range(len(slots))):
+        return f"0-{len(slots) - 1}"
+    return ",".join(str(s) for s in slots)
+
+
 def _check_against(
-    hosts: "collections.OrderedDict[str, Host]", selection: Dict[str, List[int]], flag: str
+    pool: Mapping[str, Sequence[int]],
+    selection: Dict[str, List[int]],
+    flag: str,
+    origins: Optional[Mapping[str, Host]] = None,
 ) -> None:
     for name, slots in selection.items():
-        if name not in hosts:
-            known = ", ".join(hosts)
+        if name not in pool:
+            known = ", ".join(pool)
             raise ValueError(f"{flag}: host {name!r} is not among the hosts ({known})")
-        host = hosts[name]
         for slot in slots:
-            if slot >= host.slots:
+            if slot not in pool[name]:
+                where = ""
+                if origins and name in origins:
+                    where = f" (slots={origins[name].slots} at {origins[name].origin})"
                 raise ValueError(
-                    f"{flag}: host {name!r} has no slot {slot}; it has slots 0-{host.slots - 1} "
-                    f"(slots={host.slots} at {host.origin})"
+                    f"{flag}: host {name!r} has no slot {slot}; it has slots "
+                    f"{_slots_text(pool[name])}{where}"
                 )
+
+
+def filter_slots(
+    pool: Mapping[str, Sequence[int]],
+    include: str = "",
+    exclude: str = "",
+    origins: Optional[Mapping[str, Host]] = None,
+) -> "collections.OrderedDict[str, List[int]]":
+    """{host: slots} after one of --include/--exclude (DeepSpeed's `parse_resource_filter`),
+    in the pool's host order. The result may be empty: whether a run can have no slot is the
+    caller's question. `origins` only adds where a host's slot count was said to errors."""
+    if include and exclude:
+        raise ValueError("--include and --exclude are mutually exclusive; give one of them")
+    if not include and not exclude:
+        return collections.OrderedDict((name, list(slots)) for name, slots in pool.items())
+    flag, spec = ("--include", include) if include else ("--exclude", exclude)
+    selection = parse_filter(spec, flag)
+    _check_against(pool, selection, flag, origins)
+    out: "collections.OrderedDict[str, List[int]]" = collections.OrderedDict()
+    for name, slots in pool.items():
+        if include:
+            if name in selection:
+                out[name] = selection[name] or list(slots)
+            continue
+        dropped = selection.get(name)
+        kept = (
+            list(slots) if dropped is None else [s for s in slots if dropped and s not in dropped]
+        )
+        if kept:
+            out[name] = kept
+    return out
 
 
 def select_nodes(
@@ -130,20 +175,9 @@ def select_nodes(
     --num_gpus slots on each (DeepSpeed's order). The flag combinations are checked by the
     caller; a filter or count that leaves nothing, or asks for more than there is, raises."""
     pool = collections.OrderedDict((h.name, list(range(h.slots))) for h in hosts.values())
-    if include:
-        selection = parse_filter(include, "--include")
-        _check_against(hosts, selection, "--include")
-        pool = collections.OrderedDict(
-            (name, selection[name] or slots) for name, slots in pool.items() if name in selection
-        )
-    elif exclude:
-        selection = parse_filter(exclude, "--exclude")
-        _check_against(hosts, selection, "--exclude")
-        for name, slots in selection.items():
-            pool[name] = [s for s in pool[name] if slots and s not in slots]
-        pool = collections.OrderedDict((n, s) for n, s in pool.items() if s)
-        if not pool:
-            raise ValueError(f"--exclude {exclude}: leaves no slot on any host")
+    pool = filter_slots(pool, include, exclude, origins=hosts)
+    if not pool:
+        raise ValueError(f"--exclude {exclude}: leaves no slot on any host")
     if num_nodes is not None:
         if num_nodes > len(pool):
             raise ValueError(
@@ -159,3 +193,38 @@ def select_nodes(
                 )
             pool[name] = list(range(num_gpus))
     return [Node(name, tuple(slots)) for name, slots in pool.items()]
+
+
+# Note [World info]
+# DeepSpeed hands each node the job's hosts and slots as one command-line word: the JSON of
+# {host: [slot, ...]} in URL-safe base64 (its launcher's --world_info). A node finds its own
+# share by its node rank, the index of its host in that (ordered) mapping, which is why pdsh's
+# per-node `%n` is enough to start every node from one command line.
+def encode_world_info(world: Mapping[str, Union[int, Sequence[int]]]) -> str:
+    """{host: slots} (a list, or a count as in a hostfile) as DeepSpeed's --world_info word."""
+    text = json.dumps({h: s if isinstance(s, int) else list(s) for h, s in world.items()})
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def decode_world_info(word: str) -> List[Node]:
+    """The nodes of a --world_info word, in node-rank order (see Note [World info])."""
+    try:
+        world = json.loads(base64.urlsafe_b64decode(word.encode("ascii")).decode("utf-8"))
+    except (ValueError, UnicodeError) as exc:
+        raise ValueError(f"--world_info {word!r}: not base64 JSON ({exc})") from exc
+    if not isinstance(world, dict) or not world:
+        raise ValueError(f"--world_info: expected a non-empty {{host: [slots]}}; got {world!r}")
+    nodes = []
+    for host, slots in world.items():
+        if isinstance(slots, int) and not isinstance(slots, bool):
+            slots = list(range(slots))
+        ok = isinstance(slots, list) and slots
+        if not ok or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in slots
+        ):
+            raise ValueError(
+                f"--world_info: host {host!r} has slots {slots!r}; expected a non-empty list of "
+                f"device indexes"
+            )
+        nodes.append(Node(host, tuple(slots)))
+    return nodes

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
+from ..accelerator import same_device
 from ..ops.device_adam import device_adam_step
 from . import sinks
 
@@ -197,7 +198,7 @@ def write_partition(sink, lo: int, hi: int, values: torch.Tensor, stage=None) ->
 
     target = sink.part if isinstance(sink, DeviceSink) else sink
     if isinstance(sink, DeviceSink) or (
-        stage is None and torch.is_tensor(target) and target.device == values.device
+        stage is None and torch.is_tensor(target) and same_device(target.device, values.device)
     ):
         target[lo:hi].copy_(values)
         return False

@@ -42,8 +42,18 @@ Note [The simulated device]
   them (pageable) is counted, since a GPU runs it synchronously; a registered host buffer
   the program released before the host knew its copy completed (back to its arena, where
   the next read lands in it) is reported. A download's device side is let go once the copy
-  ran (record_stream's promise kept). With track_memory, `memory` (sim_memory.py) counts the
-  device bytes held and their peak, as torch.cuda.memory_allocated would.
+  ran (record_stream's promise kept); a storage resized to nothing under a queued copy is
+  freed too, and a block freed by the stream it was made on needs no record_stream. With
+  track_memory, `memory` (sim_memory.py, Note [The caching allocator model]) counts the
+  device bytes held and their peak, as torch.cuda.memory_allocated would, and what the
+  caching allocator keeps reserved, per allocation stream, until empty_cache.
+
+  The compute stream (sim_compute.py). Which storages are device memory is known from the
+  device's name (Note [Device memory on the simulated device]); a non_blocking copy between
+  them and page-locked host memory on the compute stream is pending until the host
+  synchronizes with the stream (Note [The compute pseudo-lane]); a blocking read of device
+  memory by the host (`.item()`, `.cpu()`) is such a synchronization, counted with the line
+  that made it.
 
   Collectives. A tensor collective runs when issued (it reads its inputs then, after the
   work queued on the stream it is issued from). Issued with async_op, its outputs hold
@@ -60,22 +70,35 @@ Note [The simulated device]
   collectives and barriers run while the thread's current device is not the rank's.
 
   Violations are collected and raised by check() (and at uninstall); the counters
-  (host_syncs, spin_waits, pageable copies, compute waits) are read by the tests.
+  (host_syncs, spin_waits, pageable copies, compute waits, host reads, registrations) are
+  read by the tests, per step through step_budget.StepCounters.
+
+  What it still cannot see: timing (a copy's speed, whether a collective really overlapped
+  compute on the wire: only the order of issues and waits), a write to a collective's input
+  after its issue (the collective already read it), kernels that race within one stream,
+  the caching allocator's block sizes and fragmentation (bytes only), host memory a native
+  library reads without torch (the io_uring and AIO buffers are checked by their own
+  tests), and a device tensor made by an op that names neither the device nor a device
+  input (torch.empty_like of a host tensor, say).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
+import sys
 import threading
 import time
 import weakref
+from collections import Counter
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import sim_collectives
+from .sim_compute import ComputeLane, ComputeOps, DeviceTags, HostReads
 from .sim_memory import DeviceMemory
 from .sim_streams import SimEvent, SimStream, _Copy, _Item, _poison
 
@@ -115,25 +138,6 @@ class SimCuda:
         self.sim.set_device(self.index)
 
 
-class _ComputeOps(TorchDispatchMode):
-    """Counts the ops the host thread runs while the compute stream is current: the compute
-    stream's position, which a lane must wait for before copying."""
-
-    def __init__(self, sim: "SimDevice"):
-        super().__init__()
-        self.sim = sim
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        sim = self.sim
-        internal = sim._local.__dict__.get("internal")
-        if not internal and sim.current_stream().host:
-            sim.compute_ops += 1
-        out = func(*args, **(kwargs or {}))
-        if sim.memory is not None and not internal:
-            sim.memory.allocated(out)
-        return out
-
-
 class SimDevice:
     """See Note [The simulated device]. `device_index`: this process's device (the rank's
     LOCAL_RANK in a multi-rank test, so that work bound to device 0 by mistake shows)."""
@@ -148,6 +152,10 @@ class SimDevice:
         if policy not in POLICIES:
             raise ValueError(f"sim device policy: expected one of {POLICIES}; got {policy!r}")
         self.policy, self.device_index, self.max_delay_s = policy, device_index, max_delay_s
+        # What the engine names this device (accelerator.bind_run_device): a CPU device with
+        # an index, so that what is made on it is told from host memory (Note [Device memory
+        # on the simulated device])
+        self.torch_device = torch.device("cpu", device_index)
         self.rng = random.Random(seed)
         self.cv = threading.Condition(threading.RLock())
         self._local = threading.local()
@@ -174,7 +182,14 @@ class SimDevice:
             "lane_collectives": 0,
             "empty_cache": 0,
             "collective_waits": 0,
+            "host_reads": 0,
+            "blocking_downloads": 0,
+            "compute_lane_copies": 0,
+            "registrations": 0,
         }
+        self.compute_lane = ComputeLane(self)  # Note [The compute pseudo-lane]
+        self.tags = DeviceTags()  # Note [Device memory on the simulated device]
+        self.read_sites: Counter = Counter()  # "file:line function" of each host read
         self.main_thread = threading.get_ident()
 
     # --- devices and threads ---------------------------------------------------------------------
@@ -268,6 +283,15 @@ class SimDevice:
                 self.counters["spin_waits"] += 1
         self._complete(stream, seq)
 
+    def host_read(self, t: torch.Tensor, scalar: bool) -> None:
+        """The host read device memory (Note [The compute pseudo-lane]): it waited for the
+        compute stream to get there."""
+        self.count("host_reads")
+        if not scalar:
+            self.count("blocking_downloads")
+        self.read_sites[_caller()] += 1
+        self.compute_lane.land(math.inf)
+
     def _learn(self, stream: SimStream, seq: int) -> None:
         """The host knows `stream` completed up to `seq`, and so whatever that stream had
         waited for by then (a lane's waits on other lanes)."""
@@ -288,8 +312,18 @@ class SimDevice:
             return stream.seen >= seq
         return stream.completed >= seq
 
+    def _compute_query(self, ops: int) -> bool:
+        """Whether a query finds the compute stream past op `ops`: its ops ran when issued,
+        but lazily a non_blocking copy queued on it (Note [The compute pseudo-lane]) is not
+        done until the host synchronized with it."""
+        if self.policy == "lazy" and self.compute_lane.has_pending(ops):
+            return False
+        self.compute_lane.land(ops)
+        return True
+
     def synchronize_all(self) -> None:
         """Every lane's queued work completed and observed (torch.cuda.synchronize)."""
+        self.compute_lane.land(math.inf)
         for lane in list(self.lanes):
             self._host_wait(lane, lane.issued, blocking=True)
             self._learn(lane, lane.issued)
@@ -332,33 +366,45 @@ class SimDevice:
 
     def _execute(self, c: _Copy) -> None:
         """On the lane's thread: the copy reads its source now."""
-        freed = self._released(c.device_side, c.key)
+        storage = c.device_side.untyped_storage()
+        resized = storage.data_ptr() != c.key or storage.nbytes() < c.device_bytes
+        freed = resized or self._released(c.device_side, c.key)
         with self.cv:
             kept = any(s is c.stream for s, _ in self.kept.get(c.key, []))
-        if freed and not kept:
+        # Freed by the stream it was made on, a block is reused only by that stream's later
+        # work (Note [The caching allocator model])
+        own = self.memory is not None and self.memory.stream_of(storage) is c.stream
+        del storage
+        if freed and not kept and not own:
+            how = " (its storage resized to nothing)" if resized else ""
             self._violate(
-                f"a {tuple(c.device_side.shape)} {c.device_side.dtype} device buffer was freed "
-                f"while {c.stream.name} still had a copy queued on it, without record_stream: "
-                f"the caching allocator may have reused it"
+                f"a {tuple(c.device_side.shape)} {c.device_side.dtype} device buffer was freed"
+                f"{how} while {c.stream.name} still had a copy queued on it, without "
+                f"record_stream: the caching allocator may have reused it"
             )
+        safe = not freed or kept or own
         if c.upload:
             if not torch.equal(c.src, c.snapshot):
                 self._violate(
                     f"the host rewrote the source of an upload on {c.stream.name} before "
                     f"the copy ran"
                 )
-            c.dst.copy_(c.src)
-            if freed and not kept:
-                _poison(c.dst)
+            if not resized:  # else its storage holds other data now, or none
+                c.dst.copy_(c.src)
+                if not safe:
+                    _poison(c.dst)
         else:
-            c.result = c.src.clone()
-            if freed and not kept:
+            if resized:  # the block, kept by record_stream, still holds the old values
+                c.result = c.device_snapshot.clone()
+            else:
+                c.result = c.src.clone()
+            if not safe:
                 _poison(c.result)
             # The copy has read its source: record_stream is satisfied and the allocator may
             # hand the block out again, so the sim lets go of its alias (the memory model).
             with self.cv:
                 self._drop_alias(c.key)
-            c.src = c.device_side = None
+            c.src = c.device_side = c.device_snapshot = None
 
     def _observe(self, stream: SimStream, seq: int) -> None:
         """The host learned that `stream` completed up to `seq`."""
@@ -405,6 +451,7 @@ class SimDevice:
         span = (lo, lo + tensor.numel() * tensor.element_size())
         with self.cv:
             self.registered.append(span)
+            self.counters["registrations"] += 1
         if self.memory is not None:  # counted by the ops that cut it out, before this call
             self.memory.forget(*span)
         weakref.finalize(tensor, self._unregister, span)
@@ -418,44 +465,14 @@ class SimDevice:
         lo = t.data_ptr()
         return self.span_registered(lo, lo + t.numel() * t.element_size())
 
+    def on_device(self, t: torch.Tensor) -> bool:
+        """Whether `t` is device memory (Note [Device memory on the simulated device])."""
+        return self.tags.has(t) and not self._registered(t)
+
     def span_registered(self, lo: int, hi: int) -> bool:
         """Whether host bytes [lo, hi) lie in one registered (page-locked) range."""
         with self.cv:
             return any(a <= lo and hi <= b for a, b in self.registered)
-
-    # --- collectives -----------------------------------------------------------------------------
-    def collective(self, name: str, fn, args: tuple, kwargs: dict):
-        """A tensor collective (Note [The simulated device]): run at issue
-        (it reads its inputs then, after the stream it is issued from), and, issued with
-        async_op, its outputs hold poison until the program waits for its handle."""
-        self.before_collective(name)
-        if not kwargs.get("async_op") or name in _UNCOMPARED_P2P:
-            self.collective_log.append(("sync", name))
-            return fn(*args, **kwargs)
-        kwargs = {**kwargs, "async_op": False}
-        fn(*args, **kwargs)
-        outputs = args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list"))
-        outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-        with self.internal():
-            results = [t.clone() for t in outputs]
-            for t in outputs:
-                _poison(t)
-        self.collective_log.append(("async", name))
-        return SimWork(self, name, outputs, results)
-
-    def before_collective(self, what: str) -> None:
-        """A tensor collective: NCCL's stream waits for the current stream, so one issued
-        from a lane reads what that lane produced."""
-        stream = self.current_stream()
-        if stream.host:
-            return
-        self.count("lane_collectives")
-        if stream.caught_up < self.compute_ops:
-            self._violate(
-                f"{what} was issued from {stream.name} without the lane waiting for the "
-                f"compute stream ({self.compute_ops - stream.caught_up} ops queued there since)"
-            )
-        self._complete(stream, stream.issued)
 
     # --- reporting -------------------------------------------------------------------------------
     def _violate(self, what: str) -> None:
@@ -490,59 +507,15 @@ class SimDevice:
             lane.thread.join(timeout=5)
 
 
-class SimWork:
-    """The handle of an asynchronous collective on the simulated device: its outputs hold
-    poison until wait(), which puts the results there (the compute stream then waits for
-    the collective's stream, as NCCL's Work.wait does). is_completed() follows the policy:
-    lazily, never before wait()."""
-
-    def __init__(self, sim: SimDevice, name: str, outputs, results):
-        self.sim, self.name = sim, name
-        self.outputs, self.results = outputs, results
-        self.done = False
-        self.due = sim._due()
-
-    def wait(self, timeout=None) -> bool:
-        if not self.done:
-            with self.sim.internal():
-                for t, r in zip(self.outputs, self.results):
-                    t.copy_(r)
-            self.done = True
-            self.outputs = self.results = None
-            self.sim.collective_log.append(("wait", self.name))
-            self.sim.count("collective_waits")
-        return True
-
-    def is_completed(self) -> bool:
-        return self.done or (self.sim.policy != "lazy" and time.monotonic() >= self.due)
-
-    def get_future(self):
-        raise NotImplementedError("the simulated device's collectives have no futures")
-
-
-# Point-to-point calls run as issued (a recv's buffer is the program's to wait on).
-_UNCOMPARED_P2P = ("send", "recv", "isend", "irecv")
-
-# --- installation --------------------------------------------------------------------------------
-
-_TENSOR_COLLECTIVES = (
-    "all_reduce",
-    "broadcast",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter_tensor",
-    "reduce_scatter",
-    "reduce",
-    "all_to_all_single",
-    "all_to_all",
-    "gather",
-    "scatter",
-    "send",
-    "recv",
-    "isend",
-    "irecv",
-)
-_DEVICE_BOUND = ("all_gather_object", "broadcast_object_list", "barrier", "gather_object")
+def _caller() -> str:
+    """The innermost frame outside torch and the simulation: where a host read was made."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if os.sep + "torch" + os.sep not in path and os.sep + "testing" + os.sep not in path:
+            return f"{os.path.basename(path)}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "?"
 
 
 def _sim_accelerator(sim: SimDevice):
@@ -551,6 +524,8 @@ def _sim_accelerator(sim: SimDevice):
     class SimAccelerator(CpuAccelerator):
         """The CPU accelerator (tensors stay on the CPU) whose set_device is recorded per
         thread by the simulation."""
+
+        simulated = True
 
         def set_device(self, device_index: int) -> None:
             sim.set_device(int(device_index))
@@ -578,6 +553,14 @@ def _sim_accelerator(sim: SimDevice):
     return SimAccelerator()
 
 
+_ACTIVE: Optional[SimDevice] = None
+
+
+def active() -> Optional[SimDevice]:
+    """The SimDevice installed now, or None (the plain CPU, or a real GPU)."""
+    return _ACTIVE
+
+
 @contextlib.contextmanager
 def installed(
     policy: str = "lazy",
@@ -591,43 +574,24 @@ def installed(
     violations at the end. `track_memory`: its `memory` counts device bytes (sim_memory.py);
     `device_capacity` (bytes, implies track_memory): holding more is a violation, and the
     accelerator's memory_room() reports what is left of it."""
-    import torch.distributed as dist
-
     from .. import accelerator
     from ..offload import host_buffers, lanes
 
+    global _ACTIVE
     sim = SimDevice(policy, seed, device_index, max_delay_s)
     if track_memory or device_capacity is not None:
         sim.memory = DeviceMemory(sim)
         sim.memory.capacity = device_capacity
     saved_acc = accelerator._ACCELERATOR
     saved_cuda, saved_observer = lanes.simulated_cuda, host_buffers.registration_observer
-    saved = {name: getattr(dist, name) for name in _TENSOR_COLLECTIVES + _DEVICE_BOUND}
-
-    def tensor_collective(name, fn):
-        def call(*args, **kwargs):
-            return sim.collective(name, fn, args, kwargs)
-
-        return call
-
-    def device_bound(name, fn):
-        def call(*args, **kwargs):
-            sim.check_rank_device(name)
-            return fn(*args, **kwargs)
-
-        return call
-
-    for name in _TENSOR_COLLECTIVES:
-        setattr(dist, name, tensor_collective(name, saved[name]))
-    for name in _DEVICE_BOUND:
-        setattr(dist, name, device_bound(name, saved[name]))
+    restore_collectives = sim_collectives.install(sim)
     accelerator._ACCELERATOR = _sim_accelerator(sim)
     lanes.simulated_cuda = lambda device: SimCuda(sim, sim.device_index)
     host_buffers.registration_observer = sim.register
-    mode = _ComputeOps(sim)
     failed = True
+    saved_active, _ACTIVE = _ACTIVE, sim
     try:
-        with mode:
+        with HostReads(sim), ComputeOps(sim):
             yield sim
         sim.synchronize_all()
         failed = False
@@ -637,11 +601,11 @@ def installed(
                 sim.synchronize_all()
             except Exception:  # the block's own error is the one to report
                 pass
+        _ACTIVE = saved_active
         lanes.simulated_cuda = saved_cuda
         host_buffers.registration_observer = saved_observer
         accelerator._ACCELERATOR = saved_acc
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
+        restore_collectives()
         sim.close()
     sim.check()
 

@@ -55,6 +55,8 @@ class _Copy:
         "result",
         "stream",
         "host_registered",
+        "device_bytes",
+        "device_snapshot",
     )
 
     def __init__(self, dst, src, upload, stream):
@@ -66,6 +68,10 @@ class _Copy:
         self.src = self.host_side if upload else self.device_side
         self.upload, self.stream = upload, stream
         self.snapshot = src.clone() if upload else None
+        # A storage resized to nothing frees its block (Note [The caching allocator model]);
+        # with record_stream a download still reads the block's values of the time.
+        self.device_bytes = device.untyped_storage().nbytes()
+        self.device_snapshot = None if upload else device.clone()
         self.result = None
         self.host_registered = False  # set by the device at issue
 
@@ -117,8 +123,12 @@ class SimStream:
         seq = self.issued
         self.sim._host_wait(self, seq, blocking=True)
         self.sim._learn(self, seq)
+        if self.host:  # the compute stream's own copies (Note [The compute pseudo-lane])
+            self.sim.compute_lane.land(math.inf)
 
     def query(self) -> bool:
+        if self.host:
+            return self.sim._compute_query(self.sim.compute_ops)
         done = self.sim._visible(self, self.issued)
         if done:
             self.sim._learn(self, self.issued)
@@ -201,7 +211,10 @@ class SimEvent:
         self.sim._check_thread(self._device(), "Event.query")
         if self.stream is None:
             return True
-        done = self.stream.host or self.sim._visible(self.stream, self.seq)
+        if self.stream.host:
+            done = self.sim._compute_query(self.ops)
+        else:
+            done = self.sim._visible(self.stream, self.seq)
         if done:
             self._learned()
         return done
@@ -218,6 +231,7 @@ class SimEvent:
         if self.stream.host:
             for other, seq in self.deps.items():
                 self.sim._learn(other, seq)
+            self.sim.compute_lane.land(self.ops)
         else:
             self.sim._learn(self.stream, self.seq)
 

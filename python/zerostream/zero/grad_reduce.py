@@ -56,6 +56,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from .. import comm
+from ..accelerator import same_device
 from ..precision import DTYPES
 from .bucket_order import BucketOrder
 from .flat import FlatGroup, ParamSlot
@@ -163,7 +164,7 @@ class Landing:
         if not spans:
             return
         if self.stage is None:
-            if source.device != self.targets[0].device:  # stage-3 shards on the host, say
+            if not same_device(source.device, self.targets[0].device):  # stage-3 shards on the host
                 source = source.to(self.targets[0].device)
             for off, g, at, n in spans:
                 self.targets[g][at : at + n].add_(source[off : off + n])

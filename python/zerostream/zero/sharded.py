@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from ..accelerator import same_device
 from ..lazy_tensor import copy_into, materialize
 from ..offload import sinks
 from ..ops._cpu_optimizer import COPY_DTYPES, CPUOptimizerBase
@@ -307,7 +308,9 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         from ..offload.copy_stage import DeviceSink
 
         return [
-            DeviceSink(p, stage) if torch.is_tensor(p) and p.device == stage.device else p
+            DeviceSink(p, stage)
+            if torch.is_tensor(p) and same_device(p.device, stage.device)
+            else p
             for p in partitions
         ]
 

@@ -198,7 +198,7 @@ def _step_memory(sim, cpu_checkpointing: bool):
     checkpointing.configure(None, checkpoint_in_cpu=cpu_checkpointing)
     checkpointing.model_parallel_cuda_manual_seed(7)
     torch.manual_seed(0)
-    dev = torch.device("cuda") if sim is None else torch.device("cpu")
+    dev = torch.device("cuda") if sim is None else sim.torch_device
     model = MegatronGPT(checkpointed=True).to(dev)
     batch = _batches()[0].to(dev)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -276,7 +276,7 @@ def test_an_input_changed_in_place_after_its_call_is_refused(device):
 
     torch.manual_seed(0)
     block = Block()
-    dev = torch.device("cuda") if device is None else torch.device("cpu")
+    dev = torch.device("cuda") if device is None else device.torch_device
     block.to(dev)
     checkpointing.model_parallel_cuda_manual_seed(7)
     for cpu in (False, True):
@@ -295,7 +295,7 @@ def test_an_input_changed_in_place_then_dropped_is_refused_too(device):
     backward (before, the check needed the tensor alive at backward and let it pass)."""
     torch.manual_seed(0)
     block = Block()
-    dev = torch.device("cuda") if device is None else torch.device("cpu")
+    dev = torch.device("cuda") if device is None else device.torch_device
     block.to(dev)
     checkpointing.model_parallel_cuda_manual_seed(7)
     checkpointing.configure(None, checkpoint_in_cpu=True)
@@ -316,7 +316,7 @@ def test_a_retained_graph_fetches_its_inputs_again(device):
     checkpointing.configure(None, checkpoint_in_cpu=True)
     checkpointing.model_parallel_cuda_manual_seed(7)
     torch.manual_seed(0)
-    dev = torch.device("cuda") if device is None else torch.device("cpu")
+    dev = torch.device("cuda") if device is None else device.torch_device
     model = MegatronGPT(checkpointed=True).to(dev).eval()  # no dropout: both runs alike
     batch = _batches()[0].to(dev)
     loss = model(batch[:, :-1], batch[:, 1:])

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from zerostream.launcher import cores
-from zerostream.launcher.resources import Node, parse_filter, parse_hostfile, select_nodes
+from zerostream.launcher.resources import (
+    Node,
+    decode_world_info,
+    encode_world_info,
+    filter_slots,
+    parse_filter,
+    parse_hostfile,
+    select_nodes,
+)
 
 TWO_WORKERS = "worker-0 slots=4\nworker-1 slots=4\n"
 
@@ -143,3 +151,48 @@ def test_cores_split_disjoint_and_equal_leaving_the_remainder():
     for bad in ("1,x", "5-3", "1,1", "1-"):
         with pytest.raises(ValueError, match=r"--bind_core_list"):
             cores.parse_core_list(bad)
+
+
+def test_filter_slots_works_on_any_slot_lists_and_may_leave_nothing():
+    pool = {"worker-0": [0, 2, 3], "worker-1": [1]}
+    assert filter_slots(pool) == pool
+    assert filter_slots(pool, exclude="worker-0:2") == {"worker-0": [0, 3], "worker-1": [1]}
+    assert filter_slots(pool, exclude="worker-0@worker-1") == {}
+    assert list(filter_slots(pool, include="worker-1@worker-0:3")) == ["worker-0", "worker-1"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"include": "a", "exclude": "b"}, "--include and --exclude are mutually exclusive"),
+        ({"include": "jeff"}, "--include: host 'jeff' is not among the hosts (worker-0, worker-1)"),
+        ({"exclude": "worker-0:1"}, "--exclude: host 'worker-0' has no slot 1; it has slots 0,2,3"),
+        ({"include": "worker-1:4"}, "--include: host 'worker-1' has no slot 4; it has slots 0-0"),
+        ({"exclude": "worker-1@worker-0:2@5"}, "--exclude: host '5' is not among the hosts"),
+    ],
+)
+def test_filter_slots_errors_name_the_host_or_slot(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        filter_slots({"worker-0": [0, 2, 3], "worker-1": [0]}, **kwargs)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_world_info_round_trip_keeps_node_order_and_slots():
+    word = encode_world_info({"worker-1": [0, 2], "worker-0": 3})
+    assert set(word) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=")
+    assert decode_world_info(word) == [Node("worker-1", (0, 2)), Node("worker-0", (0, 1, 2))]
+
+
+@pytest.mark.parametrize(
+    "word, message",
+    [
+        ("not base64!", "--world_info 'not base64!': not base64 JSON"),
+        (encode_world_info({}), "--world_info: expected a non-empty {host: [slots]}"),
+        (encode_world_info({"w": []}), "--world_info: host 'w' has slots []"),
+        (encode_world_info({"w": [0, -1]}), "--world_info: host 'w' has slots [0, -1]"),
+    ],
+)
+def test_bad_world_info_is_refused_naming_the_host(word, message):
+    with pytest.raises(ValueError) as err:
+        decode_world_info(word)
+    assert str(err.value).startswith(message), str(err.value)

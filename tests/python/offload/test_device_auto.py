@@ -152,7 +152,7 @@ def auto_worker(rank, world, root):
         out["stats"] = swapper.stats()
         out["extents_before"] = extents_before
         out["dev_on_engine_device"] = all(
-            t.device == engine.device for s in swapper.sub_groups if s.dev for t in s.dev
+            sim.on_device(t) for s in swapper.sub_groups if s.dev for t in s.dev
         )
         engine.save_checkpoint(f"{root}/ckpt", tag="moved")
         more = _train(engine, rank, world, 1, first=STEPS - 1)

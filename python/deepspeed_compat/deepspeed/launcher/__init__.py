@@ -1,5 +1,6 @@
-"""`deepspeed.launcher`: the `deepspeed` command is zerostream's launcher (runner)."""
+"""`deepspeed.launcher`: the `deepspeed` command is zerostream's launcher (runner); the
+multi-node runners build their command lines with zerostream's cluster launchers."""
 
-from . import runner
+from . import constants, multinode_runner, runner
 
-__all__ = ["runner"]
+__all__ = ["constants", "multinode_runner", "runner"]

@@ -1,6 +1,6 @@
 """`deepspeed.utils`: the logger, log_dist, process-group getters (groups), zero_to_fp32,
-OnDevice and the parameter-level accessors of ZeRO state (safe_get_full_fp32_param, ...;
-tensor_fragment).
+OnDevice, the numactl binding (numa) and the parameter-level accessors of ZeRO state
+(safe_get_full_fp32_param, ...; tensor_fragment).
 
 `logger` and `log_dist` live in `deepspeed.utils.logging`, as in DeepSpeed (PyTorch Lightning
 sets the level through `deepspeed.utils.logging.logger`); `logger` is zerostream's logger, so a
@@ -15,9 +15,10 @@ import torch
 
 from zerostream.zero.stage3 import leaf as _leaf
 
-from . import groups, init_on_device, logging, tensor_fragment, zero_to_fp32
+from . import groups, init_on_device, logging, numa, tensor_fragment, zero_to_fp32
 from .init_on_device import OnDevice
 from .logging import log_dist, logger
+from .numa import get_numactl_cmd
 from .tensor_fragment import *  # noqa: F403  (the safe_get/set_* accessors)
 
 
@@ -77,12 +78,14 @@ __all__ = [
     "groups",
     "init_on_device",
     "logging",
+    "numa",
     "tensor_fragment",
     "zero_to_fp32",
     "OnDevice",
     *tensor_fragment.__all__,
     "logger",
     "log_dist",
+    "get_numactl_cmd",
     "set_z3_leaf_modules",
     "unset_z3_leaf_modules",
     "set_z3_leaf_modules_by_name",
