@@ -1,6 +1,6 @@
 """What a fresh 100 MiB tensor costs (allocate and fill: every page faulted in) with and
 without a resident ballast of N GiB, as a tiered run's host tier leaves RAM (benchmarks/
-capacity.md, session 32).
+capacity.md, 2026-11-28).
 
     .venv/bin/python benchmarks/fresh_pages.py 18
 """

@@ -9,7 +9,7 @@ them again: the gathered stage-3 parameters, a bf16 model's fp32 casts, the weig
 Each first touch of a fresh page traps into the kernel, which zeroes it: on this project's
 VM that costs about 0.4 s a GB, eight times the cost of writing the bytes themselves; the
 3.17 B bench's forward and backward (all on NVMe) took 36-48 s a step with glibc's policy
-and 18-25 s with "retain", bit-identical losses (benchmarks/capacity.md, session 30).
+and 18-25 s with "retain", bit-identical losses (benchmarks/capacity.md).
 On a GPU the caching allocator keeps device blocks for reuse; "retain" does the same for
 the host heap: mmap is off for malloc (M_MMAP_MAX 0: big blocks come from the heap) and the
 heap's top is never trimmed (M_TRIM_THRESHOLD at its largest), so a step's freed tensors
@@ -23,7 +23,7 @@ earlier ones left (glibc splits big free blocks; an 8-layer bench step's peak RS
 Two consequences:
 - "auto" tiers size themselves from what a measured step needs above what it leaves (Note
   [A step's excess] in offload/memory_preflight.py), and a retained heap leaves what it
-  needed: the 3.17 B tiered bench, measuring none, ran out of memory in session 30. So while
+  needed: the 3.17 B tiered bench, measuring none, ran out of memory. So while
   any "auto" tier is still to be placed, each step's end gives the free heap pages back
   (malloc_trim) before the step's window closes: the window's peak is the step's with
   "retain" (its holes included), what it leaves is what is live, and the tiers are sized
@@ -38,8 +38,8 @@ Two consequences:
   the machine out of memory. The excess is in it because the heap creeps: blocks that do
   not fit the holes earlier ones left take new pages, step after step (the 3.17 B bench's
   all-NVMe run went from 14.3 to 17.4 GiB over ten steps), and "auto" leaves only a step's
-  excess and its reserve free. With a valve of VALVE_BYTES alone the tiered bench of
-  session 33 was killed for memory after its tiers were placed; a step that starts with a
+  excess and its reserve free. With a valve of VALVE_BYTES alone the tiered bench was
+  killed for memory after its tiers were placed; a step that starts with a
   step's excess free fits even if it reuses no hole. So that the valve does not then open
   at every step end (and "retain" gain nothing), "auto" leaves room for both while
   "retain" holds: the heap it keeps (about a step's excess) and a step's excess free

@@ -56,9 +56,9 @@ def test_only_pyinit_is_exported():
 )
 def test_the_session_runs_the_static_libstdcxx_variant_after_torch():
     """The GPU box's compiler wrapper linked libstdc++ into _C statically; with torch loaded
-    first, formatting a config error crashed the process (GPU data-path issue). This session
-    loaded such a build after torch (conftest.py); the config tests running beside this one
-    are the check. Here: it really is that build."""
+    first, formatting a config error crashed the process (GPU data-path issue). This pytest
+    session loaded such a build after torch (conftest.py); the config tests running beside this
+    one are the check. Here: it really is that build."""
     import sys
 
     assert "torch" in sys.modules

@@ -26,13 +26,13 @@ from . import fio
 # file (rc + wc, the disk's combined rate when both directions are busy, as in the
 # optimizer's pipelined step). The floor is
 #     max(R / r, W / w, (R + W) / (rc + wc)).
-# Session 29's floor was R / r + W / w with depth-1 rates: on a virtual disk whose reads and
+# A floor of R / r + W / w with depth-1 rates bounds nothing: on a virtual disk whose reads and
 # writes proceed together (and whose write rate grows with the depth: 0.99 GB/s at depth 1,
-# 2.2 at 32 on this VM) both runs beat it, so it bounded nothing. A step above the floor by
+# 2.2 at 32 on this VM) both runs of a compare beat it. A step above the floor by
 # much more than its compute (forward and backward with every shard in host memory move no
 # disk bytes) is waiting on something other than the disk.
-# The disk is shared (a virtual disk): session 31's fio, run once after both runs, measured
-# concurrent writes at a quarter of session 30's, and both runs beat the floor it gave. So fio
+# The disk is shared (a virtual disk): one fio sample, taken once after both runs, measured
+# concurrent writes at a quarter of an earlier run's, and both runs beat the floor it gave. So fio
 # samples the disk before the runs and after them, and each rate is taken at its best of
 # the two (the concurrent pair from one sample): a slow moment of the disk never raises the
 # floor.

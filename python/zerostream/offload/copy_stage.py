@@ -33,7 +33,7 @@ Note [The copy stage]
   is taken. On the CPU twin they are landed inline, when their slot is needed again or at
   drain(): there the consumer thread's adds, a second OpenMP team on the same cores, slowed
   the whole step (bench step, small, stage 2 offload cpu bf16: 0.076-0.092 s against
-  0.064-0.070 s inline, session 10); tests turn it on explicitly.
+  0.064-0.070 s inline); tests turn it on explicitly.
 
   Stage 3 with shards in host memory (offload_param cpu or nvme) has an upload-only stage of
   its own (zero/stage3/partitioner.py): a gather uploads its shards on the lane and issues

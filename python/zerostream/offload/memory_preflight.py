@@ -171,7 +171,8 @@ class StepPeaks:
       but a placement comes later, inside the next step, after the heap has grown back: the
       3.17 B tiered bench placed with 13.06 GiB resident and MemAvailable 9.96 GiB, both
       counting ~5 GiB of regrown free heap, beside an excess of 6.52 GiB that is that heap
-      again, and predicted a peak of 21.46 GiB for steps that peaked at 17.21 (session 33).
+      again, and predicted a peak of 21.46 GiB for steps that peaked at 17.21
+      (benchmarks/capacity.md).
       So a tier calls before_placing() before it reads memory: "retain" gives the free heap
       back there too (`release_heap`, set by host_malloc). The room the retained heap then
       takes is counted once, explicitly (tiers.measured_budget_bytes)."""

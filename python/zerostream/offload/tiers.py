@@ -65,14 +65,14 @@ parts, each scaled by what the placement changes:
   whose state is mostly on disk takes as long as its slowest stream, which scales with the
   bytes, but never below the part of the last step that did not wait on the disk (the
   kernel, which still updates every element).
-Session 28 predicted from the whole last interval less the optimizer's wait only: 1.5x off,
-as that interval held the shards' move and the parameter writes the placement removed.
+A prediction from the whole last interval less the optimizer's wait only was 1.5x off, as
+that interval held the shards' move and the parameter writes the placement removed.
 It also logs the placed steps' peak RSS it expects: the RSS it placed at (the shards placed
 before it included), plus the bytes it placed, plus the measured step's excess (Note [A
 step's excess]); and its ceiling, that RSS plus the excess plus the whole budget, which
 leaves only the reserve free. `bench capacity` measures the placed steps' own peak against
-both (session 29's largest run peaked 2.5% over the bench's formula with nothing to say
-whether "auto" or the formula was off).
+both (without the prediction, the largest run of benchmarks/capacity.md peaked 2.5% over
+the bench's formula with nothing to say whether "auto" or the formula was off).
 
 Note [Parameter shards in host memory]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -91,7 +91,7 @@ Note [Which tier first]
 Bytes of traffic saved are not seconds saved. The shards are read ahead of the layer that
 needs them, and the compute of the forward and backward hides those reads; the optimizer
 step streams its sub-groups through the CPU kernel with little to hide them behind. On the
-3.17 B run of benchmarks/capacity.md (session 20) the shards, placed first by bytes, saved
+3.17 B fp32 run of benchmarks/capacity.md the shards, placed first by bytes, saved
 nothing: the step waited 150 of 215 s on the optimizer stream. So when both tiers are
 "auto", the measured step decides: each tier's unhidden wait in it (the time the host
 waited on that tier's reads and writes) per byte that tier holds on disk is the step time a

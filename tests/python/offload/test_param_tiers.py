@@ -49,8 +49,9 @@ def test_the_placed_step_is_predicted_from_the_bytes_its_optimizer_step_moves():
 
 
 def test_the_placed_steps_peak_rss_is_what_was_resident_plus_what_moved_plus_the_excess():
-    # Session 32's 4.80 B run: 13.70 GiB resident at placement, 6.71 GiB placed, a step's
-    # measured excess of 1.00 GiB; a budget of 7.04 GiB (what left only the reserve).
+    # The 4.80 B run of benchmarks/capacity.md: 13.70 GiB resident at placement, 6.71 GiB
+    # placed, a step's measured excess of 1.00 GiB; a budget of 7.04 GiB (what left only the
+    # reserve).
     gib = 2**30
     got = tiers.predict_peak_rss(int(13.70 * gib), gib, int(6.71 * gib), int(7.04 * gib))
     assert got["predicted_peak_rss_bytes"] == int(13.70 * gib) + gib + int(6.71 * gib)
@@ -226,7 +227,7 @@ def test_a_step_whose_plan_was_abandoned_does_not_size_auto(tmp_path, monkeypatc
     # abandons the plan (its peak is not a planned step's); step 3 records again; step 4 runs
     # the whole plan; the shards come back as step 5 starts, and the optimizer state (also
     # "auto") at step 5's update, after them: before, it took its tier at step 4 and the
-    # shards were sized from what its arena left (benchmarks/capacity.md, session 20).
+    # shards were sized from what its arena left (benchmarks/capacity.md).
     monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", str(_share_for(1 << 20)))
     out = run_ranks(worker, 1, str(tmp_path), 7, "auto", ExtraAtStepTwo)[0]
     none, auto = out[0], out["auto"]
@@ -366,7 +367,7 @@ def slow_disk_worker(rank, world, root):
 
 def test_the_time_the_step_waits_for_shard_reads_is_counted(tmp_path):
     # What the disk costs the step beyond what prefetch hides, per tier, is what an "auto"
-    # that orders the tiers by time saved needs (benchmarks/capacity.md, session 20).
+    # that orders the tiers by time saved needs (benchmarks/capacity.md).
     waited, reads, took = run_ranks(slow_disk_worker, 1, str(tmp_path))[0]
     assert reads > 0
     assert 0.02 * reads <= waited <= took
