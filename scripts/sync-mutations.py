@@ -145,7 +145,7 @@ MUTATIONS = [
     ),
     (
         "swapper-waits-for-held-uploads",
-        "offload/param_swap.py",
+        "zero/stage3/param_swap.py",
         "            elif uploads is None or not uploads.release_held(wait=True):",
         "            elif True:",
         [GPU_PATH + "::test_nvme_staging_smaller_than_the_read_ahead_waits_for_held_uploads"],
@@ -294,7 +294,7 @@ MUTATIONS = [
     ),
     (
         "staging-pooled",
-        "offload/param_swap.py",
+        "zero/stage3/param_swap.py",
         "register=True, pooled=True)",
         "register=True)",
         [GPU_PATH + "::test_host_memory_is_registered_once_and_not_at_all_without_pin_memory"],

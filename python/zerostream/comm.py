@@ -17,7 +17,7 @@ import json
 import logging
 import math
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -260,6 +260,28 @@ def get_world_size(group=None) -> int:
 
 def get_local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+# The launchers' "ranks on this host": torchrun's, DeepSpeed's launcher's, Open MPI's.
+LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def local_ranks() -> Tuple[int, str]:
+    """(ranks of this job on this host, the variable that said so; "" when none did)."""
+    for name in LOCAL_SIZE_VARS:
+        text = os.environ.get(name)
+        if text:
+            value = int(text) if text.strip().isdigit() else 0
+            if value < 1:
+                raise ValueError(f"{name}: expected a positive integer (ranks); got {text!r}")
+            return value, name
+    return 1, ""
+
+
+def ranks_on_this_host() -> int:
+    """How many ranks of this job run on this host, and so write to one nvme_path's disk and
+    share its memory (the swap stores' and the host-memory preflight's arithmetic)."""
+    return local_ranks()[0]
 
 
 def get_global_rank(group=None, group_rank: int = 0) -> int:

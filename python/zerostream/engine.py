@@ -94,7 +94,10 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         self.device = ctx.device
         groups = param_groups_of(model, model_parameters)
         refuse_unsupported(cfg, model, client_groups(optimizer, groups))
-        stage_class(cfg.zero_stage).prepare_module(model, ctx)
+        # The stage's class, looked up once: what differs between stages is its attributes
+        # and methods (zero/protocol.py), not branches here.
+        self._stage = stage_class(cfg.zero_stage)
+        self._stage.prepare_module(model, ctx)
         self.optimizer = build_zero_optimizer(ctx, groups, client=optimizer)
         # torch_autocast (Note [torch_autocast] in autocast.py): fp32 training, forward under
         # torch.autocast; the safe modules' params tagged with their communication dtype.
@@ -440,7 +443,7 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
     # --- stage-3 housekeeping -------------------------------------------------------------------
     def empty_partition_cache(self) -> None:
         """Stage 3: releases every gathered parameter that is not persistent."""
-        stage_class(self._config.zero_stage).release_gathered(self.module)
+        self._stage.release_gathered(self.module)
 
     def offload_states(self, include=None, device="cpu", pin_memory=True, non_blocking=False):
         """Parks the ZeRO state kinds in `include` (DeepSpeed's OffloadStateTypeEnum values;
@@ -454,7 +457,7 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
     def destroy(self) -> None:
         """Ends the engine: stage 3's module hooks go (parameters stay partitioned) and the
         swap files of NVMe offload are deleted, their directories given up."""
-        stage_class(self._config.zero_stage).close(self.module, self.optimizer)
+        self._stage.close(self.module, self.optimizer)
         if self._retains_host_memory:  # Note [Fresh pages cost more than the math]
             self._retains_host_memory = False
             host_malloc.release()

@@ -13,7 +13,6 @@ import torch
 from . import comm
 from .checkpoint import load_checkpoint, save_checkpoint
 from .checkpoint.target import CheckpointTarget, TrainingCounters
-from .zero.factory import stage_class
 
 logger = logging.getLogger("zerostream")
 
@@ -74,7 +73,7 @@ class CheckpointMethods:
         cfg = self._config
         return CheckpointTarget(
             module=self.module,
-            stage=stage_class(cfg.zero_stage).checkpointer(self.module, self.optimizer),
+            stage=self._stage.checkpointer(self.module, self.optimizer),
             lr_scheduler=self.lr_scheduler,
             checkpoint=cfg.checkpoint,
             aio=cfg.aio,
@@ -94,8 +93,7 @@ class CheckpointMethods:
     # --- whole weights ---------------------------------------------------------------------------
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""
-        stage = stage_class(self._config.zero_stage)
-        return stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
+        return self._stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
 
     def save_16bit_model(
         self,
@@ -106,7 +104,7 @@ class CheckpointMethods:
         """Rank 0 writes the module's weights to save_dir/save_filename. At stage 3 only
         with zero_optimization.stage3_gather_16bit_weights_on_model_save (else returns False,
         as DeepSpeed does); all ranks must call it."""
-        stage = stage_class(self._config.zero_stage)
+        stage = self._stage
         zero = self._config.zero_optimization
         if stage.gathers_to_save and not zero.stage3_gather_16bit_weights_on_model_save:
             logger.warning(

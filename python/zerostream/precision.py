@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 # ds_config's precision names ("precision", "communication_data_type") as torch dtypes.
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+# The 16-bit dtypes a CPU optimizer step also writes a copy of its params in (param_copy)
+COPY_DTYPES = (torch.bfloat16, torch.float16)
 
 logger = logging.getLogger("zerostream")
 

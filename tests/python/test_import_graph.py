@@ -1,7 +1,7 @@
 """The package's import graph, read from the source (every `import` statement, those inside
 functions included, since a lazy import only hides a cycle): no module reaches itself, and
-the seams issue 29 cut stay cut (checkpoint/ knows neither the engine nor a stage; the config
-reaches no optimizer or I/O code)."""
+the seams stay cut (checkpoint/ knows neither the engine nor a stage; the config reaches no
+optimizer or I/O code; offload/ imports nothing from zero/)."""
 
 import ast
 import pathlib
@@ -119,3 +119,14 @@ def test_the_config_reaches_no_optimizer_or_io_code():
         if m.startswith(("zerostream.ops", "zerostream.offload")) or m == "zerostream.optim_factory"
     )
     assert not bad, bad
+
+
+def test_offload_imports_nothing_from_zero():
+    """offload/ is the floor the stages stand on (host memory, files, copies, the tiers): a
+    piece of it that needs a stage's own types belongs in that stage (stage 3's parameter
+    swapper lives in zero/stage3/)."""
+    for module in (m for m in MODULES if m.startswith("zerostream.offload")):
+        bad = sorted(t for t in GRAPH[module] if t.startswith("zerostream.zero"))
+        assert not bad, f"{module} imports {bad}"
+    # The rule bites: a stage module that imports offload/ is seen by the same walk.
+    assert "zerostream.offload.copy_stage" in GRAPH["zerostream.zero.stage3.param_swap"]

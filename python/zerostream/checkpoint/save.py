@@ -119,7 +119,7 @@ def _check_node_local_storage(target: CheckpointTarget, save_dir: str) -> None:
     it refuses up front instead of failing part way on the other hosts. Every rank
     decides the same: the launcher's per-host rank count is below the world size on all
     hosts or on none."""
-    from ..ops.threads import local_ranks
+    from ..comm import local_ranks
 
     if not target.checkpoint.use_node_local_storage:
         return

@@ -2,4 +2,5 @@
 arenas, GPU registration), memory_preflight (what the process may still allocate). Files:
 io_engine (asynchronous reads and writes), swap_store (a rank's swap files), crc32c,
 fault_injection (test only). Above them: copy_stage,
-optimizer_swap, param_swap, sinks."""
+optimizer_swap, sinks. Nothing here imports zero/: stage 3's parameter swapper, which knows
+its ZeroParams, lives in zero/stage3/param_swap.py."""

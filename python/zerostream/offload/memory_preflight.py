@@ -17,7 +17,7 @@ import weakref
 import zlib
 from typing import Callable, Dict, Optional, Tuple
 
-from ..ops.threads import ranks_on_this_host
+from ..comm import ranks_on_this_host
 
 ENV = "ZEROSTREAM_HOST_MEMORY_LIMIT"
 SKEW_ENV = "ZEROSTREAM_TEST_SKEW"

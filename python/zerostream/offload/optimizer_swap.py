@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 import torch
 
 from .. import _C
+from ..comm import ranks_on_this_host
 from ..ops.adam import cpu_adam_step
-from ..ops.threads import ranks_on_this_host
 from . import device_auto, sinks, tiers
 from .device_auto import DeviceAutoPlacement
 from .host_buffers import HostArena, arena_bytes
@@ -226,13 +226,18 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         """sub_group_size, lowered (one log line) when its staging buffers (sets x 3
         sub-group-sized buffers of the widest kind) would take more than a quarter of the
         free host memory:
-        Adam is elementwise, so where the sub-groups are cut changes no result."""
+        Adam is elementwise, so where the sub-groups are cut changes no result. The reading
+        is agreed (the smallest rank's), as every reading that plans the tiers is: the
+        sub-groups decide which elements the device tier and each tier hold (Note [Every
+        rank places the same tiers] in tiers.py)."""
         try:
             import psutil
 
-            free = psutil.virtual_memory().available
+            free = skewed(psutil.virtual_memory().available, "usable")
         except ImportError:
             return sub_group_size
+        if self.agree is not None:
+            free = int(self.agree([free], "min")[0])
         fits = max(1 << 20, free // 4 // (sets * 3 * self.widest))
         largest = max(self.numels, default=0) if sub_group_size == 0 else sub_group_size
         if largest <= fits:

@@ -7,7 +7,7 @@ Note [Partition sinks]
     cpu, or a machine without a GPU);
   - a DeviceSink (offload/copy_stage.py): a device partition written through the copy stage,
     a staging slot per piece, each piece crossing while the next is stepped;
-  - a ShardSink (offload/param_swap.py): stage-3 shards in the param swap store, a host piece
+  - a ShardSink (zero/stage3/param_swap.py): stage-3 shards in the param swap store, a host piece
     written out to disk at commit.
   The two sinks share one type, StagedSink: `staging(lo, hi)` hands out host memory for the
   piece and `commit(lo, hi)` sends it on; `piece` (DeviceSink) bounds the piece to a staging
@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from ..ops._cpu_optimizer import COPY_DTYPES
+from ..precision import COPY_DTYPES
 
 
 class StagedSink(abc.ABC):

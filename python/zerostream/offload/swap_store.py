@@ -1,6 +1,6 @@
 """A rank's swap files on NVMe: one extent per tensor id, written and read through an
 IoEngine, optionally checksummed (layout: offload/swap_store.h). The optimizer and parameter
-swappers (optimizer_swap.py, param_swap.py) keep their tensors here.
+swappers (optimizer_swap.py, zero/stage3/param_swap.py) keep their tensors here.
 
     store = SwapStore(IoEngine(), "/nvme", rank=0, name="optimizer")
     store.write(7, buf).wait()                          # wait() for this request only

@@ -246,7 +246,7 @@ def auto_budget_bytes(usable_bytes: Optional[int], ranks_on_host: int, other_byt
 
 def usable_share() -> tuple:
     """(bytes this process may still allocate or None, where that comes from, ranks here)."""
-    from ..ops.threads import ranks_on_this_host
+    from ..comm import ranks_on_this_host
     from .memory_preflight import usable_host_bytes
 
     usable, where = usable_host_bytes()
@@ -277,7 +277,7 @@ def measured_budget_bytes(
     or read now), the reserve and `other_bytes` (Note ["auto" is sized from a measured
     step]). With `agree` (comm.agreement), the smallest of the ranks' budgets: every rank
     then places the same shards and sub-groups (Note [Every rank places the same tiers])."""
-    from ..ops.threads import ranks_on_this_host
+    from ..comm import ranks_on_this_host
     from .memory_preflight import STEP_PEAKS, peak_above_now_bytes
 
     if reading is None:

@@ -21,6 +21,7 @@ from zerostream import _C
 from zerostream.lazy_tensor import LazyTensor
 from zerostream.offload.host_buffers import aligned_empty
 from zerostream.ops.threads import optimizer_threads
+from zerostream.precision import COPY_DTYPES
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {
     torch.float32: "fp32",
@@ -28,7 +29,6 @@ _DTYPE_NAMES: Dict[torch.dtype, str] = {
     torch.float16: "fp16",
 }
 GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-COPY_DTYPES = (torch.bfloat16, torch.float16)
 _SIMD_NAMES = ("scalar", "neon", "avx2", "avx512")
 
 

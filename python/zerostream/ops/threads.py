@@ -29,8 +29,9 @@ import logging
 import os
 from typing import Dict, Optional, Tuple
 
-_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
-_ENV_VARS = ("ZS_OPTIM_THREADS", "OMP_NUM_THREADS") + _LOCAL_SIZE_VARS
+from ..comm import LOCAL_SIZE_VARS, local_ranks
+
+_ENV_VARS = ("ZS_OPTIM_THREADS", "OMP_NUM_THREADS") + LOCAL_SIZE_VARS
 _cache: Dict[tuple, Tuple[int, str]] = {}
 _logged = set()
 
@@ -43,21 +44,6 @@ def _positive_int(name: str, text: str) -> int:
     if value < 1:
         raise ValueError(f"{name}: expected a positive integer (threads); got {text!r}")
     return value
-
-
-def local_ranks() -> Tuple[int, str]:
-    """(ranks of this job on this host, the variable that said so; "" when none did)."""
-    for name in _LOCAL_SIZE_VARS:
-        text = os.environ.get(name)
-        if text:
-            return _positive_int(name, text), name
-    return 1, ""
-
-
-def ranks_on_this_host() -> int:
-    """How many ranks of this job run on this host, and so write to one nvme_path's disk and
-    share its memory (the swap stores' and the host-memory preflight's arithmetic)."""
-    return local_ranks()[0]
 
 
 def _cores() -> int:

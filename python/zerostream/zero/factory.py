@@ -106,9 +106,9 @@ def _swapped_adam(ctx: StageContext, client):
     moments live in sub-groups on the device, in host memory or in the swap store
     (offload/optimizer_swap.py), built from the config's sections."""
     from ..offload.optimizer_swap import SwappedAdam
-    from ..offload.param_swap import ShardSink
     from .master_precision import master_dtype, state_dtype
     from .sharded import require_host_state
+    from .stage3.param_swap import ShardSink
 
     cfg = ctx.config
     offload = cfg.zero_optimization.offload_optimizer

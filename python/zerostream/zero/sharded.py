@@ -21,7 +21,8 @@ import torch
 from ..accelerator import same_device
 from ..lazy_tensor import copy_into, materialize
 from ..offload import sinks
-from ..ops._cpu_optimizer import COPY_DTYPES, CPUOptimizerBase
+from ..ops._cpu_optimizer import CPUOptimizerBase
+from ..precision import COPY_DTYPES
 from .base import ZeroOptimizerBase
 from .master_precision import configure_inner, master_dtype, state_bytes
 from .protocol import PartitionLayout, StageContext

@@ -201,7 +201,7 @@ def test_the_update_writes_16_bit_host_partitions_in_pass_and_others_through_the
 def test_a_stage3_shard_sink_is_written_by_the_kernel_in_pass():
     from zerostream.offload.sinks import StagedSink, fused_target, hand_on
 
-    class Sink(StagedSink):  # as ShardSink (offload/param_swap.py): host staging, commit
+    class Sink(StagedSink):  # as ShardSink (zero/stage3/param_swap.py): host staging, commit
         dtype, numel = torch.bfloat16, 100
 
         def __init__(self):

@@ -11,13 +11,13 @@ import pytest
 from zerostream.offload.optimizer_swap import SwappedAdam
 
 
-def _fit(monkeypatch, free_bytes, numels, sub_group_size, sets=2, widest=4):
+def _fit(monkeypatch, free_bytes, numels, sub_group_size, sets=2, widest=4, agree=None):
     import psutil
 
     monkeypatch.setattr(
         psutil, "virtual_memory", lambda: types.SimpleNamespace(available=free_bytes)
     )
-    fake = types.SimpleNamespace(numels=numels, widest=widest)
+    fake = types.SimpleNamespace(numels=numels, widest=widest, agree=agree)
     return SwappedAdam._fit_sub_group_size(fake, sub_group_size, sets)
 
 
@@ -45,7 +45,7 @@ def test_bf16_masters_and_moments_fit_twice_the_sub_group():
     mp = pytest.MonkeyPatch()
     try:
         mp.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=free))
-        fake = types.SimpleNamespace(numels=[3 * 10**9], widest=2)
+        fake = types.SimpleNamespace(numels=[3 * 10**9], widest=2, agree=None)
         size = SwappedAdam._fit_sub_group_size(fake, 10**9, 2)
     finally:
         mp.undo()
@@ -55,3 +55,17 @@ def test_bf16_masters_and_moments_fit_twice_the_sub_group():
 @pytest.mark.parametrize("sub_group_size", [0, 10**9])
 def test_one_huge_parameter_is_cut_too(monkeypatch, sub_group_size):
     assert _fit(monkeypatch, 8 << 30, [2 * 10**9], sub_group_size) < 2 * 10**9
+
+
+def test_ranks_that_read_different_free_memory_cut_the_same_sub_groups(monkeypatch):
+    """The reading is agreed (comm.agree's minimum over the ranks): two ranks of one node that
+    read 24 and 16 GiB both cut as the 16 GiB one would."""
+    readings = {0: 24 << 30, 1: 16 << 30}
+
+    def agree(values, op):
+        assert op == "min"
+        return [min(readings.values())]
+
+    sizes = [_fit(monkeypatch, free, [3 * 10**9], 10**9, agree=agree) for free in readings.values()]
+    alone = [_fit(monkeypatch, free, [3 * 10**9], 10**9) for free in readings.values()]
+    assert sizes[0] == sizes[1] == alone[1] and alone[0] != alone[1]

@@ -471,8 +471,8 @@ def test_nvme_staging_returns_to_the_arena_without_a_host_wait(tmp_path):
     from types import SimpleNamespace
 
     from zerostream.offload.io_engine import io_config
-    from zerostream.offload.param_swap import ParamSwapper
     from zerostream.zero.stage3.param import ZeroParam
+    from zerostream.zero.stage3.param_swap import ParamSwapper
 
     cuda = FakeCuda()  # an upload completes only once the host has waited on it
     uploads = copy_stage.CopyStage(

@@ -1,6 +1,6 @@
 """`deepspeed.runtime.constants`: ds_config key names and their defaults, as DeepSpeed names
-them (values from DeepSpeed 0.19; the schema zerostream validates against has the same
-defaults, and tests/python/compat/test_import_surface.py checks a few against it)."""
+them (values from DeepSpeed 0.19; tests/python/compat/test_constants_pinned.py pins every
+default against the one zerostream's config resolves)."""
 
 ROUTE_TRAIN, ROUTE_EVAL, ROUTE_PREDICT, ROUTE_ENCODE = "train", "eval", "predict", "encode"
 

@@ -101,7 +101,7 @@ class Init(contextlib.ContextDecorator):
         swapper = None
         if offload is not None and offload.device == "nvme":
             from ...offload.io_engine import io_config, io_config_for
-            from ...offload.param_swap import ParamSwapper
+            from .param_swap import ParamSwapper
 
             swapper = ParamSwapper(
                 offload,

@@ -18,7 +18,6 @@ import torch
 
 from ... import comm
 from ...offload.copy_stage import CopyMeter
-from ...offload.param_swap import ParamSwapper, ShardSink
 from ..base import place_buffers
 from ..protocol import PartitionLayout, StageCheckpoint, StageContext
 from ..sharded import ShardedOptimizerBase
@@ -28,6 +27,7 @@ from .consolidate import consolidated_state_dict
 from .coordinator import ParamCoordinator, module_params
 from .module_state import ensure_state, runtime_of, state_of
 from .param import ShardHome, ShardState, ZeroParam, zero_param_of
+from .param_swap import ParamSwapper, ShardSink
 from .partitioner import Partitioner
 from .reduce import Stage3Reducer
 

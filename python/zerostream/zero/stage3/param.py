@@ -18,7 +18,7 @@ Note [Shard homes]
   takes it. HOST_ARENA: a slice of a host arena partition (a param group's flat 16-bit
   partition, or one for loose shards), page-locked and registered with the GPU when
   offload_param.pin_memory is set, so its upload before a gather is an asynchronous DMA.
-  NVME: only in the swap store (offload/param_swap.py); `shard` is None. The partitioner
+  NVME: only in the swap store (param_swap.py); `shard` is None. The partitioner
   decides the home; `move_shard` checks the move and that the tensor fits it
   (_SHARD_MOVES: a shard never leaves an arena for pageable memory, and reaches a home
   from nowhere only at partitioning).

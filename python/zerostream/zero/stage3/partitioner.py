@@ -128,7 +128,7 @@ class Partitioner:
         self.offload_device = offload_param.device if offload_param is not None else "none"
         if (self.offload_device == "nvme") != (swapper is not None):
             raise RuntimeError("ZeRO-3: a param swapper comes with offload_param nvme only")
-        self.swapper = swapper  # offload/param_swap.ParamSwapper with offload_param nvme
+        self.swapper = swapper  # zero/stage3/param_swap.ParamSwapper with offload_param nvme
         if swapper is not None and self.world > 1:
             # Its "auto" placement agrees with the other ranks' (Note [Every rank places
             # the same tiers] in offload/tiers.py).

@@ -23,15 +23,16 @@ from typing import Deque, Dict, List, Optional
 
 import torch
 
-from ..ops.threads import ranks_on_this_host
-from ..telemetry import NULL_TELEMETRY
-from ..zero.stage3.param import ShardHome, ZeroParam
-from .copy_stage import to_device
-from .host_buffers import HostArena, arena_bytes
-from .io_engine import IoEngine
-from .memory_preflight import STEP_PEAKS, skewed
-from .sinks import StagedSink
-from .swap_store import SwapStore
+from ...comm import ranks_on_this_host
+from ...offload import tiers
+from ...offload.copy_stage import to_device
+from ...offload.host_buffers import HostArena, arena_bytes
+from ...offload.io_engine import IoEngine
+from ...offload.memory_preflight import STEP_PEAKS, skewed
+from ...offload.sinks import StagedSink
+from ...offload.swap_store import SwapStore
+from ...telemetry import NULL_TELEMETRY
+from .param import ShardHome, ZeroParam
 
 logger = logging.getLogger("zerostream")
 
@@ -283,8 +284,6 @@ class ParamSwapper:
         usable host memory, less a step's measured excess and the reserve, are read into one
         page-locked arena and live there from now on (Note [Parameter shards in host
         memory]). Returns how many moved."""
-        from . import tiers
-
         if not self.auto or self.kept_arena is not None:
             return 0
         started = time.perf_counter()
