@@ -72,9 +72,25 @@ def config(leaf_module=None):
     }
 
 
+def _train(engine, net, rank):
+    """(losses, the whole weights) after STEPS steps of `engine` on this rank's batches."""
+    from zerostream.zero import GatheredParameters
+
+    losses = []
+    for step in range(STEPS):
+        loss = engine(*batch(step, rank))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    weights = {}
+    for name, p in net.named_parameters():
+        with GatheredParameters(p):
+            weights[name] = p.detach().clone()
+    return losses, weights
+
+
 def worker(rank, world, how):
     import zerostream
-    from zerostream.zero import GatheredParameters
     from zerostream.zero.stage3 import leaf
 
     net = make_net()
@@ -87,16 +103,7 @@ def worker(rank, world, how):
     from zerostream.zero.stage3.module_state import runtime_of
 
     hooked = {id(m) for m in runtime_of(net).hooked}
-    losses = []
-    for step in range(STEPS):
-        loss = engine(*batch(step, rank))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-    weights = {}
-    for name, p in net.named_parameters():
-        with GatheredParameters(p):
-            weights[name] = p.detach().clone()
+    losses, weights = _train(engine, net, rank)
     return {
         "losses": losses,
         "weights": weights,
@@ -139,20 +146,10 @@ def test_a_leaf_moe_block_trains_like_data_parallel_torch(how):
 
 def unmarked_worker(rank, world):
     import zerostream
-    from zerostream.zero import GatheredParameters
 
     net = make_net()
     engine, *_ = zerostream.initialize(model=net, config=config({"classes": []}))
-    losses = []
-    for step in range(STEPS):
-        loss = engine(*batch(step, rank))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-    weights = {}
-    for name, p in net.named_parameters():
-        with GatheredParameters(p):
-            weights[name] = p.detach().clone()
+    losses, weights = _train(engine, net, rank)
     return {
         "losses": losses,
         "weights": weights,
