@@ -22,11 +22,11 @@ const char* io_backend_name(IoBackend backend) {
 }
 
 void IoConfig::validate() const {
-  // O_DIRECT needs block-size pieces that keep 4 KiB alignment; see Note [Direct alignment].
-  ZS_CHECK_VALUE(block_size >= 4096 && block_size <= (int64_t{1} << 30) &&
-                     (block_size & (block_size - 1)) == 0,
-                 "aio.block_size: expected a power of two in [4096, 1 GiB] (4 KiB to 1 GiB); got ",
-                 block_size);
+  // A power of two, so that pieces keep the alignment O_DIRECT needs: below 4 KiB the
+  // direct pieces are 4 KiB (direct_piece_bytes, Note [Direct alignment]).
+  ZS_CHECK_VALUE(
+      block_size >= 512 && block_size <= (int64_t{1} << 30) && (block_size & (block_size - 1)) == 0,
+      "aio.block_size: expected a power of two in [512, 1 GiB] (512 B to 1 GiB); got ", block_size);
   ZS_CHECK_VALUE(queue_depth >= 1 && queue_depth <= 4096, "aio.queue_depth: expected 1..4096; got ",
                  queue_depth);
   ZS_CHECK_VALUE(threads >= 1 && threads <= 256, "aio.intra_op_parallelism: expected 1..256; got ",

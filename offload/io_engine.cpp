@@ -115,7 +115,7 @@ std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t
     const int64_t head = std::min(len, (kDirectAlign - req->offset % kDirectAlign) % kDirectAlign);
     const int64_t body_end = head + (len - head) / kDirectAlign * kDirectAlign;
     append_pieces(pieces, req, 0, head, block_size, false);
-    append_pieces(pieces, req, head, body_end, block_size, true, body_bounce);
+    append_pieces(pieces, req, head, body_end, direct_piece_bytes(block_size), true, body_bounce);
     append_pieces(pieces, req, body_end, len, block_size, false);
   }
   // Contiguous runs per worker (as DeepSpeed's intra_op_parallelism and fio's jobs do):
@@ -134,7 +134,8 @@ std::vector<std::vector<IoPiece>> split_request(const IoRequestPtr& req, int64_t
   return per_worker;
 }
 
-IoEngine::IoEngine(const IoConfig& config) : config_(config), bounce_(config.block_size) {
+IoEngine::IoEngine(const IoConfig& config)
+    : config_(config), bounce_(direct_piece_bytes(config.block_size)) {
   config_.validate();
 }
 

@@ -18,7 +18,14 @@ namespace zs::offload {
 // direct and a buffered piece of the same request, and Linux flushes/invalidates the page
 // cache around direct I/O, so the two descriptors see the same bytes. Unaligned requests
 // therefore stay correct (DeepSpeed instead lost the unaligned tail silently, #1070).
+// A block_size below 4 KiB (DeepSpeed's own aio tests use 1 KiB) cuts the buffered pieces
+// at block_size and the direct ones at 4 KiB: a smaller direct piece could not be aligned.
 inline constexpr int64_t kDirectAlign = 4096;
+
+// The length of the direct pieces a request is cut into (block_size is a power of two).
+inline int64_t direct_piece_bytes(int64_t block_size) {
+  return block_size > kDirectAlign ? block_size : kDirectAlign;
+}
 
 // Opens the existing file `path` with `flags` | O_DIRECT (O_CREAT dropped); returns the
 // descriptor or -errno. -EINVAL is the filesystem refusing O_DIRECT (ramfs, tmpfs before

@@ -63,6 +63,30 @@ TEST_P(offload_IoEngine, RoundTripsRandomBytesAtManySizesAndOffsets) {
   }
 }
 
+// DeepSpeed's own aio tests use a 1 KiB block size: buffered pieces are cut at 1 KiB, direct
+// ones at 4 KiB (Note [Direct alignment]); every byte round-trips, bounced or not.
+TEST_P(offload_IoEngine, BlockSizesBelowTheDirectAlignmentRoundTrip) {
+  for (int64_t block : {int64_t{512}, int64_t{1024}, int64_t{2048}}) {
+    auto e = engine(block, 2, 2);
+    for (int64_t n : {int64_t{1}, int64_t{4096}, int64_t{4 * 1024}, int64_t{3 * 4096 + 700}}) {
+      for (size_t misalign : {size_t{0}, size_t{100}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "block=" << block << " bytes=" << n << " misalign=" << misalign);
+        const std::string path = dir_.file("small_" + std::to_string(block) + "_" +
+                                           std::to_string(n) + "_" + std::to_string(misalign));
+        AlignedBytes src(static_cast<size_t>(n), misalign);
+        testing::fill_random(src.data(), src.size(), static_cast<uint64_t>(block + n));
+        e->write(path, src.data(), n, 0).wait();
+        auto on_disk = testing::posix_read(path, 0, static_cast<size_t>(n));
+        ASSERT_EQ(0, std::memcmp(on_disk.data(), src.data(), src.size()));
+        AlignedBytes dst(static_cast<size_t>(n), misalign);
+        e->read(path, dst.data(), n, 0).wait();
+        ASSERT_EQ(0, std::memcmp(dst.data(), src.data(), src.size()));
+      }
+    }
+  }
+}
+
 TEST_P(offload_IoEngine, ManyInterleavedRequestsOnOneEngineFromSeveralThreads) {
   auto e = engine(16 << 10, 4, 3);
   constexpr int kThreads = 4;
@@ -210,6 +234,30 @@ TEST(offload_IoSplit, HeadBodyTailCoverTheRequestAndOnlyTheBodyIsDirect) {
   EXPECT_FALSE(all.back().direct);
 }
 
+TEST(offload_IoSplit, ABlockSizeBelow4KiBCutsDirectPiecesAt4KiB) {
+  ScratchDir dir;
+  auto file = IoFile::open(dir.file("small"), OpenMode::kWrite, true);
+  ASSERT_TRUE(file->direct());
+  AlignedBytes buf(5 * 4096 + 300, 0);
+  auto req = std::make_shared<IoRequest>(IoOp::kWrite, file, reinterpret_cast<char*>(buf.data()),
+                                         5 * 4096 + 300, 0);
+  auto pieces = split_request(req, 1024, 1)[0];
+  int direct = 0, buffered = 0;
+  for (const auto& p : pieces) {
+    if (p.direct) {
+      EXPECT_EQ(p.length, kDirectAlign);
+      ++direct;
+    } else {
+      EXPECT_LE(p.length, 1024);
+      ++buffered;
+    }
+  }
+  EXPECT_EQ(direct, 5);    // the aligned body
+  EXPECT_EQ(buffered, 1);  // the 300-byte tail
+  EXPECT_EQ(direct_piece_bytes(1024), kDirectAlign);
+  EXPECT_EQ(direct_piece_bytes(1 << 20), 1 << 20);
+}
+
 TEST(offload_IoConfig, RejectsBadValuesNamingTheKey) {
   IoConfig c;
   c.block_size = 1000;
@@ -219,6 +267,10 @@ TEST(offload_IoConfig, RejectsBadValuesNamingTheKey) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("aio.block_size"), std::string::npos);
   }
+  c.block_size = 256;  // below the smallest logical block
+  EXPECT_THROW(c.validate(), ValueError);
+  c.block_size = 1024;  // DeepSpeed's aio tests' size
+  EXPECT_NO_THROW(c.validate());
   EXPECT_THROW(parse_io_backend("libaio"), ValueError);
   EXPECT_EQ(parse_io_backend("threads"), IoBackend::kThreads);
 }

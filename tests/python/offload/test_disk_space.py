@@ -104,7 +104,7 @@ def test_bad_alignment_is_refused_naming_the_value(tmp_path, align):
     assert _swap_files(tmp_path) == []
 
 
-@pytest.mark.parametrize("block", [12288, 3 << 20, 2 << 30])
+@pytest.mark.parametrize("block", [256, 12288, 3 << 20, 2 << 30])
 def test_block_size_must_be_a_power_of_two_within_bounds(block):
     with pytest.raises(ValueError, match=rf"aio.block_size: expected a power of two.*got {block}"):
         IoEngine(block_size=block)
