@@ -240,6 +240,13 @@ def set_accelerator(accelerator: _Accelerator) -> None:
     _ACCELERATOR = accelerator
 
 
+def is_host_run(device: torch.device) -> bool:
+    """Whether the run's `device` is the host itself (the CPU path): not a GPU, and not the
+    simulated device, which is named `cpu:<rank>` (Note [Device memory on the simulated
+    device] in testing/sim_compute.py) so that its memory takes the device's paths."""
+    return device.type == "cpu" and device.index is None
+
+
 def same_device(a: torch.device, b: torch.device) -> bool:
     """Whether a tensor on `a` is on `b`. A CPU tensor's device has no index while the
     simulated device is named `cpu:<rank>` (Note [Device memory on the simulated device] in

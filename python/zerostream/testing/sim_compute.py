@@ -10,9 +10,11 @@ Note [Device memory on the simulated device]
   torch keeps that index in the arguments an op is dispatched with, though the tensor it
   makes says plain `cpu`. So a storage is the device's when a factory or a copy named the
   device, or when an op made it from an input that is the device's; everything else is
-  host memory (pageable, unless it lies in a registered range). A host tensor compared with
-  the engine's device (`t.device == engine.device`) differs from it, as on a GPU, so the
-  paths that move a tensor to the device run here too.
+  host memory (pageable, unless it lies in a registered range); `torch.tensor(data,
+  device=...)`, which dispatches no op naming the device, is tagged from its call. The
+  engine's paths for a run on the host itself (4 KiB-aligned flat buffers, the host-memory
+  preflight) ask accelerator.is_host_run, which says no for `cpu:<rank>`, so the sim takes
+  the GPU's paths; a tensor is compared with the engine's device by accelerator.same_device.
 
 Note [The compute pseudo-lane]
   The compute stream is the host thread, so an op on it is done when issued: right for the
@@ -187,10 +189,14 @@ class ComputeOps(TorchDispatchMode):
         return out
 
 
+_FROM_DATA = (torch.tensor, torch.as_tensor)
+
+
 class HostReads(TorchFunctionMode):
     """`.cpu()` and a blocking `.to("cpu")` of device memory: Tensor.to returns the tensor
     itself when nothing changes (everything is on the CPU here), so no op reaches the
-    dispatch mode; the call is seen here."""
+    dispatch mode; the call is seen here. So is `torch.tensor(data, device=...)`, whose
+    copy to the device dispatches no op that names it."""
 
     def __init__(self, sim):
         super().__init__()
@@ -199,6 +205,12 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         sim = self.sim
+        if func in _FROM_DATA and not sim._local.__dict__.get("internal"):
+            out = func(*args, **kwargs)
+            device = kwargs.get("device")
+            if isinstance(device, (str, torch.device)) and torch.device(device).index is not None:
+                sim.tags.tag(out)  # no op names the device: torch.tensor copies in C++
+            return out
         if (
             func in (torch.Tensor.cpu, torch.Tensor.to, torch.Tensor.tolist)
             and args

@@ -34,6 +34,15 @@ class StepCounters:
         self.read_sites.append(sites - self._last_sites)
         self._last, self._last_sites = now, sites
 
+    def __repr__(self) -> str:
+        steps = "; ".join(
+            f"step {i + 1}: "
+            + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+            + (f" (reads at {dict(self.read_sites[i])})" if self.read_sites[i] else "")
+            for i, counts in enumerate(self.steps)
+        )
+        return f"<StepCounters {steps or 'no step counted'}>"
+
     def __getstate__(self):
         """Sent between processes (a rank's result) without the device."""
         return {**self.__dict__, "sim": None}

@@ -19,12 +19,13 @@ from ..offload.host_buffers import aligned_empty
 _INT64_MAX = 2**63 - 1
 
 
-def _flat_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros; on the CPU 4 KiB aligned, so a checkpoint reads and writes the weights straight
-    to and from the disk instead of through the I/O engine's bounce buffers."""
-    if device.type == "cpu":
-        return aligned_empty(numel, dtype).zero_()
-    return torch.zeros(numel, dtype=dtype, device=device)
+def _flat_buffer(numel: int, like: torch.Tensor, host_run: bool) -> torch.Tensor:
+    """Zeros where `like` lives; on the host 4 KiB aligned, so a checkpoint reads and writes
+    the weights straight to and from the disk instead of through the I/O engine's bounce
+    buffers. Made from `like` (new_zeros), so the simulated device sees its own memory."""
+    if like.device.type == "cpu" and host_run:
+        return aligned_empty(numel, like.dtype).zero_()
+    return like.new_zeros(numel)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,9 @@ class ParamSlot:
 class FlatGroup:
     """One param group flattened into `self.buffer` (the model dtype); params become views."""
 
-    def __init__(self, params: List[torch.nn.Parameter], world: int, rank: int):
+    def __init__(
+        self, params: List[torch.nn.Parameter], world: int, rank: int, host_run: bool = True
+    ):
         if not params:
             raise ValueError("a flat group needs at least one parameter")
         dtypes = {p.dtype for p in params}
@@ -69,7 +72,7 @@ class FlatGroup:
         own = _C.stage12_partition(self.numel, world, rank)
         self.partition_begin, self.partition_numel, self.partition_valid = own
         self._begins = [begin for begin, _, _ in self.ranges]
-        self.buffer = _flat_buffer(self.padded_numel, params[0].dtype, params[0].device)
+        self.buffer = _flat_buffer(self.padded_numel, params[0], host_run)
         with torch.no_grad():
             for s in self.slots:
                 self.buffer[s.offset : s.offset + s.numel].copy_(s.param.detach().reshape(-1))

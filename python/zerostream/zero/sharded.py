@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from ..accelerator import same_device
+from ..accelerator import is_host_run, same_device
 from ..lazy_tensor import copy_into, materialize
 from ..offload import sinks
 from ..ops._cpu_optimizer import CPUOptimizerBase
@@ -123,7 +123,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.grads = self._allocate_grads(sizes, dtype, zero)
             self.masters, inner = [], self.swapper.hyper
         else:
-            if self.offload_device != "none" or host_partitions or ctx.device.type == "cpu":
+            if self.offload_device != "none" or host_partitions or is_host_run(ctx.device):
                 self._require_host_memory(ctx, sum(sizes))
             self.masters = self._allocate_masters(
                 partitions, zero.offload_optimizer, master_dtype(ctx)

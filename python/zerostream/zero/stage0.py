@@ -11,6 +11,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .. import comm
+from ..accelerator import is_host_run
 from ..precision import DTYPES
 from .base import ZeroOptimizerBase
 from .protocol import PartitionLayout, StageContext
@@ -27,7 +28,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         self.comm_dtype = DTYPES[cfg.communication_data_type]
         self.params = [p for g in param_groups for p in g["params"]]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
-        if ctx.device.type == "cpu":
+        if is_host_run(ctx.device):
             self._require_host_memory(ctx)
         self.masters = None
         inner = param_groups

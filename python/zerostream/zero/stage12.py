@@ -18,6 +18,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from .. import comm
+from ..accelerator import is_host_run
 from .flat import FlatGroup, ParamSlot
 from .grad_reduce import Stage1Reducer, Stage2Reducer
 from .protocol import PartitionLayout, StageContext
@@ -41,7 +42,10 @@ class PartitionedOptimizer(ShardedOptimizerBase):
         self.stage = zero.stage
         self.world, self.rank, self.group = ctx.world, ctx.rank, ctx.group
         self.allgather_bucket_size = zero.allgather_bucket_size
-        self.flat_groups = [FlatGroup(g["params"], self.world, self.rank) for g in param_groups]
+        host_run = is_host_run(ctx.device)
+        self.flat_groups = [
+            FlatGroup(g["params"], self.world, self.rank, host_run) for g in param_groups
+        ]
         options = [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
         self._init_state(
             ctx,
