@@ -433,9 +433,9 @@ def test_device_tier_slices_go_down_to_host_params_on_the_lane(results):
 # and overflow (base._host_scalar), the late-part flags at the end of backward
 # (grad_reduce._host_flags, Note [Buckets in one order on every rank]) and, at stage 3, the
 # agreement round that ends a pass when the trace is replayed (coordinator._round, Note [One
-# gather sequence on every rank]; one a step here). Host waits for a lane: the step's uploads and the gradients'
-# landing. Nothing registered, downloaded with a blocking copy, copied from pageable memory
-# or waited for by spinning.
+# gather sequence on every rank]; one a step here). Host waits for a lane: the step's uploads
+# and the gradients' landing. Nothing registered, downloaded with a blocking copy, copied from
+# pageable memory or waited for by spinning.
 STEP_BUDGET = {
     "registrations": 0,
     "blocking_downloads": 0,
