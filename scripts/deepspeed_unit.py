@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deepspeed_unit_causes import CAUSES  # noqa: E402
 
 FILES = [
+    # The NVMe I/O handle (aio_handle: 1 KiB blocks, descriptors, offsets)
+    "unit/v1/nvme/test_aio.py",
     # The launcher: the runners' command lines, resource filters, arguments
     "unit/launcher/test_run.py",
     "unit/launcher/test_multinode_runner.py",

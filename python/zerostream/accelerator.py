@@ -6,6 +6,7 @@ or DeepSpeed's `DS_ACCELERATOR` (`cpu` or `cuda`) forces one.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional, Tuple
 
@@ -21,6 +22,19 @@ class _Accelerator:
 
     def communication_backend_name(self) -> str:
         return self._backend
+
+    # DeepSpeed's tensor constructors on the accelerator (`get_accelerator().ByteTensor(data)`):
+    # torch.tensor of that dtype on this accelerator's device.
+    def _tensor_of(self, dtype: torch.dtype):
+        return functools.partial(torch.tensor, dtype=dtype, device=self.device_name())
+
+    ByteTensor = property(lambda self: self._tensor_of(torch.uint8))
+    IntTensor = property(lambda self: self._tensor_of(torch.int32))
+    LongTensor = property(lambda self: self._tensor_of(torch.int64))
+    HalfTensor = property(lambda self: self._tensor_of(torch.float16))
+    BFloat16Tensor = property(lambda self: self._tensor_of(torch.bfloat16))
+    FloatTensor = property(lambda self: self._tensor_of(torch.float32))
+    DoubleTensor = property(lambda self: self._tensor_of(torch.float64))
 
     def is_bf16_supported(self) -> bool:
         return True

@@ -128,11 +128,16 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
     def sync_pwrite(self, buffer: torch.Tensor, filename: str, file_offset: int = 0) -> int:
         return self.pwrite(buffer, filename, False, False, file_offset)
 
-    def async_pread(self, buffer: torch.Tensor, filename: str, file_offset: int = 0) -> int:
-        return self.pread(buffer, filename, False, True, file_offset)
+    def async_pread(
+        self, buffer: torch.Tensor, filename=None, file_offset: int = 0, fd=None
+    ) -> int:
+        """DeepSpeed's: the file by name, or by an open descriptor (`fd`)."""
+        return self.pread(buffer, _file_of(filename, fd, "async_pread"), False, True, file_offset)
 
-    def async_pwrite(self, buffer: torch.Tensor, filename: str, file_offset: int = 0) -> int:
-        return self.pwrite(buffer, filename, False, True, file_offset)
+    def async_pwrite(
+        self, buffer: torch.Tensor, filename=None, file_offset: int = 0, fd=None
+    ) -> int:
+        return self.pwrite(buffer, _file_of(filename, fd, "async_pwrite"), False, True, file_offset)
 
     def read(
         self, buffer: torch.Tensor, filename: str, validate: bool = False, file_offset: int = 0
@@ -208,6 +213,23 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
             self.wait()
         except Exception:  # noqa: BLE001 - nobody is left to report to
             pass
+
+
+def _file_of(filename, fd, name: str) -> str:
+    """The path I/O goes to: `filename`, or the file an open descriptor names (Linux's
+    /proc/self/fd). The engine opens its own descriptors (O_DIRECT where the filesystem
+    allows), so the caller's stays untouched."""
+    if (filename is None) == (fd is None):
+        raise ValueError(f"aio_handle.{name}: give filename or fd, one of them")
+    if filename is not None:
+        return os.fspath(filename)
+    try:
+        path = os.readlink(f"/proc/self/fd/{int(fd)}")
+    except OSError as exc:
+        raise ValueError(f"aio_handle.{name}: fd {fd} is not an open file ({exc})") from None
+    if not os.path.isfile(path):
+        raise ValueError(f"aio_handle.{name}: fd {fd} names no file on disk ({path!r})")
+    return path
 
 
 def _reject_extra(kwargs: dict, name: str) -> None:

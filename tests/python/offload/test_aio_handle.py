@@ -201,3 +201,41 @@ def test_rejects_bad_config_and_buffers():
     h = AsyncIOBuilder().load().aio_handle()
     with pytest.raises(ValueError, match="contiguous"):
         h.sync_pwrite(torch.zeros(10, 10).t(), "/tmp/never_written.bin")
+
+
+def test_a_file_given_by_an_open_descriptor_is_written_and_read(tmp_path):
+    """DeepSpeed's async_pwrite/async_pread(fd=...): the bytes land in the file the descriptor
+    names, at the offset asked; with a 1 KiB block size (DeepSpeed's own tests')."""
+    h = AsyncIOBuilder().load().aio_handle(1024, 2, True, True, 2)
+    path = tmp_path / "by_fd.bin"
+    src = _random(3 * 4096 + 100, torch.uint8, 5)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY)
+    try:
+        assert h.async_pwrite(buffer=src, fd=fd, file_offset=4096) == 0
+        assert h.wait() == 1
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f:
+        f.seek(4096)
+        assert f.read() == src.numpy().tobytes()
+    dst = torch.zeros_like(src)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert h.async_pread(dst, fd=fd, file_offset=4096) == 0
+        assert h.wait() == 1
+    finally:
+        os.close(fd)
+    assert torch.equal(dst, src)
+    with pytest.raises(ValueError, match="give filename or fd"):
+        h.async_pwrite(src, str(path), fd=3)
+    with pytest.raises(ValueError, match="fd 987654 is not an open file"):
+        h.async_pwrite(src, fd=987654)
+
+
+def test_the_accelerator_makes_deepspeeds_typed_tensors():
+    from zerostream.accelerator import get_accelerator
+
+    t = get_accelerator().ByteTensor([1, 2, 255])
+    assert t.dtype == torch.uint8 and t.tolist() == [1, 2, 255]
+    assert get_accelerator().LongTensor([3]).dtype == torch.int64
+    assert get_accelerator().BFloat16Tensor([1.5]).dtype == torch.bfloat16
