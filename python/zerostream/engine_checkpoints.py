@@ -12,6 +12,7 @@ import torch
 
 from . import comm
 from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint.layout import optim_states_name
 from .checkpoint.target import CheckpointTarget, TrainingCounters
 
 logger = logging.getLogger("zerostream")
@@ -91,6 +92,13 @@ class CheckpointMethods:
         )
 
     # --- whole weights ---------------------------------------------------------------------------
+    def _get_optimizer_ckpt_name(self, checkpoints_path: str, tag, expp_rank: int = 0) -> str:
+        """DeepSpeed's name for the file this rank's optimizer state is saved in under `tag`
+        (its tests patch it to see whether a load reads optimizer state). zerostream writes
+        the ZeRO layout's file for every stage; expert ranks do not exist here."""
+        name = optim_states_name(comm.get_rank(self.dp_process_group), self.bfloat16_enabled())
+        return os.path.join(checkpoints_path, str(tag), name)
+
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""
         return self._stage.whole_16bit_weights(self.module, exclude_frozen_parameters)

@@ -50,6 +50,8 @@ REQUIRED = [
     "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3",
     "deepspeed.runtime.zero.partition_parameters.Init",
     "deepspeed.runtime.zero.partition_parameters.GatheredParameters",
+    "deepspeed.runtime.zero.partition_parameters.MultipleAllGatherHandles",
+    "deepspeed.runtime.zero.partition_parameters.partitioned_param_data_shape",
     "deepspeed.runtime.zero.config.ZeroStageEnum",
     "deepspeed.runtime.zero.utils.ZeRORuntimeException",
     "deepspeed.runtime.zero.utils.is_zero_param",

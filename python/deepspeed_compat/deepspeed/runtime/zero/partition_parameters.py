@@ -45,7 +45,26 @@ def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype, target_device=No
     return wrapped
 
 
+# The shape of a partitioned parameter's `.data` (an empty tensor until it is gathered:
+# zerostream/zero/stage3/param.py), as DeepSpeed's tests compare it.
+partitioned_param_data_shape = [0]
+
+
+class MultipleAllGatherHandles:
+    """Several gathers' handles as one (DeepSpeed's name): wait() waits for each, passing
+    handle_dependency on by keyword."""
+
+    def __init__(self, handles):
+        self.handles = list(handles)
+
+    def wait(self, handle_dependency: bool = True) -> None:
+        for handle in self.handles:
+            handle.wait(handle_dependency=handle_dependency)
+
+
 __all__ = [
+    "MultipleAllGatherHandles",
+    "partitioned_param_data_shape",
     "GatheredParameters",
     "Init",
     "ZeroParamStatus",
