@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 import torch
+from test_gpu_path import BUDGETED
 
 from multirank import run_ranks
 from tiny_gpt import TinyGPT, make_batches
@@ -25,17 +26,8 @@ from tiny_gpt import TinyGPT, make_batches
 ON_GPU = torch.cuda.is_available() and os.environ.get("ZS_TEST_DEVICE", "") != "sim"
 STEPS = 4
 HOST_WAITS = 1  # the test's read of the loss
-CASES = {
-    "stage2_cpu": (2, {"offload_optimizer": {"device": "cpu"}}),
-    "stage3_cpu": (
-        3,
-        {
-            "offload_optimizer": {"device": "cpu"},
-            "offload_param": {"device": "cpu"},
-            "stage3_param_persistence_threshold": 0,
-        },
-    ),
-}
+# test_gpu_path's budgeted kinds that one GPU runs without a disk tier
+CASES = {name: BUDGETED[name] for name in ("stage2_cpu", "stage3_cpu")}
 
 
 def _config(stage: int, zero: dict) -> dict:
