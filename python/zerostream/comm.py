@@ -136,9 +136,13 @@ def init_distributed(
         kwargs["init_method"] = init_method
     if rank >= 0 and world_size > 0:
         kwargs.update(rank=rank, world_size=world_size)
-    elif single and init_method is None and "MASTER_PORT" not in os.environ:
+    elif single and init_method is None and not (
+        "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+    ):
         # One process needs no rendezvous: an in-process store, so two single-process runs
-        # on one machine never fight over a port (DeepSpeed's 29500 would collide).
+        # on one machine never fight over a port (DeepSpeed's 29500 would collide). Both
+        # MASTER_* set is a request for a TCP rendezvous and is honoured; one alone (a
+        # MASTER_PORT left in a shell) would make torch's env:// fail on the other.
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
         logger.info("zerostream: no launcher environment found; running as a single process")
     elif "store" not in kwargs and init_method is None:

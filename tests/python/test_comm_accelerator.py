@@ -195,3 +195,25 @@ def test_group_destroyed_at_exit_takes_its_backend_threads_with_it():
     before, after = map(int, out.stdout.split())
     assert before > 0  # the check sees Gloo's threads at all
     assert after == 0
+
+
+def test_a_single_process_with_only_one_master_variable_set_still_starts():
+    # A MASTER_PORT (or MASTER_ADDR) left in a shell is no rendezvous request: torch's env://
+    # would stop at the missing other one; the process rendezvous in-process instead.
+    code = (
+        "from zerostream import comm\n"
+        "comm.init_distributed()\n"
+        "print(comm.get_rank(), comm.get_world_size())\n"
+    )
+    for leftover in ({"MASTER_PORT": "1"}, {"MASTER_ADDR": "192.0.2.1"}):
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))
+        }
+        env.update(leftover)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, (leftover, out.stderr[-2000:])
+        assert out.stdout.split() == ["0", "1"]
