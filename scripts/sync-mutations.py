@@ -219,7 +219,7 @@ MUTATIONS = [
     ),
     (
         "auto-tiers-from-the-smallest-budget",
-        "offload/tiers.py",
+        "offload/placement/budgets.py",
         "        budget = smallest\n",
         "",
         [RANKS_DIFFER],
@@ -247,7 +247,7 @@ MUTATIONS = [
     ),
     (
         "device-auto-waits-for-a-planned-step",
-        "offload/device_auto.py",
+        "offload/placement/device.py",
         " or (self.step_planned is not None and not self.step_planned())",
         "",
         [

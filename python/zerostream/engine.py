@@ -16,7 +16,6 @@ from .config import DeepSpeedConfig
 from .engine_accessors import ConfigAccessors
 from .engine_checkpoints import CheckpointMethods
 from .lr_schedules import build_scheduler
-from .offload.memory_preflight import STEP_PEAKS
 from .optim_factory import client_groups, param_groups_of
 from .precision import make_loss_scaler
 from .telemetry import StepTelemetry
@@ -278,10 +277,7 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
                 self.skipped_steps += 1
                 self._skips.skipped(self.global_steps + 1, self.skipped_steps)
             self._step_applied = applied
-            # Before the window closes: "retain" gives its free pages back while "auto" tiers
-            # wait (Note [Fresh pages cost more than the math])
-            host_malloc.settle(bool(STEP_PEAKS.waiting))
-            STEP_PEAKS.step_ended()  # "auto" tiers size from whole steps (Note [A step's excess])
+            self.optimizer.after_step()  # the stage's whole-step bookkeeping (Note [Stage seam])
             self.global_steps += 1
             self.global_samples += self._samples_this_step()
             self._report_progress()

@@ -22,14 +22,14 @@ step), and the heap can still grow where a later step's blocks do not fit the ho
 earlier ones left (glibc splits big free blocks; an 8-layer bench step's peak RSS rose 15%).
 Two consequences:
 - "auto" tiers size themselves from what a measured step needs above what it leaves (Note
-  [A step's excess] in offload/memory_preflight.py), and a retained heap leaves what it
+  [A step's excess] in offload/placement/window.py), and a retained heap leaves what it
   needed: the 3.17 B tiered bench, measuring none, ran out of memory. So while
   any "auto" tier is still to be placed, each step's end gives the free heap pages back
   (malloc_trim) before the step's window closes: the window's peak is the step's with
   "retain" (its holes included), what it leaves is what is live, and the tiers are sized
   from the difference; once they are placed the heap is kept again. A tier places itself
   inside a later step, after the heap grew back: it gives the free pages back there too
-  before it reads the RSS and the usable memory (STEP_PEAKS.before_placing), or it would
+  before it reads the RSS and the usable memory (StepWindow.before_placing), or it would
   count that heap twice, once as memory not available and once in the excess.
 - A safety valve: at each step end, if what this process may still allocate
   (memory_preflight.usable_host_bytes) is below VALVE_BYTES plus the excess an "auto" tier
@@ -43,7 +43,7 @@ Two consequences:
   step's excess free fits even if it reuses no hole. So that the valve does not then open
   at every step end (and "retain" gain nothing), "auto" leaves room for both while
   "retain" holds: the heap it keeps (about a step's excess) and a step's excess free
-  (tiers.measured_budget_bytes).
+  (placement/budgets.measured_budget_bytes).
 engine.destroy() gives the free pages back and puts glibc's defaults back when the last
 engine that asked for "retain" ends. The host arenas of the offload tier (page-locked
 staging, the host tiers) are mmap'ed by the native core and are unaffected.
@@ -58,6 +58,7 @@ import ctypes
 import ctypes.util
 import logging
 import threading
+from typing import Optional
 
 logger = logging.getLogger("zerostream")
 
@@ -107,16 +108,13 @@ def retain() -> None:
         libc = _glibc()
         if _holders == 0:
             _engage(libc)
-            from .offload.memory_preflight import STEP_PEAKS
-
-            STEP_PEAKS.release_heap = _give_back  # before an "auto" tier places itself
         _holders += 1
 
 
-def _give_back() -> None:
+def give_back_for_placement() -> None:
     """The free heap pages back to the kernel while "retain" holds, before an "auto" tier
     reads the memory it places itself in (Note [A step's excess] in
-    offload/memory_preflight.py); counted in placement_trims()."""
+    offload/placement/window.py); counted in placement_trims(). Nothing otherwise."""
     global _placement_trims
     with _lock:
         if _holders:
@@ -134,7 +132,7 @@ def valve_bytes(step_excess) -> int:
     return VALVE_BYTES + (step_excess or 0)
 
 
-def settle(tiers_waiting: bool) -> None:
+def settle(tiers_waiting: bool, step_excess: Optional[int] = None) -> None:
     """A step ended, its window not yet closed (Note [A step's excess]): while "auto" tiers
     wait to be placed the free heap pages go back, so the window measures what the step
     needed above what is live; otherwise the valve opens if memory runs short (the Note)."""
@@ -146,10 +144,10 @@ def settle(tiers_waiting: bool) -> None:
         if tiers_waiting:
             libc.malloc_trim(0)
             return
-        from .offload.memory_preflight import STEP_PEAKS, usable_host_bytes
+        from .offload.memory_preflight import usable_host_bytes
 
         usable, where = usable_host_bytes()
-        if usable is not None and usable < valve_bytes(STEP_PEAKS.last_excess):
+        if usable is not None and usable < valve_bytes(step_excess):
             libc.malloc_trim(0)
             _trims += 1
             if _trims == 1:
@@ -173,9 +171,6 @@ def release() -> None:
         _holders -= 1
         if _holders:
             return
-        from .offload.memory_preflight import STEP_PEAKS
-
-        STEP_PEAKS.release_heap = None
         libc = _glibc()
         libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
         libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM)

@@ -27,9 +27,10 @@ import time
 
 import torch
 
+from ..offload.placement import window
 from .corpus import read_corpus, text_batches, vocabulary
 from .gpt import GPT, GPTShape, batches
-from .memory import STEP_PEAKS, memory_status, peak_rss_bytes
+from .memory import memory_status, peak_rss_bytes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -347,7 +348,7 @@ def measure(args) -> dict:
                 "source": tiers.source,
                 # "auto": the step time it predicted when it placed the tier, and why.
                 "prediction": engine.optimizer.swapper.prediction,
-                "order_inputs": engine.optimizer.swapper.order_inputs,
+                "order_inputs": engine.optimizer.placement.order_inputs,
             },
             "param_kept_bytes": kept,
             # The stage-3 plan's peak of gathered elements (prefetch and reuse distance).
@@ -376,7 +377,7 @@ def _placed_step_peak(settled: list) -> "float | None":
     tier on (no "auto" tier restarts it then: Note [A step's excess])."""
     if not settled[-1]:
         return None
-    peak = STEP_PEAKS.restart()
+    peak = window.restart_window_peak()
     if len(settled) < 2 or not settled[-2] or peak is None:
         return None
     return round(peak / 2**30, 3)
@@ -394,15 +395,7 @@ def _phases(tel) -> dict:
 def _tiers_settled(engine) -> bool:
     """Whether every "auto" tier has been placed (Note ["auto" is sized from a measured
     step]): the steps after the one that placed them are the tiered run's steady state."""
-    opt = getattr(engine.optimizer, "swapper", None)
-    if opt is not None and opt.auto_pending:
-        return False
-    for p in engine.module.parameters():
-        zp = getattr(p, "_zs", None)
-        swapper = zp.partitioner.swapper if zp is not None else None
-        if swapper is not None:
-            return swapper.auto_decided
-    return True
+    return not engine.optimizer.placement.window.waiting
 
 
 def _du(path: str) -> int:

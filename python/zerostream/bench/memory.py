@@ -13,16 +13,16 @@ from __future__ import annotations
 import resource
 
 from ..offload.memory_preflight import (
-    STEP_PEAKS,
     memory_status,  # noqa: F401 (this module's API)
     restart_peak,
 )
+from ..offload.placement import window
 
 
 def reset_peak() -> bool:
     """Restarts VmHWM from the current RSS (Linux: clear_refs 5), and the peak the "auto"
     tiers kept from their own restarts; False where refused."""
-    STEP_PEAKS.forget_peak()
+    window.forget_process_peak()
     return restart_peak()
 
 
@@ -30,7 +30,7 @@ def peak_rss_bytes() -> int:
     """This process's peak RSS since it began or since reset_peak(): VmHWM (with the peak
     from before the restarts of Note [A step's excess]), or ru_maxrss where /proc does not
     say (see Note [A child's peak RSS])."""
-    peak = STEP_PEAKS.process_peak_bytes()
+    peak = window.process_peak_bytes()
     if peak is not None:
         return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -24,6 +24,7 @@ import torch
 from .. import comm
 from . import files, layout, stream, writer_lock
 from .target import CheckpointTarget
+from .tree import map_leaves
 
 logger = logging.getLogger("zerostream")
 
@@ -38,16 +39,14 @@ def _cpu(value: Any) -> Any:
     nothing is copied whole into host memory."""
     if stream.AVAILABLE:
         return value
-    if torch.is_tensor(value):
-        t = value.detach()
+
+    def own(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
         if t.device.type != "cpu" or t.untyped_storage().nbytes() != t.numel() * t.element_size():
             return t.to("cpu", copy=True).contiguous()
         return t
-    if isinstance(value, dict):
-        return type(value)((k, _cpu(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
-        return type(value)(_cpu(v) for v in value)
-    return value
+
+    return map_leaves(value, own)
 
 
 def model_states(

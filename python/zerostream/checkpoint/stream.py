@@ -37,7 +37,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections import deque
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -52,6 +52,7 @@ from ..offload.crc32c import crc32c, crc32c_at
 from ..offload.host_buffers import aligned_empty, populate
 from ..offload.io_engine import IoEngine
 from . import compat_unpickle
+from .tree import map_leaves
 
 # torch 2.5+ has skip_data; storage_alignment came later. Older torch: files.py's plain path.
 AVAILABLE = hasattr(torch.serialization, "skip_data") and hasattr(
@@ -110,24 +111,21 @@ def _swap_in_placeholders(obj: Any, sources: Dict[int, Tuple[torch.Tensor, Any]]
     """`obj` with each tensor and source (is_source) replaced by a placeholder; `sources` maps the
     placeholder storage's id to (placeholder, what fills it). Tensors with the same storage
     and geometry (tied weights) share one placeholder, as torch.save shares their storage."""
-    if is_source(obj) or torch.is_tensor(obj):
-        if torch.is_tensor(obj):
-            t = obj.detach()
+
+    def placeholder(leaf: Any) -> torch.Tensor:
+        if torch.is_tensor(leaf):
+            t = leaf.detach()
             key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride())
-            key = (*key, t.dtype, str(t.device)) if t.untyped_storage().data_ptr() else id(obj)
+            key = (*key, t.dtype, str(t.device)) if t.untyped_storage().data_ptr() else id(leaf)
         else:
-            t, key = obj, id(obj)
+            t, key = leaf, id(leaf)
         if key not in memo:
             ph = _placeholder(t.shape, t.dtype)
             memo[key] = ph
             sources[id(ph.untyped_storage())] = (ph, t)
         return memo[key]
-    if isinstance(obj, dict):
-        return type(obj)((k, _swap_in_placeholders(v, sources, memo)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
-        items = [_swap_in_placeholders(v, sources, memo) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    return obj
+
+    return map_leaves(obj, placeholder, lambda x: is_source(x) or torch.is_tensor(x))
 
 
 def _pair_offsets(saved: Any, loaded: Any, out: Dict[int, int]) -> None:
@@ -376,22 +374,11 @@ def read_file(path: str, entry: Optional[dict], engine: "IoEngine", lazy: bool =
         at = buf.storage_offset() // t.element_size() + t.storage_offset()
         return out.set_(buf.untyped_storage(), at, t.shape, t.stride())
 
-    obj = _map_tensors(structure, real)
+    obj = map_leaves(structure, real)
     engine.wait_all()
     for buf, start, want, _ in pending:
         if want is not None:
             got = crc32c(buf)
             if got != want[2]:
                 raise ChecksumError(_damaged(path, start, want[1], got, want[2]))
-    return obj
-
-
-def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if torch.is_tensor(obj):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
-        items = [_map_tensors(v, fn) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     return obj

@@ -215,8 +215,8 @@ def knobs_from_config(zero, in_cpu=0, tier_grads: str = "device", on_device=0) -
 def device_tier_elements(part: int, option: "Option", knobs: Knobs) -> int:
     """Elements of a rank's partition whose optimizer state offload_optimizer.ratio keeps on
     the device: the first int((1 - ratio) * n) of its n sub-groups (device_tier.py), or the
-    whole ones within zerostream.optimizer_max_on_device (device_auto.py), the sub-groups
-    taken as sub_group_size each (the runtime also cuts at param groups)."""
+    whole ones within zerostream.optimizer_max_on_device (offload/placement/device.py), the
+    sub-groups taken as sub_group_size each (the runtime also cuts at param groups)."""
     from ..offload.device_tier import device_count
 
     if option.stage != 3 or option.optimizer == "none":
@@ -565,7 +565,7 @@ def plan_tiers(
     shape: ModelShape, work: Workload, machine: Machine, base: Prediction
 ) -> Optional[Prediction]:
     """The memory-tier placement of an NVMe option (Note [Optimizer tiers] and Note
-    [Parameter shards in host memory], offload/tiers.py; Note [The device tier]):
+    [Parameter shards in host memory], offload/placement/; Note [The device tier]):
     - the GPU memory the all-on-NVMe option leaves (stage 3, params not offloaded) takes
       whole optimizer sub-groups first, as offload_optimizer.ratio: each element there
       saves 2 x state_bytes of disk traffic and the CPU kernel's work, and costs no host

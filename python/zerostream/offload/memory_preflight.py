@@ -13,9 +13,8 @@ tests, and for a user who knows better (another job will need the memory).
 from __future__ import annotations
 
 import os
-import weakref
 import zlib
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from ..comm import ranks_on_this_host
 
@@ -29,7 +28,7 @@ def skewed(value, kind: str):
     ZEROSTREAM_TEST_SKEW=<f> (tests: the rank-asymmetry mode) it is scaled by a factor in
     [1 - f, 1], different for each rank and each kind of reading and the same on every
     call, so ranks read different numbers as on a real host (Note [Every rank places the
-    same tiers] in tiers.py). Unset, the reading as it is."""
+    same tiers] in offload/placement/__init__.py). Unset, the reading as it is."""
     text = os.environ.get(SKEW_ENV)
     if not text or value is None:
         return value
@@ -149,105 +148,6 @@ def restart_peak() -> bool:
         return True
     except OSError:
         return False
-
-
-class StepPeaks:
-    """What a step needs above what it leaves, measured over whole steps.
-
-    Note [A step's excess]
-      "auto" sizes its host tiers from the excess of a step: its peak RSS less the RSS it
-      leaves (the gathered parameters stage3_max_reuse_distance keeps across the end of
-      forward, prefetches, activations, staging). The process's VmHWM less VmRSS measures it
-      only until a placement raises the RSS: after the optimizer state's arena filled, the
-      3.17 B run's parameter shards were sized from a 0.25 GiB excess where the step needed
-      2 GiB. So while a tier waits to be placed (`waiting`), the engine ends each window at
-      its step (step_ended: the excess is noted and VmHWM restarts), and excess() is the
-      larger of the last whole step's and the one under way's. The process's peak from before
-      the restarts is kept for the benchmarks (process_peak_bytes).
-
-      The excess is the peak less the RSS at the step's end, so a placement must read the RSS
-      and the usable memory at a point that holds what a step's end holds. With
-      `host_malloc: "retain"` a step's end gives the free heap back before its window closes,
-      but a placement comes later, inside the next step, after the heap has grown back: the
-      3.17 B tiered bench placed with 13.06 GiB resident and MemAvailable 9.96 GiB, both
-      counting ~5 GiB of regrown free heap, beside an excess of 6.52 GiB that is that heap
-      again, and predicted a peak of 21.46 GiB for steps that peaked at 17.21
-      (benchmarks/capacity.md).
-      So a tier calls before_placing() before it reads memory: "retain" gives the free heap
-      back there too (`release_heap`, set by host_malloc). The room the retained heap then
-      takes is counted once, explicitly (tiers.measured_budget_bytes)."""
-
-    def __init__(self):
-        self.waiting: "weakref.WeakSet" = weakref.WeakSet()  # the tiers still to be placed
-        self.last_excess: Optional[int] = None  # the last whole step's (None: none measured)
-        self.peak_before = 0  # the highest VmHWM a restart discarded
-        self.windows = 0  # steps measured
-        # Gives the process's free heap back to the kernel (host_malloc "retain" sets it).
-        self.release_heap: Optional[Callable[[], None]] = None
-
-    @property
-    def heap_retained(self) -> bool:
-        """Whether host_malloc "retain" keeps freed heap resident now."""
-        return self.release_heap is not None
-
-    def before_placing(self) -> None:
-        """A tier is about to read the RSS and the usable memory to place itself: the free
-        heap a retained step grew back goes first (Note [A step's excess])."""
-        if self.release_heap is not None:
-            self.release_heap()
-
-    def wait_for_me(self, tier) -> None:
-        self.waiting.add(tier)
-
-    def done(self, tier) -> None:
-        self.waiting.discard(tier)
-
-    def step_ended(self) -> None:
-        """An optimizer step is over: the window closes if a tier waits to be placed."""
-        if not self.waiting:
-            return
-        rss = memory_status().get("VmRSS")
-        peak = None if rss is None else self.restart()
-        if peak is not None:
-            self.last_excess = max(0, peak - rss)
-            self.windows += 1
-
-    def restart(self) -> Optional[int]:
-        """Restarts VmHWM (its value kept in the process's peak) and returns the peak of the
-        window it closed; None where /proc does not say or refuses."""
-        peak = memory_status().get("VmHWM")
-        if peak is None or not restart_peak():
-            return None
-        self.peak_before = max(self.peak_before, peak)
-        return peak
-
-    def excess(self) -> int:
-        """The larger of the last whole step's excess and that of the step under way (before
-        any window closed: since the process began, which errs on the large side)."""
-        status = memory_status()
-        if "VmHWM" not in status or "VmRSS" not in status:
-            return self.last_excess or 0
-        return skewed(max(self.last_excess or 0, status["VmHWM"] - status["VmRSS"]), "excess")
-
-    def process_peak_bytes(self) -> Optional[int]:
-        """The process's peak RSS across the restarts (None where /proc does not say)."""
-        peak = memory_status().get("VmHWM")
-        return None if peak is None else max(peak, self.peak_before)
-
-    def forget_peak(self) -> None:
-        """The benchmarks restart the process's peak: the one kept from before goes too."""
-        self.peak_before = 0
-
-
-STEP_PEAKS = StepPeaks()
-
-
-def peak_above_now_bytes() -> int:
-    """What a step needs on top of the memory it leaves behind (Note [A step's excess]); 0
-    where /proc does not say. Before a step has been measured it is the process's peak less
-    its RSS now, which may predate the steps (a larger build, or the parent's size carried
-    across exec): the number errs on the large side, never the small."""
-    return STEP_PEAKS.excess()
 
 
 def usable_host_bytes() -> Tuple[Optional[int], str]:

@@ -12,7 +12,7 @@ sets * 3 * sub_group_size * 4 bytes whatever the model size (2 with bf16 masters
 each staging buffer is raw bytes for a sub-group of the widest kind, viewed as a kind's dtype).
 
 Sub-groups in the host tier (zerostream.optimizer_max_in_cpu, Note [Optimizer tiers] in
-offload/tiers.py) keep their three tensors in a host arena and never touch the swap store;
+offload/placement/) keep their three tensors in a host arena and never touch the swap store;
 the step updates them in place while the disk reads the next NVMe sub-group. The first
 sub-groups may be on the device instead (offload_optimizer.ratio, Note [The device tier] in
 offload/device_tier.py), stepped there; with offload_optimizer "cpu" and a ratio the same
@@ -30,11 +30,12 @@ import torch
 from .. import _C
 from ..comm import ranks_on_this_host
 from ..ops.adam import cpu_adam_step
-from . import device_auto, sinks, tiers
-from .device_auto import DeviceAutoPlacement
+from . import placement, sinks
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine, io_config_for
-from .memory_preflight import STEP_PEAKS, skewed
+from .memory_preflight import skewed
+from .placement import device as device_placement
+from .placement.predict import StepClock, predict_peak_rss
 from .swap_store import SwapStore
 from .tiered_state import KINDS, SubGroup, TieredStateAccess
 
@@ -56,14 +57,17 @@ class _HyperParams(torch.optim.Optimizer):
         raise RuntimeError("the optimizer of an NVMe-offloaded run steps through the engine")
 
 
-class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
+class SwappedAdam(TieredStateAccess):
     """Adam/AdamW whose state lives on NVMe (see Note [Sub-group pipeline]). Built from
     its config sections: `optimizer` (hyperparameters, Adam vs AdamW), `zero`
     (sub_group_size, offload_optimizer), `aio` (the I/O engine) and `ext` (zerostream's
     extension keys: swap checksums, CPU threads); `dtypes`: the master's and the moments'
     (fp32, or bf16 ones); `device`: the compute device, home of the device tier (Note [The
     device tier]); `host_preflight(elements)`: checks that the host tier fits, before it is
-    allocated."""
+    allocated; `placer`: the stage's placer (offload/placement/), which places its "auto"
+    host tier (it is one of the placer's HostTiers) and agrees every reading across ranks."""
+
+    waiting_for_plan = False  # HostTier: the optimizer never waits for a stage-3 plan
 
     def __init__(
         self,
@@ -76,16 +80,16 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         aio: "AioConfig",
         ext: "ZeroStreamExtConfig",
         rank: int,
-        param_tier=None,
+        placer: Optional[placement.Placer] = None,
         dtypes: Tuple[torch.dtype, torch.dtype] = (torch.float32, torch.float32),
         device: Optional[torch.device] = None,
         host_preflight: Optional[Callable[[int], None]] = None,
-        agree: Optional[Callable] = None,
     ):
         offload = zero.offload_optimizer
+        self.placer = placer if placer is not None else placement.Placer()
         # comm.agreement over the data-parallel group (Note [Every rank places the same
-        # tiers] in tiers.py); None with one rank.
-        self.agree = agree
+        # tiers] in offload/placement/); None with one rank.
+        self.agree = self.placer.agree
         master, moments = dtypes
         self.dtypes = {"param": master, "exp_avg": moments, "exp_avg_sq": moments}
         self.kind_dtypes = [self.dtypes[k] for k in KINDS]
@@ -116,43 +120,27 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         # The device tier first (Note [The device tier]); the tiers below place the rest.
         # "auto" places it after a measured step (Note [The device tier from a measured step]).
         on_device = ext.optimizer_max_on_device
-        self._init_device_auto(on_device, device)
-        self.device_tier = device_auto.build(
-            self.sub_groups, self.kind_dtypes, self.device_home, offload.ratio, on_device
+        home = device if device is not None else torch.device("cpu")
+        self.device_auto = device_placement.DevicePlacement(on_device, home, self.agree)
+        self.device_tier = device_placement.build(
+            self.sub_groups, self.kind_dtypes, home, offload.ratio, on_device
         )
         n_dev = len(self.device_tier.sub_groups) if self.device_tier is not None else 0
         self.offloaded = self.sub_groups[n_dev:]
         sizes = [s.hi - s.lo for s in self.offloaded]
         if self.uses_disk:
-            self.tiers = tiers.plan(sizes, ext.optimizer_max_in_cpu, self.element_bytes)
+            self.tiers = placement.plan(sizes, ext.optimizer_max_in_cpu, self.element_bytes)
         else:  # "cpu": every offloaded sub-group in host memory
             source = 'offload_optimizer "cpu"'
-            self.tiers = tiers.place(sizes, sum(sizes), source, self.element_bytes)
-        # "auto": placed between two steps, after the parameter shards' own "auto" choice
-        # (`param_tier`, a ParamSwapper) where there is one (Note ["auto" is sized from a
-        # measured step] in tiers.py).
-        self.auto_pending = self.uses_disk and ext.optimizer_max_in_cpu == "auto"
-        if self.auto_pending:
-            STEP_PEAKS.wait_for_me(self)
-        self.param_tier = param_tier
-        if param_tier is not None and self.auto_pending:
-            param_tier.optimizer_tier = self  # Note [Which tier first] in tiers.py
-        self.claimed_first = False
-        self.order_inputs: Optional[dict] = None  # what claim_first decided from
-        self.last_step_wait = 0.0  # the last step's share of wait_seconds
-        self._step_started: Optional[float] = None
-        self.last_interval = 0.0  # seconds from one step() to the next: a whole iteration
-        # The last step() and what came before it (Note [Predicting the placed step]).
-        self._step_ended = 0.0
-        self.forward_backward_s = 0.0  # from the end of one step() to the start of the next
-        self.last_step_seconds = 0.0
-        self.last_step_disk_bytes = 0  # state read and written, and shards written, by it
-        self.last_step_shard_bytes = 0
-        self.prediction: Optional[dict] = None  # place_measured's predicted step time
-        self.steps_here = 0  # steps this process ran (the first one is the measurement)
+            self.tiers = placement.place(sizes, sum(sizes), source, self.element_bytes)
+        # "auto": placed by the placer between two steps, after the parameter shards' own
+        # "auto" choice where there is one (Note ["auto" is sized from a measured step]).
+        self.placer.attach_optimizer(self, self.uses_disk and ext.optimizer_max_in_cpu == "auto")
+        self.clock = StepClock()  # the measured steps (Note [Predicting the placed step])
+        self.prediction: Optional[dict] = None  # the host tier's placement's expectations
         self.pin_memory = offload.pin_memory
-        on_host = [s for s, t in zip(self.offloaded, self.tiers.tiers) if t == tiers.HOST]
-        on_disk = [s for s, t in zip(self.offloaded, self.tiers.tiers) if t == tiers.NVME]
+        on_host = [s for s, t in zip(self.offloaded, self.tiers.tiers) if t == placement.HOST]
+        on_disk = [s for s, t in zip(self.offloaded, self.tiers.tiers) if t == placement.NVME]
         # The host tier: each sub-group's three tensors, kept for the whole run.
         self.host_arena = None
         if on_host:
@@ -229,7 +217,7 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         Adam is elementwise, so where the sub-groups are cut changes no result. The reading
         is agreed (the smallest rank's), as every reading that plans the tiers is: the
         sub-groups decide which elements the device tier and each tier hold (Note [Every
-        rank places the same tiers] in tiers.py)."""
+        rank places the same tiers] in offload/placement/)."""
         try:
             import psutil
 
@@ -328,23 +316,25 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         16-bit where nothing accumulates in it), partitions[g] the model-dtype partition that
         receives the updated params; `stage`, the copy stage, carries the device tier's
         gradients to the device."""
-        now = time.perf_counter()
-        if self._step_started is not None:
-            self.last_interval = now - self._step_started
-            self.forward_backward_s = now - self._step_ended
-        self._step_started = now
+        self.clock.begin()
         # The device tier's "auto" before the host tier's: that takes what the device leaves.
-        if self.device_auto_at_step(max((g.element_size() for g in grads), default=4)):
-            self._offloaded_changed()
-        if self.auto_pending and self.steps_here >= 1 and self._params_placed():
-            self.place_measured()
-        self.steps_here += 1
-        wait_before = self.wait_seconds
-        started, moved_before, shards_before = (
-            time.perf_counter(),
-            self.bytes_read + self.bytes_written,
-            self._shard_bytes_written(),
+        tier = self.device_auto.at_step(
+            self.clock.steps,
+            [s for s in self.sub_groups if s.dev is None],
+            self.kind_dtypes,
+            max((g.element_size() for g in grads), default=4),
+            self._move_to_device,
         )
+        if tier is not None:
+            self.device_tier = tier
+            self._offloaded_changed()
+        if (
+            self.placer.pending(self)
+            and self.clock.steps >= 1
+            and self.placer.optimizer_may_place(self.clock.steps)
+        ):
+            self._place_host_tier()
+        self._clock_counters(self.clock.open)
         for g in range(len(self.steps)):
             self.steps[g] += 1
         # NVMe sub-groups take staging slots in turn (the j-th one slot j % sets); host ones
@@ -388,13 +378,31 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
             self._wait(writes)
         if self.device_tier is not None:
             self.device_tier.finish(stage)
-        self.last_step_wait = skewed(self.wait_seconds - wait_before, "optimizer_wait")
-        self._step_ended = time.perf_counter()
-        self.last_step_seconds = self._step_ended - started
-        self.last_step_shard_bytes = self._shard_bytes_written() - shards_before
-        self.last_step_disk_bytes = (
-            self.bytes_read + self.bytes_written - moved_before + self.last_step_shard_bytes
+        self._clock_counters(self.clock.close)
+
+    def _clock_counters(self, mark) -> None:
+        """The step clock's counters now: disk bytes moved by this tier, shard bytes written,
+        seconds waited on the disk."""
+        mark(
+            self.bytes_read + self.bytes_written,
+            self.placer.shard_bytes_written(),
+            self.wait_seconds,
         )
+
+    def _move_to_device(self, s: SubGroup, on_disk: bool) -> None:
+        """Sub-group `s`'s state into its device tensors (s.dev, just allocated by the
+        device tier's "auto"), from the swap store through staging slot 0 (its extents
+        freed) or from the host tier (its arena bytes stay with the arena). Blocking copies:
+        the staging slot is reused for the next one."""
+        if on_disk:
+            staged = self._staged(0, s.hi - s.lo)
+            self.take_out_of_store(s, staged)
+            for dev, t in zip(s.dev, staged):
+                dev.copy_(t)
+        else:
+            for dev, t in zip(s.dev, s.host):
+                dev.copy_(t)
+            s.host = None
 
     def _offloaded_changed(self) -> None:
         """Sub-groups moved to the device ("auto"): the host and NVMe tiers are what is
@@ -402,15 +410,15 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         step time expected now is logged."""
         self.offloaded = [s for s in self.sub_groups if s.dev is None]
         host = sum(s.hi - s.lo for s in self.offloaded if s.on_host)
-        self.tiers = tiers.TierPlan(
-            [tiers.HOST if s.on_host else tiers.NVME for s in self.offloaded],
+        self.tiers = placement.TierPlan(
+            [placement.HOST if s.on_host else placement.NVME for s in self.offloaded],
             host,
             sum(s.hi - s.lo for s in self.offloaded) - host,
             self.tiers.budget_elements,
             self.tiers.source,
             self.element_bytes,
         )
-        if self.uses_disk and not self.auto_pending:
+        if self.uses_disk and not self.placer.pending(self):
             self.prediction = p = self._predict()
             logger.info(
                 "%s; predicted step %.2f s (forward and backward %.2f s as measured)",
@@ -419,104 +427,33 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
                 p["forward_backward_seconds"],
             )
 
-    def _shard_bytes_written(self) -> int:
-        """Bytes of parameter shards written to disk so far (the update writes each shard
-        that lives there: Note [Predicting the placed step] in tiers.py)."""
-        return self.param_tier.bytes_written if self.param_tier is not None else 0
+    # --- "auto": the host tier, placed by the placer (a HostTier) ------------------------------
+    def disk_bytes(self) -> int:
+        """Host-arena bytes of the sub-groups still on disk (what "auto" could move in)."""
+        return sum(self._host_bytes(s) for s in self.sub_groups if s.on_disk)
 
-    def claim_first(self, param_wait_s: float, param_disk_bytes: int) -> int:
-        """Asked by the parameter shards' "auto" as it places them: the host bytes this tier
-        claims before them (its whole disk state), or 0 (it takes what they leave). Note
-        [Which tier first] in tiers.py."""
-        disk = [s for s in self.sub_groups if s.on_disk]
-        disk_bytes = sum(self._host_bytes(s) for s in disk)
-        if self.agree is not None:  # the slowest rank's waits decide, on every rank
-            param_wait_s, self.last_step_wait = self.agree(
-                [param_wait_s, self.last_step_wait], "max"
-            )
-        self.claimed_first = tiers.optimizer_first(
-            param_wait_s, param_disk_bytes, self.last_step_wait, disk_bytes
-        )
-        self.order_inputs = {
-            "optimizer_wait_seconds": self.last_step_wait,
-            "optimizer_disk_bytes": disk_bytes,
-            "param_wait_seconds": param_wait_s,
-            "param_disk_bytes": param_disk_bytes,
-        }
-        logger.info(
-            '"auto" tiers: the last step waited %.2f s on %.2f GiB of optimizer state and '
-            "%.2f s on %.2f GiB of parameter shards on disk: %s first",
-            self.last_step_wait,
-            disk_bytes / 2**30,
-            param_wait_s,
-            param_disk_bytes / 2**30,
-            "the optimizer state" if self.claimed_first else "the shards",
-        )
-        return disk_bytes if self.claimed_first else 0
+    def last_wait_seconds(self) -> float:
+        return self.clock.wait
 
-    # --- "auto": the host tier from a measured step ---------------------------------------------
-    def _params_placed(self) -> bool:
-        """Whether the parameter shards' "auto" has chosen (it goes first), or will not:
-        without a stage-3 trace it never runs, so the optimizer places its tier at its
-        fourth step at the latest, unless a recorded trace still waits for its planned step
-        (a trace recorded again after an abandoned plan: the shards choose after it)."""
-        pt = self.param_tier
-        if pt is None or pt.auto_decided:
-            return True
-        return self.steps_here >= 3 and not pt.rehome_pending
+    def disk_bytes_written(self) -> int:
+        return self.bytes_written
 
-    def place_measured(self) -> int:
-        """optimizer_max_in_cpu "auto", between two steps: the sub-groups that fit what this
-        rank may still allocate now (tiers.measured_budget_bytes) move from the swap store into
-        host memory, for good; their extents are freed. Returns how many moved."""
-        from .memory_preflight import ENV, memory_status, peak_above_now_bytes, usable_host_bytes
-
-        self.auto_pending = False
-        STEP_PEAKS.done(self)
-        STEP_PEAKS.before_placing()  # the RSS of a step's end (Note [A step's excess])
-        rss, excess = memory_status().get("VmRSS"), peak_above_now_bytes()
-        sizes = [s.hi - s.lo for s in self.offloaded]
-        # A fixed override of the usable memory does not drop as the parameter shards'
-        # arena fills, unlike MemAvailable or the cgroup's room: counted here instead.
-        taken = 0
-        usable, where = usable_host_bytes()  # one reading for the budget and its ceiling
-        if self.param_tier is not None and where == ENV:
-            taken = self.param_tier.kept_bytes
-        budget, source = tiers.measured_budget_bytes(
-            taken, excess, (usable, where), agree=self.agree
-        )
-        plan = tiers.place(sizes, budget // self.element_bytes, source, self.element_bytes)
-        # Each tensor is rounded to the arena's alignment: drop sub-groups (the last in
-        # the placement's order) until the arena fits the budget.
-        moving = [s for s, t in zip(self.offloaded, plan.tiers) if t == tiers.HOST]
-        arena = sum(self._host_bytes(s) for s in moving)
-        while moving and arena > budget:
-            s = moving.pop()
-            arena -= self._host_bytes(s)
-        if moving:
-            self.host_arena = HostArena(
-                arena,
-                lock=self.pin_memory,
-                register=True,
-            )
-            for s in moving:
-                host = self._host_state(s)
-                self.take_out_of_store(s, host)
-                s.host = host
-        placed = {s.index for s in moving}
-        host = sum(s.hi - s.lo for s in moving)
-        self.tiers = tiers.TierPlan(
-            [tiers.HOST if s.index in placed else tiers.NVME for s in self.offloaded],
-            host,
-            sum(sizes) - host,
-            plan.budget_elements,
-            plan.source,
-            self.element_bytes,
-        )
+    def _place_host_tier(self) -> int:
+        """optimizer_max_in_cpu "auto", between two steps: the placer gives the budget and
+        the sub-groups that fit move in (move_in); the step time and peak it expects now are
+        logged. Returns how many moved."""
+        moved_before = sum(1 for s in self.offloaded if s.on_host)
+        placed = self.placer.place(self)
+        moved = sum(1 for s in self.offloaded if s.on_host) - moved_before
         self.prediction = {
             **self._predict(),
-            # No ceiling where nothing could be read (the budget is then 0: all stays on disk).
-            **tiers.predict_peak_rss(rss, excess, arena, None if usable is None else budget),
+            # No ceiling where nothing could be read (the budget is then 0: all on disk).
+            **predict_peak_rss(
+                placed.rss_bytes,
+                placed.excess_bytes,
+                placed.held_bytes,
+                None if placed.usable_bytes is None else placed.budget_bytes,
+            ),
         }
         p = self.prediction
         logger.info(
@@ -534,26 +471,46 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
             if "predicted_peak_rss_bytes" in p
             else "unknown (no /proc)",
         )
-        return len(moving)
+        return moved
+
+    def move_in(self, budget_bytes: int, source: str) -> int:
+        """HostTier: the offloaded sub-groups that fit `budget_bytes` (spread over the step
+        order: placement.place) move from the swap store into a new host arena, for good;
+        their extents are freed. Returns the arena's bytes."""
+        sizes = [s.hi - s.lo for s in self.offloaded]
+        plan = placement.place(
+            sizes, budget_bytes // self.element_bytes, source, self.element_bytes
+        )
+        # Each tensor is rounded to the arena's alignment: drop sub-groups (the last in
+        # the placement's order) until the arena fits the budget.
+        moving = [s for s, t in zip(self.offloaded, plan.tiers) if t == placement.HOST]
+        arena = sum(self._host_bytes(s) for s in moving)
+        while moving and arena > budget_bytes:
+            s = moving.pop()
+            arena -= self._host_bytes(s)
+        if moving:
+            self.host_arena = HostArena(arena, lock=self.pin_memory, register=True)
+            for s in moving:
+                host = self._host_state(s)
+                self.take_out_of_store(s, host)
+                s.host = host
+        placed = {s.index for s in moving}
+        host = sum(s.hi - s.lo for s in moving)
+        self.tiers = placement.TierPlan(
+            [placement.HOST if s.index in placed else placement.NVME for s in self.offloaded],
+            host,
+            sum(sizes) - host,
+            plan.budget_elements,
+            plan.source,
+            self.element_bytes,
+        )
+        return arena
 
     def _predict(self) -> dict:
         """The placed step's time from the measured one (Note [Predicting the placed step]
-        in tiers.py): called as the tier is placed, at the start of a step()."""
-        fb, shard_bytes = self.forward_backward_s, self.last_step_shard_bytes
-        pt = self.param_tier
-        if pt is not None and pt.rehomed_at is not None and pt.rehomed_at > self._step_ended:
-            # The shards moved into host memory in this forward: not a step's cost, and the
-            # next update writes only the shards still on disk.
-            fb -= pt.rehome_seconds
-            shard_bytes = int(shard_bytes * pt.disk_share_after_rehome)
+        in offload/placement/): called as the tier is placed, at the start of a step()."""
         state = 2 * self.element_bytes * self.tiers.nvme_elements  # read and written back
-        return tiers.predict_step(
-            max(0.0, fb),
-            self.last_step_seconds,
-            self.last_step_wait,
-            self.last_step_disk_bytes,
-            state + shard_bytes,
-        )
+        return self.clock.predict(state, self.placer.shards_move)
 
     def _update(self, s: SubGroup, state, grads, partitions, grad_scale: float) -> None:
         p, m, v = (buf[: s.hi - s.lo] for buf in state)
@@ -594,7 +551,7 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
         """Deletes the optimizer state's swap files (the run is over)."""
         if self.store is not None:
             self.store.close()
-        STEP_PEAKS.done(self)  # no placement follows: the engine's windows stop
+        self.placer.withdraw(self)  # no placement follows: the windows stop
 
     def stats(self) -> dict:
         """Plain data: traffic, the store's directory and every sub-group's extents
@@ -603,14 +560,14 @@ class SwappedAdam(TieredStateAccess, DeviceAutoPlacement):
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
             "wait_seconds": self.wait_seconds,
-            "last_step_wait_seconds": self.last_step_wait,
-            "claimed_first": self.claimed_first,
-            "tier_order_inputs": self.order_inputs,
+            "last_step_wait_seconds": self.clock.wait,
+            "claimed_first": self.placer.optimizer_goes_first,
+            "tier_order_inputs": self.placer.order_inputs,
             "prediction": self.prediction,
             "store": self.store.stats() if self.store is not None else None,
             "directory": self.store.directory if self.store is not None else None,
             "device_elements": self.device_tier.elements if self.device_tier else 0,
-            "device_inputs": self.device_inputs,
+            "device_inputs": self.device_auto.inputs,
             "host_elements": self.tiers.host_elements,
             "nvme_elements": self.tiers.nvme_elements,
             "budget_elements": self.tiers.budget_elements,

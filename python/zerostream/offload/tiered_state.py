@@ -13,9 +13,9 @@ from typing import List, Optional
 import torch
 
 from ..lazy_tensor import LazyTensor
-from . import tiers
-from .device_auto import KEY
 from .device_tier import RATIO_KEY
+from .placement import DEVICE, HOST, NVME
+from .placement.device import KEY
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")
 
@@ -41,7 +41,7 @@ class SubGroup:
 
     @property
     def tier(self) -> str:
-        return tiers.DEVICE if self.dev is not None else tiers.HOST if self.on_host else tiers.NVME
+        return DEVICE if self.dev is not None else HOST if self.on_host else NVME
 
 
 class SwapStateSource:

@@ -9,6 +9,7 @@ from typing import Iterable, List, Optional
 import torch
 
 from .. import comm
+from ..offload.placement import Placer, StepWindow
 from ..precision import DTYPES, unscale_and_clip_coef
 from .checkpoint import WholeWeightsCheckpoint
 from .protocol import StageCheckpoint, StageContext, TrainingState
@@ -135,6 +136,19 @@ class ZeroOptimizerBase:
         for hook in getattr(self, "_hooks", ()):
             hook.remove()
         self._hooks = []
+
+    def make_placement(self, ctx: StageContext) -> None:
+        """The stage's placer and its measuring window (offload/placement/): made before the
+        state, as the tiers built with it attach to it; its readings are agreed over the
+        data-parallel group (Note [Every rank places the same tiers])."""
+        agree = comm.agreement(ctx.group, ctx.device) if ctx.world > 1 else None
+        self.placement = Placer(StepWindow(), agree)
+
+    def after_step(self) -> None:
+        """The engine's one call after each optimizer step, applied or skipped: the
+        placement's measuring window closes while an "auto" tier waits (Note [A step's
+        excess]), host_malloc "retain" settling its heap first."""
+        self.placement.step_ended()
 
     def before_forward(self) -> None:
         # A backward that raised never ran its queued epilogue (Note [A plain

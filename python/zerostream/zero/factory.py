@@ -108,7 +108,6 @@ def _swapped_adam(ctx: StageContext, client):
     from ..offload.optimizer_swap import SwappedAdam
     from .master_precision import master_dtype, state_dtype
     from .sharded import require_host_state
-    from .stage3.param_swap import ShardSink
 
     cfg = ctx.config
     offload = cfg.zero_optimization.offload_optimizer
@@ -139,10 +138,9 @@ def _swapped_adam(ctx: StageContext, client):
             "are not supported there yet)"
         )
 
-    def make(masters, options, param_starts):
-        # Both tiers "auto": the parameter shards choose first, after the first step; the
-        # optimizer's host tier waits for them (Note ["auto" is sized from a measured step]).
-        param_tier = next((s.swapper for s in masters if isinstance(s, ShardSink)), None)
+    def make(masters, options, param_starts, placer):
+        # The stage's placer places its "auto" tiers, the parameter shards' first (Note
+        # ["auto" is sized from a measured step]).
         return SwappedAdam(
             masters,
             options,
@@ -152,11 +150,10 @@ def _swapped_adam(ctx: StageContext, client):
             aio=cfg.aio,
             ext=cfg.zerostream,
             rank=comm.get_rank(),
-            param_tier=param_tier,
+            placer=placer,
             dtypes=(master_dtype(ctx), state_dtype(ctx, opt)),
             device=ctx.device,
             host_preflight=lambda numel: require_host_state(ctx, numel),
-            agree=comm.agreement(ctx.group, ctx.device) if ctx.world > 1 else None,
         )
 
     return make

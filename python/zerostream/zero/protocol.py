@@ -7,7 +7,8 @@ Note [Stage seam]
     -> run_backward(loss, factor): autograd (the stage's hooks run here, phase BACKWARD)
        then after_backward()
   and at the accumulation boundary step() (which reduces what is still unreduced, unscales,
-  clips and updates) followed by zero_grad(). prepare_module() runs once, before the
+  clips and updates) then after_step() (whole-step bookkeeping: the placement's measuring
+  window, offload/placement/) and zero_grad(). prepare_module() runs once, before the
   optimizer is built, because where parameters live is the stage's decision (under
   zero.Init they arrive already partitioned). state_dict()/load_state_dict() carry the
   optimizer side of a checkpoint and partition_layout() says how it is cut (Note [Stage
@@ -174,6 +175,10 @@ class ZeroOptimizer(Protocol):
     def step(self) -> bool:
         """At the accumulation boundary: reduce, unscale, clip, update. False: skipped
         (overflow)."""
+
+    def after_step(self) -> None:
+        """After each optimizer step (applied or skipped): the stage's bookkeeping of whole
+        steps (the placement's measuring window)."""
 
     def zero_grad(self, set_to_none: bool = True) -> None: ...
 

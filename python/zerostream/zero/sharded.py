@@ -89,6 +89,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         `host_partitions`: the 16-bit partitions are host memory whatever the compute device
         (stage 3 with offload_param), so the fp32 state next to them is too."""
         zero = ctx.config.zero_optimization
+        self.make_placement(ctx)
         self.offload_device = zero.offload_optimizer_device
         self.host_partitions = host_partitions
         self.swapper = None
@@ -112,7 +113,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         sizes = [sinks.numel(p) for p in partitions]
         if make_swapped is not None:
             # offload_optimizer nvme: the fp32 state lives in the swap store from the start.
-            self.swapper = make_swapped(partitions, options, param_starts)
+            self.swapper = make_swapped(partitions, options, param_starts, self.placement)
             dtype = _host_grad_dtype(ctx, True)
             tier = self.swapper.device_tier
             if tier is not None and ctx.config.zerostream.device_tier_grads == "device":

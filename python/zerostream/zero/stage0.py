@@ -42,6 +42,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
                 }
                 for g in param_groups
             ]
+        self.make_placement(ctx)
         super().__init__(make_optimizer(inner), ctx)
         # Gradients stay on param.grad until the step; the hooks only mark a plain
         # loss.backward()'s gradients as held (Note [A plain loss.backward()] in base.py).

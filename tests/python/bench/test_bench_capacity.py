@@ -215,7 +215,7 @@ def test_the_bench_takes_each_step_s_own_peak_once_every_tier_is_placed(monkeypa
         restarts.append(1)
         return next(peaks)
 
-    monkeypatch.setattr(capacity.STEP_PEAKS, "restart", restart)
+    monkeypatch.setattr(capacity.window, "restart_window_peak", restart)
     settled, got = [], []
     for placed in (False, False, True, True, True):
         settled.append(placed)

@@ -124,7 +124,6 @@ class Wide(torch.nn.Module):
     def forward(self, x):
         return self.b(torch.relu(self.a(x))).pow(2).mean()
 
-from zerostream.offload.memory_preflight import STEP_PEAKS
 policy, tiers, nvme = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 torch.manual_seed(0)
 zero = {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": nvme}}
@@ -144,9 +143,9 @@ for i in range(4):
     engine.step()
     out["end_rss"].append(memory_status()["VmRSS"])
     out["losses"].append(float(loss))
-    out["excess"].append(STEP_PEAKS.last_excess)
+    out["excess"].append(engine.optimizer.placement.window.last_excess)
     out["faults"].append(faults_of_fresh_tensors())
-    out["placed"].append(not engine.optimizer.swapper.auto_pending)
+    out["placed"].append(not engine.optimizer.placement.window.waiting)
 out["trims"] = host_malloc.trims()
 out["placement_trims"] = host_malloc.placement_trims()
 out["prediction"] = engine.optimizer.swapper.prediction

@@ -1,5 +1,5 @@
 """`zerostream.optimizer_max_on_device` (Note [The device tier from a measured step],
-offload/device_auto.py): the optimizer sub-groups kept and stepped on the compute device, as
+offload/placement/device.py): the optimizer sub-groups kept and stepped on the compute device, as
 an element count (placed at build, like offload_optimizer.ratio) or "auto" (sized from the
 device memory a measured step leaves).
 
@@ -26,8 +26,8 @@ from test_device_tier import _config as device_tier_config
 
 from multirank import run_ranks
 from tiny_gpt import TinyGPT, make_batches, plain_adamw_losses
-from zerostream.offload import device_auto
-from zerostream.offload.tiers import DEVICE, NVME
+from zerostream.offload.placement import DEVICE, NVME, budgets, plans
+from zerostream.offload.placement import device as device_auto
 
 STEPS, GLOBAL_BATCH, SUB_GROUP = 4, 8, 2000
 LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5
@@ -37,11 +37,11 @@ ROOM = int(2.5 * SUB_GROUP * STATE)  # device bytes for two sub-groups and a hal
 
 # --- the arithmetic ------------------------------------------------------------------------------
 def test_an_element_count_keeps_the_first_whole_sub_groups_that_fit():
-    assert device_auto.count_within([2000, 2000, 2000, 500], 4000) == 2
-    assert device_auto.count_within([2000, 2000, 2000, 500], 3999) == 1
-    assert device_auto.count_within([2000, 2000], 10**9) == 2
+    assert plans.count_within([2000, 2000, 2000, 500], 4000) == 2
+    assert plans.count_within([2000, 2000, 2000, 500], 3999) == 1
+    assert plans.count_within([2000, 2000], 10**9) == 2
     # In step order: a small later sub-group does not jump a big one that does not fit.
-    assert device_auto.count_within([2000, 3000, 500], 2600) == 1
+    assert plans.count_within([2000, 3000, 500], 2600) == 1
 
 
 def test_a_count_below_the_first_sub_group_places_nothing_and_says_so(caplog):
@@ -58,15 +58,15 @@ def test_a_count_below_the_first_sub_group_places_nothing_and_says_so(caplog):
 
 def test_the_budget_is_free_memory_less_the_step_s_excess_the_update_and_the_reserve():
     gib = 1 << 30
-    reserve = device_auto.DEVICE_RESERVE_BYTES + int(device_auto.DEVICE_RESERVE_SHARE * 40 * gib)
+    reserve = budgets.DEVICE_RESERVE_BYTES + int(budgets.DEVICE_RESERVE_SHARE * 40 * gib)
     assert reserve == (256 << 20) + 2 * gib  # 5% of 40 GiB is 2 GiB
-    assert device_auto.budget_bytes(10 * gib, 3 * gib, 40 * gib, 1 << 20) == (
+    assert budgets.device_budget_bytes(10 * gib, 3 * gib, 40 * gib, 1 << 20) == (
         10 * gib - 3 * gib - (1 << 20) - reserve
     )
-    assert device_auto.budget_bytes(gib, 3 * gib, 40 * gib, 0) == 0  # never negative
+    assert budgets.device_budget_bytes(gib, 3 * gib, 40 * gib, 0) == 0  # never negative
     # One bf16 gradient buffer of 1e8 elements and the Adam temporaries of one 2**24 chunk.
-    assert device_auto.update_bytes(10**8, 2) == 2 * 10**8 + 32 * (1 << 24)
-    assert device_auto.update_bytes(1000, 4) == 4000 + 32 * 1000
+    assert budgets.device_update_bytes(10**8, 2) == 2 * 10**8 + 32 * (1 << 24)
+    assert budgets.device_update_bytes(1000, 4) == 4000 + 32 * 1000
 
 
 def test_on_disk_sub_groups_go_first_whole_and_a_misfit_is_skipped():
@@ -74,11 +74,11 @@ def test_on_disk_sub_groups_go_first_whole_and_a_misfit_is_skipped():
     cands = [(100, False), (300, True), (200, True), (100, True), (50, False)]
     # 5400 bytes = 450 elements: disk ones in order: 300 fits, 200 does not (500), 100 does
     # (400); then host ones: 100 does not (500), 50 does (450).
-    assert device_auto.choose(cands, 450 * 12, 12) == [1, 3, 4]
+    assert plans.choose(cands, 450 * 12, 12) == [1, 3, 4]
     # 299 elements: 300 does not fit, 200 does, 100 not (300), host 100 not, 50 does (250).
-    assert device_auto.choose(cands, 299 * 12, 12) == [2, 4]
-    assert device_auto.choose(cands, 0, 12) == []
-    assert device_auto.choose(cands, 10**9, 12) == [0, 1, 2, 3, 4]
+    assert plans.choose(cands, 299 * 12, 12) == [2, 4]
+    assert plans.choose(cands, 0, 12) == []
+    assert plans.choose(cands, 10**9, 12) == [0, 1, 2, 3, 4]
 
 
 # --- the engine ----------------------------------------------------------------------------------
@@ -121,17 +121,18 @@ def _sized_at_the_move(swapper, sim, room: int) -> None:
     any device byte the measurement missed is then out of memory (a violation)."""
     import gc
 
-    place = swapper.place_on_device
+    placement = swapper.device_auto
+    place = placement.place
 
-    def sized(grad_itemsize):
+    def sized(offloaded, kind_dtypes, grad_itemsize, move):
         gc.collect()
         mem = sim.memory
         held, excess = mem.allocated_bytes(), mem.peak - mem.allocated_bytes()
         width = max(s.hi - s.lo for s in swapper.sub_groups)
-        mem.capacity = held + excess + device_auto.update_bytes(width, grad_itemsize) + room
-        return place(grad_itemsize)
+        mem.capacity = held + excess + budgets.device_update_bytes(width, grad_itemsize) + room
+        return place(offloaded, kind_dtypes, grad_itemsize, move)
 
-    swapper.place_on_device = sized
+    placement.place = sized
 
 
 def auto_worker(rank, world, root):
@@ -140,7 +141,7 @@ def auto_worker(rank, world, root):
     micro = GLOBAL_BATCH // world
     out = {}
     # No reserve: the capacity is exactly what the step was measured to need, and the room.
-    device_auto.DEVICE_RESERVE_BYTES, device_auto.DEVICE_RESERVE_SHARE = 0, 0.0
+    budgets.DEVICE_RESERVE_BYTES, budgets.DEVICE_RESERVE_SHARE = 0, 0.0
     with sim_device.installed("lazy", 0, rank, track_memory=True) as sim:
         engine = _engine(_config(micro, f"{root}/auto"))
         swapper = engine.optimizer.swapper
@@ -148,7 +149,7 @@ def auto_worker(rank, world, root):
         extents_before = swapper.store.stats()
         losses, traffic, tiers = _train(engine, rank, world, STEPS - 1)
         out["sizes"] = [s.hi - s.lo for s in swapper.sub_groups]
-        out["inputs"] = swapper.device_inputs
+        out["inputs"] = swapper.device_auto.inputs
         out["stats"] = swapper.stats()
         out["extents_before"] = extents_before
         out["dev_on_engine_device"] = all(
@@ -212,7 +213,6 @@ def test_auto_moves_what_the_device_memory_a_step_leaves_holds_and_trains_as_pyt
 
 
 def elsewhere_worker(rank, world, root):
-    from zerostream.offload import optimizer_swap
     from zerostream.testing import sim_device
 
     micro = GLOBAL_BATCH // world
@@ -220,11 +220,11 @@ def elsewhere_worker(rank, world, root):
     # The CPU: the device's memory is the host's.
     engine = _engine(_config(micro, f"{root}/cpu"))
     out["cpu"] = _train(engine, rank, world, 3)
-    out["cpu_inputs"] = engine.optimizer.swapper.device_inputs
+    out["cpu_inputs"] = engine.optimizer.swapper.device_auto.inputs
     engine.destroy()
 
     # A device that refuses the allocation after all.
-    class Refusing(optimizer_swap.device_auto.DeviceTier):
+    class Refusing(device_auto.DeviceTier):
         def __init__(self, sub_groups, *args, **kwargs):
             sub_groups[0].dev = [torch.empty(1)]  # a partial allocation, undone by the caller
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
@@ -235,7 +235,7 @@ def elsewhere_worker(rank, world, root):
         with sim_device.installed("lazy", 0, rank, device_capacity=2 << 30):
             engine = _engine(_config(micro, f"{root}/refused"))
             out["refused"] = _train(engine, rank, world, 3)
-            out["refused_inputs"] = engine.optimizer.swapper.device_inputs
+            out["refused_inputs"] = engine.optimizer.swapper.device_auto.inputs
             engine.destroy()
     finally:
         device_auto.DeviceTier = saved

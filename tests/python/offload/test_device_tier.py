@@ -22,7 +22,7 @@ from multirank import run_ranks
 from tiny_gpt import TinyGPT, adamw_ds_config, make_batches, plain_adamw_losses
 from zerostream.offload import sinks
 from zerostream.offload.device_tier import device_count
-from zerostream.offload.tiers import DEVICE, HOST, NVME
+from zerostream.offload.placement import DEVICE, HOST, NVME
 
 STEPS, GLOBAL_BATCH, SUB_GROUP = 4, 8, 2000
 LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5

@@ -1,5 +1,5 @@
 """Optimizer state in two tiers under offload_optimizer nvme (Note [Optimizer tiers],
-offload/tiers.py): `zerostream.optimizer_max_in_cpu` keeps whole sub-groups in host memory.
+offload/placement/): `zerostream.optimizer_max_in_cpu` keeps whole sub-groups in host memory.
 
 - The placement, from budgets alone (no disk): the sub-groups and bytes computed by hand.
 - The mechanism: host sub-groups have no extent in the swap files and the disk traffic of a
@@ -13,8 +13,7 @@ import torch
 
 from multirank import run_ranks
 from tiny_gpt import TinyGPT, adamw_ds_config, make_batches, plain_adamw_losses
-from zerostream.offload import tiers
-from zerostream.offload.tiers import HOST, NVME
+from zerostream.offload.placement import HOST, NVME, budgets, plans
 
 STEPS, GLOBAL_BATCH, SUB_GROUP = 4, 8, 2000
 LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5
@@ -22,7 +21,7 @@ LR, BETAS, WD, CLIP = 1e-2, (0.9, 0.95), 0.01, 0.5
 
 # --- placement -----------------------------------------------------------------------------------
 def test_host_sub_groups_are_spread_over_the_step_order_within_the_budget():
-    plan = tiers.place([10] * 10, 30)
+    plan = plans.place([10] * 10, 30)
     # Worked by hand: a sub-group goes to the host when the host tier is at least half a
     # sub-group behind its 30% share of the elements seen so far.
     assert [i for i, t in enumerate(plan.tiers) if t == HOST] == [1, 4, 8]
@@ -31,67 +30,66 @@ def test_host_sub_groups_are_spread_over_the_step_order_within_the_budget():
 
 
 def test_the_last_pass_fills_the_budget_with_whole_sub_groups_only():
-    assert tiers.place([10, 10, 5], 15).tiers == [HOST, NVME, HOST]
-    assert tiers.place([10, 10, 5], 9).tiers == [NVME, NVME, HOST]  # 10 would not fit
-    assert tiers.place([10, 10, 5], 4).tiers == [NVME] * 3
-    assert tiers.place([10, 10, 5], 10**9).tiers == [HOST] * 3
-    assert tiers.place([10, 10, 5], 0).tiers == [NVME] * 3
+    assert plans.place([10, 10, 5], 15).tiers == [HOST, NVME, HOST]
+    assert plans.place([10, 10, 5], 9).tiers == [NVME, NVME, HOST]  # 10 would not fit
+    assert plans.place([10, 10, 5], 4).tiers == [NVME] * 3
+    assert plans.place([10, 10, 5], 10**9).tiers == [HOST] * 3
+    assert plans.place([10, 10, 5], 0).tiers == [NVME] * 3
 
 
 def test_auto_leaves_the_reserve_and_what_else_is_taken_and_shares_the_host():
     gib = 1 << 30
     # 20 GiB usable, 2 ranks here: 10 GiB each, less 1 GiB, less 5% (0.5 GiB), less 1 GiB
     # taken by something else (a step's measured excess): 7.5 GiB.
-    assert tiers.auto_budget_bytes(20 * gib, 2, gib) == 7 * gib + gib // 2
-    assert tiers.auto_budget_bytes(2 * gib, 1, gib) == 0  # nothing left after the reserve
-    assert tiers.auto_budget_bytes(None, 1, 0) == 0  # no reading: all on NVMe
+    assert budgets.auto_budget_bytes(20 * gib, 2, gib) == 7 * gib + gib // 2
+    assert budgets.auto_budget_bytes(2 * gib, 1, gib) == 0  # nothing left after the reserve
+    assert budgets.auto_budget_bytes(None, 1, 0) == 0  # no reading: all on NVMe
 
 
 def test_auto_starts_on_disk_and_is_placed_from_the_measured_step(monkeypatch):
-    from zerostream.offload import memory_preflight
-
     monkeypatch.setenv("ZEROSTREAM_HOST_MEMORY_LIMIT", "4G")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    monkeypatch.setattr(memory_preflight, "peak_above_now_bytes", lambda: 1 << 29)
-    before = tiers.plan([10**8] * 4, "auto")
+    excess = 1 << 29  # a step's measured excess (StepWindow.excess)
+    before = plans.plan([10**8] * 4, "auto")
     assert before.tiers == [NVME] * 4 and "after the first step" in before.source
-    budget, source = tiers.measured_budget_bytes()
-    plan = tiers.place([10**8] * 4, budget // 12, source)
+    budget, source = budgets.measured_budget_bytes(excess)
+    plan = plans.place([10**8] * 4, budget // 12, source)
     limit = 4 * 2**30
     assert plan.budget_elements == (limit - 2**30 - int(0.05 * limit) - 2**29) // 12
     assert plan.host_elements == 2 * 10**8  # two of the four fit in ~0.18e9 elements
     assert plan.tiers == [HOST, NVME, HOST, NVME]  # spread over the step order
     assert "ZEROSTREAM_HOST_MEMORY_LIMIT" in plan.source and "0.50 GiB a step" in plan.source
-    taken, _ = tiers.measured_budget_bytes(other_bytes=2**30)  # e.g. parameter shards
+    taken, _ = budgets.measured_budget_bytes(excess, other_bytes=2**30)  # e.g. parameter shards
     assert budget - taken == 2**30
     # While host_malloc "retain" holds, the heap it keeps (about a step's excess) is left
     # out of the budget too (Note [Fresh pages cost more than the math]).
-    monkeypatch.setattr(memory_preflight.STEP_PEAKS, "release_heap", lambda: None)
-    kept, kept_source = tiers.measured_budget_bytes()
+    kept, kept_source = budgets.measured_budget_bytes(excess, heap_retained=True)
     assert budget - kept == 1 << 29 and 'the heap "retain" keeps' in kept_source
-    monkeypatch.setattr(memory_preflight.STEP_PEAKS, "release_heap", None)
     # A caller's own reading of the usable memory is used as given (not read again).
-    given, source = tiers.measured_budget_bytes(reading=(8 * 2**30, "a reading"))
+    given, source = budgets.measured_budget_bytes(excess, reading=(8 * 2**30, "a reading"))
     assert given == 8 * 2**30 - 2**30 - int(0.05 * 8 * 2**30) - 2**29
     assert source.startswith('"auto": a reading 8.00 GiB')
 
 
 def test_a_step_s_excess_is_measured_from_the_process_s_peak():
-    from zerostream.offload.memory_preflight import memory_status, peak_above_now_bytes
+    from zerostream.offload.memory_preflight import memory_status
+    from zerostream.offload.placement import StepWindow
 
     if "VmHWM" not in memory_status():
         pytest.skip("/proc/self/status has no VmHWM here")
+    window = StepWindow()
     big = torch.ones(64 << 20, dtype=torch.float32)  # 256 MiB, every page touched
-    assert peak_above_now_bytes() >= 0
+    assert window.excess() >= 0
     del big  # a large allocation goes back to the kernel at once
-    assert peak_above_now_bytes() >= 200 << 20
+    assert window.excess() >= 200 << 20
 
 
 def test_a_placement_does_not_hide_the_excess_of_the_last_step():
     # A step's 256 MiB transient, then a placement that raises the RSS above that peak for
     # good: VmHWM - VmRSS alone reads about 0 after it (the 3.17 B run's shards were sized
     # from 0.25 GiB where a step needed 2); the window the step closed still says 256 MiB.
-    from zerostream.offload.memory_preflight import StepPeaks, memory_status, restart_peak
+    from zerostream.offload.memory_preflight import memory_status, restart_peak
+    from zerostream.offload.placement import StepWindow, window
 
     if "VmHWM" not in memory_status() or not restart_peak():
         pytest.skip("no VmHWM, or clear_refs refused, here")
@@ -99,7 +97,7 @@ def test_a_placement_does_not_hide_the_excess_of_the_last_step():
     class Tier:
         pass
 
-    peaks, tier = StepPeaks(), Tier()
+    peaks, tier = StepWindow(), Tier()
     peaks.step_ended()  # nothing waits: no window closes, the peak is left alone
     assert peaks.windows == 0 and peaks.last_excess is None
     peaks.wait_for_me(tier)
@@ -107,12 +105,12 @@ def test_a_placement_does_not_hide_the_excess_of_the_last_step():
     del big
     peaks.step_ended()
     assert peaks.windows == 1 and peaks.last_excess >= 200 << 20
-    step_peak = peaks.process_peak_bytes()
+    step_peak = window.process_peak_bytes()
     kept = torch.ones(128 << 20, dtype=torch.float32)  # 512 MiB placed, every page touched
     status = memory_status()
     assert status["VmHWM"] - status["VmRSS"] < 64 << 20
     assert peaks.excess() >= 200 << 20
-    assert peaks.process_peak_bytes() >= step_peak  # the benchmarks' peak survives restarts
+    assert window.process_peak_bytes() >= step_peak  # the benchmarks' peak survives restarts
     peaks.done(tier)
     peaks.step_ended()
     assert peaks.windows == 1
@@ -280,10 +278,10 @@ def test_a_tiered_checkpoint_resumes_exactly_all_on_nvme_and_back(tmp_path):
 
 def auto_worker(rank, world, root):
     import zerostream
-    from zerostream.offload import memory_preflight
+    from zerostream.offload.placement import StepWindow
 
     # A step's measured excess, fixed: the rank's VmHWM carries its launcher's size.
-    memory_preflight.peak_above_now_bytes = lambda: 1 << 28
+    StepWindow.excess = lambda self: 1 << 28
     out = {}
     for max_in_cpu in (0, "auto"):
         torch.manual_seed(0)
@@ -324,7 +322,7 @@ def test_auto_moves_what_fits_into_host_memory_after_the_first_step(tmp_path, mo
     assert auto["host_after_init"] == 0  # "auto" starts all on disk
     assert auto["budget"] == budget
     host = auto["host"]
-    assert 0 < host <= budget and host == tiers.place(auto["sizes"], budget).host_elements
+    assert 0 < host <= budget and host == plans.place(auto["sizes"], budget).host_elements
     assert auto["freed"] and all(auto["freed"])  # their extents left the swap files
     total = host + auto["nvme"]
     # Step 1 streams everything; step 2 reads the moving sub-groups once more, then streams

@@ -1,4 +1,4 @@
-"""offload_param.max_in_cpu "auto" (Note [Parameter shards in host memory], offload/tiers.py):
+"""offload_param.max_in_cpu "auto" (Note [Parameter shards in host memory], offload/placement/):
 every shard goes to disk, and once the first step's trace says how often each is read and a
 step has run with its plan, the most-read shards that fit the host-memory budget come back
 into host memory for good.
@@ -14,38 +14,38 @@ import torch
 
 from multirank import run_ranks
 from tiny_gpt import TinyGPT, make_batches
-from zerostream.offload import tiers
+from zerostream.offload.placement import placer, plans, predict
 
 GLOBAL_BATCH = 8
 
 
 def test_the_most_read_shards_that_fit_are_kept():
-    assert tiers.place_shards([2, 1, 1, 3], [10, 10, 10, 10], 25) == [0, 3]
-    assert tiers.place_shards([2, 1, 1, 3], [10, 10, 10, 30], 25) == [0, 1]  # 30 never fits
-    assert tiers.place_shards([1, 1], [10, 10], 10) == [0]  # a tie keeps the earlier shard
-    assert tiers.place_shards([5], [10], 0) == []
+    assert plans.place_shards([2, 1, 1, 3], [10, 10, 10, 10], 25) == [0, 3]
+    assert plans.place_shards([2, 1, 1, 3], [10, 10, 10, 30], 25) == [0, 1]  # 30 never fits
+    assert plans.place_shards([1, 1], [10, 10], 10) == [0]  # a tie keeps the earlier shard
+    assert plans.place_shards([5], [10], 0) == []
 
 
 def test_the_tier_that_buys_back_more_step_time_per_byte_goes_first():
     # Note [Which tier first]: waits per byte on disk, a margin of 1.5, a floor of 0.25 s.
-    assert tiers.optimizer_first(0.1, 100, 10.0, 100)  # 100x the shards' per byte
-    assert not tiers.optimizer_first(1.0, 100, 0.2, 1)  # below the floor: never reorders
-    assert not tiers.optimizer_first(1.0, 100, 1.0, 100)  # equal: the default order
-    assert tiers.optimizer_first(1.0, 100, 1.5, 100)  # exactly the margin
-    assert not tiers.optimizer_first(1.0, 100, 2.9, 200)  # 1.45x per byte
-    assert tiers.optimizer_first(0.0, 0, 0.3, 10)  # no shard on disk
-    assert not tiers.optimizer_first(5.0, 10, 5.0, 0)  # no optimizer state on disk
+    assert placer.optimizer_first(0.1, 100, 10.0, 100)  # 100x the shards' per byte
+    assert not placer.optimizer_first(1.0, 100, 0.2, 1)  # below the floor: never reorders
+    assert not placer.optimizer_first(1.0, 100, 1.0, 100)  # equal: the default order
+    assert placer.optimizer_first(1.0, 100, 1.5, 100)  # exactly the margin
+    assert not placer.optimizer_first(1.0, 100, 2.9, 200)  # 1.45x per byte
+    assert placer.optimizer_first(0.0, 0, 0.3, 10)  # no shard on disk
+    assert not placer.optimizer_first(5.0, 10, 5.0, 0)  # no optimizer state on disk
 
 
 def test_the_placed_step_is_predicted_from_the_bytes_its_optimizer_step_moves():
     # Note [Predicting the placed step]: 41 s of forward and backward as measured; the last
     # optimizer step took 55.7 s (40.4 waiting) moving 82.3 GB, the placed one moves 66.
-    got = tiers.predict_step(41.0, 55.7, 40.4, 82_300, 66_000)
+    got = predict.predict_step(41.0, 55.7, 40.4, 82_300, 66_000)
     assert got["predicted_optimizer_step_seconds"] == round(55.7 * 66 / 82.3, 3)
     assert got["predicted_step_seconds"] == round(41.0 + 55.7 * 66 / 82.3, 3)
     # Nearly all in host memory: the kernel's part of the last step (20 - 5 s) stays.
-    assert tiers.predict_step(10.0, 20.0, 5.0, 100, 10)["predicted_step_seconds"] == 25.0
-    assert tiers.predict_step(10.0, 20.0, 5.0, 0, 0)["predicted_step_seconds"] == 30.0
+    assert predict.predict_step(10.0, 20.0, 5.0, 100, 10)["predicted_step_seconds"] == 25.0
+    assert predict.predict_step(10.0, 20.0, 5.0, 0, 0)["predicted_step_seconds"] == 30.0
 
 
 def test_the_placed_steps_peak_rss_is_what_was_resident_plus_what_moved_plus_the_excess():
@@ -53,12 +53,12 @@ def test_the_placed_steps_peak_rss_is_what_was_resident_plus_what_moved_plus_the
     # placed, a step's measured excess of 1.00 GiB; a budget of 7.04 GiB (what left only the
     # reserve).
     gib = 2**30
-    got = tiers.predict_peak_rss(int(13.70 * gib), gib, int(6.71 * gib), int(7.04 * gib))
+    got = predict.predict_peak_rss(int(13.70 * gib), gib, int(6.71 * gib), int(7.04 * gib))
     assert got["predicted_peak_rss_bytes"] == int(13.70 * gib) + gib + int(6.71 * gib)
     assert got["host_ceiling_bytes"] == int(13.70 * gib) + gib + int(7.04 * gib)
     # No budget read: no ceiling; no RSS read: no prediction at all.
-    assert "host_ceiling_bytes" not in tiers.predict_peak_rss(10, 1, 0, None)
-    assert tiers.predict_peak_rss(None, 1, 2, 3) == {}
+    assert "host_ceiling_bytes" not in predict.predict_peak_rss(10, 1, 0, None)
+    assert predict.predict_peak_rss(None, 1, 2, 3) == {}
 
 
 EXCESS = 1 << 26  # a step's measured excess, fixed in the ranks (their VmHWM is their launcher's)
@@ -139,9 +139,9 @@ def _slow_reads(store) -> None:
 def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow_optimizer=False):
     import zerostream
     from zerostream.offload import memory_preflight
+    from zerostream.offload.placement import StepWindow
 
-    memory_preflight.peak_above_now_bytes = lambda: EXCESS
-    peaks = memory_preflight.STEP_PEAKS
+    StepWindow.excess = lambda self: EXCESS
     micro = GLOBAL_BATCH // world
     xs, ys = make_batches(steps, GLOBAL_BATCH)
     out = {}
@@ -157,6 +157,7 @@ def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow
             _slow_reads(opt_swapper.store)
         losses, reads, opt_host, kept_after, windows = [], [], [], [], []
         intervals, rss = [], []
+        peaks = engine.optimizer.placement.window
         first_window = peaks.windows
         for s in range(steps):
             before = swapper.bytes_read
@@ -171,7 +172,7 @@ def worker(rank, world, root, steps=5, optimizer=None, model_class=TinyGPT, slow
             rss.append(memory_preflight.memory_status().get("VmRSS"))
             if opt_swapper is not None:
                 opt_host.append(opt_swapper.stats()["host_elements"])
-                intervals.append(opt_swapper.last_interval)
+                intervals.append(opt_swapper.clock.last_interval)
         zps = {p._zs.ds_id: p._zs for p in engine.module.parameters()}
         stats = swapper.stats()
         out[max_in_cpu] = {
@@ -270,7 +271,7 @@ def test_both_tiers_auto_place_the_shards_first_and_the_optimizer_from_what_is_l
     assert none["opt"]["host_elements"] == 0 and none["stats"]["kept_bytes"] == 0
     assert auto["losses"] == none["losses"]  # the placement changes no bit
     assert not opt["claimed_first"]  # its reads are fast: the shards' default order
-    assert opt["tier_order_inputs"]["optimizer_wait_seconds"] < tiers.MIN_REORDER_WAIT_S
+    assert opt["tier_order_inputs"]["optimizer_wait_seconds"] < placer.MIN_REORDER_WAIT_S
     # The step it predicted (Note [Predicting the placed step]): the placed step moves the
     # state left on disk, read and written (12 bytes an element each way), and no shard
     # (all came back); the measured one moved all of it, and the shards its update wrote
@@ -299,7 +300,7 @@ def test_both_tiers_auto_place_the_shards_first_and_the_optimizer_from_what_is_l
     assert 0 < max(auto["rss"][first:]) <= pred["predicted_peak_rss_bytes"], (auto["rss"], pred)
 
 
-@pytest.mark.slow  # CI's 25 minutes; tiers.optimizer_first's rule is tested by hand
+@pytest.mark.slow  # CI's 25 minutes; placer.optimizer_first's rule is tested by hand
 def test_an_optimizer_that_waits_longer_per_byte_takes_the_budget_first(tmp_path, monkeypatch):
     # The same run with every optimizer read 20 ms late (42 reads a step: 0.84 s of wait on
     # 336 KiB) and the shards' reads as fast as the disk: per byte the optimizer's disk time

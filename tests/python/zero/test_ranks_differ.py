@@ -101,10 +101,10 @@ def reference():
 
 def worker(rank, world, cases, root):
     import zerostream
-    from zerostream.offload import memory_preflight
+    from zerostream.offload.placement import StepWindow
     from zerostream.zero import GatheredParameters
 
-    memory_preflight.peak_above_now_bytes = lambda: 1 << 26  # launcher-made VmHWM aside
+    StepWindow.excess = lambda self: 1 << 26  # launcher-made VmHWM aside
     xs, ys = _batches()
     out = {}
     for i, (stage, offload) in enumerate(cases):

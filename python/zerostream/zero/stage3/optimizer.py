@@ -229,9 +229,13 @@ class Stage3Optimizer(ShardedOptimizerBase):
         host = self.part.offload_device != "none"
         self._init_state(ctx, self.flat16, options, starts, make_optimizer, make_swapped, host)
         self.slots = slots
+        if self.part.swapper is not None:
+            # The shards on disk are placed by this stage's placer (and counted in the
+            # optimizer's step prediction) from now on.
+            self.part.swapper.join(self.placement)
         if self.swapper is not None:
             # Its device tier's "auto" sizes from a step that ran the trace's plan.
-            self.swapper.step_planned = self.coord.step_is_planned
+            self.swapper.device_auto.step_planned = self.coord.step_is_planned
         self.reducer = Stage3Reducer(
             slots,
             {zp.ds_id: zp for zps in self.groups for zp in zps},

@@ -11,7 +11,8 @@ stage-3 trace reads ahead more than `buffer_count` buffers hold, buffer_count is
 (`fit_read_ahead`, one log line naming the setting): otherwise the reads that find no buffer
 run synchronously when their module needs them. The first `max_in_cpu` elements of shards
 stay in host memory instead of going to disk; with "auto" the most-read shards come back
-into host memory after the first step (Note [Parameter shards in host memory], tiers.py).
+into host memory after the first step (Note [Parameter shards in host memory] in
+offload/placement/): the shards are one of the placer's HostTiers, and know no other tier.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from typing import Deque, Dict, List, Optional
 import torch
 
 from ...comm import ranks_on_this_host
-from ...offload import tiers
 from ...offload.copy_stage import to_device
 from ...offload.host_buffers import HostArena, arena_bytes
 from ...offload.io_engine import IoEngine
-from ...offload.memory_preflight import STEP_PEAKS, skewed
+from ...offload.memory_preflight import skewed
+from ...offload.placement import Placer, place_shards
 from ...offload.sinks import StagedSink
 from ...offload.swap_store import SwapStore
 from ...telemetry import NULL_TELEMETRY
@@ -47,7 +48,7 @@ class ParamSwapper:
         self.path = offload_param.nvme_path
         self.buffer_count = max(1, offload_param.buffer_count)
         self.buffer_size = max(1, offload_param.buffer_size)
-        # "auto": every shard to disk first; rehome_by_reads() brings the most-read back.
+        # "auto": every shard to disk first; move_in() brings the most-read back.
         self.auto = offload_param.max_in_cpu == "auto"
         self.max_in_cpu = 0 if self.auto else int(offload_param.max_in_cpu)
         self.kept_arena: Optional[HostArena] = None  # the shards "auto" brought back
@@ -56,8 +57,9 @@ class ParamSwapper:
         # run its whole plan since (rehome_when_measured).
         self.pending_reads: Optional[Dict[ZeroParam, int]] = None
         self.plan_has_run = False
-        if self.auto:
-            STEP_PEAKS.wait_for_me(self)
+        # The placer that places "auto" (join): the stage's, or the partitioner's own until
+        # an optimizer adopts these shards.
+        self.placer: Optional[Placer] = None
         self.kept_budget = 0
         self.kept_bytes = 0  # the kept arena's size
         self.pin_memory = offload_param.pin_memory
@@ -85,19 +87,9 @@ class ParamSwapper:
         self.reads = self.writes = 0
         self.deferred_reads = 0  # prefetched shards that found no free buffer (read late)
         self.wait_seconds = 0.0  # the host waited this long for shard reads (_land)
-        # "auto"'s move into host memory: when it ended (perf_counter), what it took and
-        # the share of the disk's shard bytes left there (the optimizer's step prediction).
-        self.rehomed_at: Optional[float] = None
-        self.rehome_seconds = 0.0
-        self.disk_share_after_rehome = 1.0
-        # The last step's share of wait_seconds and, where the optimizer's state is "auto"
-        # on NVMe too, its SwappedAdam (Note [Which tier first] in tiers.py).
+        # The last step's share of wait_seconds (Note [Which tier first]).
         self._wait_mark = 0.0
         self.last_step_wait = 0.0
-        self.optimizer_tier = None
-        # comm.agreement over the data-parallel group, set by the stage (Note [Every rank
-        # places the same tiers] in tiers.py); None with one rank.
-        self.agree = None
         self.auto_buffer_count = True  # fit_read_ahead may raise buffer_count
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
         self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
@@ -243,6 +235,15 @@ class ParamSwapper:
         """False while max_in_cpu "auto" has yet to choose the shards it keeps."""
         return not self.auto or self.kept_arena is not None
 
+    def join(self, placer: Placer) -> None:
+        """`placer` places these shards from now on (a stage optimizer's, replacing the
+        partitioner's own): their disk traffic counts in its predictions, and with "auto"
+        still to choose they wait in its window."""
+        if self.placer is not None:
+            self.placer.withdraw(self)
+        self.placer = placer
+        placer.attach_shards(self, not self.auto_decided)
+
     # --- "auto": when to choose ------------------------------------------------------------------
     def expect_rehome(self, reads: Dict[ZeroParam, int]) -> None:
         """The stage-3 trace was recorded: how often a step reads each shard. The choice
@@ -260,48 +261,57 @@ class ParamSwapper:
         self.pending_reads, self.plan_has_run = None, False
 
     @property
-    def rehome_pending(self) -> bool:
-        """A recorded trace waits for a planned step before "auto" chooses."""
+    def waiting_for_plan(self) -> bool:
+        """HostTier: a recorded trace waits for a planned step before "auto" chooses."""
         return self.pending_reads is not None
 
     def rehome_when_measured(self) -> int:
-        """Between two steps: brings the most-read shards back (rehome_by_reads) once a step
-        has run the trace's whole plan. Its prefetches, read-ahead and the params it keeps
-        gathered for reuse (stage3_max_reuse_distance) make a larger peak than a recording
-        step's, and "auto" is sized from the peak it measured; a step whose plan was
-        abandoned (a module found reading another's params) does not count: sizing from one
-        got the 3.17 B run of benchmarks/capacity.md killed for memory twice."""
+        """Between two steps: the placer places the shards (move_in brings the most-read
+        back) once a step has run the trace's whole plan. Its prefetches, read-ahead and the
+        params it keeps gathered for reuse (stage3_max_reuse_distance) make a larger peak
+        than a recording step's, and "auto" is sized from the peak it measured; a step whose
+        plan was abandoned (a module found reading another's params) does not count: sizing
+        from one got the 3.17 B run of benchmarks/capacity.md killed for memory twice.
+        Returns how many shards moved."""
         self.last_step_wait = skewed(self.wait_seconds - self._wait_mark, "param_wait")
         self._wait_mark = self.wait_seconds
-        if self.pending_reads is None or not self.plan_has_run:
+        if self.pending_reads is None or not self.plan_has_run or self.auto_decided:
             return 0
-        reads, self.pending_reads, self.plan_has_run = self.pending_reads, None, False
-        return self.rehome_by_reads(reads)
+        before = len(self._in_cpu)
+        if self.placer is None:  # no stage has adopted the shards: one rank's own placer
+            self.join(Placer())
+        self.placer.place(self)
+        self.pending_reads, self.plan_has_run = None, False
+        return len(self._in_cpu) - before
 
-    def rehome_by_reads(self, reads: Dict[ZeroParam, int]) -> int:
-        """offload_param.max_in_cpu "auto", once the first trace says how often the step reads
-        each shard (`reads`): the most-read shards on disk that fit this rank's share of the
-        usable host memory, less a step's measured excess and the reserve, are read into one
-        page-locked arena and live there from now on (Note [Parameter shards in host
-        memory]). Returns how many moved."""
-        if not self.auto or self.kept_arena is not None:
-            return 0
-        started = time.perf_counter()
+    # --- "auto": the placer's HostTier -----------------------------------------------------------
+    def _on_disk_read(self) -> List[ZeroParam]:
+        """The shards the recorded trace reads that are on disk (what "auto" could keep)."""
+        return [zp for zp in (self.pending_reads or {}) if zp.on_nvme]
+
+    def disk_bytes(self) -> int:
+        return sum(arena_bytes(zp.shard_numel * zp.dtype.itemsize) for zp in self._on_disk_read())
+
+    def last_wait_seconds(self) -> float:
+        return self.last_step_wait
+
+    def disk_bytes_written(self) -> int:
+        return self.bytes_written
+
+    def move_in(self, budget_bytes: int, source: str) -> int:
+        """offload_param.max_in_cpu "auto", once the trace says how often the step reads
+        each shard: the most-read shards on disk that fit `budget_bytes` (the placer's: this
+        rank's share of the usable host memory, less a step's measured excess and the
+        reserve) are read into one page-locked arena and live there from now on (Note
+        [Parameter shards in host memory]). Returns the arena's bytes."""
+        reads = self.pending_reads or {}
         self.read_counts = {zp.ds_id: n for zp, n in reads.items()}  # stats(), tests
         while self.pending:  # reads issued ahead land first: no shard moves under a read
             self.pending[0].land()
-        on_disk = [zp for zp in reads if zp.on_nvme]
+        on_disk = self._on_disk_read()
         sizes = [arena_bytes(zp.shard_numel * zp.dtype.itemsize) for zp in on_disk]
-        # An optimizer that buys back more step time per byte goes first (Note [Which tier
-        # first]): the shards leave its whole disk state out of their budget.
-        opt = self.optimizer_tier
-        first = 0
-        if opt is not None and opt.auto_pending:
-            first = opt.claim_first(self.last_step_wait, sum(sizes))
-        STEP_PEAKS.before_placing()  # the RSS of a step's end (Note [A step's excess])
-        budget, source = tiers.measured_budget_bytes(first, agree=self.agree)
-        self.kept_budget = budget
-        picked = tiers.place_shards([reads[z] for z in on_disk], sizes, budget)
+        self.kept_budget = budget_bytes
+        picked = place_shards([reads[z] for z in on_disk], sizes, budget_bytes)
         chosen = [on_disk[i] for i in picked]
         self.kept_bytes = sum(sizes[i] for i in picked)
         self.kept_arena = HostArena(
@@ -310,7 +320,6 @@ class ParamSwapper:
             register=True,
             pooled=True,
         )
-        STEP_PEAKS.done(self)
         saved = 0
         for zp in chosen:
             buf = self.kept_arena.empty(zp.shard_numel, zp.dtype)
@@ -320,9 +329,6 @@ class ParamSwapper:
             self.in_cpu_numel += zp.shard_numel
             self._in_cpu.add(zp.ds_id)
             saved += (reads[zp] + 1) * zp.shard_numel * zp.dtype.itemsize
-        self.rehomed_at = time.perf_counter()
-        self.rehome_seconds = self.rehomed_at - started
-        self.disk_share_after_rehome = 1.0 - self.kept_bytes / max(1, sum(sizes))
         logger.info(
             'zero_optimization.offload_param.max_in_cpu "auto": %d of %d shards on disk '
             "(%.2f GiB, the most read) now live in host memory (budget %.2f GiB from %s); "
@@ -330,11 +336,11 @@ class ParamSwapper:
             len(chosen),
             len(on_disk),
             sum(zp.shard_numel * zp.dtype.itemsize for zp in chosen) / 2**30,
-            budget / 2**30,
+            budget_bytes / 2**30,
             source,
             saved / 1e9,
         )
-        return len(chosen)
+        return self.kept_bytes
 
     def write(self, zp: ZeroParam, values: torch.Tensor) -> None:
         """Writes `values` (one shard) as `zp`'s shard, wherever that lives."""
@@ -432,7 +438,8 @@ class ParamSwapper:
     def close(self) -> None:
         """Deletes the shards' swap files (the run is over)."""
         self.store.close()
-        STEP_PEAKS.done(self)  # no placement follows: the engine's windows stop
+        if self.placer is not None:  # no placement follows: the windows stop
+            self.placer.withdraw(self)
 
     def extent_of(self, zp: ZeroParam):
         return self.store.extent_of(zp.ds_id)

@@ -14,6 +14,7 @@ import torch
 
 from ... import comm
 from ...offload.copy_stage import CopyStage, to_device
+from ...offload.placement import Placer
 from .param import ShardHome, ShardState, ZeroParam, zero_param_of
 
 _IDS = itertools.count()  # ds_id: unique in the process, like DeepSpeed's
@@ -129,10 +130,11 @@ class Partitioner:
         if (self.offload_device == "nvme") != (swapper is not None):
             raise RuntimeError("ZeRO-3: a param swapper comes with offload_param nvme only")
         self.swapper = swapper  # zero/stage3/param_swap.ParamSwapper with offload_param nvme
-        if swapper is not None and self.world > 1:
+        if swapper is not None and swapper.placer is None:
             # Its "auto" placement agrees with the other ranks' (Note [Every rank places
-            # the same tiers] in offload/tiers.py).
-            swapper.agree = comm.agreement(group, device)
+            # the same tiers] in offload/placement/) until a stage optimizer adopts it.
+            agree = comm.agreement(group, device) if self.world > 1 else None
+            swapper.join(Placer(agree=agree))
         self.pin_memory = bool(offload_param.pin_memory) if offload_param is not None else False
         self.persistence_threshold = persistence_threshold
         self.model_persistence_threshold = model_persistence_threshold
