@@ -37,7 +37,7 @@ from .memory_preflight import skewed
 from .placement import device as device_placement
 from .placement.predict import StepClock, predict_peak_rss
 from .swap_store import SwapStore
-from .tiered_state import KINDS, SubGroup, TieredStateAccess
+from .tiered_state import KINDS, SubGroup, TieredState
 
 if TYPE_CHECKING:
     from ..config import AioConfig, OptimizerConfig, ZeroConfig, ZeroStreamExtConfig
@@ -57,7 +57,7 @@ class _HyperParams(torch.optim.Optimizer):
         raise RuntimeError("the optimizer of an NVMe-offloaded run steps through the engine")
 
 
-class SwappedAdam(TieredStateAccess):
+class SwappedAdam:
     """Adam/AdamW whose state lives on NVMe (see Note [Sub-group pipeline]). Built from
     its config sections: `optimizer` (hyperparameters, Adam vs AdamW), `zero`
     (sub_group_size, offload_optimizer), `aio` (the I/O engine) and `ext` (zerostream's
@@ -87,6 +87,9 @@ class SwappedAdam(TieredStateAccess):
     ):
         offload = zero.offload_optimizer
         self.placer = placer if placer is not None else placement.Placer()
+        # Reads and writes of ranges of the state wherever it lives (checkpoints, one
+        # parameter's state, weights set from outside).
+        self.state_access = TieredState(self)
         # comm.agreement over the data-parallel group (Note [Every rank places the same
         # tiers] in offload/placement/); None with one rank.
         self.agree = self.placer.agree

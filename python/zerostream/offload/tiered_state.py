@@ -1,14 +1,14 @@
 """A sub-grouped optimizer state's elements wherever each sub-group lives (the device tier,
 the host tier or the swap store): reading and writing ranges of it (one parameter's state,
 a weight set from outside, a checkpoint being loaded), streaming it to a checkpoint, and its
-torch-Adam-shaped state_dict. Split from offload/optimizer_swap.py, whose SwappedAdam mixes
-TieredStateAccess in; the step itself stays there.
+torch-Adam-shaped state_dict. SwappedAdam (offload/optimizer_swap.py) holds a TieredState;
+the step itself stays there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
@@ -16,6 +16,9 @@ from ..lazy_tensor import LazyTensor
 from .device_tier import RATIO_KEY
 from .placement import DEVICE, HOST, NVME
 from .placement.device import KEY
+
+if TYPE_CHECKING:
+    from .optimizer_swap import SwappedAdam
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")
 
@@ -50,7 +53,7 @@ class SwapStateSource:
     yielded chunk stays valid until the staging buffers come round again, more than the
     writer's DEPTH chunks later)."""
 
-    def __init__(self, swapper: "TieredStateAccess", group: int, kind: str, numel: int = -1):
+    def __init__(self, swapper: "SwappedAdam", group: int, kind: str, numel: int = -1):
         self.swapper, self.group, self.kind = swapper, group, KINDS.index(kind)
         numel = swapper.numels[group] if numel < 0 else numel
         self.shape, self.dtype = torch.Size([numel]), swapper.dtypes[kind]
@@ -82,26 +85,31 @@ class SwapStateSource:
             yield buf[: min(s.hi, end) - s.lo]
 
 
-class TieredStateAccess:
-    """The state access of SwappedAdam (offload/optimizer_swap.py), over its `sub_groups`,
-    `kind_dtypes`/`dtypes`, `numels`, `steps`, `hyper`, staging `buffers`, `store` (None
-    without NVMe) and `device_tier`; disk reads and writes go through its `_wait` and count
-    in `bytes_read`/`bytes_written`."""
+class TieredState:
+    """Reads and writes of a SwappedAdam's state (offload/optimizer_swap.py), held by it as
+    `state_access`: over its `sub_groups`, `kind_dtypes`/`dtypes`, `numels`, `steps`,
+    `hyper`, staging `buffers`, `store` (None without NVMe) and `device_tier`; disk reads
+    and writes go through its `_wait` and count in its `bytes_read`/`bytes_written`."""
+
+    def __init__(self, opt: "SwappedAdam"):
+        self.opt = opt
 
     def location(self, s: SubGroup) -> str:
         """Where sub-group `s`'s state is, in words (error messages)."""
         if s.dev is not None:
-            return f"{self.device_tier.device} memory (the device tier: {RATIO_KEY} or {KEY})"
+            return f"{self.opt.device_tier.device} memory (the device tier: {RATIO_KEY} or {KEY})"
         if s.on_host:
             return "host memory (" + (
-                "zerostream.optimizer_max_in_cpu)" if self.uses_disk else 'offload_optimizer "cpu")'
+                "zerostream.optimizer_max_in_cpu)"
+                if self.opt.uses_disk
+                else 'offload_optimizer "cpu")'
             )
-        path, offset, _ = self.store.extent_of(3 * s.index)
+        path, offset, _ = self.opt.store.extent_of(3 * s.index)
         return f"{path} at offset {offset}"
 
     def sub_group_at(self, group: int, element: int) -> SubGroup:
         """The sub-group holding `element` of param group `group`'s partition."""
-        for s in self.sub_groups:
+        for s in self.opt.sub_groups:
             if s.group == group and s.lo <= element < s.hi:
                 return s
         raise IndexError(f"param group {group} has no element {element} in this partition")
@@ -114,17 +122,17 @@ class TieredStateAccess:
         loaded), sub-group by sub-group; partly covered sub-groups are read first."""
         k = KINDS.index(kind)
         hi = lo + values.numel()
-        dtype = self.kind_dtypes[k]
-        buf = self.buffers[0][0].view(dtype)
-        for s in self.sub_groups:
+        dtype = self.opt.kind_dtypes[k]
+        buf = self.opt.buffers[0][0].view(dtype)
+        for s in self.opt.sub_groups:
             a, b = max(lo, s.lo), min(hi, s.hi)
             if s.group != group or a >= b:
                 continue
             n = s.hi - s.lo
             target = s.host[k] if s.on_host else s.dev[k] if s.dev is not None else buf[:n]
             if (a, b) != (s.lo, s.hi) and s.on_disk:
-                self._wait([self.store.read(3 * s.index + k, buf[:n])])
-                self.bytes_read += dtype.itemsize * n
+                self.opt._wait([self.opt.store.read(3 * s.index + k, buf[:n])])
+                self.opt.bytes_read += dtype.itemsize * n
             piece = target[a - s.lo : b - s.lo]
             if isinstance(values, LazyTensor):  # a checkpoint's FileTensor, piecewise
                 if piece.device.type == "cpu":
@@ -138,17 +146,17 @@ class TieredStateAccess:
             if then is not None:  # the whole sub-group's new values, before they go out
                 then(group, s.lo, s.hi, target)
             if s.on_disk:
-                self._wait([self.store.write(3 * s.index + k, buf[:n])])
-                self.bytes_written += dtype.itemsize * n
+                self.opt._wait([self.opt.store.write(3 * s.index + k, buf[:n])])
+                self.opt.bytes_written += dtype.itemsize * n
 
     def read_range(self, group: int, lo: int, hi: int, kind: str = "param") -> torch.Tensor:
         """Elements [lo, hi) of group `group`'s partition of `kind`, reading only the
         sub-groups they touch (one parameter's state, zero/param_access.py)."""
         k = KINDS.index(kind)
-        dtype = self.kind_dtypes[k]
+        dtype = self.opt.kind_dtypes[k]
         out = torch.empty(hi - lo, dtype=dtype)
-        buf = self.buffers[0][0].view(dtype)
-        for s in self.sub_groups:
+        buf = self.opt.buffers[0][0].view(dtype)
+        for s in self.opt.sub_groups:
             a, b = max(lo, s.lo), min(hi, s.hi)
             if s.group != group or a >= b:
                 continue
@@ -156,19 +164,19 @@ class TieredStateAccess:
                 state = s.host if s.on_host else s.dev
                 out[a - lo : b - lo].copy_(state[k][a - s.lo : b - s.lo])
                 continue
-            self._wait([self.store.read(3 * s.index + k, buf[: s.hi - s.lo])])
-            self.bytes_read += dtype.itemsize * (s.hi - s.lo)
+            self.opt._wait([self.opt.store.read(3 * s.index + k, buf[: s.hi - s.lo])])
+            self.opt.bytes_read += dtype.itemsize * (s.hi - s.lo)
             out[a - lo : b - lo].copy_(buf[a - s.lo : b - s.lo])
         return out
 
     def read_state(self, group: int, kind: str = "param") -> torch.Tensor:
         """Group `group`'s whole partition of `kind` read back from NVMe (tests, checkpoints)."""
-        return self.read_range(group, 0, self.numels[group], kind)
+        return self.read_range(group, 0, self.opt.numels[group], kind)
 
     def state_source(self, group: int, kind: str = "param") -> "SwapStateSource":
         """Group `group`'s partition of `kind` as a source the checkpoint writer streams
         sub-group by sub-group (checkpoint/stream.py), never whole in memory."""
-        return SwapStateSource(self, group, kind)
+        return SwapStateSource(self.opt, group, kind)
 
     def state_dict(self, streamed: bool = False) -> dict:
         """The state as torch's Adam lays it out (one "param" per group: its flat
@@ -177,16 +185,16 @@ class TieredStateAccess:
         return {
             "state": {
                 g: {
-                    "step": self.steps[g],
+                    "step": self.opt.steps[g],
                     "exp_avg": read(g, "exp_avg"),
                     "exp_avg_sq": read(g, "exp_avg_sq"),
                 }
-                for g in range(len(self.numels))
-                if self.steps[g] > 0
+                for g in range(len(self.opt.numels))
+                if self.opt.steps[g] > 0
             },
             "param_groups": [
                 {**{k: v for k, v in group.items() if k != "params"}, "params": [g]}
-                for g, group in enumerate(self.hyper.param_groups)
+                for g, group in enumerate(self.opt.hyper.param_groups)
             ],
         }
 
@@ -197,27 +205,27 @@ class TieredStateAccess:
         moments restart them at zero. `then(group, lo, hi, values)` sees each sub-group's
         masters as they are written (the caller's 16-bit partitions, without a second read)."""
         saved_groups = state["param_groups"]
-        if len(saved_groups) != len(self.numels):
+        if len(saved_groups) != len(self.opt.numels):
             raise ValueError(
                 f"optimizer state has {len(saved_groups)} param groups; this run has "
-                f"{len(self.numels)}"
+                f"{len(self.opt.numels)}"
             )
-        for g, (group, saved) in enumerate(zip(self.hyper.param_groups, saved_groups)):
+        for g, (group, saved) in enumerate(zip(self.opt.hyper.param_groups, saved_groups)):
             group.update({k: v for k, v in saved.items() if k != "params"})
             st = state["state"].get(saved["params"][0], {})
-            self.steps[g] = int(st.get("step", 0))
+            self.opt.steps[g] = int(st.get("step", 0))
             for kind, values in (
                 ("param", masters[g]),
                 ("exp_avg", st.get("exp_avg")),
                 ("exp_avg_sq", st.get("exp_avg_sq")),
             ):
                 if values is None:
-                    values = torch.zeros(self.numels[g], dtype=self.dtypes[kind])
+                    values = torch.zeros(self.opt.numels[g], dtype=self.opt.dtypes[kind])
                 elif not isinstance(values, LazyTensor):  # (a LazyTensor is cast as read)
-                    values = values.to(self.dtypes[kind]).reshape(-1)
+                    values = values.to(self.opt.dtypes[kind]).reshape(-1)
                 after = then if kind == "param" else None
                 self.write_state(g, 0, values, kind, after)
-                if values.numel() < self.numels[g]:
+                if values.numel() < self.opt.numels[g]:
                     n = values.numel()
-                    zeros = torch.zeros(self.numels[g] - n, dtype=self.dtypes[kind])
+                    zeros = torch.zeros(self.opt.numels[g] - n, dtype=self.opt.dtypes[kind])
                     self.write_state(g, n, zeros, kind, after)

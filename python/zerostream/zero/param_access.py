@@ -121,7 +121,7 @@ class _Access:
     def read(self, index: int, offset: int, n: int, kind: str) -> torch.Tensor:
         swapper = self._swapper()
         if swapper is not None:
-            return swapper.read_range(index, offset, offset + n, kind)
+            return swapper.state_access.read_range(index, offset, offset + n, kind)
         return self._tensor(index, kind).reshape(-1)[offset : offset + n]
 
     def write(self, index: int, offset: int, values: torch.Tensor, kind: str) -> None:
@@ -133,7 +133,7 @@ class _Access:
         swapper = self._swapper()
         values = values.detach().reshape(-1)
         if swapper is not None:
-            swapper.write_state(index, offset, values.to("cpu", torch.float32), kind)
+            swapper.state_access.write_state(index, offset, values.to("cpu", torch.float32), kind)
             return
         target = self._tensor(index, kind).reshape(-1)[offset : offset + values.numel()]
         with torch.no_grad():

@@ -368,11 +368,11 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             at = first_non_finite(sinks.values(part))
             if at < 0:
                 continue
-            s = self.swapper.sub_group_at(g, at)
+            s = self.swapper.state_access.sub_group_at(g, at)
             return (
                 f"the weights updated from sub-group {s.index} (param group {g}, partition "
                 f"elements [{s.lo}, {s.hi}), first inf/NaN at element {at}) hold inf/NaN; its "
-                f"fp32 state is in {self.swapper.location(s)}"
+                f"fp32 state is in {self.swapper.state_access.location(s)}"
             )
         return None
 
@@ -389,14 +389,18 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         with offload_optimizer nvme, or a source streaming it when `streamed`); the live
         tensors otherwise, as torch's state_dict returns them."""
         if self.swapper is not None:
-            read = self.swapper.state_source if streamed else self.swapper.read_state
+            read = (
+                self.swapper.state_access.state_source
+                if streamed
+                else self.swapper.state_access.read_state
+            )
             return [read(g) for g in range(len(self.grads))]
         return [m.detach() for m in self.masters]
 
     def _inner_state_dict(self, streamed: bool = False) -> dict:
         """The inner optimizer's state_dict: one "param" per group, its flat partition."""
         if self.swapper is not None:
-            return self.swapper.state_dict(streamed)
+            return self.swapper.state_access.state_dict(streamed)
         return self.optimizer.state_dict()
 
     def _layout(self, pieces: list, partition_count) -> PartitionLayout:
@@ -443,7 +447,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         with torch.no_grad():
             if self.swapper is not None:
                 parts = self.local_partitions()
-                self.swapper.load_state_dict(
+                self.swapper.state_access.load_state_dict(
                     inner, saved, then=lambda g, lo, hi, v: sinks.write_piece(parts[g], lo, hi, v)
                 )
                 return
@@ -467,7 +471,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             for g, part in enumerate(self.local_partitions()):
                 values = sinks.values(part).float()
                 if self.swapper is not None:
-                    self.swapper.write_state(g, 0, values)
+                    self.swapper.state_access.write_state(g, 0, values)
                 else:
                     self.masters[g].copy_(values)
 

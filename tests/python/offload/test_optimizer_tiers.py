@@ -188,7 +188,7 @@ def tiers_worker(rank, world, stage, root):
                 on_disk.append(
                     torch.equal(
                         raw[: s["end"] - s["begin"]],  # an extent is rounded up to 4 KiB
-                        swapper.read_range(s["group"], s["begin"], s["end"]),
+                        swapper.state_access.read_range(s["group"], s["begin"], s["end"]),
                     )
                 )
         out[name] = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional
 
 import torch
 
@@ -28,6 +28,7 @@ def build(
     """The device tier placed when the optimizer is built: the first sub-groups in step order
     that offload_optimizer.ratio keeps (DeepSpeed's rule) or that fit an element count of
     zerostream.optimizer_max_on_device; None without one ("auto" places later)."""
+    value: "int | float"
     if isinstance(max_on_device, int) and max_on_device > 0:
         n, key, value = (
             count_within([s.hi - s.lo for s in sub_groups], max_on_device),
@@ -82,7 +83,7 @@ class DevicePlacement:
         self,
         steps_here: int,
         offloaded: List,
-        kind_dtypes: Sequence[torch.dtype],
+        kind_dtypes: List[torch.dtype],
         grad_itemsize: int,
         move: Callable,
     ) -> Optional[DeviceTier]:
@@ -101,7 +102,7 @@ class DevicePlacement:
         return self.place(offloaded, kind_dtypes, grad_itemsize, move)
 
     def place(
-        self, offloaded: List, kind_dtypes: Sequence[torch.dtype], grad_itemsize: int, move
+        self, offloaded: List, kind_dtypes: List[torch.dtype], grad_itemsize: int, move
     ) -> Optional[DeviceTier]:
         """ "auto", at the start of an optimizer step after a measured one: the offloaded
         sub-groups that fit the device memory it leaves move there, for good."""

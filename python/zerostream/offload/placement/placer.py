@@ -143,7 +143,7 @@ class Placer:
         still waits for its planned step (`waiting_for_plan`: a trace recorded again after
         an abandoned plan; the shards choose after it)."""
         shards = self.shards
-        if not self.pending(shards):
+        if shards is None or not self.pending(shards):
             return True
         return steps_here >= 3 and not shards.waiting_for_plan
 
@@ -162,7 +162,7 @@ class Placer:
         0: it takes what they leave (Note [Which tier first]). The slowest rank's waits
         decide, on every rank."""
         opt = self.optimizer
-        if not self.pending(opt):
+        if opt is None or not self.pending(opt):
             return 0
         param_wait, param_disk = shards.last_wait_seconds(), shards.disk_bytes()
         opt_wait, opt_disk = opt.last_wait_seconds(), opt.disk_bytes()

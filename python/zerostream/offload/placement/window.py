@@ -96,7 +96,9 @@ class StepWindow:
         if not self.waiting:
             return
         rss = memory_status().get("VmRSS")
-        peak = None if rss is None else restart_window_peak()
+        if rss is None:
+            return
+        peak = restart_window_peak()
         if peak is not None:
             self.last_excess = max(0, peak - rss)
             self.windows += 1

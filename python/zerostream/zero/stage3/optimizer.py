@@ -415,7 +415,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
         values = self.part.swapper.read(zp) if zp.on_nvme else zp.shard
         with torch.no_grad():
             if self.swapper is not None:  # fp32 masters on NVMe
-                self.swapper.write_state(group, at, values.float())
+                self.swapper.state_access.write_state(group, at, values.float())
             else:
                 self.masters[group][at : at + zp.shard_numel].copy_(values)
 
