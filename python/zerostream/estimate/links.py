@@ -3,7 +3,7 @@ g GPUs (N = n g), so that `zerostream estimate` can say what a step costs past o
 
 Payloads are counted as the runtime's telemetry counts them (telemetry.py COLLECTIVES): the
 whole gathered or reduced tensor of each collective, on every rank; `python -m
-zerostream.estimate.cluster_check` compares the two on a real multi-node run of this machine.
+zerostream.bench.cluster_check` compares the two on a real multi-node run of this machine.
 
   stage 3   all_gather      every gather the runtime's prefetch plan makes in a micro-batch
                             (zerostream._C.plan_prefetch over the model's trace: forward, and
