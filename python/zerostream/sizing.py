@@ -18,6 +18,7 @@ Dtypes are named as the config names them: "fp32", "bf16", "fp16".
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, List, Optional
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -107,6 +108,22 @@ def optimizer_staging_bytes(buffer_count: int, sub_group_numel: int, widest: int
     return optimizer_staging_sets(buffer_count) * 3 * arena_bytes(sub_group_numel * widest)
 
 
+COPY_SLOT_BYTES = 16 << 20  # the copy stage's largest slot (offload/copy_stage.py)
+COPY_SLOTS = 4
+
+
+def copy_slot_bytes(widest_partition_numel: int) -> int:
+    """The copy stage's slot: no larger than the widest fp32 partition (whole pages, at least
+    64 KiB), so a small model does not pin the full ring it would never fill."""
+    widest = 4 * widest_partition_numel
+    return min(COPY_SLOT_BYTES, max(64 << 10, -(-widest // PAGE) * PAGE))
+
+
+def copy_stage_bytes(slot_bytes: int, slots: int = COPY_SLOTS) -> int:
+    """The copy stage's pinned arena: `slots` slots of `slot_bytes` (64-byte aligned)."""
+    return slots * arena_bytes(slot_bytes // 64 * 64)
+
+
 def param_buffer_bytes(buffer_size: int) -> int:
     """One offload_param buffer: buffer_size 16-bit elements, as the arena counts it."""
     return arena_bytes(buffer_size * 2)
@@ -151,11 +168,48 @@ def is_persistent(numel: int, threshold: int, model_threshold: int, persisted: i
     return numel <= threshold and persisted + numel <= model_threshold
 
 
-def persistent_flags(numels: Iterable[int], threshold: int, model_threshold: int) -> List[bool]:
-    """is_persistent over parameters in the order the partitioner sees them."""
-    out, persisted = [], 0
+def kept_in_cpu(shard_numel: int, in_cpu: int, max_in_cpu: int) -> bool:
+    """offload_param nvme: whether a shard stays in host memory, the `in_cpu` elements of
+    shards kept before it and this one within max_in_cpu (first come, first kept)."""
+    return in_cpu + shard_numel <= max_in_cpu
+
+
+@dataclass(frozen=True)
+class ShardHomes:
+    """Where stage 3 puts each parameter, in the order the partitioner sees them."""
+
+    persistent: List[bool]  # gathered on every rank for the whole run
+    shards: List[int]  # each parameter's shard, elements (ceil(numel / world))
+    in_cpu: List[bool]  # offload_param nvme: the shard kept in host memory (max_in_cpu)
+    swapped: List[int]  # the shards on disk, elements
+
+    def swapped_bytes(self, dtype_bytes: int) -> int:
+        """The swapped shards as staging holds them (whole arena pages each)."""
+        return sum(arena_bytes(n * dtype_bytes) for n in self.swapped)
+
+
+def shard_homes(
+    numels: Iterable[int],
+    world: int,
+    threshold: int,
+    model_threshold: int,
+    max_in_cpu: Optional[int] = None,
+) -> ShardHomes:
+    """Stage 3's homes for parameters of `numels` (partitioner.py): persistent ones keep
+    their shard and their gathered tensor; with offload_param nvme (`max_in_cpu` given) the
+    others' shards stay in host memory while max_in_cpu allows and go to disk after."""
+    persistent, shards, in_cpu, swapped = [], [], [], []
+    persisted = kept = 0
     for n in numels:
         keep = is_persistent(n, threshold, model_threshold, persisted)
         persisted += n if keep else 0
-        out.append(keep)
-    return out
+        shard = -(-n // max(1, world))
+        host = keep or max_in_cpu is None or kept_in_cpu(shard, kept, max_in_cpu)
+        if host and not keep and max_in_cpu is not None:
+            kept += shard
+        persistent.append(keep)
+        shards.append(shard)
+        in_cpu.append(host and not keep and max_in_cpu is not None)
+        if not host:
+            swapped.append(shard)
+    return ShardHomes(persistent, shards, in_cpu, swapped)

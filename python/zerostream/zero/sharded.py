@@ -101,12 +101,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         self.copy_stage = None
         self._copy_meter = None  # the copy stage's bytes and seconds into telemetry
         if self.offload_device != "none" or host_partitions:
-            from ..offload.copy_stage import SLOT_BYTES, CopyMeter, CopyStage
+            from ..offload.copy_stage import CopyMeter, CopyStage
+            from ..sizing import copy_slot_bytes
 
-            # Slots no larger than the largest fp32 partition: a small model does not pin
-            # the full ring it would never fill.
-            widest = 4 * max((sinks.numel(p) for p in partitions), default=0)
-            slot = min(SLOT_BYTES, max(64 << 10, -(-widest // 4096) * 4096))
+            slot = copy_slot_bytes(max((sinks.numel(p) for p in partitions), default=0))
             pin = (
                 zero.offload_optimizer if self.offload_device != "none" else zero.offload_param
             ).pin_memory

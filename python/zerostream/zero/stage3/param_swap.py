@@ -219,7 +219,7 @@ class ParamSwapper:
         False: the caller keeps it), else the swap store (written now; `zp.shard` None)."""
         if zp.ds_id in self._in_cpu:  # homed here before (zero.Init, then the engine)
             return False
-        if self.in_cpu_numel + zp.shard_numel <= self.max_in_cpu:
+        if sizing.kept_in_cpu(zp.shard_numel, self.in_cpu_numel, self.max_in_cpu):
             self.in_cpu_numel += zp.shard_numel
             self._in_cpu.add(zp.ds_id)
             return False
