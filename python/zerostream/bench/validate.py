@@ -20,7 +20,14 @@ from typing import Dict, List, Optional, Sequence
 
 from ..estimate.machine import build_machine
 from ..estimate.model import ModelShape, from_hf_config
-from ..estimate.plan import Option, Prediction, Workload, knobs_from_config, predict
+from ..estimate.plan import (
+    Option,
+    Prediction,
+    Workload,
+    config_precision,
+    knobs_from_config,
+    predict,
+)
 from ..estimate.units import GIB
 
 TINY = {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "seq": 16}
@@ -148,7 +155,7 @@ def predict_cpu_run(
         host_overhead=overhead,
         flags=rates,
     )
-    work = Workload(micro, shape["seq"], accum, cfg.precision, checkpointing=False)
+    work = Workload(micro, shape["seq"], accum, checkpointing=False, **config_precision(cfg))
     knobs = knobs_from_config(cfg.zero_optimization)
     return predict(gpt_shape(shape), work, machine, option, knobs)
 

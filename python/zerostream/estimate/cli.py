@@ -22,6 +22,7 @@ from .plan import (
     Prediction,
     Workload,
     best,
+    config_precision,
     knobs_from_config,
     predict,
     predict_all,
@@ -211,12 +212,13 @@ def _workload(args, shape: ModelShape, cfg=None) -> Workload:
     precision = args.precision
     micro, accum = _positive(args, "micro_batch"), _positive(args, "grad_accum")
     master, states = args.bf16_master_weights, args.bf16_optimizer_states
+    landing = {}  # where gradients land and accumulate: the config's, else the defaults
     if cfg is not None:  # the config decides what it sets
-        precision = cfg.precision
+        landing = config_precision(cfg)
+        precision = landing.pop("precision")
+        master, states = landing.pop("bf16_master"), landing.pop("bf16_states")
         micro = cfg.train_micro_batch_size_per_gpu or micro
         accum = cfg.gradient_accumulation_steps or accum
-        master = cfg.bf16.enabled and cfg.bf16.bf16_master_weights_and_grads
-        states = master and cfg.bf16.bf16_optimizer_states
     if precision == "auto":
         precision = "fp32" if args.cpu_only else "bf16"
     if states and not master:
@@ -224,7 +226,14 @@ def _workload(args, shape: ModelShape, cfg=None) -> Workload:
     if master and precision != "bf16":
         raise UsageError(f"--bf16-master-weights: needs --precision bf16; got {precision}")
     return Workload(
-        micro, seq, accum, precision, not args.no_activation_checkpointing, master, states
+        micro,
+        seq,
+        accum,
+        precision,
+        not args.no_activation_checkpointing,
+        master,
+        states,
+        **landing,
     )
 
 

@@ -28,6 +28,11 @@ P = 68_976_648_192
 PART = math.ceil(P / 8)
 
 
+def _pages(nbytes: int) -> int:
+    """A staging buffer of `nbytes` as a host arena takes it: whole 4 KiB pages."""
+    return -(-nbytes // 4096) * 4096
+
+
 def _node(**kw):
     args = dict(gpus_per_node=8, nodes=1, gpu_mem=40 * 10**9, cpu_mem=10**12, nvme=4 * 10**12)
     args.update(kw)
@@ -65,10 +70,11 @@ def test_70b_recommended_bytes_and_seconds_by_hand():
     rec = best(preds)
     assert rec.device["16-bit param shard"] == 2 * PART
     assert rec.host["16-bit grads"] == 2 * PART  # bf16, no accumulation: landed as is
-    assert rec.host["optimizer staging"] == 2 * 3 * 4 * 10**8  # 2 sets of p, m, v sub-groups
+    # 2 sets of p, m, v sub-groups, each in whole 4 KiB arena pages
+    assert rec.host["optimizer staging"] == 2 * 3 * _pages(4 * 10**8)
     assert rec.nvme_node == 8 * 12 * PART  # fp32 master + exp_avg + exp_avg_sq
     assert rec.host["copy stage staging"] == 4 * 16 * 2**20  # pinned slots for PCIe copies
-    staging = 24 * 10**8 + 4 * 16 * 2**20
+    staging = 2 * 3 * _pages(4 * 10**8) + 4 * 16 * 2**20
     assert rec.host_node == 8 * (2 * PART + staging + machine.host_overhead)
     t = rec.traffic
     assert t["nvme_read"] == t["nvme_write"] == 8 * 12 * PART
@@ -165,7 +171,7 @@ def test_config_knobs_are_used():
         shape, Workload(1, 4096, 1, "bf16", True), _node(), Option(3, "nvme", "none"), knobs
     )
     assert p.backward["reduce bucket"] == 2 * 2 * 10**6
-    assert p.host["optimizer staging"] == 2 * 12 * 2 * 10**6  # max(2, 6 // 3) sets
+    assert p.host["optimizer staging"] == 2 * 3 * _pages(4 * 2 * 10**6)  # max(2, 6 // 3) sets
 
 
 def test_grad_accumulation_spreads_the_per_step_traffic():
@@ -284,7 +290,7 @@ def test_bf16_masters_and_moments_shrink_the_optimizer_state_by_hand(states):
     widest = 2 if states else 4
     sets = max(2, nv.knobs.optimizer_buffer_count // 3)
     width = min(nv.knobs.sub_group_size or PART, PART)
-    assert nv.host["optimizer staging"] == sets * 3 * widest * width
+    assert nv.host["optimizer staging"] == sets * 3 * _pages(widest * width)
     on_gpu = predict(shape, work, machine, Option(3, "none", "none"))
     assert on_gpu.device["bf16 master"] == 2 * PART and on_gpu.device["bf16 grads"] == 2 * PART
     t = plan_tiers(shape, work, machine, nv)
