@@ -21,13 +21,12 @@ from .plan import (
     Option,
     Prediction,
     Workload,
-    best,
     config_precision,
     knobs_from_config,
     predict,
-    predict_all,
 )
 from .recommend import ds_config, explain, format_config, time_note
+from .tiers import best, predict_all
 from .units import GB, gb, parse_count, parse_rate, parse_size, seconds
 
 RATE_FLAGS = {

@@ -201,7 +201,7 @@ def test_memory_tiers_fill_the_gpu_then_the_host_memory():
     held), then whole elements of optimizer state (24 per 12); the NVMe bytes and the step
     fall by as much. When the GPUs and the RAM hold all of the state, it is the "cpu" option
     with the ratio: no disk at all."""
-    from zerostream.estimate.plan import plan_tiers, predict_all
+    from zerostream.estimate.tiers import plan_tiers, predict_all
     from zerostream.offload.device_tier import device_count
 
     shape, work, machine, preds = _plan70b()
@@ -276,7 +276,7 @@ def test_bf16_masters_and_moments_shrink_the_optimizer_state_by_hand(states):
     """bf16.bf16_master_weights_and_grads (2 B masters) and bf16_optimizer_states (2 + 2 B
     moments): 10 or 6 B/param of optimizer state instead of 12 on NVMe, in its traffic, and
     in what the tier plan keeps per free byte; bf16 gradients without offload."""
-    from zerostream.estimate.plan import plan_tiers
+    from zerostream.estimate.tiers import plan_tiers
 
     shape, _, _, _ = _plan70b()
     machine = _node(cpu_mem=4 * 10**11)  # too little for all of it: the tier plan splits
@@ -421,7 +421,7 @@ def test_a_cpu_offload_with_spare_gpu_memory_steps_part_of_the_optimizer_there()
     """8 x 80 GB and 2 TB: the "cpu" option fits, bound by the CPU Adam (13.8 s); the GPU
     memory it leaves takes whole sub-groups of 1e8 elements (by hand), so the CPU kernel
     steps fewer and the step falls to near the GPUs' compute."""
-    from zerostream.estimate.plan import predict_all
+    from zerostream.estimate.tiers import predict_all
     from zerostream.offload.device_tier import device_count
 
     shape, work, _, _ = _plan70b()
