@@ -145,6 +145,16 @@ class Workload:
         master = "bf16 master" if self.bf16_master else "fp32 master"
         return f"{master}, {'bf16 ' if self.bf16_states else ''}Adam m, v"
 
+    @classmethod
+    def from_config(
+        cls, cfg, micro_batch: int, seq: int, grad_accum: int, checkpointing: bool
+    ) -> "Workload":
+        """The workload a resolved config trains, its precision fields its own
+        (config_precision)."""
+        return cls(
+            micro_batch, seq, grad_accum, checkpointing=checkpointing, **config_precision(cfg)
+        )
+
     @property
     def tokens(self) -> int:
         """Tokens of one micro-batch on one GPU."""
