@@ -96,6 +96,12 @@ def offloaded_grad_bytes(*args, **kwargs) -> int:
 # --- staging buffers ------------------------------------------------------------------------
 
 
+def device_tier_count(sub_groups: int, ratio: float) -> int:
+    """How many of a rank's `sub_groups` (the first, in step order) offload_optimizer.ratio
+    keeps on the device: DeepSpeed's int((1 - ratio) * n)."""
+    return max(0, min(sub_groups, int((1.0 - float(ratio)) * sub_groups)))
+
+
 def optimizer_staging_sets(buffer_count: int) -> int:
     """offload_optimizer nvme: the (master, moment, moment) buffer triples the sub-groups
     rotate over, max(2, buffer_count // 3)."""

@@ -266,8 +266,6 @@ def device_tier_elements(part: int, option: "Option", knobs: Knobs) -> int:
     the device: the first int((1 - ratio) * n) of its n sub-groups (device_tier.py), or the
     whole ones within zerostream.optimizer_max_on_device (offload/placement/device.py), the
     sub-groups taken as sub_group_size each (the runtime also cuts at param groups)."""
-    from ..offload.device_tier import device_count
-
     if option.stage != 3 or option.optimizer == "none":
         return 0
     width = min(knobs.sub_group_size or part, part) or 1
@@ -275,7 +273,7 @@ def device_tier_elements(part: int, option: "Option", knobs: Knobs) -> int:
         return min(part, knobs.optimizer_max_on_device // width * width)
     if knobs.offload_ratio >= 1.0:
         return 0
-    return min(part, device_count(math.ceil(part / width), knobs.offload_ratio) * width)
+    return min(part, sizing.device_tier_count(math.ceil(part / width), knobs.offload_ratio) * width)
 
 
 @dataclass

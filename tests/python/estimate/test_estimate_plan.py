@@ -437,3 +437,24 @@ def test_a_cpu_offload_with_spare_gpu_memory_steps_part_of_the_optimizer_there()
     assert gpu.traffic["cpu_adam"] == 8.0 * (PART - k * 10**8)
     assert gpu.fits and gpu.step_seconds < cpu.step_seconds
     assert best(out) is gpu
+
+
+def test_planning_every_option_imports_no_torch():
+    """The planner sizes through sizing.py, not the runtime's modules: `zerostream estimate`
+    answers without torch's import (seconds), offload options and the GPU tier included."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from zerostream.estimate import Workload, assumed_shape, build_machine\n"
+        "from zerostream.estimate.tiers import predict_all\n"
+        "m = build_machine(gpus_per_node=8, nodes=1, gpu_mem=80e9, cpu_mem=1e12, nvme=4e12,"
+        " use_cache=False)\n"
+        "preds = predict_all(assumed_shape(int(7e9)), Workload(1, 4096, 1, 'bf16', True), m)\n"
+        "assert any(p.option.gpu_tier for p in preds), [p.option for p in preds]\n"
+        "print(sorted(k for k in sys.modules if k.split('.')[0] == 'torch')[:3])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
