@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..estimate.machine import build_machine
 from ..estimate.model import ModelShape, from_hf_config
-from ..estimate.plan import Option, Prediction, Workload, knobs_from_config, predict
+from ..estimate.plan import Knobs, Option, Prediction, Workload, predict
 from ..estimate.units import GIB
 
 TINY = {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "seq": 16}
@@ -149,7 +149,7 @@ def predict_cpu_run(
         flags=rates,
     )
     work = Workload.from_config(cfg, micro, shape["seq"], accum, checkpointing=False)
-    knobs = knobs_from_config(cfg.zero_optimization)
+    knobs = Knobs.from_config(cfg)
     return predict(gpt_shape(shape), work, machine, option, knobs)
 
 

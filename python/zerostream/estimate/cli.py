@@ -18,11 +18,11 @@ from . import zero_estimators as ds
 from .machine import DEFAULTS, build_machine
 from .model import ModelShape, assumed_shape, load_hf_config
 from .plan import (
+    Knobs,
     Option,
     Prediction,
     Workload,
     config_precision,
-    knobs_from_config,
     predict,
 )
 from .recommend import ds_config, explain, format_config, time_note
@@ -248,10 +248,7 @@ def _plan(args):
             raise UsageError(f"--ds-config: {exc}") from exc
         work = _workload(args, shape, cfg)
         z = cfg.zero_optimization
-        ext = cfg.zerostream
-        knobs = knobs_from_config(
-            z, ext.optimizer_max_in_cpu, ext.device_tier_grads, ext.optimizer_max_on_device
-        )
+        knobs = Knobs.from_config(cfg)
         device_tier = knobs.offload_ratio < 1.0 or knobs.optimizer_max_on_device > 0
         option = Option(
             z.stage,

@@ -209,6 +209,18 @@ class Knobs:
     # stage3_model_persistence_threshold: the persistent params' total (partitioner.py)
     model_persistence_threshold: int = 2**63 - 1
 
+    @classmethod
+    def from_config(cls, cfg) -> "Knobs":
+        """The knobs of a resolved config: its zero_optimization section and zerostream's
+        tier settings (knobs_from_config)."""
+        ext = cfg.zerostream
+        return knobs_from_config(
+            cfg.zero_optimization,
+            ext.optimizer_max_in_cpu,
+            ext.device_tier_grads,
+            ext.optimizer_max_on_device,
+        )
+
 
 def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
     """What the written config sets: the bucket sizes DeepSpeed's Hugging Face integration
@@ -343,6 +355,15 @@ def _largest_param(shape: ModelShape, world: int) -> int:
     return math.ceil(max(max(p) for _, p in shape.modules()) / world)
 
 
+def _whole_sub_groups(numel: int, width: int, budget: int) -> int:
+    """Elements of whole sub-groups of `numel` cut at `width` (the last one shorter) that
+    `budget` elements hold: as many full ones as fit, and the short one if it fits too
+    (offload/placement/plans.py place, for one param group)."""
+    full, last = divmod(numel, max(1, width))
+    kept = min(full, budget // max(1, width)) * width
+    return kept + (last if last and kept + last <= budget else 0)
+
+
 def optimizer_state_key(work: "Workload", in_cpu: bool = False) -> str:
     """The memory term of the NVMe optimizer's state (on disk, or its optimizer_max_in_cpu
     part in host memory)."""
@@ -403,14 +424,13 @@ def _memory(shape, work, machine, option, knobs):
         name, size = host_grads or ("fp32 grads", 4 * landed)
         host[name] = size
     else:
-        # Sub-groups of sub_group_size (0: one per parameter, at most the largest), the
-        # partition's first in_host elements of them kept in host memory (whole sub-groups
-        # with the runtime's cuts).
+        # Sub-groups of sub_group_size (0: one per parameter, at most the largest), whole ones
+        # within optimizer_max_in_cpu kept in host memory.
         width = min(knobs.sub_group_size or _largest_param(shape, N), part)
         name, size = host_grads or ("fp32 grads", 4 * landed)
         host[name] = size
         widest = sizing.widest_state_bytes(work.bf16_master, work.bf16_states)
-        in_host = min(part - on_device, knobs.optimizer_max_in_cpu)
+        in_host = _whole_sub_groups(part - on_device, width, knobs.optimizer_max_in_cpu)
         on_disk = min(width, part - on_device - in_host) or 1
         host["optimizer staging"] = sizing.optimizer_staging_bytes(
             knobs.optimizer_buffer_count, on_disk, widest

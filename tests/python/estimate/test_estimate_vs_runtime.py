@@ -3,10 +3,11 @@ term and to the byte: optimizer state (master, moments, the part on NVMe), gradi
 partitions, the optimizer's and the parameters' NVMe staging, the copy stage's slots, stage
 3's persistent params and its shards in host memory and on disk. Each engine is bench/gpt.py's
 GPT (whose parameters the planner's GPT-2 shape lists exactly, in the partitioner's order) on
-this CPU as one rank, over a grid of ZeRO options, precisions, gradient landings and
-persistence thresholds. Both sides size through sizing.py, so what this checks is that the
-planner asks it the runtime's questions (which flags, which shards, which sub-group), and
-reads what the runtime made from the runtime's own objects, not from sizing.py.
+this CPU as one rank, over a grid of ZeRO options, precisions, gradient landings,
+persistence thresholds and what max_in_cpu keeps in host memory. Both sides size through
+sizing.py, so what this checks is that the planner asks it the runtime's questions (which
+flags, which shards, which sub-groups), and it reads what the runtime made from the
+runtime's own objects, not from sizing.py.
 
 Only sizes the runtime fixes at setup are compared; it can resize a staging arena later (a
 read-ahead larger than buffer_count buffers, a sub-group narrowed for low free memory), which
@@ -43,7 +44,13 @@ LANDINGS = {
 # 200 stops persistence after the sixth small param.
 PERSISTENCE = {"none": (0, None), "small": (100, None), "small, 200 in all": (100, 200)}
 
-# stage, offload_optimizer, offload_param, precision, landing, persistence
+# What stays in host memory beside NVMe: zerostream.optimizer_max_in_cpu (whole 2048-element
+# sub-groups: 2 of them, and not the 992-element last one, which would pass 5000) and
+# offload_param.max_in_cpu (each shard in turn kept while the total allows: the 2048- and
+# 512-element embeddings, then, past the matrices that do not fit, the 128-element up bias).
+HELD = {"optimizer_max_in_cpu": 5000, "param_max_in_cpu": 2700}
+
+# stage, offload_optimizer, offload_param, precision, landing, persistence[, held]
 CASES = [
     (2, "none", "none", "fp32", "auto", "none"),
     (2, "none", "none", "bf16 states", "2 micro-steps", "none"),
@@ -66,11 +73,14 @@ CASES = [
     (3, "nvme", "nvme", "bf16", "auto", "small"),
     (3, "nvme", "nvme", "bf16 masters", "accumulate fp32", "small, 200 in all"),
     (3, "nvme", "nvme", "bf16 states", "auto", "none"),
+    (3, "nvme", "nvme", "bf16", "auto", "small", "held"),
+    (3, "nvme", "none", "bf16 masters", "offload fp32", "none", "held"),
 ]
 
 
 def _config(case, nvme: str) -> dict:
-    stage, optimizer, param, precision, landing, persistence = case
+    stage, optimizer, param, precision, landing, persistence = case[:6]
+    held = case[6:] == ("held",)
     zero: dict = {"stage": stage, "sub_group_size": SUB_GROUP}
     if stage == 3:
         threshold, total = PERSISTENCE[persistence]
@@ -83,7 +93,9 @@ def _config(case, nvme: str) -> dict:
             if device == "nvme":
                 zero[key]["nvme_path"] = nvme
     if param == "nvme":
-        zero["offload_param"]["max_in_cpu"] = 0
+        zero["offload_param"]["max_in_cpu"] = HELD["param_max_in_cpu"] if held else 0
+    extension = {"optimizer_max_in_cpu": HELD["optimizer_max_in_cpu"]} if held else {}
+    landed = LANDINGS[landing]
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -91,7 +103,8 @@ def _config(case, nvme: str) -> dict:
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "bf16": PRECISIONS[precision],
         "zero_optimization": zero,
-        **LANDINGS[landing],
+        **landed,
+        "zerostream": {**landed.get("zerostream", {}), **extension},
     }
 
 
@@ -106,11 +119,13 @@ def _predicted(config: dict, option) -> Dict[str, int]:
         "master": sum(v for k, v in both.items() if k in ("fp32 master", "bf16 master")),
         "moments": sum(v for k, v in both.items() if k in ("Adam m, v", "bf16 Adam m, v")),
         "state on nvme": sum(v for k, v in p.nvme.items() if "Adam m, v" in k),
+        "state in host": sum(v for k, v in p.host.items() if k.endswith("(optimizer_max_in_cpu)")),
         "grads": sum(v for k, v in both.items() if k.endswith("grads")),
         "optimizer staging": p.host.get("optimizer staging", 0),
         "copy stage": p.host.get("copy stage staging", 0),
         "persistent params": p.device.get("persistent params", 0),
-        "param shards in host": p.host.get(f"{dname} param shards", 0),
+        "param shards in host": p.host.get(f"{dname} param shards", 0)
+        + p.host.get(f"{dname} param shards (max_in_cpu)", 0),
         "param shards on nvme": p.nvme.get(f"{dname} param shards", 0),
         "param staging": p.host.get("param staging", 0),
     }
@@ -140,6 +155,7 @@ def _allocated(engine) -> Dict[str, int]:
         "master": _bytes(opt.masters),
         "moments": _bytes(t for t in moments if torch.is_tensor(t)),
         "state on nvme": swapper.element_bytes * swapper.tiers.nvme_elements if swapper else 0,
+        "state in host": swapper.element_bytes * swapper.tiers.host_elements if swapper else 0,
         "grads": _bytes(opt.grads),
         "optimizer staging": swapper.arena.stats()["budget"] if swapper else 0,
         # The copy stage keeps no size of its own beyond its arena's budget.
@@ -147,7 +163,7 @@ def _allocated(engine) -> Dict[str, int]:
         "persistent params": sum(zp.numel * zp.dtype.itemsize for zp in zps if zp.persist),
         "param shards in host": (
             sum(shard_bytes(zp) for zp in zps if not zp.persist and not zp.on_nvme)
-            if offloaded and params is None
+            if offloaded
             else 0
         ),
         "param shards on nvme": sum(shard_bytes(zp) for zp in zps if zp.on_nvme),
@@ -204,9 +220,8 @@ def test_the_grid_reaches_every_term_and_every_landing(results):
     assert seen == set(next(iter(results.values()))[1]), seen
     offloaded_grads = {a["grads"] / P for c, (_, a) in results.items() if c[1] != "none"}
     assert offloaded_grads == {2, 4}, offloaded_grads
-    per_element = {
-        (a["master"] + a["moments"] + a["state on nvme"]) / P for _, a in results.values()
-    }
+    states = ("master", "moments", "state on nvme", "state in host")
+    per_element = {sum(a[k] for k in states) / P for _, a in results.values()}
     assert per_element == {6, 10, 12}, per_element
 
 
