@@ -130,3 +130,27 @@ def test_offload_imports_nothing_from_zero():
         assert not bad, f"{module} imports {bad}"
     # The rule bites: a stage module that imports offload/ is seen by the same walk.
     assert "zerostream.offload.copy_stage" in GRAPH["zerostream.zero.stage3.param_swap"]
+
+
+def test_the_sizing_module_stands_alone():
+    """sizing.py is the one formula of each allocated size (Note [One formula per allocated
+    size]): the runtime, the planner and the benches all call it, so it imports nothing of
+    zerostream and not torch (the planner runs without torch's import cost)."""
+    module = "zerostream.sizing"
+    assert GRAPH[module] == set(), GRAPH[module]
+    tree = ast.parse(MODULES[module].read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) if n.module}
+    assert not {m for m in imported if m.split(".")[0] == "torch"}, imported
+    # The rule bites: the stages' users of it are seen by the same walk.
+    assert module in GRAPH["zerostream.zero.sharded"]
+
+
+def test_the_estimator_is_the_model_alone():
+    """estimate/ predicts; what measures (runs a training step, starts processes) and
+    checks a prediction against the measurement is bench/'s (validate.py, cluster_check.py).
+    The planner reads the rates benches left (bench/__init__.py's cache_dir), no bench."""
+    for module in (m for m in MODULES if m.startswith("zerostream.estimate")):
+        bad = sorted(t for t in GRAPH[module] if t.startswith("zerostream.bench."))
+        assert not bad, f"{module} imports {bad}"
+    assert "zerostream.estimate.plan" in GRAPH["zerostream.bench.validate"]

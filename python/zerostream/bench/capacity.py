@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from .. import sizing
 from ..offload.placement import window
 from .corpus import read_corpus, text_batches, vocabulary
 from .gpt import GPT, GPTShape, batches
@@ -60,6 +61,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buffer-size", type=float, default=5e7, help="offload_param.buffer_size")
     p.add_argument("--max-live", type=float, default=1e8, help="stage3_max_live_parameters")
     p.add_argument("--bf16", action="store_true", help="bf16 model (fp32 optimizer state)")
+    p.add_argument(
+        "--bf16-masters",
+        action="store_true",
+        help="bf16 model with bf16.bf16_master_weights_and_grads (bf16 masters, fp32 moments: "
+        "10 bytes of optimizer state an element, not 12)",
+    )
     p.add_argument(
         "--bf16-states",
         action="store_true",
@@ -127,20 +134,25 @@ def _max_in_cpu(text):
     return text if text == "auto" else int(float(text))
 
 
+def _bf16_masters(args) -> bool:
+    """bf16.bf16_master_weights_and_grads: --bf16-masters, or --bf16-states (which needs it)."""
+    return bool(args.bf16_masters or args.bf16_states)
+
+
 def _state_bytes(args) -> int:
-    """Optimizer-state bytes an element: master and two moments."""
-    return 6 if args.bf16_states else 12
+    """Optimizer-state bytes an element, master and two moments: 12, 10 or 6."""
+    return sizing.optimizer_state_bytes(_bf16_masters(args), args.bf16_states)
 
 
 def _bf16_model(args) -> bool:
-    """A bf16 model: --bf16, or --bf16-states (bf16 masters need one)."""
-    return bool(args.bf16 or args.bf16_states)
+    """A bf16 model: --bf16, or bf16 masters (which need one)."""
+    return bool(args.bf16 or _bf16_masters(args))
 
 
 def _config(args, nvme: str) -> dict:
     bf16 = {"enabled": _bf16_model(args)}
-    if args.bf16_states:
-        bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    if _bf16_masters(args):
+        bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=args.bf16_states)
     return {
         "bf16": bf16,
         "zerostream": {
@@ -195,24 +207,32 @@ def _config(args, nvme: str) -> dict:
 
 
 def host_budget_bytes(
-    numel: int, args, host_state_elements: int = 0, kept_shard_bytes: int = 0
+    numel: int, args, host_state_elements: int = 0, kept_shard_bytes: int = 0, largest: int = 0
 ) -> int:
-    """Host memory the configuration implies on one rank: the gradient partition (16-bit with
-    a bf16 model, Note [Gradients to an offloaded partition]), the optimizer's staging (2 sets
-    x 3 sub-groups of the widest state kind), the optimizer state kept in host memory (12
-    bytes an element, 6 with --bf16-states), the
-    parameter shards kept in host memory, the param staging arena (2 x 4 buffers), the
-    gathered parameters (max_live, twice for prefetch), and 3 GiB for torch, Python and
-    activations."""
+    """Host memory the configuration implies on one rank, each allocation sized as the
+    runtime sizes it (sizing.py): the gradient partition (16-bit with a bf16 model, Note
+    [Gradients to an offloaded partition]), the optimizer's staging (2 sets x 3 sub-groups of
+    the widest state kind), the optimizer state kept in host memory (12 bytes an element, 10
+    with --bf16-masters, 6 with --bf16-states), the parameter shards kept in host memory, the
+    param staging arena (4 buffers, at least twice the `largest` parameter's shard, at most
+    every shard), the gathered parameters (max_live, twice for prefetch), and 3 GiB for
+    torch, Python and activations."""
     sub = min(int(args.sub_group_size), numel)
     width = 2 if _bf16_model(args) else 4
-    staging = 2 if args.bf16_states else 4
+    grads = sizing.offloaded_grad_bytes("bf16" if _bf16_model(args) else "fp32", 1)
+    widest = sizing.widest_state_bytes(_bf16_masters(args), args.bf16_states)
+    buffers = _config(args, "")["zero_optimization"]
     return (
-        width * numel
-        + 2 * 3 * staging * sub
+        grads * numel
+        + sizing.optimizer_staging_bytes(buffers["offload_optimizer"]["buffer_count"], sub, widest)
         + _state_bytes(args) * host_state_elements
         + kept_shard_bytes
-        + 2 * 4 * width * int(args.buffer_size)
+        + sizing.param_staging_bytes(
+            width * largest,
+            buffers["offload_param"]["buffer_count"],
+            int(args.buffer_size),
+            width * numel,
+        )
         + 2 * width * int(args.max_live)
         + (3 << 30)
     )
@@ -289,7 +309,8 @@ def measure(args) -> dict:
         swap = summary["params"].get("swap") or {}
         # Shards kept by an element count or brought back by "auto" (arena pages).
         kept = max(swap.get("kept_bytes", 0), width * swap.get("in_cpu_numel", 0))
-        budget = host_budget_bytes(numel, args, tiers.host_elements, kept)
+        largest = shape.vocab * shape.hidden  # the embedding (tied head)
+        budget = host_budget_bytes(numel, args, tiers.host_elements, kept, largest)
         prediction = engine.optimizer.swapper.prediction or {}
         placed_peaks = [p for p in step_peaks if p is not None]
         placed_peak = max(placed_peaks) if placed_peaks else None

@@ -36,7 +36,11 @@ import torch
 
 from zerostream.bench import fio, stdout_to_stderr
 
+from ..sizing import optimizer_state_bytes
 from .memory import memory_status, peak_rss_bytes, reset_peak
+
+# fp32 masters and both Adam moments (the bf16 run keeps DeepSpeed's default masters)
+STATE_BYTES = optimizer_state_bytes(bf16_master=False, bf16_states=False)
 
 _SCALE = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
 WIDTH = 4096  # Linear(WIDTH, WIDTH): 16.8 M parameters per layer
@@ -267,7 +271,7 @@ def measure(args, offload: str) -> dict:
         for k in rounds[0]
         if all(r[k] is not None for r in rounds)
     }
-    out = {"offload": offload, "params": numel, "optimizer_state_bytes": 12 * numel, **med}
+    out = {"offload": offload, "params": numel, "optimizer_state_bytes": STATE_BYTES * numel, **med}
     for op in ("save", "load"):
         disk = "write" if op == "save" else "read"
         for kind in ("direct", "buffered"):

@@ -160,6 +160,8 @@ def _child(args, max_in_cpu: str, param_in_cpu: str, nvme: str) -> dict:
     cmd += ["--nvme-path", nvme]
     if args.bf16:
         cmd.append("--bf16")
+    if args.bf16_masters:
+        cmd.append("--bf16-masters")
     if args.bf16_states:
         cmd.append("--bf16-states")
     if args.wide_matmul:

@@ -18,15 +18,15 @@ from . import zero_estimators as ds
 from .machine import DEFAULTS, build_machine
 from .model import ModelShape, assumed_shape, load_hf_config
 from .plan import (
+    Knobs,
     Option,
     Prediction,
     Workload,
-    best,
-    knobs_from_config,
+    config_precision,
     predict,
-    predict_all,
 )
 from .recommend import ds_config, explain, format_config, time_note
+from .tiers import best, predict_all
 from .units import GB, gb, parse_count, parse_rate, parse_size, seconds
 
 RATE_FLAGS = {
@@ -211,12 +211,13 @@ def _workload(args, shape: ModelShape, cfg=None) -> Workload:
     precision = args.precision
     micro, accum = _positive(args, "micro_batch"), _positive(args, "grad_accum")
     master, states = args.bf16_master_weights, args.bf16_optimizer_states
+    landing = {}  # where gradients land and accumulate: the config's, else the defaults
     if cfg is not None:  # the config decides what it sets
-        precision = cfg.precision
+        landing = config_precision(cfg)
+        precision = landing.pop("precision")
+        master, states = landing.pop("bf16_master"), landing.pop("bf16_states")
         micro = cfg.train_micro_batch_size_per_gpu or micro
         accum = cfg.gradient_accumulation_steps or accum
-        master = cfg.bf16.enabled and cfg.bf16.bf16_master_weights_and_grads
-        states = master and cfg.bf16.bf16_optimizer_states
     if precision == "auto":
         precision = "fp32" if args.cpu_only else "bf16"
     if states and not master:
@@ -224,7 +225,14 @@ def _workload(args, shape: ModelShape, cfg=None) -> Workload:
     if master and precision != "bf16":
         raise UsageError(f"--bf16-master-weights: needs --precision bf16; got {precision}")
     return Workload(
-        micro, seq, accum, precision, not args.no_activation_checkpointing, master, states
+        micro,
+        seq,
+        accum,
+        precision,
+        not args.no_activation_checkpointing,
+        master,
+        states,
+        **landing,
     )
 
 
@@ -240,10 +248,7 @@ def _plan(args):
             raise UsageError(f"--ds-config: {exc}") from exc
         work = _workload(args, shape, cfg)
         z = cfg.zero_optimization
-        ext = cfg.zerostream
-        knobs = knobs_from_config(
-            z, ext.optimizer_max_in_cpu, ext.device_tier_grads, ext.optimizer_max_on_device
-        )
+        knobs = Knobs.from_config(cfg)
         device_tier = knobs.offload_ratio < 1.0 or knobs.optimizer_max_on_device > 0
         option = Option(
             z.stage,

@@ -3,7 +3,7 @@ g GPUs (N = n g), so that `zerostream estimate` can say what a step costs past o
 
 Payloads are counted as the runtime's telemetry counts them (telemetry.py COLLECTIVES): the
 whole gathered or reduced tensor of each collective, on every rank; `python -m
-zerostream.estimate.cluster_check` compares the two on a real multi-node run of this machine.
+zerostream.bench.cluster_check` compares the two on a real multi-node run of this machine.
 
   stage 3   all_gather      every gather the runtime's prefetch plan makes in a micro-batch
                             (zerostream._C.plan_prefetch over the model's trace: forward, and
@@ -35,11 +35,23 @@ from __future__ import annotations
 import math
 from typing import Dict
 
+from .. import sizing
+
 RING_FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
 
 
 def _padded(numel: int, world: int) -> int:
     return math.ceil(numel / world) * world
+
+
+def stage3_homes(shape, knobs, world: int, nvme: bool = False) -> sizing.ShardHomes:
+    """Stage 3's home of each of the shape's parameters (sizing.shard_homes: persistent,
+    kept in host memory, on disk with `nvme`), in the partitioner's order."""
+    _, numels = shape.gather_trace()
+    in_cpu = knobs.max_in_cpu if nvme else None
+    return sizing.shard_homes(
+        numels, world, knobs.persistence_threshold, knobs.model_persistence_threshold, in_cpu
+    )
 
 
 def prefetch_plan(shape, knobs):
@@ -48,7 +60,7 @@ def prefetch_plan(shape, knobs):
     from .. import _C
 
     events, numels = shape.gather_trace()
-    persistent = [n <= knobs.persistence_threshold for n in numels]  # partitioner.py's test
+    persistent = stage3_homes(shape, knobs, 1).persistent
     plan, peak = _C.plan_prefetch(
         events,
         numels,

@@ -3,8 +3,10 @@ holds (per GPU, per host process, per node's NVMe) and the bytes each link moves
 which it gives a lower bound on the step time.
 
 It models zerostream's runtime as it is built (zero/sharded.py, stage12.py, stage3/,
-offload/), so its numbers can be checked against `zerostream bench step`
-(benchmarks/estimate.md):
+offload/), each allocation's size by the runtime's own formula (sizing.py, Note [One formula
+per allocated size]), so its numbers can be checked against `zerostream bench step`
+(benchmarks/estimate.md) and, term by term, against small real engines
+(tests/python/estimate/test_estimate_vs_runtime.py):
 
   per GPU, always there     params (stage 1/2: whole, model dtype; stage 3: this rank's shard
                             plus the small "persistent" params whole); without optimizer
@@ -18,11 +20,14 @@ offload/), so its numbers can be checked against `zerostream bench step`
                             on CPU, one 4 B buffer with foreach on CUDA), stage 1/2's
                             all-gather staging when a partition exceeds allgather_bucket_size
   per host process          offload cpu: master + gradient partitions (pinned arena; the
-                            gradients 16-bit with a 16-bit model and no accumulation) and the
-                            moments; nvme: the gradient partition and the sub-group
-                            staging (sets x 3 fp32 buffers of sub_group_size); params offloaded
-                            to cpu: the shards; to nvme: max_in_cpu of them and the staging;
-                            any optimizer offload: the copy stage's pinned staging slots
+                            gradients 16-bit with a 16-bit model, no accumulation and
+                            offload_gradient_dtype and grad_accum_dtype left to the model) and
+                            the moments; nvme: the gradient partition and the sub-group
+                            staging (sets x 3 buffers of sub_group_size, widest state kind);
+                            params offloaded to cpu: the shards (and, without optimizer
+                            offload, the optimizer state beside them); to nvme: max_in_cpu of
+                            them and the staging arena; any offload: the copy stage's pinned
+                            staging slots
   per node NVMe             nvme optimizer: fp32 master + moments, 12 B per element (bf16
                             masters, bf16.bf16_master_weights_and_grads: 2 + 8; with
                             bf16_optimizer_states 2 + 4); nvme params: the 16-bit shards
@@ -40,6 +45,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from .. import sizing
 from . import links
 from .machine import Machine
 from .model import ModelShape
@@ -66,7 +72,7 @@ class Option:
     param: str  # offload_param.device (stage 3)
     # Memory tiers (issue 30): with "nvme", what fits of the optimizer state
     # (zerostream.optimizer_max_in_cpu) and of the param shards (offload_param.max_in_cpu)
-    # stays in host memory; the knobs say how much (plan_tiers).
+    # stays in host memory; the knobs say how much (tiers.plan_tiers).
     tiered: bool = False
     # offload_optimizer.ratio < 1: the first optimizer sub-groups stepped on the GPU (Note
     # [The device tier] in offload/device_tier.py); the knobs' offload_ratio says how many.
@@ -99,6 +105,8 @@ class Workload:
     bf16_master: bool = False
     bf16_states: bool = False
     comm_precision: Optional[str] = None  # communication_data_type; None: the model's
+    offload_grad_dtype: str = "auto"  # zerostream.offload_gradient_dtype
+    grad_accum_dtype: Optional[str] = None  # data_types.grad_accum_dtype; None: the model's
 
     @property
     def dtype_bytes(self) -> int:
@@ -111,17 +119,25 @@ class Workload:
 
     @property
     def master_bytes(self) -> int:
-        return 2 if self.bf16_master else 4
+        return sizing.master_bytes(self.bf16_master)
 
     @property
     def moment_bytes(self) -> int:
         """Both Adam moments, per element."""
-        return 4 if self.bf16_states else 8
+        return 2 * sizing.moment_bytes(self.bf16_states)
 
     @property
     def state_bytes(self) -> int:
         """Master and moments per element: 12, 10 or 6."""
-        return self.master_bytes + self.moment_bytes
+        return sizing.optimizer_state_bytes(self.bf16_master, self.bf16_states)
+
+    @property
+    def offloaded_grad_bytes(self) -> int:
+        """Bytes per element of offloaded gradient partitions (sizing.offloaded_grad_dtype:
+        16-bit only when nothing accumulates in them and the config leaves them "auto")."""
+        return sizing.offloaded_grad_bytes(
+            self.precision, self.grad_accum, self.offload_grad_dtype, self.grad_accum_dtype
+        )
 
     @property
     def state_name(self) -> str:
@@ -129,10 +145,40 @@ class Workload:
         master = "bf16 master" if self.bf16_master else "fp32 master"
         return f"{master}, {'bf16 ' if self.bf16_states else ''}Adam m, v"
 
+    @classmethod
+    def from_config(
+        cls, cfg, micro_batch: int, seq: int, grad_accum: int, checkpointing: bool
+    ) -> "Workload":
+        """The workload a resolved config trains, its precision fields its own
+        (config_precision)."""
+        return cls(
+            micro_batch, seq, grad_accum, checkpointing=checkpointing, **config_precision(cfg)
+        )
+
     @property
     def tokens(self) -> int:
         """Tokens of one micro-batch on one GPU."""
         return self.micro_batch * self.seq
+
+
+def config_precision(cfg) -> dict:
+    """The Workload fields a resolved config (zerostream.config) sets: the precision, the
+    16-bit masters and moments (zero/master_precision.py: bf16_optimizer_states, or the
+    optimizer's fp32_optimizer_states false), where offloaded gradients land
+    (zerostream.offload_gradient_dtype) and where micro-steps accumulate
+    (data_types.grad_accum_dtype)."""
+    from ..config import dtype_name
+
+    master = bool(cfg.bf16.enabled and cfg.bf16.bf16_master_weights_and_grads)
+    params = cfg.optimizer.params if cfg.optimizer is not None else {}
+    fp32_states = params.get("fp32_optimizer_states", True) is not False
+    return dict(
+        precision=cfg.precision,
+        bf16_master=master,
+        bf16_states=master and (bool(cfg.bf16.bf16_optimizer_states) or not fp32_states),
+        offload_grad_dtype=cfg.zerostream.offload_gradient_dtype,
+        grad_accum_dtype=dtype_name(cfg.data_types.grad_accum_dtype),
+    )
 
 
 @dataclass(frozen=True)
@@ -160,6 +206,20 @@ class Knobs:
     # zerostream.optimizer_max_on_device as elements (stage 3): the first whole sub-groups
     # within it are the device tier instead of a ratio's ("auto" is the run's to size).
     optimizer_max_on_device: int = 0
+    # stage3_model_persistence_threshold: the persistent params' total (partitioner.py)
+    model_persistence_threshold: int = 2**63 - 1
+
+    @classmethod
+    def from_config(cls, cfg) -> "Knobs":
+        """The knobs of a resolved config: its zero_optimization section and zerostream's
+        tier settings (knobs_from_config)."""
+        ext = cfg.zerostream
+        return knobs_from_config(
+            cfg.zero_optimization,
+            ext.optimizer_max_in_cpu,
+            ext.device_tier_grads,
+            ext.optimizer_max_on_device,
+        )
 
 
 def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
@@ -209,6 +269,7 @@ def knobs_from_config(zero, in_cpu=0, tier_grads: str = "device", on_device=0) -
         offload_ratio=oo.ratio if oo and zero.stage == 3 else 1.0,
         device_tier_grads=tier_grads,
         optimizer_max_on_device=0 if on_device == "auto" or zero.stage != 3 else on_device,
+        model_persistence_threshold=zero.stage3_model_persistence_threshold,
     )
 
 
@@ -217,8 +278,6 @@ def device_tier_elements(part: int, option: "Option", knobs: Knobs) -> int:
     the device: the first int((1 - ratio) * n) of its n sub-groups (device_tier.py), or the
     whole ones within zerostream.optimizer_max_on_device (offload/placement/device.py), the
     sub-groups taken as sub_group_size each (the runtime also cuts at param groups)."""
-    from ..offload.device_tier import device_count
-
     if option.stage != 3 or option.optimizer == "none":
         return 0
     width = min(knobs.sub_group_size or part, part) or 1
@@ -226,7 +285,7 @@ def device_tier_elements(part: int, option: "Option", knobs: Knobs) -> int:
         return min(part, knobs.optimizer_max_on_device // width * width)
     if knobs.offload_ratio >= 1.0:
         return 0
-    return min(part, device_count(math.ceil(part / width), knobs.offload_ratio) * width)
+    return min(part, sizing.device_tier_count(math.ceil(part / width), knobs.offload_ratio) * width)
 
 
 @dataclass
@@ -291,10 +350,18 @@ def _gathered_elements(shape: ModelShape, knobs: Knobs) -> Tuple[int, int]:
     return int(peak * scale), int(sum(n for n, p in zip(numels, persistent) if p) * scale)
 
 
-def offloaded_grad_bytes(d: int, work: "Workload") -> int:
-    """Bytes per element of offloaded gradient partitions: 16-bit when the model is and
-    nothing accumulates in them (zero/sharded.py _host_grad_dtype), else fp32."""
-    return d if d == 2 and work.grad_accum == 1 else 4
+def _largest_param(shape: ModelShape, world: int) -> int:
+    """Elements of the largest parameter's shard."""
+    return math.ceil(max(max(p) for _, p in shape.modules()) / world)
+
+
+def _whole_sub_groups(numel: int, width: int, budget: int) -> int:
+    """Elements of whole sub-groups of `numel` cut at `width` (the last one shorter) that
+    `budget` elements hold: as many full ones as fit, and the short one if it fits too
+    (offload/placement/plans.py place, for one param group)."""
+    full, last = divmod(numel, max(1, width))
+    kept = min(full, budget // max(1, width)) * width
+    return kept + (last if last and kept + last <= budget else 0)
 
 
 def optimizer_state_key(work: "Workload", in_cpu: bool = False) -> str:
@@ -332,7 +399,7 @@ def _memory(shape, work, machine, option, knobs):
     # The offloaded gradient partition: without the device tier's share when that lands on
     # the device (Note [Device-tier gradients stay on the device]).
     landed = part - on_device if knobs.device_tier_grads == "device" else part
-    host_grads = ("16-bit grads", 2 * landed) if offloaded_grad_bytes(d, work) == 2 else None
+    host_grads = ("16-bit grads", 2 * landed) if work.offloaded_grad_bytes == 2 else None
     if on_device:  # offload_optimizer.ratio: the device tier's state, the rest offloaded
         device[f"device-tier {master}"] = work.master_bytes * on_device
         device[f"device-tier {moments}"] = work.moment_bytes * on_device
@@ -340,14 +407,16 @@ def _memory(shape, work, machine, option, knobs):
         # partition holds only the rest. With device_tier_grads "host" they land on the
         # host and one sub-group's slice at a time goes back up instead.
         if knobs.device_tier_grads == "device":
-            device["device-tier grads"] = offloaded_grad_bytes(d, work) * on_device
+            device["device-tier grads"] = work.offloaded_grad_bytes * on_device
         else:
             width = min(knobs.sub_group_size or part, part)
-            step["device-tier gradient buffer"] = offloaded_grad_bytes(d, work) * width
+            step["device-tier gradient buffer"] = work.offloaded_grad_bytes * width
         states[master] = work.master_bytes * (part - on_device)
         states[moments] = work.moment_bytes * (part - on_device)
     if option.optimizer == "none":
-        device.update(states)
+        # Offloaded params put the state beside them in host memory (zero/sharded.py).
+        home = host if option.stage == 3 and option.param != "none" else device
+        home.update(states)
         step["AdamW temporaries"] = (8 if machine.cpu_only else 4) * part
     elif option.optimizer == "cpu":
         host.update(states)
@@ -355,32 +424,44 @@ def _memory(shape, work, machine, option, knobs):
         name, size = host_grads or ("fp32 grads", 4 * landed)
         host[name] = size
     else:
-        sets = max(2, knobs.optimizer_buffer_count // 3)
-        width = min(knobs.sub_group_size or part, part)
+        # Sub-groups of sub_group_size (0: one per parameter, at most the largest), whole ones
+        # within optimizer_max_in_cpu kept in host memory.
+        width = min(knobs.sub_group_size or _largest_param(shape, N), part)
         name, size = host_grads or ("fp32 grads", 4 * landed)
         host[name] = size
-        widest = 2 if work.bf16_master and work.bf16_states else 4
-        host["optimizer staging"] = sets * 3 * widest * width
-        in_host = min(part - on_device, knobs.optimizer_max_in_cpu)
+        widest = sizing.widest_state_bytes(work.bf16_master, work.bf16_states)
+        in_host = _whole_sub_groups(part - on_device, width, knobs.optimizer_max_in_cpu)
+        on_disk = min(width, part - on_device - in_host) or 1
+        host["optimizer staging"] = sizing.optimizer_staging_bytes(
+            knobs.optimizer_buffer_count, on_disk, widest
+        )
         if in_host:
             host[optimizer_state_key(work, in_cpu=True)] = work.state_bytes * in_host
         nvme[optimizer_state_key(work)] = work.state_bytes * (part - on_device - in_host)
-    if option.optimizer != "none":
-        from ..offload.copy_stage import SLOT_BYTES, SLOTS
-
-        host["copy stage staging"] = SLOTS * SLOT_BYTES
+    if option.optimizer != "none" or (option.stage == 3 and option.param != "none"):
+        host["copy stage staging"] = sizing.copy_stage_bytes(sizing.copy_slot_bytes(part))
     if option.stage == 3 and option.param != "none":
         shard = d * (part - math.ceil(persistent / N))
         if option.param == "cpu":
             host[f"{dname} param shards"] = shard
         else:
-            in_cpu = min(shard, d * knobs.max_in_cpu)
-            largest = math.ceil(max(max(p) for _, p in shape.modules()) / N)
-            budget = max(2 * d * largest, knobs.param_buffer_count * 2 * knobs.param_buffer_size)
-            if in_cpu:
-                host[f"{dname} param shards (max_in_cpu)"] = in_cpu
-            host["param staging"] = min(budget, knobs.param_buffer_count * d * largest)
-            nvme[f"{dname} param shards"] = shard - in_cpu
+            homes = links.stage3_homes(shape, knobs, N, nvme=True)
+            scale = shape.params / shape.shape_params  # an overridden count scales the shape
+            swapped = int(d * sum(homes.swapped) * scale)
+            if shard > swapped:
+                host[f"{dname} param shards (max_in_cpu)"] = shard - swapped
+            # The staging arena is made once a shard goes to disk (zero/stage3/param_swap.py).
+            host["param staging"] = (
+                sizing.param_staging_bytes(
+                    d * max(homes.swapped),
+                    knobs.param_buffer_count,
+                    knobs.param_buffer_size,
+                    int(homes.swapped_bytes(d) * scale),
+                )
+                if homes.swapped
+                else 0
+            )
+            nvme[f"{dname} param shards"] = swapped
     act = shape.activation_bytes(work.tokens, d, work.checkpointing)
     backward["activations"] = act["layers"]
     backward["layer backward"] = act["layer_backward"]
@@ -410,7 +491,7 @@ def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
         # then they come back up for its update
         grads_home = on_device if knobs.device_tier_grads == "device" else 0
         t["d2h"] += d * (part - grads_home) * A
-        t["h2d"] += offloaded_grad_bytes(d, work) * (on_device - grads_home)
+        t["h2d"] += work.offloaded_grad_bytes * (on_device - grads_home)
         if option.param == "none":
             t["h2d"] += d * (part - on_device)  # the updated 16-bit partition back
         else:  # the device tier's updated weights down to the host shards
@@ -515,143 +596,3 @@ def predict(
     )
     p.problems = _problems(p)
     return p
-
-
-def predict_all(shape: ModelShape, work: Workload, machine: Machine) -> List[Prediction]:
-    out = [predict(shape, work, machine, Option(*o)) for o in OPTIONS]
-    for base in [o for o in out if o.option.stage == 3 and o.option.optimizer == "nvme"]:
-        if base.option.param in ("none", "nvme"):
-            tiered = plan_tiers(shape, work, machine, base)
-            if tiered is not None:
-                out.append(tiered)
-    labels = {p.option.label for p in out}
-    cpu = next(p for p in out if p.option == Option(3, "cpu", "none"))
-    with_gpu = plan_gpu_tier(shape, work, machine, cpu)
-    if with_gpu is not None and with_gpu.option.label not in labels:
-        out.append(with_gpu)
-    return out
-
-
-def plan_gpu_tier(
-    shape: ModelShape, work: Workload, machine: Machine, base: Prediction
-) -> Optional[Prediction]:
-    """An offload_optimizer "cpu" option (stage 3, params on the GPUs) with the GPU memory it
-    leaves holding whole optimizer sub-groups of 1e8 elements (offload_optimizer.ratio):
-    less state in host RAM and less work for the CPU kernel. None when nothing fits there."""
-    from dataclasses import replace
-
-    part = math.ceil(shape.params / machine.world)
-    option = Option(base.option.stage, "cpu", base.option.param, gpu_tier=True)
-    plans = []
-    for where in GRAD_HOMES:
-        knobs = replace(base.knobs, sub_group_size=int(1e8), device_tier_grads=where)
-        ratio, on_gpu = _gpu_tier(part, work, machine, replace(base, knobs=knobs))
-        if on_gpu:
-            plans.append(predict(shape, work, machine, option, replace(knobs, offload_ratio=ratio)))
-    return _faster(plans)
-
-
-# Where the device tier's gradients may land, DeepSpeed's first: the planner takes "host"
-# only when its step is faster (Note [Device-tier gradients stay on the device]).
-GRAD_HOMES = ("device", "host")
-
-
-def _faster(plans: List[Prediction]) -> Optional[Prediction]:
-    """The plan with the shorter step (the first of equals), None when there is none."""
-    return min(plans, key=lambda p: p.step_seconds) if plans else None
-
-
-def plan_tiers(
-    shape: ModelShape, work: Workload, machine: Machine, base: Prediction
-) -> Optional[Prediction]:
-    """The memory-tier placement of an NVMe option (Note [Optimizer tiers] and Note
-    [Parameter shards in host memory], offload/placement/; Note [The device tier]):
-    - the GPU memory the all-on-NVMe option leaves (stage 3, params not offloaded) takes
-      whole optimizer sub-groups first, as offload_optimizer.ratio: each element there
-      saves 2 x state_bytes of disk traffic and the CPU kernel's work, and costs no host
-      memory;
-    - the host memory it leaves free on each node, shared by its processes, goes to param
-      shards on disk (6 bytes of disk traffic saved per step for 2 held), then to the
-      optimizer state still on disk (24 saved for 12, or 2 x state_bytes for state_bytes).
-    None when nothing is free. Where the GPU tier's gradients land is planned both ways and
-    the faster taken."""
-    from dataclasses import replace
-
-    plans = []
-    for where in GRAD_HOMES:
-        homed = replace(base, knobs=replace(base.knobs, device_tier_grads=where))
-        plans.append(_plan_tiers(shape, work, machine, homed))
-    return _faster([p for p in plans if p is not None])
-
-
-def _plan_tiers(
-    shape: ModelShape, work: Workload, machine: Machine, base: Prediction
-) -> Optional[Prediction]:
-    from dataclasses import replace
-
-    part = math.ceil(shape.params / machine.world)
-    d = work.dtype_bytes
-    ratio, on_gpu = _gpu_tier(part, work, machine, base)
-    free = (machine.host_usable - base.host_node) // machine.gpus_per_node
-    if base.knobs.device_tier_grads == "device":  # the host gradient partition shrinks
-        free += offloaded_grad_bytes(d, work) * on_gpu
-    if free <= 0 and not on_gpu:
-        return None
-    free = max(0, free)
-    shards = base.nvme.get(f"{'fp32' if d == 4 else '16-bit'} param shards", 0)
-    keep = min(shards, free)
-    free -= keep
-    knobs = replace(
-        base.knobs,
-        max_in_cpu=keep // d,
-        optimizer_max_in_cpu=min(part - on_gpu, free // work.state_bytes),
-        offload_ratio=ratio,
-    )
-    if on_gpu + knobs.optimizer_max_in_cpu == part and keep == shards:
-        if not on_gpu:
-            return None  # nothing left on disk: the "cpu" options say it
-        # The GPUs and host RAM hold all of it: offload_optimizer "cpu" with the ratio.
-        option = Option(base.option.stage, "cpu", base.option.param, gpu_tier=True)
-        return predict(shape, work, machine, option, replace(base.knobs, offload_ratio=ratio))
-    option = Option(
-        base.option.stage,
-        base.option.optimizer,
-        base.option.param,
-        tiered=free > 0 or keep > 0,
-        gpu_tier=on_gpu > 0,
-    )
-    return predict(shape, work, machine, option, knobs)
-
-
-def _gpu_tier(part: int, work: Workload, machine: Machine, base: Prediction) -> Tuple[float, int]:
-    """(offload_optimizer.ratio, elements on the GPU): the whole sub-groups of this rank's
-    partition that fit the GPU memory `base` leaves (with their gradients, or one sub-group's
-    gradient buffer when they land on the host: base.knobs.device_tier_grads),
-    as the ratio whose int((1 - ratio) * n) is their count (half a sub-group of margin
-    against rounding). (1.0, 0) off stage 3, with offloaded params, or without a GPU."""
-    option = base.option
-    if machine.cpu_only or option.stage != 3 or option.param != "none":
-        return 1.0, 0
-    width = min(base.knobs.sub_group_size or part, part)
-    n = math.ceil(part / width)
-    spare = machine.gpu_mem - machine.gpu_reserve - base.device_peak
-    grad = offloaded_grad_bytes(work.dtype_bytes, work)
-    if base.knobs.device_tier_grads == "device":  # gradients beside the state
-        k = max(0, min(n, spare // ((work.state_bytes + grad) * width)))
-    else:  # one sub-group's gradient buffer
-        k = max(0, min(n, (spare - grad * width) // (work.state_bytes * width)))
-    if k == 0:
-        return 1.0, 0
-    ratio = 1.0 - (k + 0.5) / n if k < n else 0.0
-    return ratio, min(part, k * width)
-
-
-def best(predictions: List[Prediction]) -> Optional[Prediction]:
-    """The fastest option that fits; among equally fast ones (within 1%) the one that
-    offloads least, then the lower stage."""
-    fitting = [p for p in predictions if p.fits]
-    if not fitting:
-        return None
-    fastest = min(p.step_seconds for p in fitting)
-    close = [p for p in fitting if p.step_seconds <= fastest * 1.01]
-    return min(close, key=lambda p: (p.option.offloads, p.option.stage, p.step_seconds))

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .machine import Machine
 from .model import ModelShape
-from .plan import Prediction, Workload, offloaded_grad_bytes, optimizer_state_key
+from .plan import Prediction, Workload, optimizer_state_key
 from .units import gb, seconds
 
 Key = Tuple[int, str, str]
@@ -55,18 +55,18 @@ def explain(
         if not machine.cpu_only and d * P + machine.gpu_reserve > machine.gpu_mem:
             params += f" ({gb(d * P)} GB > {gb(machine.gpu_mem)} GB per GPU)"
     lines.append(params)
-    opt, grads = work.state_bytes * P, 4 * P
+    opt, grads = work.state_bytes * P, work.master_bytes * P
     z3 = by[(3, "none", "none")]
     lines.append(
         f"optimizer states ({work.state_name.replace('master, ', 'master + ', 1)}: "
         f"{work.state_bytes} "
-        f"B/param) {gb(opt)} GB and fp32 "
-        f"gradients (4 B/param) {gb(grads)} GB: "
+        f"B/param) {gb(opt)} GB and {'bf16' if work.bf16_master else 'fp32'} "
+        f"gradients ({work.master_bytes} B/param) {gb(grads)} GB: "
         f"{'in the processes' if machine.cpu_only else 'on the GPUs'} (stage 3, no offload) "
         f"{gb((opt + grads) / N)} GB {where} -> {_fits_where(z3)}"
     )
     cpu = by[(3, "cpu", "none")]
-    host_bytes = offloaded_grad_bytes(d, work)
+    host_bytes = work.offloaded_grad_bytes
     host_grads = host_bytes * P
     host_what = f"{'16-bit' if host_bytes == 2 else 'fp32'} gradients"
     host_state = (opt + host_grads) * machine.gpus_per_node / N

@@ -84,11 +84,12 @@ from typing import Callable, Deque, Dict, Optional
 
 import torch
 
+from .. import sizing
 from .lanes import CudaLanes, HostLanes, TorchCuda, lanes_for  # noqa: F401 (re-exported)
 from .sinks import StagedSink
 
-SLOT_BYTES = 16 << 20
-SLOTS = 4
+SLOT_BYTES = sizing.COPY_SLOT_BYTES
+SLOTS = sizing.COPY_SLOTS
 
 
 class _Tail:
@@ -223,7 +224,7 @@ class CopyStage:
         pin: bool = True,
         consumer_thread: Optional[bool] = None,
     ):
-        from .host_buffers import HostArena, arena_bytes
+        from .host_buffers import HostArena
 
         if slots < 2 or slot_bytes < 4096:
             raise ValueError(
@@ -233,7 +234,7 @@ class CopyStage:
         self.lanes = lanes if lanes is not None else lanes_for(device)
         self.slot_bytes = slot_bytes // 64 * 64
         self._arena = HostArena(
-            slots * arena_bytes(self.slot_bytes), lock=pin, register=True, pooled=True
+            sizing.copy_stage_bytes(slot_bytes, slots), lock=pin, register=True, pooled=True
         )
         self._slots = [self._arena.empty(self.slot_bytes) for _ in range(slots)]
         self._ring = _Ring(slots, self.lanes)

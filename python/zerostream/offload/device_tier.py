@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
+from .. import sizing
 from ..accelerator import same_device
 from ..ops.device_adam import device_adam_step
 from . import sinks
@@ -67,10 +68,8 @@ logger = logging.getLogger("zerostream")
 RATIO_KEY = "zero_optimization.offload_optimizer.ratio"
 
 
-def device_count(sub_groups: int, ratio: float) -> int:
-    """How many of a rank's `sub_groups` (the first, in step order) `ratio` keeps on the
-    device: DeepSpeed's int((1 - ratio) * n)."""
-    return max(0, min(sub_groups, int((1.0 - float(ratio)) * sub_groups)))
+# How many of a rank's sub-groups offload_optimizer.ratio keeps on the device (sizing.py)
+device_count = sizing.device_tier_count
 
 
 class DeviceTier:

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from zerostream import _C
+from zerostream.sizing import arena_bytes  # noqa: F401  (re-exported: the arena's unit)
 
 _N = _C.offload
 
@@ -64,13 +65,6 @@ def buffer_as_tensor(buffer: "_N.HostBuffer", numel: int, dtype: torch.dtype) ->
     raw = torch.from_dlpack(buffer.to_dlpack())
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     return raw[:nbytes].view(dtype)
-
-
-def arena_bytes(nbytes: int) -> int:
-    """What a request of `nbytes` takes from a HostArena budget: whole 4 KiB pages, at least
-    one (offload/host_arena.cpp)."""
-    page = 4096
-    return max(page, (int(nbytes) + page - 1) // page * page)
 
 
 # Set by zerostream.testing.sim_device while a test runs on the simulated device: told of

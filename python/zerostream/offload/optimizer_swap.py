@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 import torch
 
-from .. import _C
+from .. import _C, sizing
 from ..comm import ranks_on_this_host
 from ..ops.adam import cpu_adam_step
 from . import placement, sinks
@@ -107,7 +107,7 @@ class SwappedAdam:
         )
         self.steps = [0] * len(sources)
         self.numels = [sinks.numel(s) for s in sources]
-        self.sets = max(2, offload.buffer_count // 3)
+        self.sets = sizing.optimizer_staging_sets(offload.buffer_count)
         self.uses_disk = offload.device == "nvme"
         # Staging only with a disk tier; without one ("cpu" with a ratio) the sub-groups are
         # DeepSpeed's, so the ratio places the same ones.
@@ -161,7 +161,8 @@ class SwappedAdam:
         width = max((s.hi - s.lo for s in on_disk), default=1)
         # Raw bytes, each buffer able to hold a sub-group of any kind (viewed by _staged).
         wide = width * self.widest
-        self.arena = HostArena(self.sets * 3 * arena_bytes(wide), lock=offload.pin_memory)
+        staging = sizing.optimizer_staging_bytes(offload.buffer_count, width, self.widest)
+        self.arena = HostArena(staging, lock=offload.pin_memory)
         self.buffers = [
             [self.arena.empty(wide, torch.uint8) for _ in KINDS] for _ in range(self.sets)
         ]

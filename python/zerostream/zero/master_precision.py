@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..ops._cpu_optimizer import CPUOptimizerBase
+from ..sizing import optimizer_state_bytes
 from .protocol import StageContext
 
 
@@ -51,7 +52,8 @@ def state_dtype(ctx: StageContext, optimizer=None) -> torch.dtype:
 
 def state_bytes(ctx: StageContext, states: int = 2) -> int:
     """Bytes an element of the master and `states` optimizer states (Adam: 2)."""
-    return master_dtype(ctx).itemsize + states * state_dtype(ctx).itemsize
+    bf16 = torch.bfloat16
+    return optimizer_state_bytes(master_dtype(ctx) == bf16, state_dtype(ctx) == bf16, states)
 
 
 def configure_inner(inner, ctx: StageContext, offloaded: bool) -> None:

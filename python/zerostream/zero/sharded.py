@@ -22,7 +22,8 @@ from ..accelerator import is_host_run, same_device
 from ..lazy_tensor import copy_into, materialize
 from ..offload import sinks
 from ..ops._cpu_optimizer import CPUOptimizerBase
-from ..precision import COPY_DTYPES
+from ..precision import DTYPES
+from ..sizing import offloaded_grad_dtype
 from .base import ZeroOptimizerBase
 from .master_precision import configure_inner, master_dtype, state_bytes
 from .protocol import PartitionLayout, StageContext
@@ -34,15 +35,16 @@ def _host_grad_dtype(ctx: StageContext, reads_16bit: bool) -> torch.dtype:
     accumulates in them (gradient_accumulation_steps 1) and the optimizer's kernel reads
     16-bit gradients, so they are downloaded straight into place; fp32 otherwise (Note
     [Gradients to an offloaded partition] in zero/grad_reduce.py)."""
-    if (
-        reads_16bit
-        and ctx.dtype in COPY_DTYPES
-        and ctx.config.gradient_accumulation_steps == 1
-        and ctx.config.zerostream.offload_gradient_dtype == "auto"
-        and ctx.grad_accum_dtype == ctx.dtype  # an extra backward adds in 16 bits there
-    ):
-        return ctx.dtype
-    return torch.float32
+    from ..config import dtype_name
+
+    name = offloaded_grad_dtype(
+        ctx.config.precision,
+        ctx.config.gradient_accumulation_steps,
+        ctx.config.zerostream.offload_gradient_dtype,
+        dtype_name(ctx.config.data_types.grad_accum_dtype),
+        reads_16bit,
+    )
+    return DTYPES[name]
 
 
 def require_host_state(ctx: StageContext, numel: int) -> None:
@@ -99,12 +101,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         self.copy_stage = None
         self._copy_meter = None  # the copy stage's bytes and seconds into telemetry
         if self.offload_device != "none" or host_partitions:
-            from ..offload.copy_stage import SLOT_BYTES, CopyMeter, CopyStage
+            from ..offload.copy_stage import CopyMeter, CopyStage
+            from ..sizing import copy_slot_bytes
 
-            # Slots no larger than the largest fp32 partition: a small model does not pin
-            # the full ring it would never fill.
-            widest = 4 * max((sinks.numel(p) for p in partitions), default=0)
-            slot = min(SLOT_BYTES, max(64 << 10, -(-widest // 4096) * 4096))
+            slot = copy_slot_bytes(max((sinks.numel(p) for p in partitions), default=0))
             pin = (
                 zero.offload_optimizer if self.offload_device != "none" else zero.offload_param
             ).pin_memory

@@ -57,10 +57,15 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
         moments (8 bytes an element) plus, in fp16/bf16, the fp32 masters and their
         gradients (8 more), times the ranks of this host."""
         from ..offload.memory_preflight import require_state_memory
+        from ..sizing import moment_bytes, optimizer_state_bytes
 
+        # mixed: the fp32 master and moments, and the master's fp32 gradient
+        per_element = (
+            optimizer_state_bytes(False, False) + 4 if self.mixed else 2 * moment_bytes(False)
+        )
         require_state_memory(
             sum(p.numel() for p in self.params),
-            16 if self.mixed else 8,
+            per_element,
             "the optimizer state of ZeRO stage 0, whole on every rank",
             "Set zero_optimization.stage to 1, 2 or 3 to partition it over the ranks "
             '(with offload_optimizer "nvme" to keep it on disk), or use fewer ranks per host.',

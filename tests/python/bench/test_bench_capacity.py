@@ -295,3 +295,25 @@ def test_the_corpus_option_trains_on_the_demo_s_bytes():
     assert cfg["scheduler"]["params"]["warmup_max_lr"] == 3e-5
     assert cfg["scheduler"]["params"]["warmup_num_steps"] == 4
     assert "scheduler" not in capacity._config(p.parse_args([]), "/nvme")
+
+
+@pytest.mark.parametrize(
+    "flags, state_bytes, states_dtype",
+    [([], 12, None), (["--bf16-masters"], 10, False), (["--bf16-states"], 6, True)],
+)
+def test_capacity_sizes_each_master_precision(flags, state_bytes, states_dtype):
+    """The three optimizer-state sizes (Note [16-bit master weights with an offloaded
+    optimizer]): the config the bench writes asks for them, and its host budget counts the
+    state kept in host memory at that many bytes an element."""
+    import argparse
+
+    from zerostream.bench import capacity
+
+    p = argparse.ArgumentParser()
+    capacity.add_arguments(p)
+    args = p.parse_args(["--bf16", *flags])
+    bf16 = capacity._config(args, "/unused")["bf16"]
+    assert bf16.get("bf16_optimizer_states") is states_dtype
+    assert bf16.get("bf16_master_weights_and_grads", False) is (states_dtype is not None)
+    budget = [capacity.host_budget_bytes(10**6, args, held, 0, 4096) for held in (0, 1000)]
+    assert budget[1] - budget[0] == state_bytes * 1000

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from zerostream import comm
-from zerostream.estimate import cluster_check
-from zerostream.estimate.cluster_worker import CallClock, training_rates, transfer_split
+from zerostream.bench import cluster_check
+from zerostream.bench.cluster_worker import CallClock, training_rates, transfer_split
 
 
 def _rank(gather, scatter, steps=2, warmup=0, ring=None):

@@ -5,7 +5,7 @@ and optimizer state on NVMe; the predicted peak RSS and NVMe bytes per step must
 
 import pytest
 
-from zerostream.estimate.validate import compare, error, markdown, parse_option
+from zerostream.bench.validate import compare, error, markdown, parse_option
 
 SHAPE = {"layers": 2, "hidden": 1024, "heads": 16, "vocab": 8192, "seq": 64}
 

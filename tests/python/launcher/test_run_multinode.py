@@ -9,7 +9,7 @@ without a traceback, also the one whose store host (node 0) leaves first.
 The same job checks `zerostream estimate`'s collectives (issue 32 item 5): the bytes per
 step of each kind the planner predicts for this model, config and 2 x 2 layout (links.py)
 must be those every rank's telemetry counted once the prefetch plan is followed
-(python -m zerostream.estimate.cluster_check compares the seconds too:
+(python -m zerostream.bench.cluster_check compares the seconds too:
 benchmarks/estimate.md)."""
 
 import json
@@ -22,9 +22,9 @@ import pytest
 import torch
 from launcher_run import LAUNCH_TIMEOUT_S, clean_env
 
-from zerostream.estimate import cluster_check
+from zerostream.bench import cluster_check
+from zerostream.bench.validate import predict_cpu_run
 from zerostream.estimate.plan import Option
-from zerostream.estimate.validate import predict_cpu_run
 from zerostream.launcher.ports import free_port as _free_port
 
 HERE = pathlib.Path(__file__).resolve().parent

@@ -10,12 +10,14 @@ import logging
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple, Union
 
+from ...sizing import optimizer_state_bytes
+
 logger = logging.getLogger("zerostream")
 
 HOST, NVME = "host", "nvme"
 # offload_optimizer.ratio's share (Note [The device tier] in offload/device_tier.py).
 DEVICE = "device"
-STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq, per element (bf16 masters: 6 or 10)
+STATE_BYTES = optimizer_state_bytes(False, False)  # fp32 master and Adam moments: 12
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Deque, Dict, List, Optional
 
 import torch
 
+from ... import sizing
 from ...comm import ranks_on_this_host
 from ...offload.copy_stage import to_device
 from ...offload.host_buffers import HostArena, arena_bytes
@@ -134,19 +135,19 @@ class ParamSwapper:
 
     def _buffer_bytes(self) -> int:
         """One buffer of buffer_size 16-bit elements, as the arena counts it."""
-        return arena_bytes(self.buffer_size * 2)
+        return sizing.param_buffer_bytes(self.buffer_size)
 
     def _configured_budget(self) -> int:
         """buffer_count x buffer_size, but never more than every swapped shard at once: the
         staging arena is page-locked whole when made (Note [Pooled host arenas])."""
-        return min(self.buffer_count * self._buffer_bytes(), max(self.swapped_bytes, 1))
+        return sizing.param_staging_budget(self.buffer_count, self.buffer_size, self.swapped_bytes)
 
     def fit_read_ahead(self, nbytes: int) -> None:
         """The recorded trace reads up to `nbytes` of shards (whole arena pages each) ahead
         at once: raises buffer_count so they all find staging, not only the first few."""
         if not self.auto_buffer_count or nbytes <= max(self._configured_budget(), self.arena_bytes):
             return
-        count = -(-nbytes // self._buffer_bytes())
+        count = sizing.read_ahead_buffer_count(nbytes, self.buffer_size)
         logger.info(
             "zero_optimization.offload_param.buffer_count: the stage-3 trace reads %d KiB "
             "of shards ahead at once, %d buffers of %d elements hold %d KiB; raised to %d",
@@ -165,7 +166,7 @@ class ParamSwapper:
         freed). Writes (shards homed at setup, one at a time) only ever need two shards: a
         pooled arena is locked and registered whole when made, so it is not remade for
         every shard that adds to the swapped bytes; it grows at least twofold."""
-        need = 2 * arena_bytes(numel * dtype.itemsize)
+        need = sizing.param_staging_need(numel * dtype.itemsize)
         configured = self._configured_budget() if reading else 0
         grow = configured > self.arena_bytes and not self.pending
         if self.arena is None or need > self.arena_bytes or grow:
@@ -218,7 +219,7 @@ class ParamSwapper:
         False: the caller keeps it), else the swap store (written now; `zp.shard` None)."""
         if zp.ds_id in self._in_cpu:  # homed here before (zero.Init, then the engine)
             return False
-        if self.in_cpu_numel + zp.shard_numel <= self.max_in_cpu:
+        if sizing.kept_in_cpu(zp.shard_numel, self.in_cpu_numel, self.max_in_cpu):
             self.in_cpu_numel += zp.shard_numel
             self._in_cpu.add(zp.ds_id)
             return False

@@ -15,6 +15,7 @@ import torch
 from ... import comm
 from ...offload.copy_stage import CopyStage, to_device
 from ...offload.placement import Placer
+from ...sizing import is_persistent
 from .param import ShardHome, ShardState, ZeroParam, zero_param_of
 
 _IDS = itertools.count()  # ds_id: unique in the process, like DeepSpeed's
@@ -202,9 +203,11 @@ class Partitioner:
             zp.partitioner = self
             self.params[zp.ds_id] = zp
             values = zp.shard_values(data)  # a view of `data` unless padding is needed
-            persist = (
-                zp.numel <= self.persistence_threshold
-                and self.persisted_numel + zp.numel <= self.model_persistence_threshold
+            persist = is_persistent(
+                zp.numel,
+                self.persistence_threshold,
+                self.model_persistence_threshold,
+                self.persisted_numel,
             )
             if persist or self.swapper is None or not self.swapper.home(zp, values):
                 self._loose_scanned = False

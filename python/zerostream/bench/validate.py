@@ -1,4 +1,4 @@
-"""The planner against reality: `python -m zerostream.estimate.validate` trains a GPT with
+"""The planner against reality: `python -m zerostream.bench.validate` trains a GPT with
 `zerostream bench step` (one process on this machine's CPU, fp32, as bench step runs there)
 under several ZeRO options and prints, per option, the planner's predicted peak RSS and NVMe
 bytes per step beside the measured ones (benchmarks/estimate.md).
@@ -18,10 +18,10 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-from .machine import build_machine
-from .model import ModelShape, from_hf_config
-from .plan import Option, Prediction, Workload, knobs_from_config, predict
-from .units import GIB
+from ..estimate.machine import build_machine
+from ..estimate.model import ModelShape, from_hf_config
+from ..estimate.plan import Knobs, Option, Prediction, Workload, predict
+from ..estimate.units import GIB
 
 TINY = {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "seq": 16}
 DEFAULT_OPTIONS = ("2/none/none", "2/cpu/none", "2/nvme/none", "3/cpu/cpu", "3/nvme/nvme")
@@ -88,7 +88,7 @@ def bench_config(option: Option, nvme_path: str) -> dict:
 
 def bench(shape: Dict[str, int], micro: int, config_path: str, steps: int, warmup: int) -> dict:
     """One `zerostream bench step` run (the zerostream peer only); its peer's result."""
-    from ..bench import step
+    from . import step
 
     p = argparse.ArgumentParser()
     step.add_arguments(p)
@@ -148,8 +148,8 @@ def predict_cpu_run(
         host_overhead=overhead,
         flags=rates,
     )
-    work = Workload(micro, shape["seq"], accum, cfg.precision, checkpointing=False)
-    knobs = knobs_from_config(cfg.zero_optimization)
+    work = Workload.from_config(cfg, micro, shape["seq"], accum, checkpointing=False)
+    knobs = Knobs.from_config(cfg)
     return predict(gpt_shape(shape), work, machine, option, knobs)
 
 
@@ -228,7 +228,7 @@ def markdown(res: dict) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zerostream.estimate.validate", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m zerostream.bench.validate", description=__doc__)
     for k, v in (("layers", 4), ("hidden", 1024), ("heads", 16), ("vocab", 8192), ("seq", 128)):
         p.add_argument(f"--{k}", type=int, default=v, help=f"GPT {k} (default {v})")
     p.add_argument("--micro-batch", type=int, default=2)

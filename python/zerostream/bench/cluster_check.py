@@ -1,5 +1,5 @@
 """The planner's collective model (links.py) against a real multi-node run on this machine:
-`python -m zerostream.estimate.cluster_check` starts NODES `zerostream run --num_nodes NODES
+`python -m zerostream.bench.cluster_check` starts NODES `zerostream run --num_nodes NODES
 --node_rank i --nproc NPROC` agents here (each node swapping to its own folder), trains
 bench/gpt.py's GPT under ZeRO (cluster_worker.py), and prints, per collective kind:
 - the bytes per step the planner predicts beside those the runtime's telemetry counted (they
@@ -27,10 +27,10 @@ import tempfile
 from dataclasses import replace
 from typing import List
 
+from ..estimate.links import kind_seconds, link_bytes
+from ..estimate.machine import Rate
 from ..launcher.ports import free_port as _free_port
 from .cluster_worker import training_rates, transfer_split
-from .links import kind_seconds, link_bytes
-from .machine import Rate
 from .validate import gpt_shape, parse_option, predict_cpu_run
 
 # Steps before the measured ones. Stage 3 records the module trace on the first step; the
@@ -73,7 +73,7 @@ def run_job(spec: dict, nodes: int, nproc: int, workdir: str) -> List[dict]:
         cmd = [sys.executable, "-m", "zerostream.launcher", "--nproc", str(nproc)]
         cmd += ["--num_nodes", str(nodes), "--node_rank", str(node), "--no_local_rank"]
         cmd += ["--master_addr", "127.0.0.1", "--master_port", str(port), "--module"]
-        cmd += ["zerostream.estimate.cluster_worker", spec_path, out]
+        cmd += ["zerostream.bench.cluster_worker", spec_path, out]
         agents.append(subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
     errors = [(a.wait(), a.stderr.read()) for a in agents]
     for node, (code, err) in enumerate(errors):
@@ -209,7 +209,7 @@ def markdown(res: dict) -> List[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zerostream.estimate.cluster_check")
+    p = argparse.ArgumentParser(prog="python -m zerostream.bench.cluster_check")
     p.add_argument("--size", choices=sorted(SHAPES), default="small")
     p.add_argument("--option", default="3/nvme/nvme", help="STAGE/OPTIMIZER/PARAMS")
     p.add_argument("--nodes", type=int, default=2)

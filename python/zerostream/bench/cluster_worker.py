@@ -1,10 +1,10 @@
-"""One rank of `python -m zerostream.estimate.cluster_check`, started by `zerostream run` on
+"""One rank of `python -m zerostream.bench.cluster_check`, started by `zerostream run` on
 every "node": trains bench/gpt.py's GPT under the given ds_config (each node swaps to its
 own folder, NVME_ROOT/node{GROUP_RANK}), then times the collectives alone, and rank 0
 writes OUT: per-step bytes and seconds of each telemetry tier, the step time, and the
 measured ring model of this machine's collectives (a latency per hop and a bandwidth).
 
-    python -m zerostream.estimate.cluster_worker SPEC.json OUT.json
+    python -m zerostream.bench.cluster_worker SPEC.json OUT.json
 """
 
 from __future__ import annotations
