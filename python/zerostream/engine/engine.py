@@ -10,21 +10,21 @@ from typing import Optional
 
 import torch
 
-from . import autocast, collective_check, comm, host_malloc
-from .accelerator import bind_run_device
-from .config import DeepSpeedConfig
-from .engine_accessors import ConfigAccessors
-from .engine_checkpoints import CheckpointMethods
-from .lr_schedules import build_scheduler
-from .offload.memory_preflight import STEP_PEAKS
-from .optim_factory import client_groups, param_groups_of
-from .precision import make_loss_scaler
-from .telemetry import StepTelemetry
+from .. import autocast, collective_check, comm, host_malloc
+from ..accelerator import bind_run_device
+from ..config import DeepSpeedConfig
+from ..lr_schedules import build_scheduler
+from ..offload.memory_preflight import STEP_PEAKS
+from ..optim_factory import client_groups, param_groups_of
+from ..precision import make_loss_scaler
+from ..telemetry import StepTelemetry
+from ..zero.factory import build_zero_optimizer, stage_class
+from ..zero.protocol import RunState, StageContext, TrainingState
+from ..zero.skips import SkipGuard
+from ..zero.state_offload import offload_engine_states, reload_engine_states
+from .accessors import ConfigAccessors
+from .checkpoints import CheckpointMethods
 from .unsupported import refuse_unsupported
-from .zero.factory import build_zero_optimizer, stage_class
-from .zero.protocol import RunState, StageContext, TrainingState
-from .zero.skips import SkipGuard
-from .zero.state_offload import offload_engine_states, reload_engine_states
 
 logger = logging.getLogger("zerostream")
 

@@ -10,10 +10,10 @@ from typing import Optional
 
 import torch
 
-from . import comm
-from .checkpoint import load_checkpoint, save_checkpoint
-from .checkpoint.layout import optim_states_name
-from .checkpoint.target import CheckpointTarget, TrainingCounters
+from .. import comm
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..checkpoint.layout import optim_states_name
+from ..checkpoint.target import CheckpointTarget, TrainingCounters
 
 logger = logging.getLogger("zerostream")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .precision import DTYPES
+from ..precision import DTYPES
 
 
 class ConfigAccessors:
