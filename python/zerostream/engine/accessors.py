@@ -1,16 +1,34 @@
-"""The engine's read-only accessors of its config and optimizer, by DeepSpeed's names
-(`engine.train_batch_size()`, `zero_optimization_stage()`, `get_lr()`, ...): what Accelerate,
-Lightning and the HF Trainer ask a DeepSpeed engine. Mixed into engine.ZeroEngine, whose
-`_config`, `optimizer` and `loss_scaler` they read."""
+"""DeepSpeed's accessors of the run's config (`engine.train_batch_size()`,
+`zero_optimization_stage()`, `gradient_clipping()`, ...): what Accelerate, Lightning and the HF
+Trainer ask a DeepSpeed engine. A collaborator the engine holds, built from the config alone;
+the engine's methods of the same names call it (`delegated`)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from ..config import DeepSpeedConfig
 from ..precision import DTYPES
 
 
+def delegated(collaborator: str, method):
+    """An engine method that calls `method` on the engine's attribute `collaborator`; it keeps
+    the method's name, docstring and signature (functools.wraps), so the engine's API reads
+    as before."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        return method(getattr(self, collaborator), *args, **kwargs)
+
+    return call
+
+
 class ConfigAccessors:
+    def __init__(self, config: DeepSpeedConfig):
+        self._config = config
+
     def train_batch_size(self) -> int:
         return self._config.train_batch_size
 
@@ -60,29 +78,8 @@ class ConfigAccessors:
     def dynamic_loss_scale(self) -> bool:
         return self._config.fp16.enabled and self._config.fp16.loss_scale == 0
 
-    def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale
-
     def steps_per_print(self):
         return self._config.steps_per_print
 
-    @property
-    def sparse_tensor_module_names(self) -> set:
-        """DeepSpeed's modules with sparse gradients: none (sparse_gradients is refused by
-        name), so the set is empty on every engine, as DeepSpeed's checkpoint tests compare."""
-        return set()
-
-    @property
     def communication_data_type(self) -> torch.dtype:
         return DTYPES[self._config.communication_data_type]
-
-    def get_lr(self):
-        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
-
-    def get_mom(self):
-        if self.optimizer is None:
-            return []
-        return [g.get("betas", g.get("momentum")) for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self):
-        return None if self.optimizer is None else self.optimizer.global_grad_norm
