@@ -10,8 +10,9 @@ from typing import Optional
 
 import torch
 
-from .. import autocast, collective_check, host_malloc
+from .. import autocast, host_malloc
 from ..accelerator import bind_run_device
+from ..comm import collective_check
 from ..config import DeepSpeedConfig
 from ..lr_schedules import build_scheduler
 from ..offload.memory_preflight import STEP_PEAKS

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed.comm does)
 
+from ..accelerator import get_accelerator
 from . import collective_check, peers
-from .accelerator import get_accelerator
 
 if dist.is_available():
     try:  # before any group exists: see Note [A process group that outlives its destruction]
@@ -136,8 +136,10 @@ def init_distributed(
         kwargs["init_method"] = init_method
     if rank >= 0 and world_size > 0:
         kwargs.update(rank=rank, world_size=world_size)
-    elif single and init_method is None and not (
-        "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+    elif (
+        single
+        and init_method is None
+        and not ("MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ)
     ):
         # One process needs no rendezvous: an in-process store, so two single-process runs
         # on one machine never fight over a port (DeepSpeed's 29500 would collide). Both
