@@ -26,7 +26,8 @@ import time
 
 import pytest
 
-from zerostream import _C, cli, config, config_check
+from zerostream import _C, cli, config
+from zerostream.config import check as config_check
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CORPUS = REPO.parent / "shared" / "compat" / "configs"
@@ -450,7 +451,8 @@ DEEP = 50_000
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from zerostream import _C, cli, config, config_check
+    from zerostream import _C, cli, config
+    from zerostream.config import check as config_check
 
     def outcome(fn):
         try:
