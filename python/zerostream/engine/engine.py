@@ -138,7 +138,7 @@ class ZeroEngine(torch.nn.Module):
         self._retains_host_memory = cfg.zerostream.host_malloc == "retain"
         if self._retains_host_memory:
             host_malloc.retain()
-        if cfg.zero_optimization.round_robin_gradients and cfg.zero_stage in (1, 2):
+        if cfg.zero_optimization.round_robin_gradients and self._stage.ignores_round_robin:
             logger.warning(
                 "zero_optimization.round_robin_gradients: zerostream partitions "
                 "gradients in flat parameter order; the setting has no effect"
@@ -357,7 +357,7 @@ class ZeroEngine(torch.nn.Module):
     @contextlib.contextmanager
     def no_sync(self):
         """Skips gradient reduction inside the context (stages 0 and 1 only)."""
-        if self.zero_optimization_stage() >= 2:
+        if self.zero_optimization_partition_gradients():  # DeepSpeed's own test
             raise NoSyncError(
                 f"no_sync is not compatible with ZeRO stage "
                 f"{self.zero_optimization_stage()}: gradients are partitioned as "
@@ -420,7 +420,7 @@ class ZeroEngine(torch.nn.Module):
     def enable_backward_allreduce(self, value: bool) -> None:
         value = bool(value)
         stage = self.zero_optimization_stage()
-        if not value and stage > 0:
+        if not value and not self._stage.caller_may_reduce:
             raise NotImplementedError(
                 f"enable_backward_allreduce = False is supported at ZeRO stage 0 only; at "
                 f"stage {stage} zerostream reduces gradients into this rank's partition as "
@@ -439,7 +439,7 @@ class ZeroEngine(torch.nn.Module):
         repeat of a finished reduction is in DeepSpeed. `bucket_size` is accepted for
         DeepSpeed's signature; the buckets are zero_optimization.reduce_bucket_size."""
         self._require_optimizer("allreduce_gradients")
-        if self.zero_optimization_stage() == 0 and self.is_gradient_accumulation_boundary():
+        if self._stage.caller_may_reduce and self.is_gradient_accumulation_boundary():
             self.optimizer.allreduce_now()
 
     def _backward_epilogue(self) -> None:
