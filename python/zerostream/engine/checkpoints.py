@@ -18,7 +18,7 @@ from ..checkpoint.layout import optim_states_name
 from ..checkpoint.target import CheckpointTarget
 from ..config import DeepSpeedConfig
 from ..zero.protocol import RunState
-from .records import Ranks, StepCounters
+from .records import EngineCounters, Ranks
 
 logger = logging.getLogger("zerostream")
 
@@ -31,7 +31,7 @@ class EngineCheckpoints:
         module: torch.nn.Module,
         stage: type,
         ranks: Ranks,
-        counters: StepCounters,
+        counters: EngineCounters,
         run: RunState,
     ):
         self._config = config

@@ -25,7 +25,7 @@ from ..zero.skips import SkipGuard
 from ..zero.state_offload import offload_engine_states, reload_engine_states
 from .accessors import ConfigAccessors, delegated
 from .checkpoints import EngineCheckpoints
-from .records import Ranks, StepCounters, field_of
+from .records import EngineCounters, Ranks, field_of
 from .unsupported import refuse_unsupported
 
 logger = logging.getLogger("zerostream")
@@ -77,7 +77,7 @@ class ZeroEngine(torch.nn.Module):
         self.config = dict(cfg.raw)
         self.dp_process_group = dp_group
         self._ranks = Ranks.of(dp_group)
-        self._counters = StepCounters()
+        self._counters = EngineCounters()
         self._settings = ConfigAccessors(cfg)
         self._step_applied = False
         self._boundary_override: Optional[bool] = None

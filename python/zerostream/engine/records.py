@@ -12,7 +12,7 @@ from ..checkpoint.target import TrainingCounters
 
 
 @dataclass
-class StepCounters:
+class EngineCounters:
     """DeepSpeed's engine counters (`engine.global_steps` and the rest read these).
     micro_steps counts step() calls; global_steps the accumulation boundaries, skipped ones
     included; skipped_steps those that overflowed; global_samples the samples trained on."""
