@@ -14,7 +14,7 @@ _BENCHES = ("io", "optim", "step", "capacity", "checkpoint")
 
 
 def _config_check(args) -> int:
-    from .config.check import check
+    from .config_check import check
 
     result = check(
         args.file,

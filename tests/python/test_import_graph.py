@@ -112,16 +112,16 @@ def test_checkpoint_knows_neither_the_engine_nor_a_stage():
 
 
 def test_the_config_reaches_no_optimizer_or_io_code():
-    """Loading a config (config/ but check.py, which builds the optimizer a config names on
-    purpose and is imported by its callers only) reaches no optimizer or I/O code."""
-    loading = [m for m in MODULES if m.startswith("zerostream.config")]
-    assert "zerostream.config.load" in loading and "zerostream.config.check" in loading
-    for module in (m for m in loading if m != "zerostream.config.check"):
+    """Every module of config/ (config_check.py, which builds the optimizer a config names,
+    stands above it)."""
+    package = [m for m in MODULES if m.startswith("zerostream.config.")]
+    assert "zerostream.config.load" in package
+    for module in ["zerostream.config"] + package:
         bad = sorted(
             m
             for m in _reach(module)
             if m.startswith(("zerostream.ops", "zerostream.offload"))
-            or m in ("zerostream.optim_factory", "zerostream.config.check")
+            or m in ("zerostream.optim_factory", "zerostream.config_check")
         )
         assert not bad, f"{module} reaches {bad}"
 

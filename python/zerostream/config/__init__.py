@@ -1,8 +1,8 @@
 """The run's ds_config: `load` (load.py) reads a dict, path or base64 text once through the
 native core and returns a DeepSpeedConfig of frozen section objects (sections.py); `validate`
-checks without raising. check.py (`zerostream config check`) also builds the optimizer and
-scheduler a config names, so it is imported by its callers and not here: loading a config
-reaches no optimizer code. Every name below is importable as `zerostream.config.<name>`."""
+checks without raising. Every name below is importable as `zerostream.config.<name>`. The
+package reaches no optimizer or I/O code; `zerostream config check`, which also builds the
+optimizer and scheduler a config names, is config_check.py above it."""
 
 from .load import (
     MAX_DEPTH,

@@ -123,7 +123,7 @@ def validate(
 
     `resolved` maps every key path to {"value", "source"} with source one of
     "file", "default", "auto", "derived". The keys and values only: `zerostream config check`
-    (check.py's check) also builds the optimizer and scheduler the config names.
+    (config_check.check) also builds the optimizer and scheduler the config names.
     """
     try:
         text, source = config_text(config)

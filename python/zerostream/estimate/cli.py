@@ -399,7 +399,7 @@ def _command(args, shape: ModelShape, machine, work: Workload) -> str:
 
 
 def _write(path: str, cfg: dict, world: int, comment: List[str]) -> dict:
-    from ..config.check import check
+    from ..config_check import check
 
     with open(path, "w", encoding="utf-8") as f:
         f.write(format_config(cfg, comment))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import zerostream
-from zerostream.config import check as config_check
+from zerostream import config_check
 
 
 def _cfg(optimizer=None, scheduler=None):

@@ -9,8 +9,7 @@ import re
 import hjson
 from deepspeed_reference import expected_values
 
-from zerostream import cli
-from zerostream.config import check as config_check
+from zerostream import cli, config_check
 
 
 def manifest_rows(compat_dir):

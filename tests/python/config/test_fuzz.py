@@ -26,8 +26,7 @@ import time
 
 import pytest
 
-from zerostream import _C, cli, config
-from zerostream.config import check as config_check
+from zerostream import _C, cli, config, config_check
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CORPUS = REPO.parent / "shared" / "compat" / "configs"
@@ -451,8 +450,7 @@ DEEP = 50_000
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from zerostream import _C, cli, config
-    from zerostream.config import check as config_check
+    from zerostream import _C, cli, config, config_check
 
     def outcome(fn):
         try:

@@ -7,8 +7,7 @@ import pathlib
 
 import pytest
 
-from zerostream import _C, config
-from zerostream.config import check as config_check
+from zerostream import _C, config, config_check
 
 HERE = pathlib.Path(__file__).parent
 

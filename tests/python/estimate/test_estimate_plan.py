@@ -10,8 +10,7 @@ import pathlib
 import pytest
 from hf_configs import LLAMA2_70B
 
-from zerostream import config
-from zerostream.config import check as config_check
+from zerostream import config, config_check
 from zerostream.estimate import (
     Option,
     Workload,

@@ -1,15 +1,14 @@
 """`zerostream config check`: a ds_config's keys and values (config.validate), and then what
 initialize() builds from it, built the same way (one code path: a config the check passes is
 one initialize accepts, and a refusal is worded the same). Used by the CLI and the estimator's
-config writer; above load.py, sections.py and optim_factory.py, which know nothing of it."""
+config writer; above config/ and optim_factory.py, which know nothing of it."""
 
 from __future__ import annotations
 
 import warnings
 from typing import Any, List, Tuple
 
-from .load import build_config, validate
-from .sections import DeepSpeedConfig
+from .config import DeepSpeedConfig, build_config, validate
 
 _BUILT_SECTIONS = ("optimizer", "scheduler")
 
@@ -49,8 +48,8 @@ def dry_build(cfg: DeepSpeedConfig, skip: Tuple[str, ...] = ()) -> Tuple[List[st
         return [], []  # nothing to build: no torch (a config without one checks in 0.2 s)
     import torch
 
-    from ..lr_schedules import build_scheduler
-    from ..optim_factory import optimizer_maker
+    from .lr_schedules import build_scheduler
+    from .optim_factory import optimizer_maker
 
     groups = [{"params": [torch.nn.Parameter(torch.zeros(1))]}]
     try:
