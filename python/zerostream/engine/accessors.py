@@ -1,7 +1,8 @@
-"""DeepSpeed's accessors of the run's config (`engine.train_batch_size()`,
-`zero_optimization_stage()`, `gradient_clipping()`, ...): what Accelerate, Lightning and the HF
-Trainer ask a DeepSpeed engine. A collaborator the engine holds, built from the config alone;
-the engine's methods of the same names call it (`delegated`)."""
+"""DeepSpeed's read-only accessors (`engine.train_batch_size()`, `zero_optimization_stage()`,
+`get_lr()`, ...): what Accelerate, Lightning and the HF Trainer ask a DeepSpeed engine about
+its config, optimizer and loss scale. A collaborator the engine holds, built from the config,
+the TrainingParts record and the loss scaler; the engine's methods of the same names call it
+(`delegated`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import functools
 import torch
 
 from ..config import DeepSpeedConfig
-from ..precision import DTYPES
+from ..precision import DTYPES, LossScaler
+from .records import TrainingParts
 
 
 def delegated(collaborator: str, method):
@@ -25,9 +27,11 @@ def delegated(collaborator: str, method):
     return call
 
 
-class ConfigAccessors:
-    def __init__(self, config: DeepSpeedConfig):
+class Accessors:
+    def __init__(self, config: DeepSpeedConfig, parts: TrainingParts, loss_scaler: LossScaler):
         self._config = config
+        self._parts = parts
+        self._loss_scaler = loss_scaler
 
     def train_batch_size(self) -> int:
         return self._config.train_batch_size
@@ -83,3 +87,20 @@ class ConfigAccessors:
 
     def communication_data_type(self) -> torch.dtype:
         return DTYPES[self._config.communication_data_type]
+
+    def loss_scale(self) -> float:
+        return self._loss_scaler.loss_scale
+
+    def get_lr(self):
+        optimizer = self._parts.optimizer
+        return [g["lr"] for g in optimizer.param_groups] if optimizer else []
+
+    def get_mom(self):
+        optimizer = self._parts.optimizer
+        if optimizer is None:
+            return []
+        return [g.get("betas", g.get("momentum")) for g in optimizer.param_groups]
+
+    def get_global_grad_norm(self):
+        optimizer = self._parts.optimizer
+        return None if optimizer is None else optimizer.global_grad_norm

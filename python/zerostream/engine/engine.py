@@ -23,17 +23,17 @@ from ..zero.factory import build_zero_optimizer, stage_class
 from ..zero.protocol import RunState, StageContext, TrainingState
 from ..zero.skips import SkipGuard
 from ..zero.state_offload import offload_engine_states, reload_engine_states
-from .accessors import ConfigAccessors, delegated
+from .accessors import Accessors, delegated
 from .checkpoints import EngineCheckpoints
-from .records import EngineCounters, Ranks, field_of
+from .records import EngineCounters, Ranks, TrainingParts, field_of
 from .unsupported import refuse_unsupported
 
 logger = logging.getLogger("zerostream")
 
 
-def _config_accessor(name: str):
-    """The engine's method `name` (DeepSpeed's): a call on the ConfigAccessors it holds."""
-    return delegated("_settings", getattr(ConfigAccessors, name))
+def _accessor(name: str):
+    """The engine's method `name` (DeepSpeed's): a call on the Accessors it holds."""
+    return delegated("_accessors", getattr(Accessors, name))
 
 
 class NoSyncError(RuntimeError, ValueError, AssertionError):
@@ -48,10 +48,11 @@ class ZeroEngine(torch.nn.Module):
     The engine runs the loop and owns the phase (`training_state`); everything about where
     parameters, gradients and optimizer state live belongs to the stage's ZeRO optimizer
     (zero/protocol.py, Note [Stage seam]). What is not the loop is a collaborator the engine
-    holds and hands records to (records.py): the config's accessors (`_settings`) and the
-    checkpoints (`_checkpoints`); the engine's methods by DeepSpeed's names call them."""
+    holds and hands records to (records.py): the accessors (`_accessors`) and the checkpoints
+    (`_checkpoints`); the engine's methods by DeepSpeed's names call them."""
 
-    # DeepSpeed's counters and ranks as engine attributes, kept in records.py's records.
+    # DeepSpeed's counters, ranks, optimizer and LR scheduler as engine attributes, kept in
+    # records.py's records.
     global_steps = field_of("_counters", "global_steps", writable=True)
     global_samples = field_of("_counters", "global_samples", writable=True)
     micro_steps = field_of("_counters", "micro_steps", writable=True)
@@ -61,6 +62,8 @@ class ZeroEngine(torch.nn.Module):
     dp_world_size = field_of("_ranks", "dp_world_size")
     mp_world_size = field_of("_ranks", "mp_world_size")
     local_rank = field_of("_ranks", "local_rank")
+    optimizer = field_of("_parts", "optimizer", writable=True)
+    lr_scheduler = field_of("_parts", "lr_scheduler", writable=True)
 
     def __init__(
         self,
@@ -78,7 +81,7 @@ class ZeroEngine(torch.nn.Module):
         self.dp_process_group = dp_group
         self._ranks = Ranks.of(dp_group)
         self._counters = EngineCounters()
-        self._settings = ConfigAccessors(cfg)
+        self._parts = TrainingParts()
         self._step_applied = False
         self._boundary_override: Optional[bool] = None
         self._in_no_sync = False  # no_sync() or coalesce_grad_reduction() is open
@@ -92,6 +95,7 @@ class ZeroEngine(torch.nn.Module):
         self._running_step = False
         self._parked = None  # what offload_states moved to host memory (zero/state_offload.py)
         self.loss_scaler = make_loss_scaler(cfg.fp16)
+        self._accessors = Accessors(cfg, self._parts, self.loss_scaler)
         device = self._device()
         self.telemetry = StepTelemetry(issue_timed=device.type == "cuda")
         self._run = RunState()
@@ -113,7 +117,14 @@ class ZeroEngine(torch.nn.Module):
         self._stage = stage_class(cfg.zero_stage)
         self._stage.prepare_module(model, ctx)
         self._checkpoints = EngineCheckpoints(
-            cfg, self.config, model, self._stage, self._ranks, self._counters, self._run
+            cfg,
+            self.config,
+            model,
+            self._stage,
+            self._ranks,
+            self._counters,
+            self._parts,
+            self._run,
         )
         self.optimizer = build_zero_optimizer(ctx, groups, client=optimizer)
         # torch_autocast (Note [torch_autocast] in autocast.py): fp32 training, forward under
@@ -457,45 +468,30 @@ class ZeroEngine(torch.nn.Module):
     def was_step_applied(self) -> bool:
         return self._step_applied
 
-    # --- DeepSpeed's accessors ------------------------------------------------------------------
-    # Of the config: calls on the ConfigAccessors the engine holds (accessors.py).
-    train_batch_size = _config_accessor("train_batch_size")
-    train_micro_batch_size_per_gpu = _config_accessor("train_micro_batch_size_per_gpu")
-    gradient_accumulation_steps = _config_accessor("gradient_accumulation_steps")
-    zero_optimization = _config_accessor("zero_optimization")
-    zero_optimization_stage = _config_accessor("zero_optimization_stage")
-    zero_optimization_partition_gradients = _config_accessor(
-        "zero_optimization_partition_gradients"
-    )
-    zero_optimization_partition_weights = _config_accessor("zero_optimization_partition_weights")
-    zero_offload_optimizer = _config_accessor("zero_offload_optimizer")
-    zero_offload_param = _config_accessor("zero_offload_param")
-    zero_cpu_offload = _config_accessor("zero_cpu_offload")
-    zero_use_cpu_optimizer = _config_accessor("zero_use_cpu_optimizer")
-    zero_gather_16bit_weights_on_model_save = _config_accessor(
-        "zero_gather_16bit_weights_on_model_save"
-    )
-    fp16_enabled = _config_accessor("fp16_enabled")
-    bfloat16_enabled = _config_accessor("bfloat16_enabled")
-    gradient_clipping = _config_accessor("gradient_clipping")
-    dynamic_loss_scale = _config_accessor("dynamic_loss_scale")
-    steps_per_print = _config_accessor("steps_per_print")
-    communication_data_type = property(_config_accessor("communication_data_type"))
+    # --- DeepSpeed's accessors: calls on the Accessors the engine holds (accessors.py) ---------
+    train_batch_size = _accessor("train_batch_size")
+    train_micro_batch_size_per_gpu = _accessor("train_micro_batch_size_per_gpu")
+    gradient_accumulation_steps = _accessor("gradient_accumulation_steps")
+    zero_optimization = _accessor("zero_optimization")
+    zero_optimization_stage = _accessor("zero_optimization_stage")
+    zero_optimization_partition_gradients = _accessor("zero_optimization_partition_gradients")
+    zero_optimization_partition_weights = _accessor("zero_optimization_partition_weights")
+    zero_offload_optimizer = _accessor("zero_offload_optimizer")
+    zero_offload_param = _accessor("zero_offload_param")
+    zero_cpu_offload = _accessor("zero_cpu_offload")
+    zero_use_cpu_optimizer = _accessor("zero_use_cpu_optimizer")
+    zero_gather_16bit_weights_on_model_save = _accessor("zero_gather_16bit_weights_on_model_save")
+    fp16_enabled = _accessor("fp16_enabled")
+    bfloat16_enabled = _accessor("bfloat16_enabled")
+    gradient_clipping = _accessor("gradient_clipping")
+    dynamic_loss_scale = _accessor("dynamic_loss_scale")
+    steps_per_print = _accessor("steps_per_print")
+    communication_data_type = property(_accessor("communication_data_type"))
 
-    # Of the engine's own optimizer and loss scaler.
-    def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale
-
-    def get_lr(self):
-        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
-
-    def get_mom(self):
-        if self.optimizer is None:
-            return []
-        return [g.get("betas", g.get("momentum")) for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self):
-        return None if self.optimizer is None else self.optimizer.global_grad_norm
+    loss_scale = _accessor("loss_scale")
+    get_lr = _accessor("get_lr")
+    get_mom = _accessor("get_mom")
+    get_global_grad_norm = _accessor("get_global_grad_norm")
 
     @property
     def sparse_tensor_module_names(self) -> set:
@@ -503,79 +499,16 @@ class ZeroEngine(torch.nn.Module):
         name), so the set is empty on every engine, as DeepSpeed's checkpoint tests compare."""
         return set()
 
-    # --- checkpoints (checkpoints.py) -----------------------------------------------------------
-    def save_checkpoint(
-        self,
-        save_dir: str,
-        tag=None,
-        client_state: Optional[dict] = None,
-        save_latest: bool = True,
-        exclude_frozen_parameters: bool = False,
-    ) -> bool:
-        """DeepSpeed's layout under save_dir/tag (default tag global_step<N>), written
-        crash-safely; `latest` is replaced last. All ranks must call it."""
-        return self._checkpoints.save(
-            self.optimizer,
-            self.lr_scheduler,
-            save_dir,
-            tag,
-            client_state,
-            save_latest,
-            exclude_frozen_parameters,
-        )
-
-    def load_checkpoint(
-        self,
-        load_dir: str,
-        tag=None,
-        load_module_strict: bool = True,
-        load_optimizer_states: bool = True,
-        load_lr_scheduler_states: bool = True,
-        load_module_only: bool = False,
-        custom_load_fn=None,
-    ):
-        """(path, client_state), or (None, None) when load_dir has no `latest` (and no tag
-        was given). A checkpoint of another data-parallel size is resharded."""
-        return self._checkpoints.load(
-            self.optimizer,
-            self.lr_scheduler,
-            load_dir,
-            tag,
-            load_module_strict,
-            load_optimizer_states,
-            load_lr_scheduler_states,
-            load_module_only,
-            custom_load_fn,
-        )
-
-    def _checkpoint_target(self):
-        """What checkpoint/ saves and loads for this engine now (tests inspect it)."""
-        return self._checkpoints.target(self.optimizer, self.lr_scheduler)
-
-    def _get_optimizer_ckpt_name(self, checkpoints_path: str, tag, expp_rank: int = 0) -> str:
-        """DeepSpeed's name for the file this rank's optimizer state is saved in under `tag`
-        (its tests patch it to see whether a load reads optimizer state). zerostream writes
-        the ZeRO layout's file for every stage; expert ranks do not exist here."""
-        return self._checkpoints.optimizer_file(checkpoints_path, tag)
-
-    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
-        """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""
-        return self._checkpoints.whole_16bit_weights(exclude_frozen_parameters)
-
-    def save_16bit_model(
-        self,
-        save_dir: str,
-        save_filename: str = "pytorch_model.bin",
-        exclude_frozen_parameters: bool = False,
-    ) -> bool:
-        """Rank 0 writes the module's weights to save_dir/save_filename. At stage 3 only
-        with zero_optimization.stage3_gather_16bit_weights_on_model_save (else returns False,
-        as DeepSpeed does); all ranks must call it."""
-        return self._checkpoints.save_16bit_model(
-            save_dir, save_filename, exclude_frozen_parameters
-        )
-
+    # --- checkpoints: calls on the EngineCheckpoints the engine holds (checkpoints.py) ---------
+    save_checkpoint = delegated("_checkpoints", EngineCheckpoints.save_checkpoint)
+    load_checkpoint = delegated("_checkpoints", EngineCheckpoints.load_checkpoint)
+    save_16bit_model = delegated("_checkpoints", EngineCheckpoints.save_16bit_model)
     save_fp16_model = save_16bit_model
+    _checkpoint_target = delegated("_checkpoints", EngineCheckpoints.target)  # tests read it
+    _get_optimizer_ckpt_name = delegated("_checkpoints", EngineCheckpoints._get_optimizer_ckpt_name)
+    _zero3_consolidated_16bit_state_dict = delegated(
+        "_checkpoints", EngineCheckpoints._zero3_consolidated_16bit_state_dict
+    )
 
     # --- stage-3 housekeeping -------------------------------------------------------------------
     def empty_partition_cache(self) -> None:

@@ -1,11 +1,13 @@
 """The small records the engine hands its collaborators (accessors.py, checkpoints.py) instead
-of itself: the training counters, which the loop advances and a checkpoint load sets, and the
-ranks of this process. A collaborator sees these and nothing else of the engine, so what it
-reads and writes is written in its constructor."""
+of itself: the training counters, which the loop advances and a checkpoint load sets, the
+ranks of this process, and the optimizer and LR scheduler as the engine holds them now. A
+collaborator sees these and nothing else of the engine, so what it reads and writes is written
+in its constructor."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .. import comm
 from ..checkpoint.target import TrainingCounters
@@ -52,6 +54,16 @@ class Ranks:
             dp_world_size=comm.get_world_size(dp_group),
             local_rank=comm.get_local_rank(),
         )
+
+
+@dataclass
+class TrainingParts:
+    """The engine's optimizer (its ZeRO optimizer, None without one) and LR scheduler: kept
+    here, not copied, because a script may replace them after initialize()
+    (`engine.lr_scheduler = ...`) and a checkpoint saves the ones it holds then."""
+
+    optimizer: Any = None
+    lr_scheduler: Any = None
 
 
 def field_of(record: str, name: str, writable: bool = False) -> property:
