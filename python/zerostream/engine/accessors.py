@@ -1,30 +1,15 @@
 """DeepSpeed's read-only accessors (`engine.train_batch_size()`, `zero_optimization_stage()`,
 `get_lr()`, ...): what Accelerate, Lightning and the HF Trainer ask a DeepSpeed engine about
 its config, optimizer and loss scale. A collaborator the engine holds, built from the config,
-the TrainingParts record and the loss scaler; the engine's methods of the same names call it
-(`delegated`)."""
+the TrainingParts record and the loss scaler; the engine's methods of the same names call it."""
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
 from ..config import DeepSpeedConfig
 from ..precision import DTYPES, LossScaler
 from .records import TrainingParts
-
-
-def delegated(collaborator: str, method):
-    """An engine method that calls `method` on the engine's attribute `collaborator`; it keeps
-    the method's name, docstring and signature (functools.wraps), so the engine's API reads
-    as before."""
-
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        return method(getattr(self, collaborator), *args, **kwargs)
-
-    return call
 
 
 class Accessors:
@@ -41,6 +26,9 @@ class Accessors:
 
     def gradient_accumulation_steps(self) -> int:
         return self._config.gradient_accumulation_steps
+
+    def managed_gradient_accumulation(self) -> bool:
+        return self._config.managed_gradient_accumulation
 
     def zero_optimization(self) -> bool:
         return self._config.zero_stage > 0

@@ -1,16 +1,20 @@
-"""The small records the engine hands its collaborators (accessors.py, checkpoints.py) instead
-of itself: the training counters, which the loop advances and a checkpoint load sets, the
-ranks of this process, and the optimizer and LR scheduler as the engine holds them now. A
-collaborator sees these and nothing else of the engine, so what it reads and writes is written
-in its constructor."""
+"""The small records the engine hands its collaborators (accessors.py, accumulation.py,
+checkpoints.py) instead of itself: the training counters, which the loop advances and a
+checkpoint load sets, the ranks of this process, and the optimizer and LR scheduler as the
+engine holds them now. A collaborator sees these and nothing else of the engine, so what it
+reads and writes is written in its constructor. Also the two ways the engine shows them by
+DeepSpeed's names: `field_of` (an attribute) and `delegated` (a method)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from .. import comm
 from ..checkpoint.target import TrainingCounters
+from ..zero.protocol import RunState, TrainingState
 
 
 @dataclass
@@ -65,6 +69,23 @@ class TrainingParts:
     optimizer: Any = None
     lr_scheduler: Any = None
 
+    def require_optimizer(self, what: str):
+        if self.optimizer is None:
+            raise RuntimeError(
+                f"{what}: must provide optimizer during init in order to use backward/step"
+            )
+        return self.optimizer
+
+
+@contextlib.contextmanager
+def in_phase(run: RunState, state: TrainingState):
+    """`state` is the run's phase inside the block (the stage's hooks read it)."""
+    previous, run.state = run.state, state
+    try:
+        yield
+    finally:
+        run.state = previous
+
 
 def field_of(record: str, name: str, writable: bool = False) -> property:
     """An engine attribute by DeepSpeed's name that is `record`'s field `name`: scripts read
@@ -77,3 +98,15 @@ def field_of(record: str, name: str, writable: bool = False) -> property:
         setattr(getattr(self, record), name, value)
 
     return property(get, set if writable else None, doc=f"{record}.{name}")
+
+
+def delegated(collaborator: str, method):
+    """An engine method that calls `method` on the engine's attribute `collaborator`; it keeps
+    the method's name, docstring and signature (functools.wraps), so the engine's API reads
+    as before."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        return method(getattr(self, collaborator), *args, **kwargs)
+
+    return call
