@@ -1,7 +1,7 @@
 """`zerostream config check`: a ds_config's keys and values (config.validate), and then what
 initialize() builds from it, built the same way (one code path: a config the check passes is
 one initialize accepts, and a refusal is worded the same). Used by the CLI and the estimator's
-config writer; above config.py and optim_factory.py, which know nothing of it."""
+config writer; above config/ and optim_factory.py, which know nothing of it."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ if os.environ.get("ZS_LOAD_C_FROM"):
 def same_collectives_on_every_rank(request, tmp_path_factory, monkeypatch):
     """Every test's ranks, however they are started (run_ranks checks its own; the launcher
     and subprocess tests start theirs), log their collectives' fingerprints
-    (Note [Ranks that issue different collectives] in zerostream/collective_check.py), and
+    (Note [Ranks that issue different collectives] in zerostream/comm/collective_check.py), and
     the test fails naming the first call on which two ranks of one job differ. Compared up
     to the shortest rank's log: some tests kill a rank on purpose."""
     from multirank import collective_mismatch

@@ -4,7 +4,7 @@ timeout so a hang fails the test instead of blocking CI (see shared/TESTING.md).
 Every run checks that the ranks issued the same collectives in the same order: each rank logs
 the fingerprint of every collective it issues through zerostream.comm
 (ZEROSTREAM_COLLECTIVE_LOG, Note [Ranks that issue different collectives] in
-zerostream/collective_check.py), and the run fails naming the first call where two ranks
+zerostream/comm/collective_check.py), and the run fails naming the first call where two ranks
 differ, also when a rank aborted or hung there."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def run_ranks(
 def collective_mismatch(log_dir: str, prefix_only: bool = False):
     """The first collective on which the ranks of a job that logged into `log_dir` differ,
     in words, or None. `prefix_only`: up to the shortest rank's log (a rank meant to die)."""
-    from zerostream.collective_check import first_difference, read_worlds
+    from zerostream.comm.collective_check import first_difference, read_worlds
 
     worlds = read_worlds(log_dir)
     for key, logs in sorted(worlds.items()):

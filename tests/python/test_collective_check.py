@@ -1,5 +1,5 @@
 """Collective fingerprints (Note [Ranks that issue different collectives] in
-zerostream/collective_check.py): the comparison that names the first call where two ranks
+zerostream/comm/collective_check.py): the comparison that names the first call where two ranks
 differ, and the user's switch, ZEROSTREAM_CHECK_COLLECTIVES, on two Gloo ranks whose
 collectives differ on purpose: the same bytes in other shapes (Gloo mixes them silently, as
 NCCL would), another operation, a rank that never arrives. Each must raise on every rank,
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from multirank import run_ranks
-from zerostream.collective_check import first_difference
+from zerostream.comm.collective_check import first_difference
 
 
 def _fp(op, tensors, frame="f.py:1 in g", group=(0, 1)):
@@ -52,7 +52,7 @@ def _engine():
 def mixing_worker(rank, world):
     """A step whose extra all-reduce has the same bytes in another shape on each rank."""
     from zerostream import comm
-    from zerostream.collective_check import CollectiveMismatchError
+    from zerostream.comm.collective_check import CollectiveMismatchError
 
     engine = _engine()
     loss = engine(torch.ones(2, 4)).sum()
@@ -79,7 +79,7 @@ def each_worker(rank, world, case):
     import time
 
     from zerostream import comm
-    from zerostream.collective_check import CollectiveMismatchError
+    from zerostream.comm.collective_check import CollectiveMismatchError
 
     comm.init_distributed()
     comm.all_reduce(torch.ones(3))  # agreed
@@ -117,7 +117,7 @@ def test_each_mode_names_a_rank_that_does_not_arrive_and_its_last_call():
 
 
 def test_a_bad_mode_is_refused_by_name():
-    from zerostream import collective_check
+    from zerostream.comm import collective_check
 
     with pytest.raises(ValueError, match="ZEROSTREAM_CHECK_COLLECTIVES: expected one of"):
         collective_check.Checker.__new__(collective_check.Checker).__init__("sometimes", None, 1)

@@ -1,5 +1,5 @@
 """A rank that dies: the survivors' errors name this rank, the collective and the rank that
-stopped answering (Note [Naming the rank that stopped answering] in comm.py), from synchronous
+stopped answering (Note [Naming the rank that stopped answering] in comm/), from synchronous
 calls, from asynchronous handles' wait(), and from stage 2's overlapped reduction. Real
 processes on Gloo; the dead rank kills itself (SIGKILL) or exits through Python."""
 
@@ -175,7 +175,7 @@ def _times_out_on_rank_1(rank, hold):
     elapsed = time.monotonic() - start
     import json
 
-    import zerostream.peers as peers
+    import zerostream.comm.peers as peers
 
     record = json.loads(peers._default_store().get(peers._PEER_KEY.format(1)))
     os.kill(record["pid"], signal.SIGKILL)

@@ -4,7 +4,7 @@ An expert parameter is one a DeepSpeed MoE layer marked with `allreduce = False`
 gradient is reduced over the expert-data-parallel group, named by `param.group_name`, not
 over all ranks). zerostream's MoE layer refuses to be built, so on zerostream these helpers
 find no expert parameters unless a model marked some itself; initialize() then refuses the
-run (zerostream/unsupported.py). Without expert parameters the helpers return the groups
+run (zerostream/engine/unsupported.py). Without expert parameters the helpers return the groups
 they were given, which is what scripts that call them unconditionally need.
 """
 

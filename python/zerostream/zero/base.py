@@ -106,6 +106,11 @@ class ZeroOptimizerBase:
     # Whether whole weights exist only by gathering them (DeepSpeed then asks for
     # zero_optimization.stage3_gather_16bit_weights_on_model_save before save_16bit_model).
     gathers_to_save = False
+    # Whether the caller may take the gradient reduction over (engine.enable_backward_allreduce
+    # False, engine.allreduce_gradients()): only where gradients stay whole until the step.
+    caller_may_reduce = False
+    # Whether ds_config's round_robin_gradients (a stage 1/2 partition order) is ignored here.
+    ignores_round_robin = False
 
     @classmethod
     def whole_16bit_weights(cls, module: torch.nn.Module, exclude_frozen: bool = False):

@@ -78,6 +78,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
     # engine.allreduce_gradients() averaged the gradients of the backwards so far.
     backward_allreduce = True
     _reduced = False
+    caller_may_reduce = True  # gradients stay whole on every rank until the step
 
     def after_backward(self) -> None:
         self._reduced = False  # this backward added gradients the reduction has not seen

@@ -35,6 +35,8 @@ class UnusedParametersError(AssertionError):
 class PartitionedOptimizer(ShardedOptimizerBase):
     """Stages 1 and 2 (the stage picks the gradient reducer, zero/grad_reduce.py)."""
 
+    ignores_round_robin = True  # partitions follow flat parameter order
+
     def __init__(
         self, ctx: StageContext, param_groups: List[dict], make_optimizer, make_swapped=None
     ):

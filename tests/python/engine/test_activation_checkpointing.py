@@ -1,4 +1,4 @@
-"""deepspeed.checkpointing (zerostream/activation_checkpointing.py): the checkpointed function
+"""deepspeed.checkpointing (zerostream/activation_checkpointing/): the checkpointed function
 runs twice (forward, then recomputed in backward) and gives plain autograd's gradients; the
 options from a ds_config or arguments do what they name (inputs to host memory, boundary
 timing logs), and what zerostream cannot honour is refused by name."""

@@ -1,5 +1,6 @@
 """`managed_gradient_accumulation: false` (Note [Who owns the accumulation boundary] in
-engine.py): the caller runs its backwards and then step(), and every step() is a boundary.
+engine/accumulation.py): the caller runs its backwards and then step(), and every step() is a
+boundary.
 
 On 2 ranks, for stages 0-3: gradient_accumulation_steps 4 with 4 backwards per step() ends
 bitwise where the managed run (step() after every backward) ends; 2 backwards per step() (the

@@ -3,43 +3,62 @@ precision, schedulers) over the ZeRO optimizer wrappers in zero/."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Optional
 
 import torch
 
-from . import autocast, collective_check, comm, host_malloc
-from .accelerator import bind_run_device
-from .config import DeepSpeedConfig
-from .engine_accessors import ConfigAccessors
-from .engine_checkpoints import CheckpointMethods
-from .lr_schedules import build_scheduler
-from .optim_factory import client_groups, param_groups_of
-from .precision import make_loss_scaler
-from .telemetry import StepTelemetry
+from .. import autocast, host_malloc
+from ..accelerator import bind_run_device
+from ..comm import collective_check
+from ..config import DeepSpeedConfig
+from ..lr_schedules import build_scheduler
+from ..optim_factory import client_groups, param_groups_of
+from ..precision import make_loss_scaler
+from ..telemetry import StepTelemetry
+from ..zero.factory import build_zero_optimizer, stage_class
+from ..zero.protocol import RunState, StageContext, TrainingState
+from ..zero.skips import SkipGuard
+from ..zero.state_offload import offload_engine_states, reload_engine_states
+from .accessors import Accessors
+from .accumulation import GradientAccumulation, NoSyncError
+from .checkpoints import EngineCheckpoints
+from .records import EngineCounters, Ranks, TrainingParts, delegated, field_of, in_phase
 from .unsupported import refuse_unsupported
-from .zero.factory import build_zero_optimizer, stage_class
-from .zero.protocol import RunState, StageContext, TrainingState
-from .zero.skips import SkipGuard
-from .zero.state_offload import offload_engine_states, reload_engine_states
 
 logger = logging.getLogger("zerostream")
 
 
-class NoSyncError(RuntimeError, ValueError, AssertionError):
-    """A misuse of no_sync(). DeepSpeed asserts these (its message is quoted in ours), so
-    code that catches AssertionError, DeepSpeed's tests among it, catches them too; the
-    RuntimeError (step, re-entry) and ValueError (stage) zerostream raised before, too."""
+def _accessor(name: str):
+    """The engine's method `name` (DeepSpeed's): a call on the Accessors it holds."""
+    return delegated("_accessors", getattr(Accessors, name))
 
 
-class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
+class ZeroEngine(torch.nn.Module):
     """What `zerostream.initialize` returns. Attributes and methods follow DeepSpeedEngine.
 
     The engine runs the loop and owns the phase (`training_state`); everything about where
     parameters, gradients and optimizer state live belongs to the stage's ZeRO optimizer
-    (zero/protocol.py, Note [Stage seam])."""
+    (zero/protocol.py, Note [Stage seam]). What is not the loop is a collaborator the engine
+    holds and hands records to (records.py): the accessors (`_accessors`), the accumulation
+    between steps (`_accumulation`) and the checkpoints (`_checkpoints`); the engine's methods
+    by DeepSpeed's names call them."""
+
+    # DeepSpeed's counters, ranks, optimizer and LR scheduler as engine attributes, kept in
+    # records.py's records.
+    global_steps = field_of("_counters", "global_steps", writable=True)
+    global_samples = field_of("_counters", "global_samples", writable=True)
+    micro_steps = field_of("_counters", "micro_steps", writable=True)
+    skipped_steps = field_of("_counters", "skipped_steps", writable=True)
+    global_rank = field_of("_ranks", "global_rank")
+    world_size = field_of("_ranks", "world_size")
+    dp_world_size = field_of("_ranks", "dp_world_size")
+    mp_world_size = field_of("_ranks", "mp_world_size")
+    local_rank = field_of("_ranks", "local_rank")
+    optimizer = field_of("_parts", "optimizer", writable=True)
+    lr_scheduler = field_of("_parts", "lr_scheduler", writable=True)
+    pipeline_parallelism = field_of("_accumulation", "pipeline_parallelism", writable=True)
 
     def __init__(
         self,
@@ -55,35 +74,20 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         self._config = cfg
         self.config = dict(cfg.raw)
         self.dp_process_group = dp_group
-        self.global_rank = comm.get_rank()
-        self.world_size = comm.get_world_size()
-        self.dp_world_size = comm.get_world_size(dp_group)
-        self.mp_world_size = 1
-        self.local_rank = comm.get_local_rank()
-        self.global_steps = 0
-        self.global_samples = 0
-        self.micro_steps = 0
-        self.skipped_steps = 0
+        self._ranks = Ranks.of(dp_group)
+        self._counters = EngineCounters()
+        self._parts = TrainingParts()
         self._step_applied = False
-        self._boundary_override: Optional[bool] = None
-        self._in_no_sync = False  # no_sync() or coalesce_grad_reduction() is open
-        self._backward_allreduce = True  # enable_backward_allreduce
-        self.pipeline_parallelism = False  # PipelineModule is refused (unsupported.py)
-        # managed_gradient_accumulation false: the caller owns the boundary; every step()
-        # is one, and the backwards since the last count the samples (Note [Who owns the
-        # accumulation boundary]).
-        self._managed_accumulation = cfg.managed_gradient_accumulation
-        self._unmanaged_backwards = 0
-        self._running_step = False
         self._parked = None  # what offload_states moved to host memory (zero/state_offload.py)
         self.loss_scaler = make_loss_scaler(cfg.fp16)
+        self._accessors = Accessors(cfg, self._parts, self.loss_scaler)
         device = self._device()
         self.telemetry = StepTelemetry(issue_timed=device.type == "cuda")
         self._run = RunState()
         ctx = StageContext(
             config=cfg,
             group=dp_group,
-            rank=comm.get_rank(dp_group),
+            rank=self._ranks.dp_rank,
             world=self.dp_world_size,
             device=device,
             loss_scaler=self.loss_scaler,
@@ -97,6 +101,19 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         # and methods (zero/protocol.py), not branches here.
         self._stage = stage_class(cfg.zero_stage)
         self._stage.prepare_module(model, ctx)
+        self._accumulation = GradientAccumulation(
+            self._accessors, self._stage, self._counters, self._parts, self._run
+        )
+        self._checkpoints = EngineCheckpoints(
+            cfg,
+            self.config,
+            model,
+            self._stage,
+            self._ranks,
+            self._counters,
+            self._parts,
+            self._run,
+        )
         self.optimizer = build_zero_optimizer(ctx, groups, client=optimizer)
         # torch_autocast (Note [torch_autocast] in autocast.py): fp32 training, forward under
         # torch.autocast; the safe modules' params tagged with their communication dtype.
@@ -120,7 +137,7 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         self._retains_host_memory = cfg.zerostream.host_malloc == "retain"
         if self._retains_host_memory:
             host_malloc.retain()
-        if cfg.zero_optimization.round_robin_gradients and cfg.zero_stage in (1, 2):
+        if cfg.zero_optimization.round_robin_gradients and self._stage.ignores_round_robin:
             logger.warning(
                 "zero_optimization.round_robin_gradients: zerostream partitions "
                 "gradients in flat parameter order; the setting has no effect"
@@ -134,14 +151,6 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
     def training_state(self) -> TrainingState:
         """The phase running now (idle, forward, backward, step); the stage's hooks see it."""
         return self._run.state
-
-    @contextlib.contextmanager
-    def _phase(self, state: TrainingState):
-        previous, self._run.state = self._run.state, state
-        try:
-            yield
-        finally:
-            self._run.state = previous
 
     def _build_scheduler(self, client):
         if client is not None:
@@ -177,7 +186,7 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
 
             args = tuple(cast(a) for a in args)
             kwargs = {k: cast(v) for k, v in kwargs.items()}
-        with self._phase(TrainingState.FORWARD), self.telemetry.phase("forward"):
+        with in_phase(self._run, TrainingState.FORWARD), self.telemetry.phase("forward"):
             if self.optimizer is not None:
                 self.optimizer.before_forward()
             with autocast.forward_context(self._autocast, self.device.type):
@@ -197,31 +206,24 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         classes = self._autocast.safe_modules if self._autocast else autocast.DEFAULT_SAFE_MODULES
         return [f"{c.__module__}.{c.__name__}" for c in classes]
 
-    def _require_optimizer(self, what: str) -> None:
-        if self.optimizer is None:
-            raise RuntimeError(
-                f"{what}: must provide optimizer during init in order to use backward/step"
-            )
-
     def backward(
         self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
     ) -> torch.Tensor:
         """Scales the loss (accumulation and fp16 loss scale), runs autograd and starts the
         gradient reductions. Returns loss / gradient_accumulation_steps, as DeepSpeed does."""
-        self._require_optimizer("backward")
+        self._parts.require_optimizer("backward")
         self._require_consistent("backward")
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         # The optimizer runs it in the BACKWARD phase (the one path for optimizer.backward).
         self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
-        if not self._managed_accumulation:
-            self._unmanaged_backwards += 1
+        self._accumulation.backward_ran()
         return loss.detach() / gas
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` times the fp16 loss scale (1 otherwise), for a caller that runs
         `loss.backward()` itself and then `step()` (DeepSpeed's engine.scale; not divided by
         gradient_accumulation_steps, as there)."""
-        self._require_optimizer("scale")
+        self._parts.require_optimizer("scale")
         if not (torch.is_tensor(loss) and loss.numel() == 1 and loss.grad_fn is not None):
             raise AssertionError(
                 "scale: loss must be a scalar tensor with grad_fn; for a non-scalar tensor, "
@@ -230,9 +232,6 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         scale = self.loss_scaler.loss_scale
         return loss * scale if scale != 1 else loss
 
-    def managed_gradient_accumulation(self) -> bool:
-        return self._managed_accumulation
-
     def log_level(self):
         """The config's `log_level` (None: the logger's own level stays)."""
         return self._config.log_level
@@ -240,20 +239,19 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
     def step(self, lr_kwargs: Optional[dict] = None) -> None:
         """Applies the optimizer at the accumulation boundary only: reduce, unscale, clip, step,
         and the LR schedule unless the step overflowed (then it is skipped)."""
-        self._require_optimizer("step")
+        self._parts.require_optimizer("step")
         self._require_consistent("step")
-        if self._in_no_sync:
+        if self._accumulation.in_window:
             raise NoSyncError(
                 "step: no step is allowed inside no_sync() (It is illegal to call "
                 "Engine.step() inside no_sync context manager)"
             )
-        self._running_step = True
+        self._accumulation.running_step = True
         try:
             self._step(lr_kwargs)
         finally:
-            self._running_step = False
-        self.micro_steps += 1
-        self._boundary_override = None
+            self._accumulation.running_step = False
+        self._accumulation.micro_step_ended()
 
     def _step(self, lr_kwargs: Optional[dict]) -> None:
         boundary = self.is_gradient_accumulation_boundary()
@@ -261,7 +259,7 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         if boundary:
             start = time.perf_counter()
             reduce_before = self.telemetry.seconds["reduce"]
-            with self._phase(TrainingState.STEP):
+            with in_phase(self._run, TrainingState.STEP):
                 applied = self.optimizer.step()
             # "step" is the optimizer's own time; its gradient reduction counts as "reduce".
             self.telemetry.seconds["step"] += (time.perf_counter() - start) - (
@@ -279,18 +277,11 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
             self._step_applied = applied
             self.optimizer.after_step()  # the stage's whole-step bookkeeping (Note [Stage seam])
             self.global_steps += 1
-            self.global_samples += self._samples_this_step()
+            self.global_samples += self._accumulation.samples_this_step()
             self._report_progress()
             # ZEROSTREAM_CHECK_COLLECTIVES=step: the ranks compare this step's collectives
             # (Note [Ranks that issue different collectives]).
             collective_check.step_ended()
-
-    def _samples_this_step(self) -> int:
-        if self._managed_accumulation:
-            return self.train_batch_size()
-        per_micro = self.train_batch_size() // self.gradient_accumulation_steps()
-        samples, self._unmanaged_backwards = per_micro * self._unmanaged_backwards, 0
-        return samples
 
     def _report_progress(self) -> None:
         every = self._config.steps_per_print
@@ -305,127 +296,11 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         )
         logger.info("telemetry: %s", self.telemetry.report())
 
-    # --- accumulation ---------------------------------------------------------------------------
-    # Note [Who owns the accumulation boundary]
-    # Managed (DeepSpeed's default): the engine counts micro-steps; the caller calls step()
-    # after every backward and the update happens on every gradient_accumulation_steps-th.
-    # With `managed_gradient_accumulation: false` the caller owns the boundary: it runs any
-    # number of backwards and then step(), and every step() reduces what was accumulated and
-    # updates. The loss is still divided by gradient_accumulation_steps (scale_wrt_gas), the
-    # boundary is True only while step() runs, global_samples advances by the micro-batches
-    # actually run, and set_gradient_accumulation_boundary is refused, as in DeepSpeed.
-    # zerostream's stages accumulate in backward without asking about the boundary (stages
-    # 2/3 reduce into their partitions as gradients arrive, 0/1 at the step), so only the
-    # engine's bookkeeping changes.
-    def is_gradient_accumulation_boundary(self) -> bool:
-        if not self._managed_accumulation:
-            return self._running_step
-        if self._boundary_override is not None:
-            return self._boundary_override
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        if not self._managed_accumulation:
-            raise NoSyncError(
-                "set_gradient_accumulation_boundary: not allowed with "
-                "managed_gradient_accumulation false; the caller owns the boundary by calling "
-                "step()"
-            )
-        self._boundary_override = bool(is_boundary)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Skips gradient reduction inside the context (stages 0 and 1 only)."""
-        if self.zero_optimization_stage() >= 2:
-            raise NoSyncError(
-                f"no_sync is not compatible with ZeRO stage "
-                f"{self.zero_optimization_stage()}: gradients are partitioned as "
-                f"they are produced (no_sync context manager is incompatible with gradient "
-                f"partitioning logic of ZeRO stage {self.zero_optimization_stage()})"
-            )
-        if self._in_no_sync:
-            raise NoSyncError(
-                "no_sync: the context is not re-entrant (no_sync context manager reentry is "
-                "unsupported)"
-            )
-        self._in_no_sync = True
-        try:
-            yield
-        finally:
-            self._in_no_sync = False
-
-    @contextlib.contextmanager
-    def coalesce_grad_reduction(self):
-        """One gradient reduction for all the backwards inside the block (DeepSpeed's): they
-        accumulate locally and the block's end reduces once; step() comes after the block.
-        Note [Coalesced reduction] in zero/base.py. Unlike DeepSpeed, stage 0 and ZeRO-1's
-        bf16 wrapper are not refused (they reduce at the step anyway)."""
-        self._require_optimizer("coalesce_grad_reduction")
-        if not self._managed_accumulation:
-            raise NoSyncError(
-                "coalesce_grad_reduction is not supported with managed_gradient_accumulation "
-                "false: the caller already owns the accumulation boundary through step()"
-            )
-        if self.pipeline_parallelism:
-            raise NotImplementedError(
-                "coalesce_grad_reduction is not supported under pipeline parallelism"
-            )
-        if self._in_no_sync:
-            raise NoSyncError(
-                "coalesce_grad_reduction cannot be nested inside another no_sync or "
-                "coalesce_grad_reduction context"
-            )
-        self._in_no_sync = True
-        self.optimizer.begin_coalescing()
-        try:
-            yield
-        except BaseException:
-            self._in_no_sync = False
-            self.optimizer.end_coalescing(reduce=False)
-            raise
-        self._in_no_sync = False
-        with self._phase(TrainingState.BACKWARD):
-            self.optimizer.end_coalescing()
-
-    @property
-    def enable_backward_allreduce(self) -> bool:
-        """DeepSpeed's switch for the engine's own gradient averaging. Set False at ZeRO
-        stage 0, the caller reduces the gradients itself (its own hooks, or
-        allreduce_gradients()) and step() applies them as they are. Stages 1-3 reduce into
-        partitions as part of the step's math: refused there by name."""
-        return self._backward_allreduce
-
-    @enable_backward_allreduce.setter
-    def enable_backward_allreduce(self, value: bool) -> None:
-        value = bool(value)
-        stage = self.zero_optimization_stage()
-        if not value and stage > 0:
-            raise NotImplementedError(
-                f"enable_backward_allreduce = False is supported at ZeRO stage 0 only; at "
-                f"stage {stage} zerostream reduces gradients into this rank's partition as "
-                f"part of the step (use no_sync() or coalesce_grad_reduction() to defer it)"
-            )
-        self._backward_allreduce = value
-        if self.optimizer is not None:
-            self.optimizer.backward_allreduce = value
-
-    def allreduce_gradients(self, bucket_size: Optional[int] = None) -> None:
-        """DeepSpeed's: reduce the gradients of the backwards so far across the
-        data-parallel ranks, at the accumulation boundary. At stage 0 they are averaged now
-        (also with enable_backward_allreduce False), and the step does not reduce them
-        again. Stages 1-3 have nothing left to do here: their backward reduced into the
-        partitions already (stage 1 reduces in the step), so it is a no-op there, as the
-        repeat of a finished reduction is in DeepSpeed. `bucket_size` is accepted for
-        DeepSpeed's signature; the buckets are zero_optimization.reduce_bucket_size."""
-        self._require_optimizer("allreduce_gradients")
-        if self.zero_optimization_stage() == 0 and self.is_gradient_accumulation_boundary():
-            self.optimizer.allreduce_now()
-
     def _backward_epilogue(self) -> None:
         """DeepSpeed before 0.17 wanted it after a plain loss.backward(); here the backward's
         own gradient hooks queue the epilogue, which autograd ran when it finished (Note
         [A plain loss.backward()] in zero/base.py), so nothing is left to do."""
-        self._require_optimizer("_backward_epilogue")
+        self._parts.require_optimizer("_backward_epilogue")
 
     def zero_grad(self) -> None:
         for p in self.module.parameters():
@@ -435,6 +310,66 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
 
     def was_step_applied(self) -> bool:
         return self._step_applied
+
+    # --- between steps: calls on the GradientAccumulation it holds (accumulation.py) -----------
+    is_gradient_accumulation_boundary = delegated(
+        "_accumulation", GradientAccumulation.is_gradient_accumulation_boundary
+    )
+    set_gradient_accumulation_boundary = delegated(
+        "_accumulation", GradientAccumulation.set_gradient_accumulation_boundary
+    )
+    no_sync = delegated("_accumulation", GradientAccumulation.no_sync)
+    coalesce_grad_reduction = delegated(
+        "_accumulation", GradientAccumulation.coalesce_grad_reduction
+    )
+    enable_backward_allreduce = property(
+        delegated("_accumulation", GradientAccumulation.enable_backward_allreduce),
+        delegated("_accumulation", GradientAccumulation.set_enable_backward_allreduce),
+    )
+    allreduce_gradients = delegated("_accumulation", GradientAccumulation.allreduce_gradients)
+
+    # --- DeepSpeed's accessors: calls on the Accessors the engine holds (accessors.py) ---------
+    managed_gradient_accumulation = _accessor("managed_gradient_accumulation")
+    train_batch_size = _accessor("train_batch_size")
+    train_micro_batch_size_per_gpu = _accessor("train_micro_batch_size_per_gpu")
+    gradient_accumulation_steps = _accessor("gradient_accumulation_steps")
+    zero_optimization = _accessor("zero_optimization")
+    zero_optimization_stage = _accessor("zero_optimization_stage")
+    zero_optimization_partition_gradients = _accessor("zero_optimization_partition_gradients")
+    zero_optimization_partition_weights = _accessor("zero_optimization_partition_weights")
+    zero_offload_optimizer = _accessor("zero_offload_optimizer")
+    zero_offload_param = _accessor("zero_offload_param")
+    zero_cpu_offload = _accessor("zero_cpu_offload")
+    zero_use_cpu_optimizer = _accessor("zero_use_cpu_optimizer")
+    zero_gather_16bit_weights_on_model_save = _accessor("zero_gather_16bit_weights_on_model_save")
+    fp16_enabled = _accessor("fp16_enabled")
+    bfloat16_enabled = _accessor("bfloat16_enabled")
+    gradient_clipping = _accessor("gradient_clipping")
+    dynamic_loss_scale = _accessor("dynamic_loss_scale")
+    steps_per_print = _accessor("steps_per_print")
+    communication_data_type = property(_accessor("communication_data_type"))
+
+    loss_scale = _accessor("loss_scale")
+    get_lr = _accessor("get_lr")
+    get_mom = _accessor("get_mom")
+    get_global_grad_norm = _accessor("get_global_grad_norm")
+
+    @property
+    def sparse_tensor_module_names(self) -> set:
+        """DeepSpeed's modules with sparse gradients: none (sparse_gradients is refused by
+        name), so the set is empty on every engine, as DeepSpeed's checkpoint tests compare."""
+        return set()
+
+    # --- checkpoints: calls on the EngineCheckpoints the engine holds (checkpoints.py) ---------
+    save_checkpoint = delegated("_checkpoints", EngineCheckpoints.save_checkpoint)
+    load_checkpoint = delegated("_checkpoints", EngineCheckpoints.load_checkpoint)
+    save_16bit_model = delegated("_checkpoints", EngineCheckpoints.save_16bit_model)
+    save_fp16_model = save_16bit_model
+    _checkpoint_target = delegated("_checkpoints", EngineCheckpoints.target)  # tests read it
+    _get_optimizer_ckpt_name = delegated("_checkpoints", EngineCheckpoints._get_optimizer_ckpt_name)
+    _zero3_consolidated_16bit_state_dict = delegated(
+        "_checkpoints", EngineCheckpoints._zero3_consolidated_16bit_state_dict
+    )
 
     # --- stage-3 housekeeping -------------------------------------------------------------------
     def empty_partition_cache(self) -> None:

@@ -56,8 +56,8 @@ MODES = ("off", "step", "each")
 UNCOMPARED = frozenset({"send", "recv", "isend", "irecv"})
 # The frames a fingerprint skips: this module, comm's wrappers and the stdlib's decorators.
 _SKIP_FILES = (
-    os.sep + os.path.join("zerostream", "collective_check.py"),
-    os.sep + os.path.join("zerostream", "comm.py"),
+    os.sep + os.path.join("zerostream", "comm", "collective_check.py"),
+    os.sep + os.path.join("zerostream", "comm", "__init__.py"),
     os.sep + "functools.py",
     os.sep + "contextlib.py",
 )
@@ -76,7 +76,7 @@ def _describe(value) -> Optional[str]:
 
 
 def _frame(depth: int = 3) -> str:
-    """The innermost `depth` callers outside comm.py and this file, innermost first:
+    """The innermost `depth` callers outside comm/__init__.py and this file, innermost first:
     'path:line in function < path:line in function ...'."""
     f = sys._getframe(2)
     while f is not None and f.f_code.co_filename.endswith(_SKIP_FILES):
@@ -334,7 +334,7 @@ class Checker:
 _checker: Optional[Checker] = None
 # The default group _checker was made for, held weakly: a reference here would keep the
 # group, and its backend's threads, alive past its destruction (Note [A process group that
-# outlives its destruction] in comm.py).
+# outlives its destruction] in comm/__init__.py).
 _for_group: Optional[weakref.ref] = None
 
 

@@ -1,5 +1,5 @@
 """Who stopped answering: the records each rank leaves in the default group's store (which
-process it is, and when its Python exits, why) and the lookup comm.py's collectives make when
+process it is, and when its Python exits, why) and the lookup comm's collectives make when
 they fail, so the error names the rank that died (Note [Naming the rank that stopped
 answering])."""
 

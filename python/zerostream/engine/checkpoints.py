@@ -1,6 +1,9 @@
-"""The engine's checkpoint methods (DeepSpeed's `save_checkpoint`, `load_checkpoint`,
-`save_16bit_model`): what checkpoint/ saves and loads for it (a CheckpointTarget), and the
-whole 16-bit weights. Mixed into engine.ZeroEngine."""
+"""The engine's checkpoints, by DeepSpeed's method names (`save_checkpoint`, `load_checkpoint`,
+`save_16bit_model`): what checkpoint/ saves and loads for it (a CheckpointTarget) and the whole
+16-bit weights. A collaborator the engine holds (its methods of the same names call these),
+built from the records it reads: the config, the module, the stage's class, the ranks, the
+counters (the one thing a load writes back), the optimizer and LR scheduler, and the run
+state."""
 
 from __future__ import annotations
 
@@ -10,15 +13,38 @@ from typing import Optional
 
 import torch
 
-from . import comm
-from .checkpoint import load_checkpoint, save_checkpoint
-from .checkpoint.layout import optim_states_name
-from .checkpoint.target import CheckpointTarget, TrainingCounters
+from .. import comm
+from ..checkpoint import load_checkpoint, save_checkpoint
+from ..checkpoint.layout import optim_states_name
+from ..checkpoint.target import CheckpointTarget
+from ..config import DeepSpeedConfig
+from ..zero.protocol import RunState
+from .records import EngineCounters, Ranks, TrainingParts
 
 logger = logging.getLogger("zerostream")
 
 
-class CheckpointMethods:
+class EngineCheckpoints:
+    def __init__(
+        self,
+        config: DeepSpeedConfig,
+        ds_config: dict,
+        module: torch.nn.Module,
+        stage: type,
+        ranks: Ranks,
+        counters: EngineCounters,
+        parts: TrainingParts,
+        run: RunState,
+    ):
+        self._config = config
+        self._ds_config = ds_config
+        self._module = module
+        self._stage = stage
+        self._ranks = ranks
+        self._counters = counters
+        self._parts = parts
+        self._run = run
+
     def save_checkpoint(
         self,
         save_dir: str,
@@ -29,9 +55,9 @@ class CheckpointMethods:
     ) -> bool:
         """DeepSpeed's layout under save_dir/tag (default tag global_step<N>), written
         crash-safely; `latest` is replaced last. All ranks must call it."""
-        self._require_consistent("save_checkpoint")
+        self._run.require_consistent("save_checkpoint")
         return save_checkpoint(
-            self._checkpoint_target(),
+            self.target(),
             save_dir,
             tag,
             client_state,
@@ -52,7 +78,7 @@ class CheckpointMethods:
         """(path, client_state), or (None, None) when load_dir has no `latest` (and no tag
         was given). A checkpoint of another data-parallel size is resharded."""
         loaded = load_checkpoint(
-            self._checkpoint_target(),
+            self.target(),
             load_dir,
             tag,
             load_module_strict,
@@ -62,32 +88,30 @@ class CheckpointMethods:
             custom_load_fn,
         )
         if loaded.counters is not None:
-            self.global_steps = loaded.counters.global_steps
-            self.global_samples = loaded.counters.global_samples
-            self.skipped_steps = loaded.counters.skipped_steps
+            self._counters.restore(loaded.counters)
         return loaded.path, loaded.client_state
 
-    def _checkpoint_target(self) -> CheckpointTarget:
+    def target(self) -> CheckpointTarget:
         """What checkpoint/ saves and loads (checkpoint/target.py): the stage's side of it
         (Note [Stage checkpoints] in zero/protocol.py), the config sections it reads, this
         rank's place, and the counters a save writes."""
-        cfg = self._config
+        cfg, ranks, parts = self._config, self._ranks, self._parts
         return CheckpointTarget(
-            module=self.module,
-            stage=self._stage.checkpointer(self.module, self.optimizer),
-            lr_scheduler=self.lr_scheduler,
+            module=self._module,
+            stage=self._stage.checkpointer(self._module, parts.optimizer),
+            lr_scheduler=parts.lr_scheduler,
             checkpoint=cfg.checkpoint,
             aio=cfg.aio,
             aio_keys=tuple((cfg.raw.get("aio") or {}).keys()),
-            ds_config=self.config,
-            global_rank=self.global_rank,
-            world_size=self.world_size,
-            dp_rank=comm.get_rank(self.dp_process_group),
-            dp_world_size=self.dp_world_size,
-            mp_world_size=self.mp_world_size,
-            bf16=self.bfloat16_enabled(),
-            train_batch_size=self.train_batch_size(),
-            counters=TrainingCounters(self.global_steps, self.global_samples, self.skipped_steps),
+            ds_config=self._ds_config,
+            global_rank=ranks.global_rank,
+            world_size=ranks.world_size,
+            dp_rank=ranks.dp_rank,
+            dp_world_size=ranks.dp_world_size,
+            mp_world_size=ranks.mp_world_size,
+            bf16=cfg.bf16.enabled,
+            train_batch_size=cfg.train_batch_size,
+            counters=self._counters.saved(),
             set_inconsistent=self._run.set_inconsistent,
         )
 
@@ -96,12 +120,12 @@ class CheckpointMethods:
         """DeepSpeed's name for the file this rank's optimizer state is saved in under `tag`
         (its tests patch it to see whether a load reads optimizer state). zerostream writes
         the ZeRO layout's file for every stage; expert ranks do not exist here."""
-        name = optim_states_name(comm.get_rank(self.dp_process_group), self.bfloat16_enabled())
+        name = optim_states_name(self._ranks.dp_rank, self._config.bf16.enabled)
         return os.path.join(checkpoints_path, str(tag), name)
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""
-        return self._stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
+        return self._stage.whole_16bit_weights(self._module, exclude_frozen_parameters)
 
     def save_16bit_model(
         self,
@@ -121,11 +145,9 @@ class CheckpointMethods:
                 "to gather the weights into one file"
             )
             return False
-        state = stage.whole_16bit_weights(self.module, exclude_frozen_parameters)
+        state = stage.whole_16bit_weights(self._module, exclude_frozen_parameters)
         if state is not None:
             os.makedirs(save_dir, exist_ok=True)
             torch.save(state, os.path.join(save_dir, save_filename))
         comm.barrier()
         return True
-
-    save_fp16_model = save_16bit_model

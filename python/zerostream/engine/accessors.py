@@ -1,16 +1,23 @@
-"""The engine's read-only accessors of its config and optimizer, by DeepSpeed's names
-(`engine.train_batch_size()`, `zero_optimization_stage()`, `get_lr()`, ...): what Accelerate,
-Lightning and the HF Trainer ask a DeepSpeed engine. Mixed into engine.ZeroEngine, whose
-`_config`, `optimizer` and `loss_scaler` they read."""
+"""DeepSpeed's read-only accessors (`engine.train_batch_size()`, `zero_optimization_stage()`,
+`get_lr()`, ...): what Accelerate, Lightning and the HF Trainer ask a DeepSpeed engine about
+its config, optimizer and loss scale. A collaborator the engine holds, built from the config,
+the TrainingParts record and the loss scaler; the engine's methods of the same names call it."""
 
 from __future__ import annotations
 
 import torch
 
-from .precision import DTYPES
+from ..config import DeepSpeedConfig
+from ..precision import DTYPES, LossScaler
+from .records import TrainingParts
 
 
-class ConfigAccessors:
+class Accessors:
+    def __init__(self, config: DeepSpeedConfig, parts: TrainingParts, loss_scaler: LossScaler):
+        self._config = config
+        self._parts = parts
+        self._loss_scaler = loss_scaler
+
     def train_batch_size(self) -> int:
         return self._config.train_batch_size
 
@@ -19,6 +26,9 @@ class ConfigAccessors:
 
     def gradient_accumulation_steps(self) -> int:
         return self._config.gradient_accumulation_steps
+
+    def managed_gradient_accumulation(self) -> bool:
+        return self._config.managed_gradient_accumulation
 
     def zero_optimization(self) -> bool:
         return self._config.zero_stage > 0
@@ -60,29 +70,25 @@ class ConfigAccessors:
     def dynamic_loss_scale(self) -> bool:
         return self._config.fp16.enabled and self._config.fp16.loss_scale == 0
 
-    def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale
-
     def steps_per_print(self):
         return self._config.steps_per_print
 
-    @property
-    def sparse_tensor_module_names(self) -> set:
-        """DeepSpeed's modules with sparse gradients: none (sparse_gradients is refused by
-        name), so the set is empty on every engine, as DeepSpeed's checkpoint tests compare."""
-        return set()
-
-    @property
     def communication_data_type(self) -> torch.dtype:
         return DTYPES[self._config.communication_data_type]
 
+    def loss_scale(self) -> float:
+        return self._loss_scaler.loss_scale
+
     def get_lr(self):
-        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
+        optimizer = self._parts.optimizer
+        return [g["lr"] for g in optimizer.param_groups] if optimizer else []
 
     def get_mom(self):
-        if self.optimizer is None:
+        optimizer = self._parts.optimizer
+        if optimizer is None:
             return []
-        return [g.get("betas", g.get("momentum")) for g in self.optimizer.param_groups]
+        return [g.get("betas", g.get("momentum")) for g in optimizer.param_groups]
 
     def get_global_grad_norm(self):
-        return None if self.optimizer is None else self.optimizer.global_grad_norm
+        optimizer = self._parts.optimizer
+        return None if optimizer is None else optimizer.global_grad_norm

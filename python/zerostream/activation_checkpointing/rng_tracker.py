@@ -5,7 +5,7 @@ Megatron-style models draw dropout in tensor-parallel regions from a state of th
 `with get_cuda_rng_tracker().fork(): ...`, and the default state elsewhere. fork() swaps the
 tracked state in, runs the block, keeps the state the block advanced to and puts the default
 state back. A checkpointed block that forks draws again when backward recomputes it, so
-activation_checkpointing.py replays the tracked states the forward started from (torch's
+the package (__init__.py) replays the tracked states the forward started from (torch's
 checkpoint restores only the default generators). zerostream runs tensor-parallel size 1,
 so the model-parallel state is seeded as DeepSpeed seeds tensor-parallel rank 0.
 """
@@ -22,7 +22,7 @@ MODEL_PARALLEL_SEED_OFFSET = 2718  # DeepSpeed's: model-parallel seed = seed + 2
 
 
 def _accelerator():
-    from .accelerator import get_accelerator
+    from ..accelerator import get_accelerator
 
     return get_accelerator()
 

@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.utils.checkpoint
 
-from .offload import saved_activations
+from ..offload import saved_activations
 from .rng_tracker import CudaRNGStatesTracker, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
 
 logger = logging.getLogger("zerostream")
@@ -73,7 +73,7 @@ def _section_of(deepspeed_config: Any) -> dict:
         return dataclasses.asdict(section)
     raw = getattr(deepspeed_config, "_param_dict", None)
     if raw is None:
-        from .config import config_text
+        from ..config import config_text
 
         text, _ = config_text(deepspeed_config)
         raw = json.loads(text)
@@ -183,7 +183,7 @@ def _offload_unpack(packed):
 
 
 def _sync() -> None:
-    from .accelerator import get_accelerator
+    from ..accelerator import get_accelerator
 
     get_accelerator().synchronize()
 
@@ -205,7 +205,7 @@ class _Boundary:
         if self.opts.synchronize_checkpoint_boundary:
             _sync()
         if self.opts.profile:
-            from . import comm
+            from .. import comm
 
             if comm.get_rank() == 0:
                 ms = (time.perf_counter() - self.start) * 1e3

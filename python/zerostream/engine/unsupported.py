@@ -14,9 +14,9 @@ from typing import Iterable, List, Optional
 
 import torch
 
-from .config import DeepSpeedConfig, dtype_name
-from .moe.layer import EXPERT_PARALLELISM
-from .moe.utils import is_moe_param, is_moe_param_group
+from ..config import DeepSpeedConfig, dtype_name
+from ..moe.layer import EXPERT_PARALLELISM
+from ..moe.utils import is_moe_param, is_moe_param_group
 
 
 def _config_features(cfg: DeepSpeedConfig) -> List[str]:

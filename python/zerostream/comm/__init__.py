@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed.comm does)
 
+from ..accelerator import get_accelerator
 from . import collective_check, peers
-from .accelerator import get_accelerator
 
 if dist.is_available():
     try:  # before any group exists: see Note [A process group that outlives its destruction]
