@@ -108,8 +108,9 @@ FILES = [
     "unit/ops/adam/test_cpu_adam.py",
     "unit/ops/adam/test_adamw.py",
     "unit/ops/adam/test_hybrid_adam.py",
-    # comm, accelerator, utils
+    # comm, accelerator, utils, monitors
     "unit/comm/test_dist.py",
+    "unit/monitor/test_monitor.py",
     "unit/v1/accelerator/test_accelerator.py",
     "unit/utils/test_init_on_device.py",
     "unit/utils/test_partition_balanced.py",

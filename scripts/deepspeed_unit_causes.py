@@ -96,6 +96,9 @@ CAUSES: list[tuple[str, str, str, str]] = [
     ("failed", r".",
      r"Mixture-of-Experts with expert parallelism|deepspeed\.runtime\.pipe|_create_expert",
      "a DeepSpeed feature zerostream refuses by name (expert or pipeline parallelism)"),
+    ("failed", r"TestCometMonitor", r"No module named 'comet_ml'",
+     "imports comet_ml itself, which zerostream does not pin (its Comet writer logs through "
+     "it when installed; tests/python/monitor/test_writers.py checks the calls)"),
     # Different error types for the same refusal.
     # The CPU cannot show what the test measures.
     ("cuda", r"test_offload_states", r"should decrease after offload",

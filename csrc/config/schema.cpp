@@ -231,7 +231,7 @@ struct Schema {
         B("enabled", false), S("output_path", ""), S("job_name", "DeepSpeedJobName")}};
     wandb = {"wandb", true, true, {
         B("enabled", false), S("group", nullptr), S("team", nullptr), S("project", "deepspeed")}};
-    comet = {"comet", true, false, {
+    comet = {"comet", true, true, {
         B("enabled", false), I("samples_log_interval", 100), S("project", nullptr),
         S("workspace", nullptr), S("api_key", nullptr), S("experiment_name", nullptr),
         S("experiment_key", nullptr), B("online", nullptr), S("mode", nullptr)}};
@@ -281,7 +281,7 @@ struct Schema {
         Sec("data_types", &data_types),
         Sec("checkpoint", &checkpoint),
         Sec("tensorboard", &tensorboard), Sec("csv_monitor", &csv_monitor),
-        Sec("wandb", &wandb), Sec("comet", &comet).lazy(),
+        Sec("wandb", &wandb), Sec("comet", &comet),
         Sec("comms_logger", &comms_logger).lazy(),
         Sec("flops_profiler", &flops_profiler),
         Sec("torch_autocast", &torch_autocast).lazy(),

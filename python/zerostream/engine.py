@@ -16,6 +16,7 @@ from .config import DeepSpeedConfig
 from .engine_accessors import ConfigAccessors
 from .engine_checkpoints import CheckpointMethods
 from .lr_schedules import build_scheduler
+from .monitor import EngineMonitor
 from .offload.memory_preflight import STEP_PEAKS
 from .optim_factory import client_groups, param_groups_of
 from .precision import make_loss_scaler
@@ -94,6 +95,7 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         self.device = ctx.device
         groups = param_groups_of(model, model_parameters)
         refuse_unsupported(cfg, model, client_groups(optimizer, groups))
+        self.monitor = EngineMonitor(cfg.monitor_config)  # rank 0 writes (monitor/)
         # The stage's class, looked up once: what differs between stages is its attributes
         # and methods (zero/protocol.py), not branches here.
         self._stage = stage_class(cfg.zero_stage)
@@ -214,6 +216,7 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         # The optimizer runs it in the BACKWARD phase (the one path for optimizer.backward).
         self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
+        self.monitor.backward_seen(loss, gas, self.global_samples)
         if not self._managed_accumulation:
             self._unmanaged_backwards += 1
         return loss.detach() / gas
@@ -284,6 +287,8 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
             STEP_PEAKS.step_ended()  # "auto" tiers size from whole steps (Note [A step's excess])
             self.global_steps += 1
             self.global_samples += self._samples_this_step()
+            scale = self.loss_scaler.loss_scale if self.fp16_enabled() else None
+            self.monitor.step_ended(self.global_samples, self.get_lr(), scale)
             self._report_progress()
             # ZEROSTREAM_CHECK_COLLECTIVES=step: the ranks compare this step's collectives
             # (Note [Ranks that issue different collectives]).

@@ -304,6 +304,8 @@ def test_python_dataclasses_cover_every_schema_key():
         ("activation_checkpointing", config.ActivationCheckpointingConfig),
         ("flops_profiler", config.FlopsProfilerConfig),
         ("tensorboard", config.MonitorConfig),
+        ("csv_monitor", config.MonitorConfig),
+        ("comet", config.CometConfig),
         ("zerostream", config.ZeroStreamExtConfig),
     ):
         compare(cls, tree[name], name)
