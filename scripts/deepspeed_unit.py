@@ -110,6 +110,7 @@ FILES = [
     "unit/ops/adam/test_hybrid_adam.py",
     # comm, accelerator, utils, monitors
     "unit/comm/test_dist.py",
+    "unit/comm/test_comms_logger.py",
     "unit/monitor/test_monitor.py",
     "unit/v1/accelerator/test_accelerator.py",
     "unit/utils/test_init_on_device.py",

@@ -235,7 +235,7 @@ struct Schema {
         B("enabled", false), I("samples_log_interval", 100), S("project", nullptr),
         S("workspace", nullptr), S("api_key", nullptr), S("experiment_name", nullptr),
         S("experiment_key", nullptr), B("online", nullptr), S("mode", nullptr)}};
-    comms_logger = {"comms_logger", true, false, {
+    comms_logger = {"comms_logger", true, true, {
         B("enabled", false), B("prof_all", true), A("prof_ops", Json::array()),
         B("verbose", false), B("debug", false)}};
     flops_profiler = {"flops_profiler", false, true, {
@@ -282,7 +282,7 @@ struct Schema {
         Sec("checkpoint", &checkpoint),
         Sec("tensorboard", &tensorboard), Sec("csv_monitor", &csv_monitor),
         Sec("wandb", &wandb), Sec("comet", &comet),
-        Sec("comms_logger", &comms_logger).lazy(),
+        Sec("comms_logger", &comms_logger),
         Sec("flops_profiler", &flops_profiler),
         Sec("torch_autocast", &torch_autocast).lazy(),
         Sec("zerostream", &zerostream),

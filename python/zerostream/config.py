@@ -409,6 +409,17 @@ class MonitorConfigs:
 
 
 @dataclass(frozen=True)
+class CommsLoggerConfig:
+    """`comms_logger` (comms_logging.py): which collectives are timed and how they print."""
+
+    enabled: bool
+    prof_all: bool
+    prof_ops: list  # op names or DeepSpeed log_names, checked strings by the config rules
+    verbose: bool
+    debug: bool
+
+
+@dataclass(frozen=True)
 class FlopsProfilerConfig:
     enabled: bool
     recompute_fwd_factor: float
@@ -490,13 +501,13 @@ class DeepSpeedConfig:
     csv_monitor: MonitorConfig
     wandb: WandbConfig
     comet: CometConfig
+    comms_logger: CommsLoggerConfig
     flops_profiler: FlopsProfilerConfig
     zerostream: ZeroStreamExtConfig
     # Read by autocast.plan (Note [torch_autocast] in autocast.py), as given.
     torch_autocast: Optional[Mapping[str, Any]]
     # DeepSpeed features accepted for compatibility but not implemented (a warning says so
     # when one is enabled): kept as given.
-    comms_logger: Optional[Mapping[str, Any]]
     amp: Any
     elasticity: Any
     autotuning: Any

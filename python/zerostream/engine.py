@@ -96,6 +96,7 @@ class ZeroEngine(ConfigAccessors, CheckpointMethods, torch.nn.Module):
         groups = param_groups_of(model, model_parameters)
         refuse_unsupported(cfg, model, client_groups(optimizer, groups))
         self.monitor = EngineMonitor(cfg.monitor_config)  # rank 0 writes (monitor/)
+        comm.configure(cfg)  # the comms_logger section, when given (comms_logging.py)
         # The stage's class, looked up once: what differs between stages is its attributes
         # and methods (zero/protocol.py), not branches here.
         self._stage = stage_class(cfg.zero_stage)
