@@ -112,6 +112,7 @@ FILES = [
     "unit/comm/test_dist.py",
     "unit/comm/test_comms_logger.py",
     "unit/monitor/test_monitor.py",
+    "unit/elasticity/test_elastic.py",
     "unit/v1/accelerator/test_accelerator.py",
     "unit/utils/test_init_on_device.py",
     "unit/utils/test_partition_balanced.py",

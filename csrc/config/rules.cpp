@@ -328,6 +328,8 @@ void feature_rules(Resolution& r, int64_t stage) {
   // Sections of DeepSpeed features that zerostream accepts but does not implement.
   for (const Key& k : root_schema().keys) {
     if (k.kind != Kind::kAny || k.deprecation != Deprecation::kNone) continue;
+    // Implemented in Python before the batch rule (zerostream/elasticity.py).
+    if (k.name == "elasticity") continue;
     const Json& v = r.at(k.name);
     if (v.is_null() || enabled_of(v) == false) continue;
     r.warnings.push_back(k.name +

@@ -286,8 +286,10 @@ struct Schema {
         Sec("flops_profiler", &flops_profiler),
         Sec("torch_autocast", &torch_autocast).lazy(),
         Sec("zerostream", &zerostream),
+        // Resolved by zerostream/elasticity.py before the batch rule; checked there.
+        A("elasticity"),
         // DeepSpeed features zerostream accepts but does not implement (warned when used).
-        A("amp"), A("elasticity"), A("autotuning"), A("pipeline"), A("sparse_attention"),
+        A("amp"), A("autotuning"), A("pipeline"), A("sparse_attention"),
         A("eigenvalue"), A("progressive_layer_drop"), A("curriculum_learning"),
         A("data_efficiency"), A("compression_training"), A("quantize_training"),
         A("tensor_parallel"), A("nebula"), A("datastates"), A("hybrid_engine"), A("compile"),

@@ -306,6 +306,7 @@ def test_python_dataclasses_cover_every_schema_key():
         ("tensorboard", config.MonitorConfig),
         ("csv_monitor", config.MonitorConfig),
         ("comet", config.CometConfig),
+        ("comms_logger", config.CommsLoggerConfig),
         ("zerostream", config.ZeroStreamExtConfig),
     ):
         compare(cls, tree[name], name)
