@@ -93,6 +93,9 @@ FILES = [
     "unit/v1/half_precision/test_gradient_clipping_default.py",
     "unit/v1/half_precision/test_mixed_precision_dtype.py",
     "unit/runtime/half_precision/test_dynamic_loss_scale.py",
+    "unit/runtime/test_precision_config_dynamic_scale.py",
+    "unit/runtime/test_data.py",
+    "unit/runtime/test_precision_config_loss_scale.py",
     # activation checkpointing
     "unit/runtime/activation_checkpointing/test_activation_checkpointing.py",
     "unit/runtime/activation_checkpointing/test_activation_checkpointing_non_reentrant.py",
