@@ -93,6 +93,7 @@ FILES = [
     "unit/v1/half_precision/test_gradient_clipping_default.py",
     "unit/v1/half_precision/test_mixed_precision_dtype.py",
     "unit/runtime/half_precision/test_dynamic_loss_scale.py",
+    "unit/runtime/half_precision/test_zero_optim_overflow.py",
     "unit/runtime/test_precision_config_dynamic_scale.py",
     "unit/runtime/test_data.py",
     "unit/runtime/test_precision_config_loss_scale.py",
