@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from tb_reader import csv_rows, tensorboard_scalars
+from tb_reader import csv_rows, require_tensorboard, tensorboard_scalars
 
 from mlp import MLP
 from multirank import run_ranks
@@ -83,6 +83,7 @@ def test_csv_files_hold_each_steps_loss_and_lr(tmp_path, one_rank_process_group)
 
 
 def test_tensorboard_events_hold_each_steps_loss_and_lr(tmp_path, one_rank_process_group):
+    require_tensorboard()
     engine, seen = _train(_config(tmp_path, writers=("tensorboard",)), steps=3)
     scalars = tensorboard_scalars(tmp_path / "job")
     assert set(scalars) == {LOSS, LR}
@@ -133,6 +134,7 @@ def fp16_two_rank_worker(rank, world, out):
 
 @pytest.mark.multirank
 def test_two_ranks_fp16_only_rank_0_writes_its_loss_lr_and_loss_scale(tmp_path):
+    require_tensorboard()
     results = run_ranks(fp16_two_rank_worker, 2, tmp_path, timeout=180)
     (seen, has_writer0, skipped), (_, has_writer1, _) = results
     assert (has_writer0, has_writer1) == (True, False)

@@ -5,7 +5,7 @@ tests/python/compat/test_monitor_surface.py)."""
 import sys
 import types
 
-from tb_reader import csv_rows, tensorboard_scalars
+from tb_reader import csv_rows, require_tensorboard, tensorboard_scalars
 
 
 def _sections(**given):
@@ -34,6 +34,7 @@ def test_csv_layout_one_file_per_event_name(tmp_path, one_rank_process_group):
 
 
 def test_tensorboard_writer_scalars_read_back(tmp_path, one_rank_process_group):
+    require_tensorboard()
     from zerostream.monitor import TensorBoardMonitor
 
     cfg = _sections(tensorboard={"enabled": True, "output_path": str(tmp_path), "job_name": "j"})
