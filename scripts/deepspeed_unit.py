@@ -93,6 +93,10 @@ FILES = [
     "unit/v1/half_precision/test_gradient_clipping_default.py",
     "unit/v1/half_precision/test_mixed_precision_dtype.py",
     "unit/runtime/half_precision/test_dynamic_loss_scale.py",
+    "unit/runtime/half_precision/test_zero_optim_overflow.py",
+    "unit/runtime/test_precision_config_dynamic_scale.py",
+    "unit/runtime/test_data.py",
+    "unit/runtime/test_precision_config_loss_scale.py",
     # activation checkpointing
     "unit/runtime/activation_checkpointing/test_activation_checkpointing.py",
     "unit/runtime/activation_checkpointing/test_activation_checkpointing_non_reentrant.py",
@@ -108,8 +112,11 @@ FILES = [
     "unit/ops/adam/test_cpu_adam.py",
     "unit/ops/adam/test_adamw.py",
     "unit/ops/adam/test_hybrid_adam.py",
-    # comm, accelerator, utils
+    # comm, accelerator, utils, monitors
     "unit/comm/test_dist.py",
+    "unit/comm/test_comms_logger.py",
+    "unit/monitor/test_monitor.py",
+    "unit/elasticity/test_elastic.py",
     "unit/v1/accelerator/test_accelerator.py",
     "unit/utils/test_init_on_device.py",
     "unit/utils/test_partition_balanced.py",

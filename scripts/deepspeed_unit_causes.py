@@ -96,6 +96,16 @@ CAUSES: list[tuple[str, str, str, str]] = [
     ("failed", r".",
      r"Mixture-of-Experts with expert parallelism|deepspeed\.runtime\.pipe|_create_expert",
      "a DeepSpeed feature zerostream refuses by name (expert or pipeline parallelism)"),
+    ("failed", r"TestCometMonitor", r"No module named 'comet_ml'",
+     "imports comet_ml itself, which zerostream does not pin (its Comet writer logs through "
+     "it when installed; tests/python/monitor/test_writers.py checks the calls)"),
+    ("failed", r"test_fp16_loss_scale_accepts_valid_values\[3\]", r"ValidationError",
+     "by design: a numeric string (\"3\") for fp16.loss_scale; zerostream's schema takes "
+     "numbers only, in a config file as in DeepSpeedFP16Config (DeepSpeed's pydantic coerces)"),
+    ("failed", r"test_fp16_loss_scale_invalid_type_has_clear_error", r"must be a number",
+     "by design, wording: the error names the key and says 'fp16.loss_scale: expected a "
+     "number; got []' (the schema's words for every number key), not DeepSpeed's 'must be a "
+     "number'"),
     # Different error types for the same refusal.
     # The CPU cannot show what the test measures.
     ("cuda", r"test_offload_states", r"should decrease after offload",

@@ -316,9 +316,20 @@ void feature_rules(Resolution& r, int64_t stage) {
     r.warnings.push_back(
         "zero_optimization.parameter_alignment: accepted; zerostream keeps its own flat "
         "layout (checkpoints saved by DeepSpeed with or without it load the same)");
+  const Json& prof_ops = r.at("comms_logger.prof_ops");
+  const bool names = prof_ops.is_array() &&
+                     std::all_of(prof_ops.begin(), prof_ops.end(),
+                                 [](const Json& op) { return op.is_string(); });
+  if (!names)
+    r.errors.push_back(
+        "comms_logger.prof_ops: expected a list of collective names (strings such as "
+        "\"all_reduce\"); got " +
+        show(prof_ops));
   // Sections of DeepSpeed features that zerostream accepts but does not implement.
   for (const Key& k : root_schema().keys) {
     if (k.kind != Kind::kAny || k.deprecation != Deprecation::kNone) continue;
+    // Implemented in Python before the batch rule (zerostream/elasticity.py).
+    if (k.name == "elasticity") continue;
     const Json& v = r.at(k.name);
     if (v.is_null() || enabled_of(v) == false) continue;
     r.warnings.push_back(k.name +

@@ -231,11 +231,11 @@ struct Schema {
         B("enabled", false), S("output_path", ""), S("job_name", "DeepSpeedJobName")}};
     wandb = {"wandb", true, true, {
         B("enabled", false), S("group", nullptr), S("team", nullptr), S("project", "deepspeed")}};
-    comet = {"comet", true, false, {
+    comet = {"comet", true, true, {
         B("enabled", false), I("samples_log_interval", 100), S("project", nullptr),
         S("workspace", nullptr), S("api_key", nullptr), S("experiment_name", nullptr),
         S("experiment_key", nullptr), B("online", nullptr), S("mode", nullptr)}};
-    comms_logger = {"comms_logger", true, false, {
+    comms_logger = {"comms_logger", true, true, {
         B("enabled", false), B("prof_all", true), A("prof_ops", Json::array()),
         B("verbose", false), B("debug", false)}};
     flops_profiler = {"flops_profiler", false, true, {
@@ -281,13 +281,15 @@ struct Schema {
         Sec("data_types", &data_types),
         Sec("checkpoint", &checkpoint),
         Sec("tensorboard", &tensorboard), Sec("csv_monitor", &csv_monitor),
-        Sec("wandb", &wandb), Sec("comet", &comet).lazy(),
-        Sec("comms_logger", &comms_logger).lazy(),
+        Sec("wandb", &wandb), Sec("comet", &comet),
+        Sec("comms_logger", &comms_logger),
         Sec("flops_profiler", &flops_profiler),
         Sec("torch_autocast", &torch_autocast).lazy(),
         Sec("zerostream", &zerostream),
+        // Resolved by zerostream/elasticity.py before the batch rule; checked there.
+        A("elasticity"),
         // DeepSpeed features zerostream accepts but does not implement (warned when used).
-        A("amp"), A("elasticity"), A("autotuning"), A("pipeline"), A("sparse_attention"),
+        A("amp"), A("autotuning"), A("pipeline"), A("sparse_attention"),
         A("eigenvalue"), A("progressive_layer_drop"), A("curriculum_learning"),
         A("data_efficiency"), A("compression_training"), A("quantize_training"),
         A("tensor_parallel"), A("nebula"), A("datastates"), A("hybrid_engine"), A("compile"),

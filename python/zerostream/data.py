@@ -33,3 +33,29 @@ def make_dataloader(
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
     )
+
+
+class RepeatingLoader:
+    """DeepSpeed's endless iterator over a loader: `next()` starts the loader again where it
+    ends, so a training loop can draw batches by step count instead of by epoch. A
+    DistributedSampler in it is moved to its next epoch at each restart (its shuffle order
+    changes as it would between epochs)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self._epoch = 0
+        self.data_iter = iter(self.loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.data_iter)
+        except StopIteration:
+            self._epoch += 1
+            sampler = getattr(self.loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self._epoch)
+            self.data_iter = iter(self.loader)
+            return next(self.data_iter)

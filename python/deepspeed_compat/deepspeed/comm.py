@@ -14,6 +14,8 @@ from zerostream.comm import (
     barrier,
     broadcast,
     broadcast_object_list,
+    comms_logger,
+    configure,
     destroy_process_group,
     gather,
     get_all_ranks_from_group,
@@ -37,6 +39,7 @@ from zerostream.comm import (
     reduce_scatter,
     reduce_scatter_fn,
     reduce_scatter_tensor,
+    reset_log,
     scatter,
     send,
 )
@@ -54,6 +57,8 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "comms_logger",
+    "configure",
     "destroy_process_group",
     "gather",
     "inference_all_reduce",
@@ -77,6 +82,7 @@ __all__ = [
     "reduce_scatter",
     "reduce_scatter_fn",
     "reduce_scatter_tensor",
+    "reset_log",
     "scatter",
     "send",
 ]

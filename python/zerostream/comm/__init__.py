@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed.comm does)
 
 from ..accelerator import get_accelerator
-from . import collective_check, peers
+from . import collective_check, comms_logging, peers
 
 if dist.is_available():
     try:  # before any group exists: see Note [A process group that outlives its destruction]
@@ -33,6 +33,10 @@ if dist.is_available():
         pass
 
 logger = logging.getLogger("zerostream")
+
+# The process's comms logger (DeepSpeed's `deepspeed.comm.comms_logger`): off until the
+# `comms_logger` section or configure() turns it on (comms_logging.py).
+comms_logger = comms_logging.CommsLogger()
 
 
 def default_timeout() -> datetime.timedelta:
@@ -361,6 +365,8 @@ def _named(op):
 
     @functools.wraps(op)
     def call(*args, **kwargs):
+        # DeepSpeed's logger keywords (prof, log_name, debug) are the logger's, not the op's.
+        options = {k: kwargs.pop(k) for k in comms_logging.OPTIONS if k in kwargs}
         checker = collective_check.active()
         if checker is not None and checker.depth == 0:
             # Arguments by name, so the fingerprint reads group/op/src/dst wherever passed.
@@ -368,13 +374,23 @@ def _named(op):
             checker.before(op.__name__, (), named)
         if checker is not None:
             checker.depth += 1
+        timing = None
+        if comms_logger.enabled:
+            timing = comms_logger.begin(op.__name__, dict(zip(params, args), **kwargs), options)
+        result = failed = None
         try:
             result = op(*args, **kwargs)
         except (RuntimeError, ValueError) as exc:
+            failed = exc
             raise _failure(op.__name__, exc) from exc
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
             if checker is not None:
                 checker.depth -= 1
+            if timing is not None:
+                comms_logger.finish(timing, result, succeeded=failed is None)
         if isinstance(result, (dist.Work, _ThenCopy)):
             return NamedWork(result, op.__name__)
         return result
@@ -600,5 +616,43 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
     return handle
 
 
-def log_summary() -> None:
-    """DeepSpeed prints its comms logger here; zerostream reports in telemetry instead."""
+def configure(
+    deepspeed_config=None, enabled=None, prof_all=None, prof_ops=None, verbose=None, debug=None
+) -> None:
+    """Sets the comms logger from a config's `comms_logger` section, then from the keywords
+    given (DeepSpeed's deepspeed.comm.configure)."""
+    # A config without the section leaves the logger as it is (configure() may have set it).
+    if deepspeed_config is not None and "comms_logger" in getattr(deepspeed_config, "raw", {}):
+        comms_logger.configure(deepspeed_config.comms_logger)
+    elif deepspeed_config is not None and hasattr(deepspeed_config, "comms_logger_enabled"):
+        comms_logger.configure(deepspeed_config)  # DeepSpeed's DeepSpeedCommsConfig
+    for name, value in (("enabled", enabled), ("prof_all", prof_all), ("verbose", verbose),
+                        ("debug", debug)):  # fmt: skip
+        if value is not None:
+            setattr(comms_logger, name, bool(value))
+    if prof_ops is not None:
+        comms_logger.prof_ops = list(prof_ops)
+
+
+def log_summary(show_straggler: bool = False, return_dict: bool = False):
+    """Prints the comms logger's table on rank 0 (DeepSpeed's format), between two barriers
+    that it does not record; `show_straggler` adds each size's wait beyond the fastest rank
+    (a collective per size). Every rank returns its own dict with `return_dict`."""
+    grouped = is_initialized()
+    comms_logger.paused += 1  # the summary's own collectives are not in it
+    try:
+        if grouped:
+            barrier()
+        result = comms_logger.log_all(
+            get_rank() == 0, show_straggler, return_dict, lambda t: all_reduce(t, ReduceOp.MIN)
+        )
+        if grouped:
+            barrier()
+    finally:
+        comms_logger.paused -= 1
+    return result
+
+
+def reset_log() -> None:
+    """Clears the comms logger's records (per-epoch summaries)."""
+    comms_logger.reset_data()

@@ -22,6 +22,7 @@ import typing
 from typing import Any, Mapping, Optional, Tuple
 
 from .. import _C
+from . import elasticity
 from .sections import DeepSpeedConfig
 
 logger = logging.getLogger("zerostream")
@@ -243,6 +244,11 @@ def load(
     """Loads, validates and resolves a ds_config. Raises ConfigError (a ValueError)
     listing every error."""
     text, source = config_text(config)
+    raw = _C.read_json_text(text, source)
+    # An enabled `elasticity` section sets the batch keys for this world (elasticity.py).
+    elastic = elasticity.resolve_batch(raw, world_size or 1)
+    if elastic is not None:
+        raw, text = elastic, json.dumps(elastic)
     context = _context(
         require_batch,
         world_size=world_size,
@@ -261,7 +267,7 @@ def load(
     cfg = dataclasses.replace(
         build_config(res["tree"]),
         data_parallel_size=res["data_parallel_size"],
-        raw=ReadOnlyMapping(_C.read_json_text(text, source)),
+        raw=ReadOnlyMapping(raw),
         resolved=ReadOnlyMapping(res["resolved"]),
         warnings=tuple(res["warnings"]),
         notes=tuple(res["notes"]),

@@ -233,6 +233,46 @@ class WandbConfig:
 
 
 @dataclass(frozen=True)
+class CometConfig:
+    enabled: bool
+    samples_log_interval: int
+    project: Optional[str]
+    workspace: Optional[str]
+    api_key: Optional[str]
+    experiment_name: Optional[str]
+    experiment_key: Optional[str]
+    online: Optional[bool]
+    mode: Optional[str]
+
+
+@dataclass(frozen=True)
+class MonitorConfigs:
+    """The four writer sections together, as DeepSpeed's `config.monitor_config` groups them
+    (zerostream/monitor/ reads them)."""
+
+    tensorboard: MonitorConfig
+    csv_monitor: MonitorConfig
+    wandb: WandbConfig
+    comet: CometConfig
+
+    @property
+    def enabled(self) -> bool:
+        return any(s.enabled for s in (self.tensorboard, self.csv_monitor, self.wandb, self.comet))
+
+
+@dataclass(frozen=True)
+class CommsLoggerConfig:
+    """`comms_logger` (comm/comms_logging.py): which collectives are timed and how they
+    print."""
+
+    enabled: bool
+    prof_all: bool
+    prof_ops: list  # op names or DeepSpeed log_names, checked strings by the config rules
+    verbose: bool
+    debug: bool
+
+
+@dataclass(frozen=True)
 class FlopsProfilerConfig:
     enabled: bool
     recompute_fwd_factor: float
@@ -313,14 +353,14 @@ class DeepSpeedConfig:
     tensorboard: MonitorConfig
     csv_monitor: MonitorConfig
     wandb: WandbConfig
+    comet: CometConfig
+    comms_logger: CommsLoggerConfig
     flops_profiler: FlopsProfilerConfig
     zerostream: ZeroStreamExtConfig
     # Read by autocast.plan (Note [torch_autocast] in autocast.py), as given.
     torch_autocast: Optional[Mapping[str, Any]]
     # DeepSpeed features accepted for compatibility but not implemented (a warning says so
     # when one is enabled): kept as given.
-    comet: Optional[Mapping[str, Any]]
-    comms_logger: Optional[Mapping[str, Any]]
     amp: Any
     elasticity: Any
     autotuning: Any
@@ -349,6 +389,12 @@ class DeepSpeedConfig:
     @property
     def zero_stage(self) -> int:
         return self.zero_optimization.stage
+
+    @property
+    def monitor_config(self) -> MonitorConfigs:
+        """DeepSpeed's name for the writer sections (`tensorboard`, `csv_monitor`, `wandb`,
+        `comet`)."""
+        return MonitorConfigs(self.tensorboard, self.csv_monitor, self.wandb, self.comet)
 
     @property
     def precision(self) -> str:

@@ -9,11 +9,12 @@ from typing import Optional
 
 import torch
 
-from .. import autocast, host_malloc
+from .. import autocast, comm, host_malloc
 from ..accelerator import bind_run_device
 from ..comm import collective_check
 from ..config import DeepSpeedConfig
 from ..lr_schedules import build_scheduler
+from ..monitor import EngineMonitor
 from ..optim_factory import client_groups, param_groups_of
 from ..precision import make_loss_scaler
 from ..telemetry import StepTelemetry
@@ -97,6 +98,8 @@ class ZeroEngine(torch.nn.Module):
         self.device = ctx.device
         groups = param_groups_of(model, model_parameters)
         refuse_unsupported(cfg, model, client_groups(optimizer, groups))
+        self.monitor = EngineMonitor(cfg.monitor_config)  # rank 0 writes (monitor/)
+        comm.configure(cfg)  # the comms_logger section, when given (comm/comms_logging.py)
         # The stage's class, looked up once: what differs between stages is its attributes
         # and methods (zero/protocol.py), not branches here.
         self._stage = stage_class(cfg.zero_stage)
@@ -217,6 +220,7 @@ class ZeroEngine(torch.nn.Module):
         # The optimizer runs it in the BACKWARD phase (the one path for optimizer.backward).
         self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
         self._accumulation.backward_ran()
+        self.monitor.backward_seen(loss, gas, self.global_samples)
         return loss.detach() / gas
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -278,6 +282,8 @@ class ZeroEngine(torch.nn.Module):
             self.optimizer.after_step()  # the stage's whole-step bookkeeping (Note [Stage seam])
             self.global_steps += 1
             self.global_samples += self._accumulation.samples_this_step()
+            scale = self.loss_scaler.loss_scale if self.fp16_enabled() else None
+            self.monitor.step_ended(self.global_samples, self.get_lr(), scale)
             self._report_progress()
             # ZEROSTREAM_CHECK_COLLECTIVES=step: the ranks compare this step's collectives
             # (Note [Ranks that issue different collectives]).

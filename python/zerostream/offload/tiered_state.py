@@ -8,7 +8,7 @@ the step itself stays there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Protocol
 
 import torch
 
@@ -18,7 +18,8 @@ from .placement import DEVICE, HOST, NVME
 from .placement.device import KEY
 
 if TYPE_CHECKING:
-    from .optimizer_swap import SwappedAdam
+    from .device_tier import DeviceTier
+    from .swap_store import SwapStore
 
 KINDS = ("param", "exp_avg", "exp_avg_sq")
 
@@ -47,13 +48,36 @@ class SubGroup:
         return DEVICE if self.dev is not None else HOST if self.on_host else NVME
 
 
+class StateOwner(Protocol):
+    """What TieredState and SwapStateSource read of the sub-grouped optimizer that holds them
+    (SwappedAdam, offload/optimizer_swap.py): its sub-groups, dtypes and sizes, its staging
+    buffers, its swap store (None without NVMe) and device tier, its step counts and
+    hyperparameters; disk reads and writes wait through its `_wait` and count in its
+    `bytes_read`/`bytes_written`."""
+
+    sub_groups: List["SubGroup"]
+    kind_dtypes: List[torch.dtype]
+    dtypes: Dict[str, torch.dtype]
+    numels: List[int]
+    steps: List[int]
+    hyper: torch.optim.Optimizer
+    buffers: List[List[torch.Tensor]]
+    store: Optional["SwapStore"]
+    device_tier: Optional["DeviceTier"]
+    uses_disk: bool
+    bytes_read: int
+    bytes_written: int
+
+    def _wait(self, tickets) -> None: ...
+
+
 class SwapStateSource:
     """One group's partition of one state kind, produced sub-group by sub-group from the
     swap store through the swapper's staging buffers (a checkpoint/stream.py source: a
     yielded chunk stays valid until the staging buffers come round again, more than the
     writer's DEPTH chunks later)."""
 
-    def __init__(self, swapper: "SwappedAdam", group: int, kind: str, numel: int = -1):
+    def __init__(self, swapper: StateOwner, group: int, kind: str, numel: int = -1):
         self.swapper, self.group, self.kind = swapper, group, KINDS.index(kind)
         numel = swapper.numels[group] if numel < 0 else numel
         self.shape, self.dtype = torch.Size([numel]), swapper.dtypes[kind]
@@ -91,7 +115,7 @@ class TieredState:
     `hyper`, staging `buffers`, `store` (None without NVMe) and `device_tier`; disk reads
     and writes go through its `_wait` and count in its `bytes_read`/`bytes_written`."""
 
-    def __init__(self, opt: "SwappedAdam"):
+    def __init__(self, opt: StateOwner):
         self.opt = opt
 
     def location(self, s: SubGroup) -> str:

@@ -288,6 +288,11 @@ class ZeroOptimizerBase:
     def cur_scale(self) -> float:
         return self.loss_scaler.loss_scale
 
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """fp16 with `loss_scale` 0: the scale adapts to overflows (DeepSpeed's attribute)."""
+        return self.loss_scaler.dynamic
+
     # DeepSpeed's optimizer wrappers name the model's training dtype and their loss-scale
     # settings so (its test_ds_initialize reads both); the engine's scaler holds the latter.
     @property

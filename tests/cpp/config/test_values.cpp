@@ -209,7 +209,18 @@ TEST(UnknownKeys, UnimplementedDeepSpeedFeaturesAreAcceptedWithAWarning) {
                  "compression_training: accepted for compatibility, but zerostream does not "
                  "implement this DeepSpeed feature");
   EXPECT_FALSE(testing::has_message(r.warnings, "curriculum_learning"));
-  EXPECT_WARNING(r, "comms_logger.enabled: zerostream does not implement");
+  // Implemented (zerostream/comms_logging.py): no warning.
+  EXPECT_FALSE(testing::has_message(r.warnings, "comms_logger"));
+}
+
+TEST(CommsLogger, ProfOpsMustBeAListOfNames) {
+  const Resolution r = check(with_batch(R"("comms_logger": {"prof_ops": ["all_reduce"]})"));
+  EXPECT_OK(r);
+  EXPECT_EQ(r.at("comms_logger.prof_all"), true);  // DeepSpeed's default
+  EXPECT_ERROR(check(with_batch(R"("comms_logger": {"prof_ops": "all_reduce"})")),
+               "comms_logger.prof_ops: expected a list of collective names");
+  EXPECT_ERROR(check(with_batch(R"("comms_logger": {"prof_ops": ["all_reduce", 3]})")),
+               "comms_logger.prof_ops: expected a list of collective names");
 }
 
 TEST(Extensions, AioBackendAndChecksums) {

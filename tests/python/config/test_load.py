@@ -304,6 +304,9 @@ def test_python_dataclasses_cover_every_schema_key():
         ("activation_checkpointing", config.ActivationCheckpointingConfig),
         ("flops_profiler", config.FlopsProfilerConfig),
         ("tensorboard", config.MonitorConfig),
+        ("csv_monitor", config.MonitorConfig),
+        ("comet", config.CometConfig),
+        ("comms_logger", config.CommsLoggerConfig),
         ("zerostream", config.ZeroStreamExtConfig),
     ):
         compare(cls, tree[name], name)

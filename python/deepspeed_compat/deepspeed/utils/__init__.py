@@ -13,6 +13,7 @@ from typing import List, Tuple
 
 import torch
 
+from zerostream.data import RepeatingLoader
 from zerostream.zero.stage3 import leaf as _leaf
 
 from . import groups, init_on_device, logging, numa, tensor_fragment, zero_to_fp32
@@ -85,6 +86,7 @@ __all__ = [
     *tensor_fragment.__all__,
     "logger",
     "log_dist",
+    "RepeatingLoader",
     "get_numactl_cmd",
     "set_z3_leaf_modules",
     "unset_z3_leaf_modules",

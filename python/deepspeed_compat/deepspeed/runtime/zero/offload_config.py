@@ -3,9 +3,11 @@ offload_optimizer sections (zerostream's typed, resolved section objects)."""
 
 import enum
 
-from zerostream.config import OffloadOptimizerConfig as DeepSpeedZeroOffloadOptimizerConfig
-from zerostream.config import OffloadParamConfig as DeepSpeedZeroOffloadParamConfig
 from zerostream.zero.state_offload import OffloadStateType as OffloadStateTypeEnum
+
+# The validating constructors (defaults from the schema; `DeepSpeedZeroOffloadOptimizerConfig()`
+# is the section with every default), whose isinstance() accepts zerostream's section objects.
+from .config import DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig
 
 
 class OffloadDeviceEnum(str, enum.Enum):
