@@ -205,7 +205,11 @@ def test_a_single_process_with_only_one_master_variable_set_still_starts():
         "comm.init_distributed()\n"
         "print(comm.get_rank(), comm.get_world_size())\n"
     )
-    for leftover in ({"MASTER_PORT": "1"}, {"MASTER_ADDR": "192.0.2.1"}):
+    for leftover in (
+        {"MASTER_PORT": "1"},
+        {"MASTER_ADDR": "192.0.2.1"},
+        {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "1"},  # a one-process world
+    ):
         env = {
             k: v
             for k, v in os.environ.items()

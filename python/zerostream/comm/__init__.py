@@ -134,6 +134,13 @@ def init_distributed(
             "call torch.distributed.init_process_group first"
         )
     single = (rank < 0 or world_size < 0) and _env_from_launchers(distributed_port)
+    # RANK=0 WORLD_SIZE=1 without a rendezvous address (left in a shell, or set by a script
+    # that expects one process) is one process too.
+    single = single or (
+        (rank < 0 or world_size < 0)
+        and os.environ.get("WORLD_SIZE") == "1"
+        and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    )
     backend = dist_backend or get_accelerator().communication_backend_name()
     kwargs = dict(backend=backend, timeout=timeout or default_timeout())
     if init_method is not None:
