@@ -5,13 +5,14 @@ state, and where that state lives (device, host arena, or NVMe swap store)."""
 from __future__ import annotations
 
 import logging
-from typing import List, Optional
+from typing import List, Optional, Type
 
 import torch
 
 from .. import comm
 from ..optim_factory import check_client_optimizer, client_groups, optimizer_maker
 from . import param_access
+from .base import ZeroOptimizerBase
 from .protocol import StageContext, ZeroOptimizer
 from .stage0 import ReplicatedOptimizer
 from .stage3.optimizer import Stage3Optimizer
@@ -27,7 +28,7 @@ _STAGES = {
 }
 
 
-def stage_class(stage: int) -> type:
+def stage_class(stage: int) -> Type[ZeroOptimizerBase]:
     """The class implementing `zero_optimization.stage` (its prepare_module runs first)."""
     return _STAGES[stage]
 
