@@ -34,13 +34,17 @@ def stage_class(stage: int) -> Type[ZeroOptimizerBase]:
 
 
 def build_zero_optimizer(
-    ctx: StageContext, param_groups: List[dict], client=None
+    ctx: StageContext,
+    param_groups: List[dict],
+    client=None,
+    cls: Optional[Type[ZeroOptimizerBase]] = None,
 ) -> Optional[ZeroOptimizer]:
     """The run's ZeRO optimizer over `param_groups` (trainable groups of the placed module),
-    or None when the run has no optimizer (stage 0 inference)."""
+    or None when the run has no optimizer (stage 0 inference). `cls`: the stage's class, as
+    the engine looked it up (stage_class when not given)."""
     cfg = ctx.config
     stage = cfg.zero_stage
-    cls = stage_class(stage)
+    cls = stage_class(stage) if cls is None else cls
     groups = client_groups(client, param_groups)
     _check_client_states(client, cfg)
     if stage > 0 and _sub_grouped(cfg.zero_optimization, cfg.zerostream):
