@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Checks, without changing anything, that the C++ is formatted (clang-format, .clang-format)
-# and that the Python passes ruff's lint rules and formatter ([tool.ruff] in pyproject.toml).
-# Both tools are pinned, since another version formats differently: clang-format-14 from
-# Debian 12 (installed here if missing) and ruff from requirements.txt (.venv, made by
-# scripts/setup.sh). Called by scripts/test.sh; safe to run by hand.
+# and that the Python passes ruff's lint rules and formatter ([tool.ruff] in pyproject.toml)
+# and the type checker ([tool.mypy]). The tools are pinned, since another version formats or
+# flags differently: clang-format-14 from Debian 12 (installed here if missing), ruff and mypy
+# from requirements.txt (.venv, made by scripts/setup.sh). Called by scripts/test.sh; safe to run by hand.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -28,6 +28,11 @@ cxx_sources | xargs -0 clang-format-14 --dry-run --Werror || status=1
 echo "[lint] $("$ruff" --version)"
 "$ruff" check --no-cache python tests examples benchmarks || status=1
 "$ruff" format --no-cache --check python tests examples benchmarks || status=1
+# The type checker ([tool.mypy] in pyproject.toml: what it checks, how strictly, and the
+# modules not yet clean), pinned beside ruff.
+mypy=${ZS_MYPY:-.venv/bin/mypy}
+echo "[lint] $("$mypy" --version)"
+"$mypy" --cache-dir build/mypy-cache || status=1
 
 if [ "$status" -ne 0 ]; then
   cat >&2 <<MSG

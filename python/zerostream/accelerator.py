@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -89,6 +89,35 @@ class _Accelerator:
         """Nothing to do: memory pinned by torch is released with the tensor (DeepSpeed's
         torch backend answers None too)."""
         return None
+
+    # What each accelerator implements (CpuAccelerator, CudaAccelerator), declared here so
+    # callers of get_accelerator() are type-checked against one interface.
+    def current_device(self) -> Union[int, str]:
+        raise NotImplementedError
+
+    def device_count(self) -> int:
+        raise NotImplementedError
+
+    def set_device(self, device_index: int) -> None:
+        raise NotImplementedError
+
+    def synchronize(self, device_index: Optional[int] = None) -> None:
+        raise NotImplementedError
+
+    def is_fp16_supported(self) -> bool:
+        raise NotImplementedError
+
+    def pin_memory(self, tensor: torch.Tensor, align_bytes: int = 1) -> torch.Tensor:
+        raise NotImplementedError
+
+    def empty_cache(self) -> None:
+        raise NotImplementedError
+
+    def memory_room(self) -> Optional[Tuple[int, int, int]]:
+        raise NotImplementedError
+
+    def reset_memory_peak(self) -> None:
+        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"<zerostream accelerator {self._name}>"

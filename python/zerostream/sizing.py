@@ -19,7 +19,7 @@ Dtypes are named as the config names them: "fp32", "bf16", "fp16".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Optional
+from typing import Any, Iterable, List, Optional
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 HALF = ("bf16", "fp16")  # the 16-bit dtypes a CPU kernel reads gradients in (COPY_DTYPES)
@@ -88,7 +88,7 @@ def offloaded_grad_dtype(
     return "fp32"
 
 
-def offloaded_grad_bytes(*args, **kwargs) -> int:
+def offloaded_grad_bytes(*args: Any, **kwargs: Any) -> int:
     """Bytes an element of an offloaded gradient partition (offloaded_grad_dtype's)."""
     return DTYPE_BYTES[offloaded_grad_dtype(*args, **kwargs)]
 

@@ -98,34 +98,38 @@ def config_text(config: Any) -> Tuple[str, str]:
     )
 
 
-def _context(require_batch, **known) -> "_C.RunContext":
-    """What the run knows (None: unknown), for "auto" and the batch rule."""
-    ctx = _C.RunContext()
-    ctx.require_batch = require_batch
-    for name, value in known.items():
-        setattr(ctx, name, value)
-    return ctx
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """What the run knows when its config is read (None: unknown): what "auto" values and the
+    batch rule are resolved from. validate() and load() take these as keywords."""
+
+    world_size: Optional[int] = None
+    train_batch_size: Optional[int] = None
+    micro_batch_size: Optional[int] = None
+    gradient_accumulation_steps: Optional[int] = None
+    hidden_size: Optional[int] = None
+    model_dtype: Optional[str] = None
+    lr: Optional[float] = None
+    total_num_steps: Optional[int] = None
+
+    def native(self, require_batch: bool) -> "_C.RunContext":
+        """The native core's RunContext of these facts."""
+        ctx = _C.RunContext()
+        ctx.require_batch = require_batch
+        for f in dataclasses.fields(self):
+            setattr(ctx, f.name, getattr(self, f.name))
+        return ctx
 
 
-def validate(
-    config: Any,
-    *,
-    world_size: Optional[int] = None,
-    require_batch: bool = False,
-    train_batch_size=None,
-    micro_batch_size=None,
-    gradient_accumulation_steps=None,
-    hidden_size=None,
-    model_dtype=None,
-    lr=None,
-    total_num_steps=None,
-) -> dict:
+def validate(config: Any, *, require_batch: bool = False, **known: Any) -> dict:
     """Validates without raising: {"ok", "errors", "warnings", "notes", "tree", "resolved"}.
+    `known`: RunFacts' fields (world_size, hidden_size, ...).
 
     `resolved` maps every key path to {"value", "source"} with source one of
     "file", "default", "auto", "derived". The keys and values only: `zerostream config check`
     (config_check.check) also builds the optimizer and scheduler the config names.
     """
+    facts = RunFacts(**known)  # an unknown keyword is a TypeError naming it
     try:
         text, source = config_text(config)
     except ValueError as exc:
@@ -137,22 +141,7 @@ def validate(
             "tree": {},
             "resolved": {},
         }
-    result = _C.check_config(
-        text,
-        os.path.basename(source),
-        _context(
-            require_batch,
-            world_size=world_size,
-            train_batch_size=train_batch_size,
-            micro_batch_size=micro_batch_size,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            hidden_size=hidden_size,
-            model_dtype=model_dtype,
-            lr=lr,
-            total_num_steps=total_num_steps,
-        ),
-    )
-    return result
+    return _C.check_config(text, os.path.basename(source), facts.native(require_batch))
 
 
 # --- the typed tree -----------------------------------------------------------------------------
@@ -228,38 +217,18 @@ def build_config(tree: Mapping[str, Any]) -> DeepSpeedConfig:
 
 
 def load(
-    config: Any,
-    *,
-    world_size: Optional[int] = None,
-    require_batch: bool = True,
-    train_batch_size=None,
-    micro_batch_size=None,
-    gradient_accumulation_steps=None,
-    hidden_size=None,
-    model_dtype=None,
-    lr=None,
-    total_num_steps=None,
-    log: bool = True,
+    config: Any, *, require_batch: bool = True, log: bool = True, **known: Any
 ) -> DeepSpeedConfig:
     """Loads, validates and resolves a ds_config. Raises ConfigError (a ValueError)
-    listing every error."""
+    listing every error. `known`: RunFacts' fields (world_size, hidden_size, ...)."""
+    facts = RunFacts(**known)
     text, source = config_text(config)
     raw = _C.read_json_text(text, source)
     # An enabled `elasticity` section sets the batch keys for this world (elasticity.py).
-    elastic = elasticity.resolve_batch(raw, world_size or 1)
+    elastic = elasticity.resolve_batch(raw, facts.world_size or 1)
     if elastic is not None:
         raw, text = elastic, json.dumps(elastic)
-    context = _context(
-        require_batch,
-        world_size=world_size,
-        train_batch_size=train_batch_size,
-        micro_batch_size=micro_batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        hidden_size=hidden_size,
-        model_dtype=model_dtype,
-        lr=lr,
-        total_num_steps=total_num_steps,
-    )
+    context = facts.native(require_batch)
     try:
         res = _C.load_config(text, os.path.basename(source), context)
     except ValueError as exc:

@@ -30,7 +30,7 @@ class OffloadParamConfig:
     nvme_path: Optional[str]
     buffer_count: int
     buffer_size: int
-    max_in_cpu: Union[int, str]  # "auto": the most-read shards that fit (offload/tiers.py)
+    max_in_cpu: Union[int, str]  # "auto": the most-read shards that fit (offload/placement/)
     pin_memory: bool
 
 
@@ -295,12 +295,12 @@ class ZeroStreamExtConfig:
     offload_gradient_dtype: str
     # offload_optimizer nvme: optimizer-state elements per rank kept in host memory (whole
     # sub-groups, never written to the swap files), or "auto": as many as the free host
-    # memory allows (offload/tiers.py). 0: all on NVMe, DeepSpeed's behaviour.
+    # memory allows (offload/placement/). 0: all on NVMe, DeepSpeed's behaviour.
     optimizer_max_in_cpu: Union[int, str]
     # ZeRO-3 with offload_optimizer cpu or nvme: optimizer-state elements per rank kept and
     # stepped on the compute device (whole sub-groups, the first in step order, as
     # offload_optimizer.ratio places them), or "auto": as many as the device memory a
-    # measured step leaves allows (offload/device_auto.py). 0: none, DeepSpeed's default.
+    # measured step leaves allows (offload/placement/device.py). 0: none, DeepSpeed's default.
     optimizer_max_on_device: Union[int, str]
     # offload_optimizer.ratio's device sub-groups: their gradients land on the device
     # ("device", DeepSpeed's behaviour) or cross to the host partition and back up for their

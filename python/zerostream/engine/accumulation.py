@@ -19,11 +19,14 @@ gradients arrive, 0/1 at the step), so only the engine's bookkeeping changes."""
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import TYPE_CHECKING, Iterator, Optional, Type
 
 from ..zero.protocol import RunState, TrainingState
 from .accessors import Accessors
 from .records import EngineCounters, TrainingParts, in_phase
+
+if TYPE_CHECKING:
+    from ..zero.base import ZeroOptimizerBase
 
 
 class NoSyncError(RuntimeError, ValueError, AssertionError):
@@ -36,7 +39,7 @@ class GradientAccumulation:
     def __init__(
         self,
         accessors: Accessors,
-        stage: type,
+        stage: "Type[ZeroOptimizerBase]",
         counters: EngineCounters,
         parts: TrainingParts,
         run: RunState,
@@ -88,7 +91,7 @@ class GradientAccumulation:
 
     # --- deferring the reduction ------------------------------------------------------------------
     @contextlib.contextmanager
-    def no_sync(self):
+    def no_sync(self) -> Iterator[None]:
         """Skips gradient reduction inside the context (stages 0 and 1 only)."""
         if self._ask.zero_optimization_partition_gradients():  # DeepSpeed's own test
             stage = self._ask.zero_optimization_stage()
@@ -109,7 +112,7 @@ class GradientAccumulation:
             self.in_window = False
 
     @contextlib.contextmanager
-    def coalesce_grad_reduction(self):
+    def coalesce_grad_reduction(self) -> Iterator[None]:
         """One gradient reduction for all the backwards inside the block (DeepSpeed's): they
         accumulate locally and the block's end reduces once; step() comes after the block.
         Note [Coalesced reduction] in zero/base.py. Unlike DeepSpeed, stage 0 and ZeRO-1's

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Type
 
 import torch
 
@@ -21,6 +21,9 @@ from ..config import DeepSpeedConfig
 from ..zero.protocol import RunState
 from .records import EngineCounters, Ranks, TrainingParts
 
+if TYPE_CHECKING:
+    from ..zero.base import ZeroOptimizerBase
+
 logger = logging.getLogger("zerostream")
 
 
@@ -30,7 +33,7 @@ class EngineCheckpoints:
         config: DeepSpeedConfig,
         ds_config: dict,
         module: torch.nn.Module,
-        stage: type,
+        stage: "Type[ZeroOptimizerBase]",
         ranks: Ranks,
         counters: EngineCounters,
         parts: TrainingParts,

@@ -117,7 +117,7 @@ class ZeroEngine(torch.nn.Module):
             self._parts,
             self._run,
         )
-        self.optimizer = build_zero_optimizer(ctx, groups, client=optimizer)
+        self.optimizer = build_zero_optimizer(ctx, groups, client=optimizer, cls=self._stage)
         # torch_autocast (Note [torch_autocast] in autocast.py): fp32 training, forward under
         # torch.autocast; the safe modules' params tagged with their communication dtype.
         self._autocast = autocast.plan(cfg.torch_autocast, cfg.zero_stage)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from .. import comm
 from ..checkpoint.target import TrainingCounters
@@ -50,7 +50,7 @@ class Ranks:
     mp_world_size: int = 1  # zerostream has no model parallelism
 
     @classmethod
-    def of(cls, dp_group) -> "Ranks":
+    def of(cls, dp_group: Any) -> "Ranks":
         return cls(
             global_rank=comm.get_rank(),
             world_size=comm.get_world_size(),
@@ -69,7 +69,7 @@ class TrainingParts:
     optimizer: Any = None
     lr_scheduler: Any = None
 
-    def require_optimizer(self, what: str):
+    def require_optimizer(self, what: str) -> Any:
         if self.optimizer is None:
             raise RuntimeError(
                 f"{what}: must provide optimizer during init in order to use backward/step"
@@ -78,7 +78,7 @@ class TrainingParts:
 
 
 @contextlib.contextmanager
-def in_phase(run: RunState, state: TrainingState):
+def in_phase(run: RunState, state: TrainingState) -> Iterator[None]:
     """`state` is the run's phase inside the block (the stage's hooks read it)."""
     previous, run.state = run.state, state
     try:
@@ -91,22 +91,22 @@ def field_of(record: str, name: str, writable: bool = False) -> property:
     """An engine attribute by DeepSpeed's name that is `record`'s field `name`: scripts read
     `engine.global_steps`, and some assign it (writable)."""
 
-    def get(self):
+    def get(self: Any) -> Any:
         return getattr(getattr(self, record), name)
 
-    def set(self, value):
+    def set(self: Any, value: Any) -> None:
         setattr(getattr(self, record), name, value)
 
     return property(get, set if writable else None, doc=f"{record}.{name}")
 
 
-def delegated(collaborator: str, method):
+def delegated(collaborator: str, method: Callable) -> Callable:
     """An engine method that calls `method` on the engine's attribute `collaborator`; it keeps
     the method's name, docstring and signature (functools.wraps), so the engine's API reads
     as before."""
 
     @functools.wraps(method)
-    def call(self, *args, **kwargs):
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         return method(getattr(self, collaborator), *args, **kwargs)
 
     return call

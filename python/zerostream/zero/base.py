@@ -140,7 +140,11 @@ class ZeroOptimizerBase:
         offload."""
         for hook in getattr(self, "_hooks", ()):
             hook.remove()
-        self._hooks = []
+        self._hooks: list = []
+
+    def after_backward(self) -> None:
+        """loss.backward() returned (each stage finishes its micro-step's hand-off)."""
+        raise NotImplementedError
 
     def make_placement(self, ctx: StageContext) -> None:
         """The stage's placer and its measuring window (offload/placement/): made before the

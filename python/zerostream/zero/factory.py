@@ -5,13 +5,14 @@ state, and where that state lives (device, host arena, or NVMe swap store)."""
 from __future__ import annotations
 
 import logging
-from typing import List, Optional
+from typing import List, Optional, Type
 
 import torch
 
 from .. import comm
 from ..optim_factory import check_client_optimizer, client_groups, optimizer_maker
 from . import param_access
+from .base import ZeroOptimizerBase
 from .protocol import StageContext, ZeroOptimizer
 from .stage0 import ReplicatedOptimizer
 from .stage3.optimizer import Stage3Optimizer
@@ -27,19 +28,23 @@ _STAGES = {
 }
 
 
-def stage_class(stage: int) -> type:
+def stage_class(stage: int) -> Type[ZeroOptimizerBase]:
     """The class implementing `zero_optimization.stage` (its prepare_module runs first)."""
     return _STAGES[stage]
 
 
 def build_zero_optimizer(
-    ctx: StageContext, param_groups: List[dict], client=None
+    ctx: StageContext,
+    param_groups: List[dict],
+    client=None,
+    cls: Optional[Type[ZeroOptimizerBase]] = None,
 ) -> Optional[ZeroOptimizer]:
     """The run's ZeRO optimizer over `param_groups` (trainable groups of the placed module),
-    or None when the run has no optimizer (stage 0 inference)."""
+    or None when the run has no optimizer (stage 0 inference). `cls`: the stage's class, as
+    the engine looked it up (stage_class when not given)."""
     cfg = ctx.config
     stage = cfg.zero_stage
-    cls = stage_class(stage)
+    cls = stage_class(stage) if cls is None else cls
     groups = client_groups(client, param_groups)
     _check_client_states(client, cfg)
     if stage > 0 and _sub_grouped(cfg.zero_optimization, cfg.zerostream):

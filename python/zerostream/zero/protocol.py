@@ -147,7 +147,7 @@ class ZeroOptimizer(Protocol):
         """Places the module's parameters and buffers and makes ranks agree on them."""
 
     @classmethod
-    def checkpointer(cls, module: torch.nn.Module, optimizer) -> "StageCheckpoint":
+    def checkpointer(cls, module: torch.nn.Module, optimizer: Any) -> "StageCheckpoint":
         """The stage's side of a checkpoint (Note [Stage checkpoints]); `optimizer` is None in
         a run without one."""
 
@@ -156,7 +156,7 @@ class ZeroOptimizer(Protocol):
         """Frees every gathered full parameter that is not persistent (stage 3)."""
 
     @classmethod
-    def close(cls, module: torch.nn.Module, optimizer) -> None:
+    def close(cls, module: torch.nn.Module, optimizer: Any) -> None:
         """Ends the stage: copies in flight finish, module hooks go, swap files are deleted."""
 
     def before_forward(self) -> None: ...

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Union
 
 import torch
 
@@ -23,7 +23,11 @@ KEY = "zerostream.optimizer_max_on_device"
 
 
 def build(
-    sub_groups: list, kind_dtypes, home: torch.device, ratio: float, max_on_device
+    sub_groups: list,
+    kind_dtypes: List[torch.dtype],
+    home: torch.device,
+    ratio: float,
+    max_on_device: Union[int, str],
 ) -> Optional[DeviceTier]:
     """The device tier placed when the optimizer is built: the first sub-groups in step order
     that offload_optimizer.ratio keeps (DeepSpeed's rule) or that fit an element count of
@@ -69,7 +73,9 @@ class DevicePlacement:
     sub-groups move. Its owner hands it the offloaded sub-groups and moves their state
     (`move(sub_group, from_disk)`, into the sub-group's just-allocated device tensors)."""
 
-    def __init__(self, max_on_device, home: torch.device, agree: Optional[Callable] = None):
+    def __init__(
+        self, max_on_device: Union[int, str], home: torch.device, agree: Optional[Callable] = None
+    ):
         self.pending = max_on_device == "auto"
         self.home = home
         self.agree = agree
@@ -102,7 +108,7 @@ class DevicePlacement:
         return self.place(offloaded, kind_dtypes, grad_itemsize, move)
 
     def place(
-        self, offloaded: List, kind_dtypes: List[torch.dtype], grad_itemsize: int, move
+        self, offloaded: List, kind_dtypes: List[torch.dtype], grad_itemsize: int, move: Callable
     ) -> Optional[DeviceTier]:
         """ "auto", at the start of an optimizer step after a measured one: the offloaded
         sub-groups that fit the device memory it leaves move there, for good."""

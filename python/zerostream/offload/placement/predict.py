@@ -5,7 +5,7 @@ the package docstring). Pure functions of one measured step."""
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from ..memory_preflight import skewed
 
@@ -93,7 +93,7 @@ class StepClock:
         self.shard_bytes = shard_bytes - shards0
         self.disk_bytes = moved_bytes - moved0 + self.shard_bytes
 
-    def predict(self, state_disk_bytes: int, shards_move=None) -> dict:
+    def predict(self, state_disk_bytes: int, shards_move: Optional[Any] = None) -> dict:
         """predict_step for a placement that leaves `state_disk_bytes` of optimizer state to
         read and write per step; `shards_move` (the placer's Move), if the shards moved into
         host memory since the last update, is not a step's cost, and the next update writes

@@ -83,10 +83,10 @@ class StepWindow:
         heap a retained step grew back goes first (Note [A step's excess])."""
         host_malloc.give_back_for_placement()
 
-    def wait_for_me(self, tier) -> None:
+    def wait_for_me(self, tier: object) -> None:
         self.waiting.add(tier)
 
-    def done(self, tier) -> None:
+    def done(self, tier: object) -> None:
         self.waiting.discard(tier)
 
     def step_ended(self) -> None:
