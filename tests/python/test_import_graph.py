@@ -137,6 +137,22 @@ def test_offload_imports_nothing_from_zero():
     assert "zerostream.offload.copy_stage" in GRAPH["zerostream.zero.stage3.param_swap"]
 
 
+def test_ops_import_from_offload_only_for_deepspeeds_aio_handle():
+    """ops/ (the CPU and device optimizer kernels, DeepSpeed's optimizer classes) sits below
+    offload/, whose tiers step their state with those kernels. The one exception is
+    DeepSpeed's op surface for async I/O, ops/aio.py (`deepspeed.ops.aio`, reached as
+    `zerostream.ops.aio` by scripts that import zerostream as deepspeed), a thin layer over
+    offload's I/O engine; the optimizers' aligned state comes from aligned.py, below both."""
+    ops = [m for m in MODULES if m.startswith("zerostream.ops")]
+    assert "zerostream.ops.adam" in ops
+    for module in ops:
+        bad = sorted(t for t in GRAPH[module] if t.startswith("zerostream.offload"))
+        if module in ("zerostream.ops", "zerostream.ops.aio"):
+            continue
+        assert not bad, f"{module} imports {bad}"
+    assert "zerostream.ops.adam" in GRAPH["zerostream.offload.optimizer_swap"]
+
+
 def test_the_sizing_module_stands_alone():
     """sizing.py is the one formula of each allocated size (Note [One formula per allocated
     size]): the runtime, the planner and the benches all call it, so it imports nothing of

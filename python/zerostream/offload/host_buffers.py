@@ -18,11 +18,12 @@ from typing import Optional
 import torch
 
 from zerostream import _C
+
+# Pageable O_DIRECT-aligned buffers live below ops/ and offload/ both; re-exported here.
+from zerostream.aligned import DIRECT_ALIGN, aligned_empty  # noqa: F401
 from zerostream.sizing import arena_bytes  # noqa: F401  (re-exported: the arena's unit)
 
 _N = _C.offload
-
-DIRECT_ALIGN = 4096  # O_DIRECT's buffer alignment on the filesystems the engine meets
 
 
 def tensor_span(tensor: torch.Tensor, what: str = "tensor") -> tuple[int, int]:
@@ -37,19 +38,6 @@ def tensor_span(tensor: torch.Tensor, what: str = "tensor") -> tuple[int, int]:
             f"stride {tensor.stride()})"
         )
     return tensor.data_ptr(), tensor.numel() * tensor.element_size()
-
-
-def aligned_empty(shape, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-    """An uninitialised tensor whose data starts on a DIRECT_ALIGN boundary (plain pageable
-    memory: no arena, no budget). torch's allocator aligns to 64 B, and the engine reads or
-    writes a buffer misaligned against its file offset through 1 MiB bounce buffers on its
-    completion thread (1.1-1.7 GB/s on the dev VM's disk against 2.5-2.6 straight; Note [Bounce
-    buffers]): large tensors that checkpoints or swap files move should come from here."""
-    shape = torch.Size(shape if isinstance(shape, (tuple, list, torch.Size)) else (shape,))
-    nbytes = shape.numel() * dtype.itemsize
-    raw = torch.empty(nbytes + DIRECT_ALIGN, dtype=torch.uint8)
-    skip = (-raw.data_ptr()) % DIRECT_ALIGN
-    return raw[skip : skip + nbytes].view(dtype).view(shape)
 
 
 def populate(tensor: torch.Tensor) -> torch.Tensor:

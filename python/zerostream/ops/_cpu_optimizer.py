@@ -18,8 +18,8 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 import torch
 
 from zerostream import _C
+from zerostream.aligned import aligned_empty
 from zerostream.lazy_tensor import LazyTensor
-from zerostream.offload.host_buffers import aligned_empty
 from zerostream.ops.threads import optimizer_threads
 from zerostream.precision import COPY_DTYPES
 
@@ -158,7 +158,7 @@ ALIGNED_STATE_BYTES = 1 << 20
 
 def _state_tensor(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised state tensor. Large ones start on a 4 KiB boundary, so a
-    checkpoint reads and writes them straight to and from the disk (offload/host_buffers.py
+    checkpoint reads and writes them straight to and from the disk (aligned.py
     aligned_empty) instead of through the engine's bounce buffers at half the speed."""
     shape = torch.Size(shape)
     if shape.numel() * dtype.itemsize < ALIGNED_STATE_BYTES:
