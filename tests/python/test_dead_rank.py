@@ -94,9 +94,12 @@ def test_survivor_names_itself_the_collective_and_the_killed_rank():
     # stage 2, overlap_comm: the failure surfaces from the reduction's work.wait()
     message, frames = out["overlapped"]
     assert re.match(r"\[rank 0\] all_reduce failed: " + gone, message), message
-    # The reducer's frame, then the handle's: a bucket whose collective ended (in error too)
-    # is landed during backward (_land_finished), else at its end (after_backward).
-    assert frames[-1] == "wait" and frames[-2] in ("_land_finished", "after_backward"), frames
+    # From the reducer: a bucket whose collective ended (in error too) is landed during
+    # backward (_land_finished), else at its end (after_backward), where the handle's wait()
+    # raises; when rank 1's exit reached rank 0 before the bucket was issued, Gloo refuses the
+    # call itself (comm's wrapper, `call`), still under the reducer's frames.
+    assert frames[-1] in ("wait", "call"), frames
+    assert {"_land_finished", "after_backward"} & set(frames[:-1]), frames
     assert out["handle"] == ("NamedWork", True)  # the Work's own methods still answer
     assert re.match(r"\[rank 0\] all_reduce failed: " + gone, out["waited"]), out
     assert re.match(r"\[rank 0\] all_reduce failed: " + gone, out["sync"]), out
