@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -86,6 +86,8 @@ class SwappedAdam:
         host_preflight: Optional[Callable[[int], None]] = None,
     ):
         offload = zero.offload_optimizer
+        if offload is None:
+            raise ValueError("zero_optimization.offload_optimizer: required for a tiered optimizer")
         self.placer = placer if placer is not None else placement.Placer()
         # Reads and writes of ranges of the state wherever it lives (checkpoints, one
         # parameter's state, weights set from outside).
@@ -172,6 +174,10 @@ class SwappedAdam:
         if not self.uses_disk:
             self._write_initial_state(sources)
             return
+        if not offload.nvme_path:
+            raise ValueError(
+                'zero_optimization.offload_optimizer.nvme_path: required with "device": "nvme"'
+            )
         engine = IoEngine(io_config_for(aio))
         try:
             self.store = SwapStore(
@@ -208,7 +214,9 @@ class SwappedAdam:
 
     def _host_state(self, s: SubGroup) -> List[torch.Tensor]:
         """A host-tier sub-group's (param, exp_avg, exp_avg_sq), from the host arena."""
-        return [self.host_arena.empty(s.hi - s.lo, d) for d in self.kind_dtypes]
+        arena = self.host_arena
+        assert arena is not None, "a host-tier sub-group's arena is made before its state"
+        return [arena.empty(s.hi - s.lo, d) for d in self.kind_dtypes]
 
     def _staged(self, slot: int, n: int) -> List[torch.Tensor]:
         """Staging slot `slot`'s three buffers as n elements of each kind's dtype."""
@@ -275,14 +283,14 @@ class SwappedAdam:
                 src[s.lo : s.hi] if isinstance(src, torch.Tensor) else src.read_range(s.lo, s.hi)
             )
             if not s.on_disk:
-                state = s.host if s.on_host else s.dev
+                state = s.resident()
                 state[0].copy_(values)
                 state[1].zero_()
                 state[2].zero_()
                 continue
             staged = self._staged(0, n)
             staged[0].copy_(values)
-            tickets = [self.store.write(3 * s.index + k, buf) for k, buf in enumerate(staged)]
+            tickets = [self.disk.write(3 * s.index + k, buf) for k, buf in enumerate(staged)]
             for t in tickets:
                 t.wait()
             self.bytes_written += self.element_bytes * n
@@ -291,17 +299,23 @@ class SwappedAdam:
     def take_out_of_store(self, s: SubGroup, into: List[torch.Tensor]) -> None:
         """Sub-group `s`'s three kinds read from the swap store into `into` (blocking), and
         its extents freed: its state lives elsewhere from now on (a tier's "auto" move)."""
-        self._wait([self.store.read(3 * s.index + k, t) for k, t in enumerate(into)])
+        self._wait([self.disk.read(3 * s.index + k, t) for k, t in enumerate(into)])
         self.bytes_read += self.element_bytes * (s.hi - s.lo)
         for k in range(len(KINDS)):
-            self.store.free(3 * s.index + k)
+            self.disk.free(3 * s.index + k)
 
     def _read(self, s: SubGroup, slot: int):
         n = s.hi - s.lo
         self.bytes_read += self.element_bytes * n
-        return [
-            self.store.read(3 * s.index + k, buf) for k, buf in enumerate(self._staged(slot, n))
-        ]
+        return [self.disk.read(3 * s.index + k, buf) for k, buf in enumerate(self._staged(slot, n))]
+
+    @property
+    def disk(self) -> SwapStore:
+        """The swap store; only sub-groups on disk reach it, and offload_optimizer "cpu" with
+        a device tier has none."""
+        if self.store is None:
+            raise RuntimeError('offload_optimizer "cpu": this optimizer keeps nothing on disk')
+        return self.store
 
     def _wait(self, tickets) -> None:
         start = time.perf_counter()
@@ -346,13 +360,13 @@ class SwappedAdam:
         disk = [s for s in self.sub_groups if s.on_disk]
         slot_of = {s.index: j % self.sets for j, s in enumerate(disk)}
         pending_reads = {0: self._read(disk[0], 0)} if disk else {}
-        pending_writes = {}
+        pending_writes: Dict[int, list] = {}
         j = 0  # the next NVMe sub-group's position in `disk`
         for s in self.sub_groups:
-            if s.dev is not None:
+            dt = self.device_tier
+            if s.dev is not None and dt is not None:
                 group = self.hyper.param_groups[s.group]
                 step = self.steps[s.group]
-                dt = self.device_tier
                 dt.update(s, grads, partitions, group, step, self.adamw_mode, grad_scale, stage)
                 continue
             if s.on_host:
@@ -368,7 +382,7 @@ class SwappedAdam:
             n = s.hi - s.lo
             staged = self._staged(slot, n)
             self._update(s, staged, grads, partitions, grad_scale)
-            writes = [self.store.write(3 * s.index + k, buf) for k, buf in enumerate(staged)]
+            writes = [self.disk.write(3 * s.index + k, buf) for k, buf in enumerate(staged)]
             self.bytes_written += self.element_bytes * n
             if self.pipeline_write:
                 pending_writes[slot] = writes
@@ -401,12 +415,12 @@ class SwappedAdam:
         if on_disk:
             staged = self._staged(0, s.hi - s.lo)
             self.take_out_of_store(s, staged)
-            for dev, t in zip(s.dev, staged):
+            for dev, t in zip(s.resident(), staged):
                 dev.copy_(t)
         else:
-            for dev, t in zip(s.dev, s.host):
+            host, s.host = s.resident(), None
+            for dev, t in zip(s.resident(), host):
                 dev.copy_(t)
-            s.host = None
 
     def _offloaded_changed(self) -> None:
         """Sub-groups moved to the device ("auto"): the host and NVMe tiers are what is
@@ -499,11 +513,11 @@ class SwappedAdam:
                 self.take_out_of_store(s, host)
                 s.host = host
         placed = {s.index for s in moving}
-        host = sum(s.hi - s.lo for s in moving)
+        kept = sum(s.hi - s.lo for s in moving)
         self.tiers = placement.TierPlan(
             [placement.HOST if s.index in placed else placement.NVME for s in self.offloaded],
-            host,
-            sum(sizes) - host,
+            kept,
+            sum(sizes) - kept,
             plan.budget_elements,
             plan.source,
             self.element_bytes,
@@ -583,7 +597,7 @@ class SwappedAdam:
                     "end": s.hi,
                     "tier": s.tier,
                     **(
-                        {k: self.store.extent_of(3 * s.index + i) for i, k in enumerate(KINDS)}
+                        {k: self.disk.extent_of(3 * s.index + i) for i, k in enumerate(KINDS)}
                         if s.on_disk
                         else {}
                     ),

@@ -39,6 +39,14 @@ class SubGroup:
     def on_host(self) -> bool:
         return self.host is not None
 
+    def resident(self) -> List[torch.Tensor]:
+        """Its (param, exp_avg, exp_avg_sq) where they live in memory: the host tier's, or
+        the device tier's; a sub-group on disk has none."""
+        state = self.host if self.host is not None else self.dev
+        if state is None:
+            raise RuntimeError(f"optimizer sub-group {self.index} lives on disk, not in memory")
+        return state
+
     @property
     def on_disk(self) -> bool:
         return self.host is None and self.dev is None
@@ -68,7 +76,10 @@ class StateOwner(Protocol):
     bytes_read: int
     bytes_written: int
 
-    def _wait(self, tickets) -> None: ...
+    @property
+    def disk(self) -> "SwapStore": ...
+
+    def _wait(self, tickets: list) -> None: ...
 
 
 class SwapStateSource:
@@ -97,10 +108,10 @@ class SwapStateSource:
             if s.lo >= end:
                 return
             if s.on_host:  # in place: valid as long as the state is
-                yield s.host[self.kind][: min(s.hi, end) - s.lo]
+                yield s.resident()[self.kind][: min(s.hi, end) - s.lo]
                 continue
             if s.dev is not None:  # a host copy of its own
-                yield s.dev[self.kind][: min(s.hi, end) - s.lo].to("cpu")
+                yield s.resident()[self.kind][: min(s.hi, end) - s.lo].to("cpu")
                 continue
             buf = bufs[staged % len(bufs)].view(self.dtype)[: s.hi - s.lo]
             staged += 1
@@ -120,15 +131,16 @@ class TieredState:
 
     def location(self, s: SubGroup) -> str:
         """Where sub-group `s`'s state is, in words (error messages)."""
-        if s.dev is not None:
-            return f"{self.opt.device_tier.device} memory (the device tier: {RATIO_KEY} or {KEY})"
+        tier = self.opt.device_tier
+        if s.dev is not None and tier is not None:
+            return f"{tier.device} memory (the device tier: {RATIO_KEY} or {KEY})"
         if s.on_host:
             return "host memory (" + (
                 "zerostream.optimizer_max_in_cpu)"
                 if self.opt.uses_disk
                 else 'offload_optimizer "cpu")'
             )
-        path, offset, _ = self.opt.store.extent_of(3 * s.index)
+        path, offset, _ = self.opt.disk.extent_of(3 * s.index)
         return f"{path} at offset {offset}"
 
     def sub_group_at(self, group: int, element: int) -> SubGroup:
@@ -139,7 +151,12 @@ class TieredState:
         raise IndexError(f"param group {group} has no element {element} in this partition")
 
     def write_state(
-        self, group: int, lo: int, values: torch.Tensor, kind: str = "param", then=None
+        self,
+        group: int,
+        lo: int,
+        values: "torch.Tensor | LazyTensor",
+        kind: str = "param",
+        then=None,
     ) -> None:
         """Overwrites elements [lo, lo + len(values)) of `group`'s `kind` on NVMe (a weight
         changed outside the optimizer, e.g. by GatheredParameters, or a checkpoint being
@@ -153,9 +170,9 @@ class TieredState:
             if s.group != group or a >= b:
                 continue
             n = s.hi - s.lo
-            target = s.host[k] if s.on_host else s.dev[k] if s.dev is not None else buf[:n]
+            target = buf[:n] if s.on_disk else s.resident()[k]
             if (a, b) != (s.lo, s.hi) and s.on_disk:
-                self.opt._wait([self.opt.store.read(3 * s.index + k, buf[:n])])
+                self.opt._wait([self.opt.disk.read(3 * s.index + k, buf[:n])])
                 self.opt.bytes_read += dtype.itemsize * n
             piece = target[a - s.lo : b - s.lo]
             if isinstance(values, LazyTensor):  # a checkpoint's FileTensor, piecewise
@@ -170,7 +187,7 @@ class TieredState:
             if then is not None:  # the whole sub-group's new values, before they go out
                 then(group, s.lo, s.hi, target)
             if s.on_disk:
-                self.opt._wait([self.opt.store.write(3 * s.index + k, buf[:n])])
+                self.opt._wait([self.opt.disk.write(3 * s.index + k, buf[:n])])
                 self.opt.bytes_written += dtype.itemsize * n
 
     def read_range(self, group: int, lo: int, hi: int, kind: str = "param") -> torch.Tensor:
@@ -185,10 +202,10 @@ class TieredState:
             if s.group != group or a >= b:
                 continue
             if not s.on_disk:
-                state = s.host if s.on_host else s.dev
+                state = s.resident()
                 out[a - lo : b - lo].copy_(state[k][a - s.lo : b - s.lo])
                 continue
-            self.opt._wait([self.opt.store.read(3 * s.index + k, buf[: s.hi - s.lo])])
+            self.opt._wait([self.opt.disk.read(3 * s.index + k, buf[: s.hi - s.lo])])
             self.opt.bytes_read += dtype.itemsize * (s.hi - s.lo)
             out[a - lo : b - lo].copy_(buf[a - s.lo : b - s.lo])
         return out

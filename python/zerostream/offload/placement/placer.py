@@ -31,9 +31,11 @@ class HostTier(Protocol):
     """A tier that "auto" places in host memory (the parameter shards' ParamSwapper, the
     optimizer state's SwappedAdam)."""
 
-    # True while it waits for a step to measure before it may place (the shards: a recorded
-    # stage-3 trace not yet run as planned); the other tier waits for it then.
-    waiting_for_plan: bool
+    @property
+    def waiting_for_plan(self) -> bool:
+        """True while it waits for a step to measure before it may place (the shards: a
+        recorded stage-3 trace not yet run as planned); the other tier waits for it then."""
+        ...
 
     def disk_bytes(self) -> int:
         """Host bytes its state still on disk would take if it all moved in."""

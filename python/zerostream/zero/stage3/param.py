@@ -186,6 +186,13 @@ class ZeroParam:
         self.state = ShardState.SHARDED
         self._publish()
 
+    def shard_in_memory(self) -> torch.Tensor:
+        """The shard where it lives in memory (device, host or an arena); one on NVMe or not
+        yet partitioned has none here."""
+        if self.shard is None:
+            raise RuntimeError(f"ZeRO-3 param {self.ds_id}: its shard is not in memory")
+        return self.shard
+
     def move_shard(self, home: ShardHome, shard: Optional[torch.Tensor] = None) -> None:
         """The one place a shard's home changes (Note [Shard homes]): `shard` is the tensor
         that holds it now (None for NVME, whose bytes the swap store already has)."""

@@ -121,17 +121,17 @@ class ParamSwapper:
         completed go back first, then reads issued ahead land (oldest first), then the host
         waits for the oldest upload still reading a buffer (`uploads`, the copy stage);
         only then does it wait on the arena."""
-        self._ensure_arena(numel, dtype, reading)
+        arena = self._ensure_arena(numel, dtype, reading)
         while True:
             if uploads is not None:
                 uploads.release_held()
-            buf = self.arena.try_empty(numel, dtype)
+            buf = arena.try_empty(numel, dtype)
             if buf is not None:
                 return buf
             if self.pending:
                 self.pending[0].land()
             elif uploads is None or not uploads.release_held(wait=True):
-                return self.arena.empty(numel, dtype)
+                return arena.empty(numel, dtype)
 
     def _buffer_bytes(self) -> int:
         """One buffer of buffer_size 16-bit elements, as the arena counts it."""
@@ -159,7 +159,7 @@ class ParamSwapper:
         )
         self.buffer_count = count  # the next read makes the larger arena (_ensure_arena)
 
-    def _ensure_arena(self, numel: int, dtype: torch.dtype, reading: bool = True) -> None:
+    def _ensure_arena(self, numel: int, dtype: torch.dtype, reading: bool = True) -> HostArena:
         """Makes the arena hold two shards of `numel`, and for reads buffer_count x
         buffer_size if larger. A larger budget replaces the arena only when no read ahead
         holds its buffers (buffers already handed out keep the old arena's memory until
@@ -185,6 +185,7 @@ class ParamSwapper:
             # Staging hands buffers out and back every gather: one registration for all.
             self.arena = HostArena(budget, lock=self.pin_memory, register=True, pooled=True)
             self.arena_bytes = budget
+        return self.arena
 
     def start_reads(
         self, zps: List[ZeroParam], send: torch.Tensor, offsets: List[int], uploads=None
@@ -198,10 +199,10 @@ class ParamSwapper:
         for zp, off in zip(zps, offsets):
             buf = None
             if zp.on_nvme:
-                self._ensure_arena(zp.shard_numel, zp.dtype)
+                arena = self._ensure_arena(zp.shard_numel, zp.dtype)
                 if uploads is not None:
                     uploads.release_held()  # buffers whose uploads completed are free again
-                buf = self.arena.try_empty(zp.shard_numel, zp.dtype)
+                buf = arena.try_empty(zp.shard_numel, zp.dtype)
             if buf is None:
                 later.append((zp, off))
                 self.deferred_reads += zp.on_nvme
@@ -281,6 +282,7 @@ class ParamSwapper:
         before = len(self._in_cpu)
         if self.placer is None:  # no stage has adopted the shards: one rank's own placer
             self.join(Placer())
+        assert self.placer is not None  # join sets it
         self.placer.place(self)
         self.pending_reads, self.plan_has_run = None, False
         return len(self._in_cpu) - before
@@ -347,7 +349,7 @@ class ParamSwapper:
         """Writes `values` (one shard) as `zp`'s shard, wherever that lives."""
         if not zp.on_nvme:
             with torch.no_grad():
-                zp.shard.copy_(values)
+                zp.shard_in_memory().copy_(values)
             return
         self._write_extent(zp, values)
 
@@ -381,7 +383,7 @@ class ParamSwapper:
         start, before = time.perf_counter(), self.bytes_read
         for zp, off in zip(zps, offsets):
             if not zp.on_nvme:
-                to_device(uploads, zp.shard, send[off : off + zp.shard_numel])
+                to_device(uploads, zp.shard_in_memory(), send[off : off + zp.shard_numel])
                 continue
             buf = self._host(zp.shard_numel, zp.dtype, uploads)
             pending.append((zp, off, buf, self.store.read(zp.ds_id, buf)))
@@ -411,7 +413,7 @@ class ParamSwapper:
     def read(self, zp: ZeroParam) -> torch.Tensor:
         """One shard as a host tensor (a copy of it for host-resident shards)."""
         if not zp.on_nvme:
-            return zp.shard.clone()
+            return zp.shard_in_memory().clone()
         out = torch.empty(zp.shard_numel, dtype=zp.dtype)
         self.read_into([zp], out, [0])
         return out
@@ -515,6 +517,8 @@ class ShardSink(StagedSink):
     def commit(self, lo: int, hi: int) -> None:
         """Writes every shard completed by the staged piece [lo, hi)."""
         stage, self._stage = self._stage, None
+        if stage is None:
+            raise RuntimeError("ShardSink.commit: no piece was staged (staging() comes first)")
         for zp, start in zip(self.zps, self.starts):
             end = start + zp.shard_numel
             a, b = max(lo, start), min(hi, end)
