@@ -153,6 +153,12 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
                     _validate(*check)
             except (OSError, RuntimeError, ValueError) as e:
                 first = first or e
+        # The engine keeps each request it was given (and so the request's open file, two
+        # descriptors) until its own wait_all; every one of this handle's requests is done
+        # and observed now, so this returns at once and closes them. Without it a handle
+        # that writes a file that is then deleted (checkpoint rotation) held the deleted
+        # file's blocks until the handle went.
+        self._engine.wait_all()
         if first is not None:
             raise first
         return len(pending)
