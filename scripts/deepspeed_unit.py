@@ -43,6 +43,14 @@ from deepspeed_unit_causes import CAUSES  # noqa: E402
 FILES = [
     # The NVMe I/O handle (aio_handle: 1 KiB blocks, descriptors, offsets)
     "unit/v1/nvme/test_aio.py",
+    # Pinned memory: the pin_memory op, the shared locked-tensor manager, the native backend
+    "unit/v1/nvme/test_pinned_manager.py",
+    "unit/v1/pin_memory/test_pin_memory_op.py",
+    "unit/v1/pin_memory/test_pin_memory.py",
+    "unit/v1/pin_memory/test_destroy_unpin.py",
+    "unit/utils/test_pin_memory_tracker.py",
+    # deepspeed.io's FastFileWriter (skips itself without CUDA; it must import)
+    "unit/v1/nvme/test_fast_file_writer_fd_close.py",
     # The launcher: the runners' command lines, resource filters, arguments
     "unit/launcher/test_run.py",
     "unit/launcher/test_multinode_runner.py",

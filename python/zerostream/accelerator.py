@@ -13,6 +13,20 @@ from typing import Optional, Tuple, Union
 import torch
 
 
+def _native_pins():
+    """The process's locked tensors when DS_PIN_MEMORY_BACKEND=native, else None."""
+    from zerostream.offload.locked_tensors import locked_tensors, native_backend
+
+    return locked_tensors() if native_backend() else None
+
+
+def pin_tally():
+    """The process's pinned-memory tally (offload/pin_tally.py)."""
+    from zerostream.offload.pin_tally import tally
+
+    return tally()
+
+
 class _Accelerator:
     _name = ""
     _backend = ""
@@ -76,19 +90,40 @@ class _Accelerator:
         torch.manual_seed(seed)
 
     def is_pinned(self, tensor: torch.Tensor) -> bool:
-        """Whether `tensor` is in page-locked memory; False for one without storage (meta,
-        fake tensors), whose bytes must not be touched."""
+        """Whether `tensor` is in page-locked memory (inside a locked tensor's range under
+        DS_PIN_MEMORY_BACKEND=native); False for one without storage (meta, fake tensors),
+        whose bytes must not be touched."""
         if tensor.is_meta or type(tensor).__name__ == "FakeTensor":
             return False
+        pins = _native_pins()
+        if pins is not None and pins.is_pinned(tensor):
+            return True
         try:
             return bool(tensor.is_pinned())
         except (RuntimeError, NotImplementedError):
             return False
 
-    def unpin_memory(self, tensor: torch.Tensor) -> None:
-        """Nothing to do: memory pinned by torch is released with the tensor (DeepSpeed's
-        torch backend answers None too)."""
-        return None
+    def unpin_memory(self, tensor: torch.Tensor) -> Optional[bool]:
+        """Native backend: forgets the tensor's locked range (True if it had one). Torch
+        backend: None, nothing to do (torch's pinned memory goes with the tensor)."""
+        pins = _native_pins()
+        return None if pins is None else pins.unpin(tensor)
+
+    def pin_memory(
+        self, tensor: torch.Tensor, make_copy: bool = True, match_shape: bool = True
+    ) -> torch.Tensor:
+        """DeepSpeed's: under DS_PIN_MEMORY_BACKEND=native a page-locked copy from the
+        process's locked tensors (offload/locked_tensors.py; `make_copy` False leaves its
+        values unset, `match_shape` False makes it flat), else this accelerator's torch
+        pinning. Both are counted in the pinned-memory tally."""
+        pin_tally().track(tensor.nbytes)
+        pins = _native_pins()
+        if pins is not None:
+            return pins.pin(tensor, make_copy, match_shape)
+        return self._torch_pin_memory(tensor)
+
+    def _torch_pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     # What each accelerator implements (CpuAccelerator, CudaAccelerator), declared here so
     # callers of get_accelerator() are type-checked against one interface.
@@ -105,9 +140,6 @@ class _Accelerator:
         raise NotImplementedError
 
     def is_fp16_supported(self) -> bool:
-        raise NotImplementedError
-
-    def pin_memory(self, tensor: torch.Tensor, align_bytes: int = 1) -> torch.Tensor:
         raise NotImplementedError
 
     def empty_cache(self) -> None:
@@ -165,8 +197,8 @@ class CpuAccelerator(_Accelerator):
         except (AttributeError, RuntimeError):
             return False
 
-    def pin_memory(self, tensor: torch.Tensor, align_bytes: int = 1) -> torch.Tensor:
-        # Page-locking only helps DMA to a GPU; there is none.
+    def _torch_pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
+        # Torch's page-locking only helps DMA to a GPU; there is none.
         return tensor
 
     def empty_cache(self) -> None:
@@ -230,7 +262,7 @@ class CudaAccelerator(_Accelerator):
     def manual_seed_all(self, seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
-    def pin_memory(self, tensor: torch.Tensor, align_bytes: int = 1) -> torch.Tensor:
+    def _torch_pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory()
 
     def empty_cache(self) -> None:

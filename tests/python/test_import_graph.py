@@ -137,17 +137,18 @@ def test_offload_imports_nothing_from_zero():
     assert "zerostream.offload.copy_stage" in GRAPH["zerostream.zero.stage3.param_swap"]
 
 
-def test_ops_import_from_offload_only_for_deepspeeds_aio_handle():
+def test_ops_import_from_offload_only_for_deepspeeds_aio_and_pin_handles():
     """ops/ (the CPU and device optimizer kernels, DeepSpeed's optimizer classes) sits below
-    offload/, whose tiers step their state with those kernels. The one exception is
-    DeepSpeed's op surface for async I/O, ops/aio.py (`deepspeed.ops.aio`, reached as
-    `zerostream.ops.aio` by scripts that import zerostream as deepspeed), a thin layer over
-    offload's I/O engine; the optimizers' aligned state comes from aligned.py, below both."""
+    offload/, whose tiers step their state with those kernels. The exceptions are
+    DeepSpeed's op surfaces for async I/O and pinning, ops/aio.py and ops/pin_memory.py
+    (`deepspeed.ops.aio`, the pin_memory op; reached as `zerostream.ops.*` by scripts that
+    import zerostream as deepspeed), thin layers over offload's I/O engine and locked
+    tensors; the optimizers' aligned state comes from aligned.py, below both."""
     ops = [m for m in MODULES if m.startswith("zerostream.ops")]
     assert "zerostream.ops.adam" in ops
     for module in ops:
         bad = sorted(t for t in GRAPH[module] if t.startswith("zerostream.offload"))
-        if module in ("zerostream.ops", "zerostream.ops.aio"):
+        if module in ("zerostream.ops", "zerostream.ops.aio", "zerostream.ops.pin_memory"):
             continue
         assert not bad, f"{module} imports {bad}"
     assert "zerostream.ops.adam" in GRAPH["zerostream.offload.optimizer_swap"]

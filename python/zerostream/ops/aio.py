@@ -23,20 +23,9 @@ from typing import Optional
 
 import torch
 
-from zerostream.offload.host_buffers import HostArena
 from zerostream.offload.io_engine import IoEngine, IoTicket, io_config
 from zerostream.offload.io_engine import IoError as IoError  # what wait() raises
-
-
-def _default_pinned_budget() -> int:
-    """DeepSpeed's pinned allocator has no budget; ours defaults to half the machine's RAM."""
-    env = os.environ.get("ZS_AIO_PINNED_BUDGET")
-    if env:
-        return int(env)
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError):
-        return 8 << 30
+from zerostream.offload.locked_tensors import locked_tensors
 
 
 class aio_handle:  # noqa: N801 - DeepSpeed's name
@@ -61,8 +50,6 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
         )
         self._engine = IoEngine(self._config)
         self._pending: list[tuple[IoTicket, Optional[tuple]]] = []
-        self._arena: Optional[HostArena] = None
-        self._locked: dict[int, torch.Tensor] = {}
 
     # --- getters (DeepSpeed names) ---------------------------------------------------
     def get_block_size(self) -> int:
@@ -166,29 +153,36 @@ class aio_handle:  # noqa: N801 - DeepSpeed's name
                     _validate(*check)
             except (OSError, RuntimeError, ValueError) as e:
                 first = first or e
+        # The engine keeps each request it was given (and so the request's open file, two
+        # descriptors) until its own wait_all; every one of this handle's requests is done
+        # and observed now, so this returns at once and closes them. Without it a handle
+        # that writes a file that is then deleted (checkpoint rotation) held the deleted
+        # file's blocks until the handle went.
+        self._engine.wait_all()
         if first is not None:
             raise first
         return len(pending)
 
     # --- page-locked tensors -----------------------------------------------------------
     def new_cpu_locked_tensor(self, num_elem: int, example_tensor: torch.Tensor) -> torch.Tensor:
-        """A page-locked CPU tensor of ``num_elem`` elements of ``example_tensor``'s dtype."""
-        if self._arena is None:
-            self._arena = HostArena(_default_pinned_budget())
-        t = self._arena.empty(int(num_elem), example_tensor.dtype)
-        self._locked[t.data_ptr()] = t
-        return t
+        """A page-locked CPU tensor of ``num_elem`` elements of ``example_tensor``'s dtype,
+        from the process's locked tensors (offload/locked_tensors.py): every handle, and the
+        pin_memory op, recognizes it."""
+        return locked_tensors().new(
+            int(num_elem), example_tensor.dtype, "aio_handle.new_cpu_locked_tensor"
+        )
 
     def free_cpu_locked_tensor(self, tensor: torch.Tensor) -> bool:
         """Forgets a tensor from ``new_cpu_locked_tensor``; its memory returns to the
         arena when the last reference to it goes. False if it was not one of ours."""
-        return self._locked.pop(tensor.data_ptr(), None) is not None
+        return locked_tensors().forget(tensor)
 
     def is_pinned(self, tensor: torch.Tensor) -> bool:
-        return tensor.data_ptr() in self._locked or tensor.is_pinned()
+        """Inside a locked tensor's range (views too), or pinned by torch."""
+        return locked_tensors().is_pinned(tensor) or tensor.is_pinned()
 
     def pinned_stats(self) -> dict:
-        return self._arena.stats() if self._arena is not None else {}
+        return locked_tensors().stats()
 
     # --- internals -----------------------------------------------------------------------
     def _queued(self, ticket, check, async_op: bool) -> int:

@@ -73,6 +73,7 @@ def test_op_builders_report_what_zerostream_has(facts):
         "fused_lamb": False,
         "fused_lion": False,
         "async_io": True,
+        "pin_memory": True,
     }
     assert o["names"] == ["cpu_adam", "fused_lamb"]
     assert o["load"].startswith("NotImplementedError") and "DeepSpeedCPUAdam" in o["load"]
@@ -121,12 +122,13 @@ def test_leaf_module_api_and_section(facts):
 
 def test_pinning_backend_and_layer_partitions(facts):
     """The accelerator's is_pinned/unpin_memory (DeepSpeed's torch backend), the native
-    backend refused by name rather than replaced by torch's, and runtime.utils'
-    partition_balanced (contiguous, non-empty parts of near-equal sums) and partition_uniform."""
+    backend (one shared NativePinnedMemory: the accelerator's pins and their views are
+    pinned, unpin answers True), and runtime.utils' partition_balanced (contiguous,
+    non-empty parts of near-equal sums) and partition_uniform."""
     f = facts["pinning_and_partitions"]
     assert f["is_pinned"] == [True, False] and f["unpin"] is None
     assert f["torch_backend"] is None
-    assert f["native"].startswith("RuntimeError") and "pin_memory" in f["native"]
+    assert f["native"] == ["NativePinnedMemory", True, True, True]
     sums = [
         [sum(w[b:e]) for b, e in zip(bounds[:-1], bounds[1:])]
         for w, bounds in zip(

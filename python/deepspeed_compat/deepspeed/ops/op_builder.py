@@ -10,6 +10,7 @@ does not reproduce: it raises, naming the public class to use instead.
 from __future__ import annotations
 
 from zerostream.ops.aio import AsyncIOBuilder
+from zerostream.ops.pin_memory import PinMemoryBuilder
 
 
 class OpBuilder:
@@ -60,9 +61,6 @@ CPULionBuilder = _builder("CPULionBuilder", "cpu_lion", True, "deepspeed.ops.lio
 FusedAdamBuilder = _builder("FusedAdamBuilder", "fused_adam", True, "deepspeed.ops.adam.FusedAdam")
 FusedLambBuilder = _builder("FusedLambBuilder", "fused_lamb", False)
 FusedLionBuilder = _builder("FusedLionBuilder", "fused_lion", False)
-# DeepSpeed's native pinned-memory op (DS_PIN_MEMORY_BACKEND=native): not built; zerostream
-# pins its own host memory in its arenas (offload/host_buffers.py).
-PinMemoryBuilder = _builder("PinMemoryBuilder", "pin_memory", False)
 CPUAdamBuilder.__doc__ = "DeepSpeedCPUAdam's kernels: zerostream._C's fused CPU optimizers."
 
 # What git_version_info reports as compatible (and, nothing being built at run time, installed).
@@ -76,6 +74,7 @@ ALL_OPS = {
         FusedLambBuilder,
         FusedLionBuilder,
         AsyncIOBuilder,
+        PinMemoryBuilder,
     )
 }
 

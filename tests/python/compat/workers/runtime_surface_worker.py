@@ -333,7 +333,14 @@ def pinning_and_partitions():
         "torch_backend": pin_memory.get_active_native_pinned_memory(),
     }
     os.environ["DS_PIN_MEMORY_BACKEND"] = "native"
-    out["native"] = _error(pin_memory.get_active_native_pinned_memory)
+    native = pin_memory.get_active_native_pinned_memory()
+    locked = accel.pin_memory(torch.arange(6.0))
+    out["native"] = [
+        type(native).__name__,
+        native is pin_memory.get_active_native_pinned_memory(),
+        accel.is_pinned(locked[2:]),
+        accel.unpin_memory(locked),
+    ]
     del os.environ["DS_PIN_MEMORY_BACKEND"]
     cases = [([1, 2, 1], 4), ([1, 1, 1, 1, 1], 4), ([1, 1, 1, 1, 0, 1], 4), ([5, 1, 1, 9, 2], 2)]
     out["balanced"] = [partition_balanced(w, n) for w, n in cases]
