@@ -225,6 +225,15 @@ MUTATIONS = [
         [RANKS_DIFFER],
     ),
     (
+        "device-auto-from-the-smallest-budget",
+        "offload/placement/device.py",
+        '            budget = int(self.agree([budget], "min")[0])\n',
+        "            pass\n",
+        [
+            "tests/python/offload/test_device_auto.py::test_ranks_whose_devices_have_different_room_place_the_same_sub_groups"
+        ],
+    ),
+    (
         "stage3-buckets-in-the-gather-sequence",
         "zero/stage3/optimizer.py",
         "            self.reducer.sequencer = self.coord\n",

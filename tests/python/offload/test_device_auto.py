@@ -12,6 +12,8 @@ device memory a measured step leaves).
   disk moves only the rest from then on; the device never runs out; losses are plain
   PyTorch AdamW's; a checkpoint saved after the move resumes into an all-NVMe engine with
   the uninterrupted run's losses.
+- Two ranks whose devices have different room place the same sub-groups (the smallest
+  budget, agreed).
 - "auto" where the device's memory is the host's (the CPU run): nothing moves, and it says
   why. A device that cannot allocate the chosen tier: nothing moves, nothing is lost.
 - The element count places the first whole sub-groups that fit, and trains as PyTorch.
@@ -210,6 +212,43 @@ def test_auto_moves_what_the_device_memory_a_step_leaves_holds_and_trains_as_pyt
         # Nothing lost: the all-NVMe engine resumes where the device tier left off.
         assert out["resumed_device"] == 0
         assert out["resumed"] == pytest.approx(losses[STEPS - 1 :], rel=1e-6)
+
+
+def differ_worker(rank, world, root):
+    """Rank 1's device has room for three sub-groups more than rank 0's (another process on
+    its GPU took less, a different card): each rank measures its own."""
+    from zerostream.testing import sim_device
+
+    micro = GLOBAL_BATCH // world
+    budgets.DEVICE_RESERVE_BYTES, budgets.DEVICE_RESERVE_SHARE = 0, 0.0
+    with sim_device.installed("lazy", 0, rank, track_memory=True) as sim:
+        engine = _engine(_config(micro, f"{root}/differ"))
+        swapper = engine.optimizer.swapper
+        _sized_at_the_move(swapper, sim, ROOM + rank * 3 * SUB_GROUP * STATE)
+        run = _train(engine, rank, world, STEPS)
+        out = {"run": run, "inputs": swapper.device_auto.inputs}
+        engine.destroy()
+        out["violations"] = list(sim.violations)
+        sim.violations.clear()
+    return out
+
+
+def test_ranks_whose_devices_have_different_room_place_the_same_sub_groups(tmp_path):
+    """Note [Every rank places the same tiers]: the ranks agree the smallest budget, so both
+    move the two sub-groups rank 0's room holds (rank 1 alone would move five). A tier placed
+    per rank steps different sub-groups where on each rank, and, on the ranks whose room was
+    larger, sizes from a reading the other ranks did not have."""
+    reference = plain_adamw_losses(STEPS, GLOBAL_BATCH, LR, BETAS, WD, CLIP)
+    outs = run_ranks(differ_worker, 2, str(tmp_path))
+    own = [o["inputs"]["free_bytes"] - o["inputs"]["step_excess_bytes"] for o in outs]
+    assert own[1] - own[0] >= 2 * SUB_GROUP * STATE, own  # the readings really differ
+    for out in outs:
+        assert out["violations"] == [], out["violations"]
+        losses, _, tiers = out["run"]
+        assert out["inputs"]["budget_bytes"] == ROOM, out["inputs"]
+        assert tiers[1][:2] == [DEVICE, DEVICE] and DEVICE not in tiers[1][2:], tiers[1]
+        assert losses == pytest.approx(reference, rel=1e-5)
+    assert outs[0]["run"][2] == outs[1]["run"][2]
 
 
 def elsewhere_worker(rank, world, root):
