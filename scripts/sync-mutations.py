@@ -234,6 +234,20 @@ MUTATIONS = [
         ],
     ),
     (
+        "late-flags-agreed-on-the-host",
+        "zero/grad_reduce.py",
+        "            host = comm.host_group(self.group)\n",
+        "            host = None\n",
+        [GPU_PATH + "::test_steps_after_the_first_stay_within_the_hosts_budget"],
+    ),
+    (
+        "stage3-rounds-agreed-on-the-host",
+        "zero/stage3/coordinator.py",
+        "        host = comm.host_group(self.part.group)\n",
+        "        host = None\n",
+        [GPU_PATH + "::test_steps_after_the_first_stay_within_the_hosts_budget"],
+    ),
+    (
         "stage3-buckets-in-the-gather-sequence",
         "zero/stage3/optimizer.py",
         "            self.reducer.sequencer = self.coord\n",

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp  # noqa: F401  (re-exported, as deepspeed.comm does)
 
 from ..accelerator import get_accelerator
-from . import collective_check, comms_logging, peers
+from . import collective_check, comms_logging, host_agreement, peers
+from .host_agreement import host_group
 
 if dist.is_available():
     try:  # before any group exists: see Note [A process group that outlives its destruction]
@@ -242,16 +243,32 @@ def agree(values, op: str = "min", group=None, device=None) -> List[float]:
     rank. A decision made from per-rank readings (free memory, a measured peak or wait)
     that shapes the collectives, or the placement the ranks should share, is made from the
     agreed numbers (Note [Ranks that issue different collectives] in collective_check.py).
-    One all-reduce and one host read."""
+    One all-reduce: on the host where the group has a host twin (Note [Agreements on the
+    host] in host_agreement.py), else on `device` and read back."""
     values = [float(v) for v in values]
     if get_world_size(group) <= 1 or not values:
         return values
     reduce_op = {"min": ReduceOp.MIN, "max": ReduceOp.MAX}[op]
-    if device is None:
+    host = host_group(group) if device is None else None
+    if host is not None:
+        group, device = host, "cpu"
+    elif device is None:
         device = get_accelerator().current_device_name() if get_backend(group) == "nccl" else "cpu"
     t = torch.tensor(values, dtype=torch.float64, device=device)
     all_reduce(t, op=reduce_op, group=group)
     return t.tolist()
+
+
+def prepare_host_group(group=None):
+    """Every member of `group` calls it at the same point (the engine's build): the group's
+    host twin, made where it needs one and every member made it (Note [Agreements on the
+    host]); None: agreements go through the device."""
+
+    def everyone(made: bool) -> bool:
+        device = get_accelerator().current_device_name() if get_backend(group) == "nccl" else "cpu"
+        return agree([1.0 if made else 0.0], "min", group, device=device)[0] > 0
+
+    return host_agreement.prepare(group, everyone)
 
 
 def agreement(group=None, device=None):

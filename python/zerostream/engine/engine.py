@@ -117,6 +117,9 @@ class ZeroEngine(torch.nn.Module):
             self._parts,
             self._run,
         )
+        # Every rank builds its engine here: an NCCL-only group gets its host twin for the
+        # step's agreements now, together (Note [Agreements on the host] in comm/).
+        comm.prepare_host_group(dp_group)
         self.optimizer = build_zero_optimizer(ctx, groups, client=optimizer, cls=self._stage)
         # torch_autocast (Note [torch_autocast] in autocast.py): fp32 training, forward under
         # torch.autocast; the safe modules' params tagged with their communication dtype.

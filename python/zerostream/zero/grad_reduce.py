@@ -323,8 +323,11 @@ class ReducerBase:
         if self.world == 1:
             again = order.late_buckets()
         else:
-            flags = order.late_flags(device)
-            comm.all_reduce(flags, op=comm.ReduceOp.MAX, group=self.group)
+            # On the host where the group has a host twin: the device read that waited for
+            # the rest of backward is gone (Note [Agreements on the host] in comm/).
+            host = comm.host_group(self.group)
+            flags = order.late_flags(device if host is None else torch.device("cpu"))
+            comm.all_reduce(flags, op=comm.ReduceOp.MAX, group=host or self.group)
             again = [b for b, flag in enumerate(self._host_flags(flags)) if flag > 0]
         for b in again:
             issue(order.take_late(b))
@@ -360,8 +363,8 @@ class ReducerBase:
 
     @staticmethod
     def _host_flags(flags: torch.Tensor) -> list:
-        """The late-part flags' device-to-host read, once a backward with several ranks
-        (tests count the calls)."""
+        """The late-part flags as a list, once a backward with several ranks (tests count the
+        calls); a device-to-host read where the group has no host twin."""
         return flags.tolist()
 
     def drain(self) -> None:

@@ -105,7 +105,8 @@ def module_params(module: torch.nn.Module) -> List[ZeroParam]:
 
 
 def _host_int(t: torch.Tensor) -> int:
-    """A round's one device-to-host read (tests count the calls)."""
+    """A round's one read of its result (tests count the calls); a device-to-host read where
+    the group has no host twin."""
     return int(t.item())
 
 
@@ -383,8 +384,11 @@ class ParamCoordinator:
         """One round: the smallest unit key any rank wants (DONE: none)."""
         if self.part.world == 1:
             return want
-        t = torch.tensor([want], dtype=torch.int64, device=self.part.device)
-        comm.all_reduce(t, op=comm.ReduceOp.MIN, group=self.part.group)
+        # On the host where the group has a host twin (Note [Agreements on the host] in
+        # comm/): a round in a pass then waits for no kernel queued before it.
+        host = comm.host_group(self.part.group)
+        t = torch.tensor([want], dtype=torch.int64, device="cpu" if host else self.part.device)
+        comm.all_reduce(t, op=comm.ReduceOp.MIN, group=host or self.part.group)
         return _host_int(t)
 
     def _unit(self, key: int) -> List[ZeroParam]:
