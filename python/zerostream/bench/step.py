@@ -195,11 +195,15 @@ def measure(args) -> dict:
         "steps": args.steps,
         "warmup": args.warmup,
         "peers": results,
-        "ratios": _ratios(results),
+        "ratios": _ratios(
+            results,
+            cfg.get("zero_optimization", {}).get("offload_param", {}).get("device", "none")
+            != "none",
+        ),
     }
 
 
-def _ratios(results: Dict[str, dict]) -> Dict[str, Optional[float]]:
+def _ratios(results: Dict[str, dict], params_offloaded: bool = False) -> Dict[str, Optional[float]]:
     """Peer's median step time / zerostream's: above 1, zerostream is faster."""
     ours = results.get("zerostream", {}).get("median_step_seconds")
     out = {}
@@ -213,7 +217,24 @@ def _ratios(results: Dict[str, dict]) -> Dict[str, Optional[float]]:
         # beat the slower of the compute (the no-offload step) and the optimizer step.
         out["bound_seconds"] = max(noff, step)
         out["zerostream_over_bound"] = ours / out["bound_seconds"]
+    out.update(_step_pipeline(results.get("zerostream", {}), params_offloaded))
     return out
+
+
+def _step_pipeline(res: dict, params_offloaded: bool) -> Dict[str, float]:
+    """The optimizer step against its own bound: pipelined piece by piece, the CPU update and
+    the uploads of its results overlap (Note [Partition sinks]), so the step cannot beat the
+    slower of the two (`cpu_update`; the upload lane's busy "h2d" seconds); its ratio to
+    that bound says how much else (the norm, waits, hand-offs, the fence) the step leaves
+    exposed. The gradients' downloads ran in backward, not here. Empty where the CPU update
+    was not measured (no CPU optimizer), and with offload_param, whose gathers' uploads share
+    the lane's seconds."""
+    phases, links = res.get("phase_seconds", {}), res.get("tier_seconds", {})
+    update, step = phases.get("cpu_update"), phases.get("step")
+    if not update or not step or params_offloaded:
+        return {}
+    bound = max(update, links.get("h2d", 0.0))
+    return {"step_bound_seconds": bound, "step_over_its_bound": step / bound}
 
 
 def _gib(n) -> str:

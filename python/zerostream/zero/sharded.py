@@ -342,10 +342,15 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 sinks.hand_on(partitions[gi], lo, hi, master, fused=True, stable=True)
 
             piece = min((sinks.piece(p) for p in partitions), default=1)
-            self.optimizer.step_in_pieces(piece, factor, copy_to, done)
+            # The kernel's own time, for `bench step`'s bound on the pipelined step (the
+            # slower of this and the lanes' copies); the pieces' hand-offs in `done` count
+            # too, being host work the pipeline cannot hide.
+            with self.telemetry.phase("cpu_update"):
+                self.optimizer.step_in_pieces(piece, factor, copy_to, done)
             return
         if isinstance(self.optimizer, CPUOptimizerBase):
-            self.optimizer.step(grad_scale=factor)  # folded into the kernel's one pass
+            with self.telemetry.phase("cpu_update"):
+                self.optimizer.step(grad_scale=factor)  # folded into the kernel's one pass
         else:
             if factor != 1.0:
                 for g in self.grads:

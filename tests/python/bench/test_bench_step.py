@@ -53,6 +53,26 @@ def test_peers_train_the_same_model_on_the_same_data(capsys):
     ratios = res["ratios"]
     assert {"no-offload_over_zerostream", "torch_over_zerostream", "bound_seconds"} <= set(ratios)
     assert res["config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    # The CPU optimizer's kernel ran inside the step: on this host run (no copy stage) its
+    # bound is the kernel's own time, which the step (norm, kernel, checks) exceeds.
+    update = ours["phase_seconds"]["cpu_update"]
+    assert 0 < update < ours["phase_seconds"]["step"]
+    assert ratios["step_bound_seconds"] == pytest.approx(update)
+    assert ratios["step_over_its_bound"] == pytest.approx(ours["phase_seconds"]["step"] / update)
+    assert ratios["step_over_its_bound"] > 1
+
+
+def test_the_step_bound_is_the_slower_of_the_cpu_update_and_its_uploads():
+    from zerostream.bench.step import _step_pipeline
+
+    res = {"phase_seconds": {"step": 0.5, "cpu_update": 0.3}, "tier_seconds": {"h2d": 0.4}}
+    res["tier_seconds"]["d2h"] = 0.9  # the gradients' downloads ran in backward: not a bound
+    assert _step_pipeline(res, False) == {
+        "step_bound_seconds": 0.4,
+        "step_over_its_bound": pytest.approx(1.25),
+    }
+    assert _step_pipeline(res, True) == {}  # gathers' uploads share the lane's seconds
+    assert _step_pipeline({"phase_seconds": {"step": 0.5}}, False) == {}  # no CPU optimizer
 
 
 @pytest.mark.slow  # a benchmark's own run: the slow tier
