@@ -91,11 +91,6 @@ CAUSES: list[tuple[str, str, str, str]] = [
     ("cuda", r"TestCPUAdamGPUError", r".",
      "puts params on the accelerator (device_name(0)) and expects DeepSpeedCPUAdam to refuse "
      "them: on a CPU machine that device is the host, so no package raises"),
-    # Not built yet.
-    ("failed", r"test_destroy_unpin.*test_native_", r"expected native-pinned|AssertionError",
-     "not built yet: under DS_PIN_MEMORY_BACKEND=native zerostream's ZeRO offload still "
-     "pins its optimizer state in its own arenas, not through the native manager, so "
-     "native._ranges holds none of the engine's buffers for destroy() to release"),
     # Refused by design, by name.
     ("failed", r".",
      r"Mixture-of-Experts with expert parallelism|deepspeed\.runtime\.pipe|_create_expert",

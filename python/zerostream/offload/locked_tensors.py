@@ -78,6 +78,16 @@ class LockedTensors:
             self._finalizers[begin] = weakref.finalize(tensor, self._drop, begin)
         return tensor
 
+    def track(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Tracks a page-locked tensor another arena made (an offloaded optimizer's buffers
+        under the native backend: DeepSpeed pins those through this manager too), until
+        `forget` or until it and its views are gone. Returns the tensor."""
+        begin = tensor.data_ptr()
+        with self._mutex:
+            self.ranges[begin] = begin + tensor.nbytes
+            self._finalizers[begin] = weakref.finalize(tensor, self._drop, begin)
+        return tensor
+
     def forget(self, tensor_or_ptr) -> bool:
         """Stops tracking the range that begins at the tensor's data pointer (or at an int
         address); False when no tracked range begins there."""

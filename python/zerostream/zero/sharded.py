@@ -238,7 +238,20 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             m = self.arena.empty(n, dtype)
             m.copy_(p)
             masters.append(m)
+        if offload.pin_memory:
+            self._track_native_pins(masters)
         return masters
+
+    def _track_native_pins(self, tensors: List[torch.Tensor]) -> None:
+        """Under DeepSpeed's native pinning backend (DS_PIN_MEMORY_BACKEND=native) the
+        offloaded optimizer's page-locked buffers are the native manager's too, as in
+        DeepSpeed: `is_pinned` knows them, and destroy() gives them back (close_state)."""
+        from ..offload.locked_tensors import locked_tensors, native_backend
+
+        if native_backend():
+            pins = getattr(self, "_native_pins", [])
+            pins += [locked_tensors().track(t) for t in tensors]
+            self._native_pins = pins
 
     def _allocate_grads(self, sizes: List[int], dtype: torch.dtype, zero) -> List[torch.Tensor]:
         """Gradient partitions of `dtype` in a host arena of their own (offloaded optimizer;
@@ -253,6 +266,8 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             g = self.grad_arena.empty(n, dtype)
             g.zero_()
             grads.append(g)
+        if pin:
+            self._track_native_pins(grads)
         return grads
 
     def local_partitions(self) -> List[torch.Tensor]:
@@ -283,6 +298,12 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.copy_stage.drain()
         if self.swapper is not None:
             self.swapper.close()
+        if getattr(self, "_native_pins", None):
+            from ..offload.locked_tensors import locked_tensors
+
+            for t in self._native_pins:
+                locked_tensors().forget(t)
+            self._native_pins = []
 
     def _update(self, factor: float) -> None:
         """Steps this rank's partitions and writes them into the 16-bit partitions; with the

@@ -136,3 +136,48 @@ def test_errors_name_the_argument():
         PinMemoryBuilder().load().pin_handle().new_cpu_locked_tensor(4, torch.float32)
     with pytest.raises(ValueError, match="num_bytes must be an int >= 0"):
         tally().track(-5)
+
+
+def _offloaded_engine(stage: int):
+    import zerostream
+    from mlp import MLP
+
+    torch.manual_seed(0)
+    model = MLP()
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+        "zero_optimization": {
+            "stage": stage,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        },
+    }
+    engine = zerostream.initialize(model=model, config=config)[0]
+    engine.backward(engine(torch.randn(2, 8)))
+    engine.step()
+    return engine
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_native_backend_knows_the_offloaded_optimizer_s_buffers_until_destroy(
+    stage, monkeypatch, one_rank_process_group
+):
+    """DS_PIN_MEMORY_BACKEND=native: the offloaded optimizer's page-locked masters and
+    gradient partitions are the shared manager's (is_pinned knows them, as DeepSpeed's
+    native manager does), and destroy() gives every range back; without it none is added."""
+    gc.collect()
+    manager = locked_tensors()
+    before = set(manager.ranges)
+    engine = _offloaded_engine(stage)
+    assert set(manager.ranges) == before  # the torch backend: not the manager's
+    engine.destroy()
+
+    monkeypatch.setenv("DS_PIN_MEMORY_BACKEND", "native")
+    engine = _offloaded_engine(stage)
+    opt = engine.optimizer
+    added = set(manager.ranges) - before
+    buffers = list(opt.masters) + list(opt.grads)
+    assert {t.data_ptr() for t in buffers} == added, "the masters and gradient partitions"
+    assert all(manager.is_pinned(t[1:]) for t in buffers if t.numel() > 1)  # views too
+    engine.destroy()
+    assert set(manager.ranges) == before
