@@ -1,6 +1,7 @@
 // Cross-field rules, checked once at load. Errors are the ones DeepSpeed raises (as
 // assertions, often much later); warnings are what DeepSpeed silently ignores.
 #include <algorithm>
+#include <vector>
 
 #include "config/resolve.h"
 #include "config/text_util.h"
@@ -345,6 +346,59 @@ void feature_rules(Resolution& r, int64_t stage) {
   }
 }
 
+// checkpoint.writer: DeepSpeed's checkpoint engines (mock, python or fast writers, decoupled
+// saves, data-parallel writing). zerostream writes every checkpoint with its own writer
+// (staged O_DIRECT writes, fsynced, committed by rename), so the section's values are checked
+// and said to change nothing; "mock" (no bytes written) and "decoupled" (save returns before
+// the files are written) are named, since a script may rely on them.
+void checkpoint_writer_rule(Resolution& r) {
+  const Json& w = r.at("checkpoint.writer");
+  if (w.is_null()) return;
+  if (!w.is_object()) {
+    r.errors.push_back("checkpoint.writer: expected an object (DeepSpeed's writer section); got " +
+                       show(w));
+    return;
+  }
+  const auto fail = [&](const std::string& key, const std::string& want, const Json& v) {
+    r.errors.push_back("checkpoint.writer." + key + ": expected " + want + "; got " + show(v));
+  };
+  const std::vector<std::string> known = {
+      "type",          "decoupled",    "io_buffer_size", "io_buffer_double", "show_statistics",
+      "data_parallel", "io_multiplier"};
+  for (const auto& [key, v] : w.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      r.errors.push_back("checkpoint.writer." + key +
+                         ": unknown key (DeepSpeed's writer keys: type, decoupled, "
+                         "io_buffer_size, io_buffer_double, show_statistics, data_parallel, "
+                         "io_multiplier)");
+      continue;
+    }
+    const std::string low = v.is_string() ? lower(v.get<std::string>()) : "";
+    if (key == "type" && !(low == "mock" || low == "python" || low == "fast"))
+      fail(key, "one of \"mock\", \"python\", \"fast\"", v);
+    if ((key == "decoupled" || key == "io_buffer_double" || key == "show_statistics") &&
+        !v.is_boolean())
+      fail(key, "true or false", v);
+    if ((key == "io_buffer_size" || key == "io_multiplier") &&
+        !(v.is_number() && v.get<double>() > 0))
+      fail(key, "a positive number", v);
+    if (key == "data_parallel" && !v.is_null() &&
+        !(low == "replica" || low == "socket" || low == "machine"))
+      fail(key, "null or one of \"replica\", \"socket\", \"machine\"", v);
+  }
+  std::string said =
+      "checkpoint.writer: zerostream writes checkpoints with its own writer (staged O_DIRECT "
+      "writes, each file fsynced, the tag committed by rename); DeepSpeed's writer settings "
+      "have no effect";
+  const auto type = w.find("type");
+  if (type != w.end() && type->is_string() && lower(type->get<std::string>()) == "mock")
+    said += "; type \"mock\" writes nothing in DeepSpeed, here the checkpoint is written";
+  const auto decoupled = w.find("decoupled");
+  if (decoupled != w.end() && *decoupled == true)
+    said += "; decoupled: save_checkpoint returns once the files are written, not before";
+  r.warnings.push_back(said);
+}
+
 }  // namespace
 
 void check_cross_field_rules(Resolution& r) {
@@ -354,6 +408,7 @@ void check_cross_field_rules(Resolution& r) {
   zero_rules(r, stage);
   feature_rules(r, stage);
   max_grad_norm_rule(r);
+  checkpoint_writer_rule(r);
 }
 
 }  // namespace zs::config

@@ -337,6 +337,43 @@ def test_parameter_alignment_is_accepted_with_a_warning_saying_what_it_means():
     assert off.warnings == ()
 
 
+def _writer(section):
+    return {"train_batch_size": 2, "checkpoint": {"writer": section}}
+
+
+def test_checkpoint_writer_is_checked_and_said_to_change_nothing_naming_mock_and_decoupled():
+    """DeepSpeed's checkpoint engines (checkpoint.writer): zerostream writes with its own
+    writer, so the section is validated by DeepSpeed's rules and a warning says it has no
+    effect, naming the two settings a script may rely on (mock writes nothing in DeepSpeed,
+    decoupled returns before the files are written)."""
+    cfg = config.load(_writer({"type": "FAST", "io_buffer_size": 64e6}), world_size=1, log=False)
+    (warning,) = [w for w in cfg.warnings if w.startswith("checkpoint.writer")]
+    assert "own writer" in warning and "have no effect" in warning
+    assert "mock" not in warning and "decoupled" not in warning
+    cfg = config.load(_writer({"type": "mock", "decoupled": True}), world_size=1, log=False)
+    (warning,) = [w for w in cfg.warnings if w.startswith("checkpoint.writer")]
+    assert 'type "mock" writes nothing in DeepSpeed, here the checkpoint is written' in warning
+    assert "decoupled: save_checkpoint returns once the files are written" in warning
+    assert config.load({"train_batch_size": 2}, world_size=1, log=False).warnings == ()
+
+
+@pytest.mark.parametrize(
+    "section,message",
+    [
+        ({"type": "nvme"}, 'checkpoint.writer.type: expected one of "mock", "python", "fast"'),
+        ({"decoupled": "yes"}, "checkpoint.writer.decoupled: expected true or false"),
+        ({"io_buffer_size": 0}, "checkpoint.writer.io_buffer_size: expected a positive number"),
+        ({"data_parallel": "rack"}, "checkpoint.writer.data_parallel: expected null or one of"),
+        ({"buffer": 1}, "checkpoint.writer.buffer: unknown key"),
+        ("fast", "checkpoint.writer: expected an object"),
+    ],
+)
+def test_a_bad_checkpoint_writer_names_the_key(section, message):
+    with pytest.raises(config.ConfigError) as err:
+        config.load(_writer(section), world_size=1, log=False)
+    assert message in str(err.value)
+
+
 def test_a_loaded_config_deep_copies_and_pickles_and_stays_read_only():
     """Clients deep-copy the engine's config (Accelerate, Lightning): the copy equals it, and
     its mappings are still read-only."""
