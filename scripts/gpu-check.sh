@@ -185,7 +185,7 @@ log "device: $device; budget $budget s"
 # The tests that run on the device under test (pytest marker "device").
 tests=(-m device -p no:cacheprovider -q -ra tests/python/zero/test_device_engine.py
   tests/python/engine/test_checkpoint_in_cpu.py tests/python/offload/test_device_auto.py
-  tests/python/zero/test_device_syncs.py)
+  tests/python/zero/test_device_syncs.py tests/python/profiling/test_profiling_on_gpu.py)
 step device-tests 240 - "$PY" -m pytest "${tests[@]}"
 # The sanitizer checks every kernel's stream accesses in Python: slow, so a few cases; it
 # comes before the benches because correctness outranks speed.

@@ -239,9 +239,10 @@ struct Schema {
         B("enabled", false), B("prof_all", true), A("prof_ops", Json::array()),
         B("verbose", false), B("debug", false)}};
     flops_profiler = {"flops_profiler", false, true, {
-        B("enabled", false), F("recompute_fwd_factor", 0.0), I("profile_step", 1),
-        I("module_depth", -1), I("top_modules", 1), B("detailed", true),
-        S("output_file", nullptr)}};
+        B("enabled", false), F("recompute_fwd_factor", 0.0).at_least(0),
+        U("profile_step", 1),  // a global step number: the forward before it is profiled
+        I("module_depth", -1).at_least(-1),  // -1: every depth
+        U("top_modules", 1), B("detailed", true), S("output_file", nullptr)}};
     torch_autocast = {"torch_autocast", false, true, {
         B("enabled", false), S("dtype", nullptr), A("lower_precision_safe_modules")}};
     zerostream = {"zerostream", true, true, {B("verify_swap_checksums", true),

@@ -23,6 +23,7 @@ from . import (
     moe,
     monitor,
     ops,
+    profiling,
     runtime,
     utils,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "moe",
     "monitor",
     "ops",
+    "profiling",
     "runtime",
     "utils",
     "zero",

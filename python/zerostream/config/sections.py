@@ -274,6 +274,9 @@ class CommsLoggerConfig:
 
 @dataclass(frozen=True)
 class FlopsProfilerConfig:
+    """`flops_profiler` (engine/profiling.py): which global step's forward rank 0 profiles,
+    and how the profile prints."""
+
     enabled: bool
     recompute_fwd_factor: float
     profile_step: int

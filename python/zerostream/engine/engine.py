@@ -17,6 +17,7 @@ from ..lr_schedules import build_scheduler
 from ..monitor import EngineMonitor
 from ..optim_factory import client_groups, param_groups_of
 from ..precision import make_loss_scaler
+from ..profiling import FlopsProfiler, PhaseTimers, SynchronizedWallClockTimer
 from ..telemetry import StepTelemetry
 from ..zero.factory import build_zero_optimizer, stage_class
 from ..zero.protocol import RunState, StageContext, TrainingState
@@ -25,6 +26,7 @@ from ..zero.state_offload import offload_engine_states, reload_engine_states
 from .accessors import Accessors
 from .accumulation import GradientAccumulation, NoSyncError
 from .checkpoints import EngineCheckpoints
+from .profiling import EngineProfiling
 from .records import EngineCounters, Ranks, TrainingParts, delegated, field_of, in_phase
 from .unsupported import refuse_unsupported
 
@@ -85,6 +87,9 @@ class ZeroEngine(torch.nn.Module):
         device = self._device()
         self.telemetry = StepTelemetry(issue_timed=device.type == "cuda")
         self._run = RunState()
+        # DeepSpeed's engine.timers; they run only with wall_clock_breakdown (profiling.py).
+        self.timers = SynchronizedWallClockTimer()
+        phase_timers = PhaseTimers(self.timers, enabled=cfg.wall_clock_breakdown)
         ctx = StageContext(
             config=cfg,
             group=dp_group,
@@ -94,11 +99,21 @@ class ZeroEngine(torch.nn.Module):
             loss_scaler=self.loss_scaler,
             run=self._run,
             telemetry=self.telemetry,
+            timers=phase_timers,
         )
         self.device = ctx.device
         groups = param_groups_of(model, model_parameters)
         refuse_unsupported(cfg, model, client_groups(optimizer, groups))
         self.monitor = EngineMonitor(cfg.monitor_config)  # rank 0 writes (monitor/)
+        # DeepSpeed's engine.flops_profiler (None when the section is off).
+        self.flops_profiler = (
+            FlopsProfiler(model, self, cfg.flops_profiler.recompute_fwd_factor)
+            if cfg.flops_profiler.enabled
+            else None
+        )
+        self._profiling = EngineProfiling(
+            cfg, self._counters, self._ranks, self.monitor, phase_timers, self.flops_profiler
+        )
         comm.configure(cfg)  # the comms_logger section, when given (comm/comms_logging.py)
         # The stage's class, looked up once: what differs between stages is its attributes
         # and methods (zero/protocol.py), not branches here.
@@ -192,7 +207,11 @@ class ZeroEngine(torch.nn.Module):
 
             args = tuple(cast(a) for a in args)
             kwargs = {k: cast(v) for k, v in kwargs.items()}
-        with in_phase(self._run, TrainingState.FORWARD), self.telemetry.phase("forward"):
+        with (
+            in_phase(self._run, TrainingState.FORWARD),
+            self.telemetry.phase("forward"),
+            self._profiling.forward(),
+        ):
             if self.optimizer is not None:
                 self.optimizer.before_forward()
             with autocast.forward_context(self._autocast, self.device.type):
@@ -221,7 +240,8 @@ class ZeroEngine(torch.nn.Module):
         self._require_consistent("backward")
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         # The optimizer runs it in the BACKWARD phase (the one path for optimizer.backward).
-        self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
+        with self._profiling.backward():
+            self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
         self._accumulation.backward_ran()
         self.monitor.backward_seen(loss, gas, self.global_samples)
         return loss.detach() / gas
@@ -255,7 +275,8 @@ class ZeroEngine(torch.nn.Module):
             )
         self._accumulation.running_step = True
         try:
-            self._step(lr_kwargs)
+            with self._profiling.step(self.is_gradient_accumulation_boundary()):
+                self._step(lr_kwargs)
         finally:
             self._accumulation.running_step = False
         self._accumulation.micro_step_ended()
@@ -336,6 +357,23 @@ class ZeroEngine(torch.nn.Module):
         delegated("_accumulation", GradientAccumulation.set_enable_backward_allreduce),
     )
     allreduce_gradients = delegated("_accumulation", GradientAccumulation.allreduce_gradients)
+
+    # --- profiling: calls on the EngineProfiling it holds (profiling.py) -----------------------
+    wall_clock_breakdown = delegated("_profiling", EngineProfiling.wall_clock_breakdown)
+    get_wall_clock_timers = delegated("_profiling", EngineProfiling.get_wall_clock_timers)
+    flops_profiler_enabled = delegated("_profiling", EngineProfiling.flops_profiler_enabled)
+    flops_profiler_recompute_fwd_factor = delegated(
+        "_profiling", EngineProfiling.flops_profiler_recompute_fwd_factor
+    )
+    flops_profiler_profile_step = delegated(
+        "_profiling", EngineProfiling.flops_profiler_profile_step
+    )
+    flops_profiler_module_depth = delegated(
+        "_profiling", EngineProfiling.flops_profiler_module_depth
+    )
+    flops_profiler_top_modules = delegated("_profiling", EngineProfiling.flops_profiler_top_modules)
+    flops_profiler_detailed = delegated("_profiling", EngineProfiling.flops_profiler_detailed)
+    flops_profiler_output_file = delegated("_profiling", EngineProfiling.flops_profiler_output_file)
 
     # --- DeepSpeed's accessors: calls on the Accessors the engine holds (accessors.py) ---------
     managed_gradient_accumulation = _accessor("managed_gradient_accumulation")

@@ -7,13 +7,16 @@
   #7665, zerostream keeps it);
 - `Train/Samples/lr`: the first param group's lr after the step (the scheduler has stepped:
   the next step's lr), at the samples seen after the step;
-- `Train/Samples/loss_scale`: with fp16, the loss scale after the step's update, there too.
+- `Train/Samples/loss_scale`: with fp16, the loss scale after the step's update, there too;
+- with `wall_clock_breakdown`, `Train/Samples/elapsed_time_ms_<phase>` for the phases
+  forward, backward, backward_inner, backward_allreduce and step: the milliseconds each took
+  over the step's micro-steps, at the samples seen after the step (engine/profiling.py).
 
 Skipped (overflowed) steps write their events too, as DeepSpeed's do."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 
@@ -23,8 +26,8 @@ from .master import MonitorMaster
 
 class EngineMonitor:
     """The engine's one handle on the monitors: `backward_seen` per backward,
-    `step_ended` per optimizer step. Does nothing (and builds nothing) when no writer section
-    is enabled."""
+    `step_ended` per optimizer step, `step_timed` per step with wall_clock_breakdown. Does
+    nothing (and builds nothing) when no writer section is enabled."""
 
     def __init__(self, monitor_config):
         self.enabled = monitor_config.enabled
@@ -56,6 +59,17 @@ class EngineMonitor:
         if loss_scale is not None:
             events.append(("Train/Samples/loss_scale", loss_scale, samples_seen))
         self.master.write_events(events)
+
+    def step_timed(self, samples_seen: int, phase_ms: Mapping[str, float]) -> None:
+        """The step's time per phase (milliseconds; keys: DeepSpeed's event suffixes)."""
+        if not self.enabled or not writes_here():
+            return
+        self.master.write_events(
+            [
+                (f"Train/Samples/elapsed_time_ms_{phase}", ms, samples_seen)
+                for phase, ms in phase_ms.items()
+            ]
+        )
 
     def close(self) -> None:
         if self.master is not None:

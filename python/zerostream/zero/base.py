@@ -184,9 +184,11 @@ class ZeroOptimizerBase:
         self._epilogue_queued = False  # see before_forward
         previous, run.state = run.state, TrainingState.BACKWARD
         try:
-            with self.telemetry.phase("backward"):
+            timers = self.ctx.timers
+            with self.telemetry.phase("backward"), timers.span("backward_inner"):
                 (loss.float() * factor).backward(retain_graph=retain_graph)
-            self.after_backward()
+            with timers.span("backward_allreduce"):
+                self.after_backward()
         finally:
             run.state = previous
         self.holding_grads = True

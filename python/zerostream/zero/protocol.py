@@ -59,6 +59,7 @@ from typing import (
 import torch
 
 from ..precision import DTYPES
+from ..profiling.timers import NULL_PHASE_TIMERS, PhaseTimers
 from ..telemetry import NULL_TELEMETRY
 
 if TYPE_CHECKING:
@@ -111,6 +112,9 @@ class StageContext:
     loss_scaler: "LossScaler"
     run: RunState = field(default_factory=RunState)
     telemetry: Any = NULL_TELEMETRY
+    # wall_clock_breakdown's timers (profiling/timers.py): the stage times a backward's
+    # autograd ("backward_inner") and its gradient hand-off ("backward_allreduce").
+    timers: PhaseTimers = NULL_PHASE_TIMERS
     module_state: Any = None  # what prepare_module left for the optimizer (stage 3's runtime)
 
     @property

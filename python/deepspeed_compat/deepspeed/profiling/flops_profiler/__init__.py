@@ -1,0 +1,26 @@
+"""`deepspeed.profiling.flops_profiler`: DeepSpeed's flops profiler on zerostream's
+(zerostream/profiling/flops_profiler.py), with its number formats."""
+
+from .profiler import (
+    DEFAULT_PRECISION,
+    FlopsProfiler,
+    bytes_to_string,
+    duration_to_string,
+    flops_to_string,
+    get_model_profile,
+    macs_to_string,
+    number_to_string,
+    params_to_string,
+)
+
+__all__ = [
+    "DEFAULT_PRECISION",
+    "FlopsProfiler",
+    "bytes_to_string",
+    "duration_to_string",
+    "flops_to_string",
+    "get_model_profile",
+    "macs_to_string",
+    "number_to_string",
+    "params_to_string",
+]
