@@ -1,26 +1,6 @@
 """`deepspeed.profiling.flops_profiler`: DeepSpeed's flops profiler on zerostream's
-(zerostream/profiling/flops_profiler.py), with its number formats."""
+(zerostream/profiling/flops_profiler.py), with its number formats; the names are
+`profiler.py`'s, where DeepSpeed's engine imports them from."""
 
-from .profiler import (
-    DEFAULT_PRECISION,
-    FlopsProfiler,
-    bytes_to_string,
-    duration_to_string,
-    flops_to_string,
-    get_model_profile,
-    macs_to_string,
-    number_to_string,
-    params_to_string,
-)
-
-__all__ = [
-    "DEFAULT_PRECISION",
-    "FlopsProfiler",
-    "bytes_to_string",
-    "duration_to_string",
-    "flops_to_string",
-    "get_model_profile",
-    "macs_to_string",
-    "number_to_string",
-    "params_to_string",
-]
+from .profiler import *  # noqa: F403
+from .profiler import __all__  # noqa: F401
