@@ -142,7 +142,15 @@ def validate(config: Any, *, require_batch: bool = False, **known: Any) -> dict:
             "tree": {},
             "resolved": {},
         }
-    return _C.check_config(text, os.path.basename(source), facts.native(require_batch))
+    result = _C.check_config(text, os.path.basename(source), facts.native(require_batch))
+    zero = result.get("tree", {}).get("zero_optimization")
+    if isinstance(zero, Mapping):
+        try:  # the zenflow section's keys are checked in Python (config/zenflow.py)
+            parse_zenflow(zero.get("zenflow"))
+        except ValueError as exc:
+            result["errors"] = [*result["errors"], str(exc)]
+            result["ok"] = False
+    return result
 
 
 # --- the typed tree -----------------------------------------------------------------------------
