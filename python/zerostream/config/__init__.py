@@ -38,7 +38,7 @@ from .sections import (
     ZeroStreamExtConfig,
     dtype_name,
 )
-from .zenflow import ZenFlowConfig, parse_zenflow
+from .zenflow import ZenFlowConfig, parse_zenflow, with_steps_per_epoch
 
 __all__ = [
     "MAX_DEPTH",
@@ -72,5 +72,6 @@ __all__ = [
     "ZeroStreamExtConfig",
     "ZenFlowConfig",
     "parse_zenflow",
+    "with_steps_per_epoch",
     "dtype_name",
 ]

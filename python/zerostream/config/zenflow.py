@@ -20,6 +20,7 @@ takes step numbers modulo select_interval, so 0 or negative values fail there la
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -121,3 +122,13 @@ def parse_zenflow(section: Any) -> Optional[ZenFlowConfig]:
         if steps_per_epoch is None
         else _count("steps_per_epoch", steps_per_epoch, 1),
     )
+
+
+def with_steps_per_epoch(cfg, steps: int):
+    """`cfg` with zenflow.steps_per_epoch set to `steps` (the training data loader's length,
+    which DeepSpeed writes over the config's value); `cfg` itself without a zenflow section."""
+    zero = cfg.zero_optimization
+    if zero.zenflow is None:
+        return cfg
+    zenflow = dataclasses.replace(zero.zenflow, steps_per_epoch=steps)
+    return dataclasses.replace(cfg, zero_optimization=dataclasses.replace(zero, zenflow=zenflow))

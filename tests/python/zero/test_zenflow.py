@@ -311,6 +311,35 @@ def test_offloaded_device_moments_same_math():
         torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-6, msg=f"p{i}")
 
 
+def epoch_worker(rank, world):
+    """select_strategy "auto" (the default): re-selects once an epoch of the training data
+    loader initialize() built (4 batches here), as DeepSpeed reads len(training_dataloader)."""
+    import zerostream
+
+    xs, ys = zip(*_data(4))
+    dataset = torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
+    cfg = _config(GLOBAL_BATCH, 2, {"topk_ratio": 0.3, "update_interval": 2})
+    engine, _, loader, _ = zerostream.initialize(model=_model(), config=cfg, training_data=dataset)
+    for _ in range(3):
+        for x, y in loader:
+            engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+            engine.step()
+    interval = engine.optimizer.schedule.select_interval
+    params = [p.detach().clone() for p in engine.module.parameters()]
+    engine.destroy()
+    return interval, params
+
+
+def test_epoch_selection_counts_the_loaders_steps():
+    interval, params = run_ranks(epoch_worker, 1)[0]
+    assert interval == 4
+    want = reference(_data(4) * 3, 0.3, 2, 4, 0, False)[-1]
+    once = reference(_data(4) * 3, 0.3, 2, 0, 0, False)[-1]
+    assert not torch.allclose(want[0], once[0], atol=1e-4)  # re-selecting changes the math
+    for i, (g, w) in enumerate(zip(params, want)):
+        torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-6, msg=f"p{i}")
+
+
 # --- refusals ----------------------------------------------------------------------------------
 def _initialize(cfg):
     import zerostream
