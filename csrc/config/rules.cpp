@@ -261,7 +261,6 @@ void zero_rules(Resolution& r, int64_t stage) {
       {z + "zero_quantized_gradients", on(r, z + "zero_quantized_gradients")},
       {z + "zero_hpz_partition_size", integer(r, z + "zero_hpz_partition_size") > 1},
       {z + "mics_shard_size", integer(r, z + "mics_shard_size") > 0},
-      {z + "zenflow", r.at(z + "zenflow").is_object()},
       {z + "offload_optimizer.super_offload", on(r, z + "offload_optimizer.super_offload")},
       {"compile.deepcompile", on(r, "compile.deepcompile")},
   };

@@ -170,6 +170,11 @@ def initialize(
         lr=lr,
         log=comm.get_rank() == 0,
     )
+    loader = None
+    if training_data is not None:
+        loader = make_dataloader(training_data, cfg, collate_fn=collate_fn, group=dp_group)
+        # ZenFlow's "epoch" selection counts epochs of this loader (DeepSpeed's rule).
+        cfg = config_mod.with_steps_per_epoch(cfg, len(loader))
     engine = ZeroEngine(
         model,
         cfg,
@@ -178,8 +183,5 @@ def initialize(
         lr_scheduler=lr_scheduler,
         dp_group=dp_group,
     )
-    loader = None
-    if training_data is not None:
-        loader = make_dataloader(training_data, cfg, collate_fn=collate_fn, group=dp_group)
     engine.training_dataloader = loader
     return engine, engine.optimizer, loader, engine.lr_scheduler

@@ -38,6 +38,7 @@ from .sections import (
     ZeroStreamExtConfig,
     dtype_name,
 )
+from .zenflow import ZenFlowConfig, parse_zenflow, with_steps_per_epoch
 
 __all__ = [
     "MAX_DEPTH",
@@ -69,5 +70,8 @@ __all__ = [
     "WandbConfig",
     "ZeroConfig",
     "ZeroStreamExtConfig",
+    "ZenFlowConfig",
+    "parse_zenflow",
+    "with_steps_per_epoch",
     "dtype_name",
 ]

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional, Tuple
 from .. import _C
 from . import elasticity
 from .sections import DeepSpeedConfig
+from .zenflow import parse_zenflow
 
 logger = logging.getLogger("zerostream")
 
@@ -141,7 +142,15 @@ def validate(config: Any, *, require_batch: bool = False, **known: Any) -> dict:
             "tree": {},
             "resolved": {},
         }
-    return _C.check_config(text, os.path.basename(source), facts.native(require_batch))
+    result = _C.check_config(text, os.path.basename(source), facts.native(require_batch))
+    zero = result.get("tree", {}).get("zero_optimization")
+    if isinstance(zero, Mapping):
+        try:  # the zenflow section's keys are checked in Python (config/zenflow.py)
+            parse_zenflow(zero.get("zenflow"))
+        except ValueError as exc:
+            result["errors"] = [*result["errors"], str(exc)]
+            result["ok"] = False
+    return result
 
 
 # --- the typed tree -----------------------------------------------------------------------------
@@ -213,7 +222,11 @@ def build_config(tree: Mapping[str, Any]) -> DeepSpeedConfig:
     own: the tree is what the native reader resolved."""
     tree = dict(tree)
     tree.pop("bfloat16", None)  # DeepSpeed's old name of bf16, already resolved into bf16
-    return _build(DeepSpeedConfig, tree)
+    cfg = _build(DeepSpeedConfig, tree)
+    # The zenflow section's keys are checked here, not in the native schema (config/zenflow.py).
+    zero = cfg.zero_optimization
+    zenflow = parse_zenflow(zero.zenflow)
+    return dataclasses.replace(cfg, zero_optimization=dataclasses.replace(zero, zenflow=zenflow))
 
 
 def load(
@@ -233,8 +246,12 @@ def load(
         res = _C.load_config(text, os.path.basename(source), context)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    try:
+        built = build_config(res["tree"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     cfg = dataclasses.replace(
-        build_config(res["tree"]),
+        built,
         data_parallel_size=res["data_parallel_size"],
         raw=ReadOnlyMapping(raw),
         resolved=ReadOnlyMapping(res["resolved"]),

@@ -77,7 +77,7 @@ class ZeroConfig:
     log_trace_cache_warnings: bool
     enable_sanity_checks: bool
     save_muon_momentum_buffer_in_memory: bool
-    zenflow: Any
+    zenflow: Any  # a ZenFlowConfig or None once loaded (config/zenflow.py)
     leaf_module: Any
 
     @property

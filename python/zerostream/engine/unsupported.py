@@ -3,8 +3,9 @@ naming the feature, instead of training something else than the user asked for o
 deep inside a step.
 
 The config-side list matches the one csrc/config/rules.cpp warns about ("initialize()
-raises NotImplementedError while it is set"); the model-side check finds expert parameters
-of DeepSpeed's MoE layers (zerostream/moe/).
+raises NotImplementedError while it is set"), and ZenFlow's settings it does not run with
+(zero/zenflow/support.py); the model-side check finds expert parameters of DeepSpeed's MoE
+layers (zerostream/moe/).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from ..config import DeepSpeedConfig, dtype_name
 from ..moe.layer import EXPERT_PARALLELISM
 from ..moe.utils import is_moe_param, is_moe_param_group
+from ..zero.zenflow.support import zenflow_refusals
 
 
 def _config_features(cfg: DeepSpeedConfig) -> List[str]:
@@ -37,8 +39,7 @@ def _config_features(cfg: DeepSpeedConfig) -> List[str]:
         )
     if z.mics_shard_size > 0:
         found.append(f"{zp}mics_shard_size={z.mics_shard_size}: MiCS sharding")
-    if isinstance(z.zenflow, Mapping):
-        found.append(f"{zp}zenflow: ZenFlow stall-free offload")
+    found += zenflow_refusals(cfg)
     if z.offload_optimizer is not None and z.offload_optimizer.super_offload:
         found.append(f"{zp}offload_optimizer.super_offload: SuperOffload")
     accum = dtype_name(cfg.data_types.grad_accum_dtype)

@@ -316,6 +316,15 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         if self.keeps_master(p):
             state["fp32_param"] = _state_tensor(p.shape).copy_(p.detach())
 
+    def set_step(self, p: torch.Tensor, step: int) -> None:
+        """Sets p's step count, so its next update runs as step `step + 1` (bias correction
+        included), its state made if it has none yet: ZenFlow numbers its host updates by
+        the training step, as DeepSpeed's ZenFlowCPUAdam.step(step_id) does."""
+        state = self.state[p]
+        if len(state) == 0:
+            self._init_state(p, state)
+        state["step"] = int(step)
+
     @torch.no_grad()
     def step(self, closure=None, *, grad_scale: float = 1.0):
         """One update of every parameter with a gradient; grads are multiplied by grad_scale

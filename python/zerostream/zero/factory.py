@@ -45,6 +45,10 @@ def build_zero_optimizer(
     cfg = ctx.config
     stage = cfg.zero_stage
     cls = stage_class(stage) if cls is None else cls
+    if cfg.zero_optimization.zenflow is not None:  # stages 1/2 only (engine/unsupported.py)
+        from .zenflow.optimizer import ZenFlowOptimizer
+
+        cls = ZenFlowOptimizer
     groups = client_groups(client, param_groups)
     _check_client_states(client, cfg)
     if stage > 0 and _sub_grouped(cfg.zero_optimization, cfg.zerostream):

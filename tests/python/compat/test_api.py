@@ -50,7 +50,7 @@ def test_engine_and_optimizer_are_the_classes_tools_check(facts, stage):
         ("zero_quantized_gradients", "ZeRO++ quantized gradients"),
         ("zero_hpz_partition_size", "hierarchical weight partitioning"),
         ("mics_shard_size", "MiCS"),
-        ("zenflow", "ZenFlow"),
+        ("zenflow", "ZenFlow at ZeRO stage 3"),
         ("offload_optimizer", "offload_optimizer.super_offload: SuperOffload"),
         ("deepcompile", "compile.deepcompile: DeepCompile"),
         ("expert_params", "expert parallelism"),

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import enum
 
+from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
+
 from zerostream import config as _config
 from zerostream.zero.stage3.leaf import leaf_config
 
@@ -75,7 +78,15 @@ class _SectionClass(type):
         return isinstance(getattr(obj, "_section", obj), cls._zs_type)
 
     def __call__(cls, **section):
-        return _SectionView(cls._read(section))
+        try:
+            return _SectionView(cls._read(section))
+        except _config.ConfigError as exc:
+            # DeepSpeed's section classes are pydantic models: a bad value is pydantic's
+            # ValidationError (a ValueError too), here with zerostream's message naming the key.
+            detail = PydanticCustomError("value_error", "{why}", {"why": str(exc)})
+            raise ValidationError.from_exception_data(
+                cls.__name__, [{"type": detail, "loc": ("zero_optimization",), "input": section}]
+            ) from None
 
 
 class DeepSpeedZeroConfig(metaclass=_SectionClass):
