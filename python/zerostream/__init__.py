@@ -173,8 +173,15 @@ def initialize(
     loader = None
     if training_data is not None:
         loader = make_dataloader(training_data, cfg, collate_fn=collate_fn, group=dp_group)
-        # ZenFlow's "epoch" selection counts epochs of this loader (DeepSpeed's rule).
-        cfg = config_mod.with_steps_per_epoch(cfg, len(loader))
+        # ZenFlow's "epoch" selection counts epochs of this loader (DeepSpeed's rule); an
+        # iterable dataset's loader has no length, and the config keeps its own value.
+        if cfg.zero_optimization.zenflow is not None:
+            try:
+                steps = len(loader)
+            except TypeError:
+                steps = None
+            if steps is not None:
+                cfg = config_mod.with_steps_per_epoch(cfg, steps)
     engine = ZeroEngine(
         model,
         cfg,

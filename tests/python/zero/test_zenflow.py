@@ -348,6 +348,39 @@ def test_epoch_selection_counts_the_loaders_steps():
         torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-6, msg=f"p{i}")
 
 
+def iterable_worker(rank, world):
+    """An iterable dataset's loader has no length: initialize() builds it all the same, with
+    or without a zenflow section (the section keeps its own steps_per_epoch)."""
+    import zerostream
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for x, y in _data(2):
+                yield from zip(x, y)
+
+    out = []
+    step = {
+        "topk_ratio": 0.3,
+        "update_interval": 2,
+        "select_strategy": "step",
+        "select_interval": 2,
+    }
+    for zenflow in (None, step):
+        cfg = _config(GLOBAL_BATCH, 2, zenflow or {})
+        if zenflow is None:
+            del cfg["zero_optimization"]["zenflow"]
+        engine, _, loader, _ = zerostream.initialize(
+            model=_model(), config=cfg, training_data=Stream()
+        )
+        out.append(sum(1 for _ in loader))
+        engine.destroy()
+    return out
+
+
+def test_an_iterable_dataset_without_a_length_still_gets_its_loader():
+    assert run_ranks(iterable_worker, 1)[0] == [2, 2]  # two batches of GLOBAL_BATCH
+
+
 # --- refusals ----------------------------------------------------------------------------------
 def _initialize(cfg):
     import zerostream
