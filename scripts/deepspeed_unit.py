@@ -1,25 +1,31 @@
-"""DeepSpeed's own unit tests against zerostream's `deepspeed` package: run, classify, count.
+"""DeepSpeed's own unit tests (`tests/unit` of a DeepSpeed checkout) against a `deepspeed`
+package: zerostream's compatibility package, or DeepSpeed itself as the peer that sets the
+denominator.
 
-Run through scripts/deepspeed-unit.sh, which makes the environment. The files run are
-FILES below: the tests of what zerostream offers as DeepSpeed (ZeRO stages 0-3 and their
-contexts, offload, checkpoints, the config, the optimizers and schedulers, comm,
-activation checkpointing, bf16). DeepSpeed features zerostream does not have (pipeline
-and tensor parallelism, MoE, DeepCompile, ZenFlow, sparse and 1-bit gradients, inference,
-fp8, data efficiency, ...) are not run; docs/compat.md lists them.
+Run through scripts/deepspeed-unit.sh, which makes the environment. The files run are every
+test file under tests/unit except the features zerostream refuses by name
+(deepspeed_unit_scope.py's OUT_OF_SCOPE, one reason each); `--files` runs a subset.
 
-Each failing or erroring test is matched against CAUSES (deepspeed_unit_causes.py), and
-every test lands in one class:
+  scripts/deepspeed-unit.sh CHECKOUT [--files ...]         zerostream's package, results in
+                                                           build/deepspeed-unit/zerostream.json
+  scripts/deepspeed-unit.sh --peer CHECKOUT [--files ...]  DeepSpeed itself (.venv-deepspeed):
+                                                           build/deepspeed-unit/deepspeed.json
+  scripts/deepspeed-unit.sh --compare PEER.json OURS.json  the count (deepspeed_unit_compare.py)
+  scripts/deepspeed-unit.sh CHECKOUT --collect             import every file, run nothing
+
+The count is the comparison's: of the tests DeepSpeed itself passes on this machine, how many
+zerostream passes. Within one run, each failing or erroring test is matched against CAUSES
+(deepspeed_unit_causes.py) to explain it, landing in one class:
 
 - passed
 - skipped: the test skipped itself (DeepSpeed's own reasons: no fp16 on CPU, a world size
   above the CPU accelerator's device count, a CUDA-only op)
 - cuda: fails on the CPU for every package (a GPU tensor, a CUDA op, a DDP reference built
-  with `device_ids` on a CPU module); DeepSpeed's own CPU run fails these too
+  with `device_ids` on a CPU module)
 - internal: reads a private DeepSpeed name (the cause names it)
-- failed: everything else, the package's fault, with its cause or "unexplained"
+- failed: everything else, with its cause or "unexplained"
 
-The pass rate is passed / (passed + failed): the tests that exercise DeepSpeed's public API
-and can pass on a CPU.
+The classes explain; they never take a test out of the comparison's denominator.
 """
 
 from __future__ import annotations
@@ -39,98 +45,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deepspeed_unit_causes import CAUSES  # noqa: E402
+from deepspeed_unit_compare import compare, print_comparison  # noqa: E402
+from deepspeed_unit_scope import in_scope_files  # noqa: E402
 
-FILES = [
-    # The NVMe I/O handle (aio_handle: 1 KiB blocks, descriptors, offsets)
-    "unit/v1/nvme/test_aio.py",
-    # Pinned memory: the pin_memory op, the shared locked-tensor manager, the native backend
-    "unit/v1/nvme/test_pinned_manager.py",
-    "unit/v1/pin_memory/test_pin_memory_op.py",
-    "unit/v1/pin_memory/test_pin_memory.py",
-    "unit/v1/pin_memory/test_destroy_unpin.py",
-    "unit/utils/test_pin_memory_tracker.py",
-    # deepspeed.io's FastFileWriter (skips itself without CUDA; it must import)
-    "unit/v1/nvme/test_fast_file_writer_fd_close.py",
-    # The launcher: the runners' command lines, resource filters, arguments
-    "unit/launcher/test_run.py",
-    "unit/launcher/test_multinode_runner.py",
-    "unit/launcher/test_ds_arguments.py",
-    # ZeRO stages, contexts and engines
-    "unit/v1/zero/test_zero.py",
-    "unit/v1/zero/test_zero_user_backward.py",
-    "unit/v1/zero/test_zero2_offload_multi_backward.py",
-    "unit/v1/zero/test_zero_cpu_offload_grad_accum.py",
-    "unit/v1/zero/test_zero_coalesce_grad_reduction.py",
-    "unit/v1/zero/test_zero_hook_count_regression.py",
-    "unit/v1/zero/test_zero_init_pg_contradiction.py",
-    "unit/v1/zero/test_zero_autocast.py",
-    "unit/v1/zero/test_zero_activation_checkpoint_lifecycle.py",
-    "unit/v1/zero/test_zero_functorch_linear.py",
-    "unit/v1/zero/test_zero_torch_func.py",
-    "unit/runtime/zero/test_zero_config.py",
-    "unit/runtime/zero/test_zero_context.py",
-    "unit/runtime/zero/test_zero_context_ancestry.py",
-    "unit/runtime/zero/test_zero_context_return.py",
-    "unit/runtime/zero/test_zero_dynamic_class.py",
-    "unit/runtime/zero/test_zero_grad_clip.py",
-    "unit/runtime/zero/test_zero_hook_attribute_delegation.py",
-    "unit/runtime/zero/test_zero_late_module_attach.py",
-    "unit/runtime/zero/test_zero_leaf_module.py",
-    "unit/runtime/zero/test_zero_linear_direct_init.py",
-    "unit/runtime/zero/test_zero_nesting_init.py",
-    "unit/runtime/zero/test_zero_tensor_fragment.py",
-    "unit/runtime/zero/test_zero_tiled.py",
-    "unit/runtime/zero/test_ignore_unused_parameters.py",
-    "unit/runtime/zero/test_nvme_checkpointing.py",
-    "unit/runtime/zero/test_unwrap_model.py",
-    "unit/runtime/zero/test_zero_allreduce_fetch_params.py",
-    "unit/runtime/zero/test_zero_autocast_mixed_dtype.py",
-    # the engine, the config, schedulers
-    "unit/runtime/test_ds_config_dict.py",
-    "unit/runtime/test_ds_config_model.py",
-    "unit/runtime/test_ds_initialize.py",
-    "unit/runtime/test_lr_schedulers.py",
-    "unit/runtime/test_multi_output_model.py",
-    "unit/runtime/test_multiple_models.py",
-    "unit/runtime/test_no_sync_ctxt.py",
-    "unit/runtime/test_runtime_utils.py",
-    "unit/runtime/test_autocast.py",
-    "unit/v1/test_engine_log_level.py",
-    # precision
-    "unit/v1/half_precision/test_bf16.py",
-    "unit/v1/half_precision/test_gradient_clipping_default.py",
-    "unit/v1/half_precision/test_mixed_precision_dtype.py",
-    "unit/runtime/half_precision/test_dynamic_loss_scale.py",
-    "unit/runtime/half_precision/test_zero_optim_overflow.py",
-    "unit/runtime/test_precision_config_dynamic_scale.py",
-    "unit/runtime/test_data.py",
-    "unit/runtime/test_precision_config_loss_scale.py",
-    # activation checkpointing
-    "unit/runtime/activation_checkpointing/test_activation_checkpointing.py",
-    "unit/runtime/activation_checkpointing/test_activation_checkpointing_non_reentrant.py",
-    # checkpoints
-    "unit/checkpoint/test_latest_checkpoint.py",
-    "unit/checkpoint/test_lr_scheduler.py",
-    "unit/checkpoint/test_other_optimizer.py",
-    "unit/checkpoint/test_zero_optimizer.py",
-    "unit/checkpoint/test_tag_validation.py",
-    "unit/checkpoint/test_shared_weights.py",
-    "unit/utils/test_get_optim_files.py",
-    # optimizers
-    "unit/ops/adam/test_cpu_adam.py",
-    "unit/ops/adam/test_adamw.py",
-    "unit/ops/adam/test_hybrid_adam.py",
-    # comm, accelerator, utils, monitors
-    "unit/comm/test_dist.py",
-    "unit/comm/test_comms_logger.py",
-    "unit/monitor/test_monitor.py",
-    "unit/elasticity/test_elastic.py",
-    "unit/v1/accelerator/test_accelerator.py",
-    "unit/utils/test_init_on_device.py",
-    "unit/utils/test_partition_balanced.py",
-    # last: 128 variants of one test (a partial run still covers every other file)
-    "unit/v1/zero/test_offload_states.py",
-]
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "build" / "deepspeed-unit"
 
 # DeepSpeed's pytest.ini addopts, kept: the marked tiers it leaves out by default.
 ADDOPTS = (
@@ -140,10 +59,10 @@ ADDOPTS = (
 )
 
 
-def run(checkout: Path, files: list[str], workdir: Path, timeout: int, chunk: int) -> list[Path]:
-    """Runs `files` (paths under tests/) in a copy of the checkout's tests/, `chunk` files to
-    a pytest process, each writing its own junit XML (a run stopped part way keeps the
-    chunks it finished); returns the XML files."""
+def _prepare(checkout: Path, files: list[str], workdir: Path, timeout: int) -> tuple[Path, dict]:
+    """A copy of the checkout's tests/ in `workdir` (its conftest puts the checkout's root
+    first on sys.path, where a source tree's `deepspeed/` would shadow the package under
+    test), and the environment pytest runs in."""
     tests = workdir / "tests"
     if tests.exists():
         shutil.rmtree(tests)
@@ -158,21 +77,62 @@ def run(checkout: Path, files: list[str], workdir: Path, timeout: int, chunk: in
         "DS_UNITTEST_TIMEOUT": str(timeout),
         "TOKENIZERS_PARALLELISM": "false",
     }
+    return tests, env
+
+
+def _pytest(*args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+        "-m", ADDOPTS, "-o", "addopts=", "--continue-on-collection-errors", *args,
+    ]  # fmt: skip
+
+
+def run(checkout: Path, files: list[str], workdir: Path, timeout: int, chunk: int) -> list[Path]:
+    """Runs `files` (paths under tests/) in a copy of the checkout's tests/, `chunk` files to
+    a pytest process, each writing its own junit XML (a run stopped part way keeps the
+    chunks it finished); returns the XML files."""
+    tests, env = _prepare(checkout, files, workdir, timeout)
     xmls = []
     for first in range(0, len(files), chunk):
         part = files[first : first + chunk]
         xml = workdir / f"results-{first // chunk:02d}.xml"
-        cmd = [
-            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
-            "-m", ADDOPTS, "-o", "addopts=", "--continue-on-collection-errors",
-            f"--junitxml={xml}", "-q", "--no-header", "-rN", f"--timeout={timeout * 2}", *part,
-        ]  # fmt: skip
+        cmd = _pytest(f"--junitxml={xml}", "-q", "--no-header", "-rN", f"--timeout={timeout * 2}",
+                      *part)  # fmt: skip
         print(f"[deepspeed-unit] files {first + 1}-{first + len(part)} of {len(files)}", flush=True)
         subprocess.run(cmd, cwd=tests, env=env, check=False)
         if not xml.is_file():
             sys.exit(f"deepspeed-unit: pytest wrote no {xml}")
         xmls.append(xml)
     return xmls
+
+
+def collect(checkout: Path, files: list[str], workdir: Path) -> dict:
+    """Imports every file of `files` as the run would (pytest --collect-only, the same
+    marker filter) and runs nothing: {"tests": {file: tests selected}, "errors": {file: the
+    import error}} (deepspeed_unit_collect.py)."""
+    tests, env = _prepare(checkout, files, workdir, 0)
+    out = workdir / "collect.json"
+    env["ZS_DSUNIT_COLLECT_OUT"] = str(out)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO / "scripts"), env.get("PYTHONPATH")])
+    )
+    cmd = _pytest("--collect-only", "-q", "-p", "deepspeed_unit_collect", *files)
+    done = subprocess.run(cmd, cwd=tests, env=env, capture_output=True, text=True, check=False)
+    if not out.is_file():
+        sys.exit(f"deepspeed-unit: pytest --collect-only wrote nothing:\n{done.stdout[-3000:]}"
+                 f"{done.stderr[-3000:]}")  # fmt: skip
+    found = json.loads(out.read_text())
+    found["files"] = files
+    return found
+
+
+def print_collection(found: dict) -> None:
+    errors = found["errors"]
+    total = sum(found["tests"].values())
+    for path in sorted(errors):
+        print(f"[fails at import] {path}: {errors[path]}")
+    print(f"\n{len(found['files'])} files: {total} tests collected; {len(errors)} files fail "
+          "at import or collection")  # fmt: skip
 
 
 def outcomes(xmls: list[Path]) -> list[dict]:
@@ -235,20 +195,20 @@ def _first_error_line(message: str) -> str:
     return message.strip().splitlines()[0][:200] if message.strip() else "(no message)"
 
 
-def report(cases: list[dict], seconds: float) -> dict:
+def report(cases: list[dict], seconds: float, package: str = "zerostream") -> dict:
+    """Prints one run's cases by class and cause; returns the counts. No rate: what counts
+    is what DeepSpeed itself passes (--compare)."""
     counts = Counter(c["class"] for c in cases)
-    public = counts["passed"] + counts["failed"]
     summary = {
         "tests": len(cases),
         **{k: counts[k] for k in ("passed", "failed", "skipped", "cuda", "internal")},
-        "pass_rate": round(counts["passed"] / public, 4) if public else None,
         "seconds": round(seconds),
     }
     by_cause = defaultdict(list)
     for c in cases:
         if c["class"] in ("failed", "cuda", "internal"):
             by_cause[(c["class"], c["cause"])].append(c["id"])
-    print(f"\n== DeepSpeed unit tests on zerostream ({summary['seconds']} s)")
+    print(f"\n== DeepSpeed unit tests on {package} ({summary['seconds']} s)")
     for klass, cause in sorted(by_cause, key=lambda k: (k[0], -len(by_cause[k]))):
         ids = by_cause[(klass, cause)]
         print(f"\n[{klass}] {len(ids)}: {cause}")
@@ -258,42 +218,93 @@ def report(cases: list[dict], seconds: float) -> dict:
             print(f"    ... and {len(ids) - 40} more")
     print(
         f"\n{summary['tests']} tests: {summary['passed']} passed, {summary['failed']} failed, "
-        f"{summary['skipped']} skipped by DeepSpeed, {summary['cuda']} need CUDA, "
-        f"{summary['internal']} read DeepSpeed internals"
+        f"{summary['skipped']} skipped by DeepSpeed, {summary['cuda']} fail on a CPU for every "
+        f"package, {summary['internal']} read DeepSpeed internals"
     )
-    if public:
-        rate = f"{summary['passed']}/{public} = {summary['pass_rate']:.1%}"
-        print(f"pass rate (public API, CPU): {rate}")
+    print("(the count against DeepSpeed itself: scripts/deepspeed-unit.sh --compare)")
     return summary
+
+
+def package_version(package: str) -> str:
+    """The version of the `deepspeed` this interpreter's environment imports, checked to be
+    the package the run is labelled with (a zerostream run that found DeepSpeed, or the
+    reverse, would compare a package with itself)."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import deepspeed; print(deepspeed.__version__)"],
+        capture_output=True, text=True, env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )  # fmt: skip
+    lines = probe.stdout.strip().splitlines()
+    if probe.returncode != 0 or not lines:
+        sys.exit(f"deepspeed-unit: `import deepspeed` fails here:\n{probe.stderr[-2000:]}")
+    check_label(package, lines[-1])
+    return lines[-1]
+
+
+def check_label(package: str, version: str | None) -> None:
+    if version is None or ("zerostream" in version) != (package == "zerostream"):
+        sys.exit(f"deepspeed-unit: the run is labelled {package}, but `import deepspeed` here "
+                 f"is {version}")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("checkout", type=Path, help="a DeepSpeed checkout (its tests/ is read)")
-    ap.add_argument("--files", nargs="+", help="files under tests/ (default: the manifest)")
-    ap.add_argument("--json", type=Path, help="write the summary and every case here")
+    ap.add_argument("checkout", type=Path, nargs="?", help="a DeepSpeed checkout (its tests/)")
+    ap.add_argument("--files", nargs="+", help="files under tests/ (default: all in scope)")
+    ap.add_argument("--package", choices=("zerostream", "deepspeed"), default="zerostream")
+    ap.add_argument("--json", type=Path, help="output (default: under build/deepspeed-unit/)")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it")
     ap.add_argument("--xml", type=Path, nargs="+", help="classify earlier junit XMLs, run nothing")
+    ap.add_argument("--collect", action="store_true", help="only import every file (pytest)")
+    ap.add_argument("--compare", type=Path, nargs=2, metavar=("PEER_JSON", "OURS_JSON"),
+                    help="DeepSpeed's run against zerostream's; runs nothing")  # fmt: skip
     ap.add_argument("--chunk", type=int, default=8, help="files to a pytest process")
     ap.add_argument("--timeout", type=int, default=300, help="seconds a distributed test may take")
     args = ap.parse_args()
+    if args.compare:
+        peer, ours = (json.loads(p.read_text()) for p in args.compare)
+        if peer.get("package") != "deepspeed" or ours.get("package") != "zerostream":
+            sys.exit("deepspeed-unit: --compare takes DeepSpeed's JSON first, zerostream's second")
+        result = compare(peer, ours)
+        print_comparison(result)
+        out = args.json or RESULTS / "compare.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+        print(f"(written to {out})")
+        return
     start = time.monotonic()
+    version = None
     if args.xml:
         xmls = args.xml
     else:
-        if not (args.checkout / "tests" / "unit" / "common.py").is_file():
+        if args.checkout is None or not (args.checkout / "tests" / "unit" / "common.py").is_file():
             sys.exit(
                 f"deepspeed-unit: {args.checkout} is not a DeepSpeed checkout "
                 "(no tests/unit/common.py)"
             )
+        files = args.files or in_scope_files(args.checkout / "tests")
         workdir = args.keep or Path(tempfile.mkdtemp(prefix="ds-unit-"))
         workdir.mkdir(parents=True, exist_ok=True)
-        xmls = run(args.checkout, args.files or FILES, workdir, args.timeout, args.chunk)
+        if args.collect:
+            found = collect(args.checkout, files, workdir)
+            check_label(args.package, found["package_version"])
+            print_collection(found)
+            out = args.json or RESULTS / f"collect-{args.package}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"package": args.package, **found}, indent=1))
+            if not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
+            return
+        version = package_version(args.package)
+        xmls = run(args.checkout, files, workdir, args.timeout, args.chunk)
     cases = outcomes(xmls)
     classify(cases)
-    summary = report(cases, time.monotonic() - start)
-    if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "cases": cases}, indent=1))
+    summary = report(cases, time.monotonic() - start, args.package)
+    out = args.json or RESULTS / f"{args.package}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"package": args.package, "package_version": version, "summary": summary,
+              "cases": cases}  # fmt: skip
+    out.write_text(json.dumps(record, indent=1))
+    print(f"(written to {out})")
     if not args.keep and not args.xml:
         shutil.rmtree(xmls[0].parent, ignore_errors=True)
 
