@@ -123,4 +123,9 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "reads git_version_info.torch_info): a CPU-only torch fails it for every package"),
     ("cuda", r".", r"Found no NVIDIA driver|Torch not compiled with CUDA|CUDA is not available",
      "places a tensor on CUDA directly"),
+    # Written by the runner (deepspeed_unit._write_hung), after the by-design entries above
+    # that expect a timeout.
+    ("failed", r".", r"TimeoutError: hung:",
+     "hung: its ranks were not done within the timeout (DeepSpeed's harness then ends the "
+     "session; the runner goes on without the test)"),
 ]  # fmt: skip

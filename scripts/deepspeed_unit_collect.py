@@ -1,7 +1,7 @@
 """A pytest plugin (`-p deepspeed_unit_collect`, with scripts/ on the path) that writes what
 a `--collect-only` run found to the JSON file named by ZS_DSUNIT_COLLECT_OUT: per test
-file, the number of tests selected and the error that stopped its import, if any; and the
-version of the `deepspeed` they imported.
+file, the number of tests selected and the error that stopped its import, if any; every
+test's node id in run order; and the version of the `deepspeed` they imported.
 scripts/deepspeed_unit.py --collect runs it; a test file that fails here fails before its
 first assertion."""
 
@@ -15,6 +15,7 @@ from collections import Counter
 
 _errors: dict[str, str] = {}
 _tests: Counter = Counter()
+_items: list[str] = []
 
 
 def _import_error(text: str) -> str:
@@ -34,6 +35,7 @@ def pytest_collectreport(report):
 def pytest_collection_finish(session):
     for item in session.items:
         _tests[item.nodeid.split("::")[0]] += 1
+        _items.append(item.nodeid)
 
 
 def pytest_sessionfinish(session):
@@ -41,6 +43,6 @@ def pytest_sessionfinish(session):
     if out:
         with open(out, "w") as f:
             module = sys.modules.get("deepspeed")  # the test files imported it
-            found = {"tests": dict(_tests), "errors": _errors,
+            found = {"tests": dict(_tests), "errors": _errors, "items": _items,
                      "package_version": getattr(module, "__version__", None)}  # fmt: skip
             json.dump(found, f, indent=1, sort_keys=True)

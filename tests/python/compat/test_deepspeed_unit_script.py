@@ -4,6 +4,7 @@ count against DeepSpeed itself, on hand-made reports (the runs themselves need a
 checkout and hours: scripts/deepspeed-unit.sh)."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -172,3 +173,55 @@ def test_every_out_of_scope_entry_names_a_file_of_the_checkout():
         missing(f"no DeepSpeed checkout at {CHECKOUT} (its tests/ folder)")
     assert deepspeed_unit_scope.stale_entries(CHECKOUT / "tests") == []
     assert all(why for _, why in deepspeed_unit_scope.OUT_OF_SCOPE)
+
+
+HANGING = """
+import pytest
+
+
+def test_first():
+    pass
+
+
+@pytest.mark.parametrize("n", [1, 2])
+class TestHangs:
+    def test_it(self, n):
+        if n == 1:  # what DeepSpeed's harness does when a test's ranks are not done in time
+            pytest.exit("Test hanged, exiting", returncode=1)
+
+
+def test_last():
+    pass
+"""
+
+
+def test_a_hung_test_is_recorded_and_the_rest_of_the_files_still_run(tmp_path):
+    """DeepSpeed's harness ends the whole pytest session on a hung distributed test; the
+    runner records that test as failed and runs the chunk's other tests without it."""
+    tests = tmp_path / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "pytest.ini").write_text("[pytest]\n")  # the root, as DeepSpeed's tests/ is
+    (tests / "unit" / "test_h.py").write_text(HANGING)
+    (tests / "unit" / "test_after.py").write_text("def test_after():\n    pass\n")
+    files = ["unit/test_h.py", "unit/test_after.py"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
+    xmls = deepspeed_unit._run_chunk(tests, env, files, tmp_path / "results-00", 7)
+    cases = deepspeed_unit.outcomes(xmls)
+    deepspeed_unit.classify(cases)
+    by_id = {c["id"]: (c["outcome"], c["cause"]) for c in cases}
+    assert by_id == {
+        "unit.test_h::test_first": ("passed", ""),
+        "unit.test_h.TestHangs::test_it[1]": (
+            "failed",
+            by_id["unit.test_h.TestHangs::test_it[1]"][1],
+        ),
+        "unit.test_h.TestHangs::test_it[2]": ("passed", ""),
+        "unit.test_h::test_last": ("passed", ""),
+        "unit.test_after::test_after": ("passed", ""),
+    }
+    assert by_id["unit.test_h.TestHangs::test_it[1]"][1].startswith("hung: ")
+    assert (
+        deepspeed_unit._junit_id("unit/a/test_b.py::TestC::test[x-1]")
+        == "unit.a.test_b.TestC::test[x-1]"
+    )
+    assert deepspeed_unit._junit_id("unit/a/test_b.py::test_f") == "unit.a.test_b::test_f"
