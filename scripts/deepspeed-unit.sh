@@ -41,13 +41,21 @@ if [ "$(cat "$stamp" 2> /dev/null)" != "$want" ]; then
 fi
 [ "$setup_only" = 1 ] && exit 0
 if [ "$peer" = 1 ]; then
+  # DeepSpeed JIT-builds its async_io op against libaio's headers (as scripts/bench.sh's peer);
+  # without them its aio and NVMe tests skip themselves and leave the count.
+  source scripts/apt.sh
+  LOG_PREFIX=deepspeed-unit apt_ensure libaio-dev
   scripts/deepspeed-peer.sh
   site=$(.venv-deepspeed/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   export PYTHONPATH="$site"
+  # The launcher tests run the `deepspeed` command: DeepSpeed's own.
+  export PATH="$root/.venv-deepspeed/bin:$PATH"
   exec "$venv/bin/python" scripts/deepspeed_unit.py --package deepspeed "$@"
 fi
 # The working tree's package when it is built in place (scripts/dev-build.sh), else .venv's.
 if compgen -G "python/zerostream/_C*.so" > /dev/null; then
   export PYTHONPATH="$root/python/deepspeed_compat:$root/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# The launcher tests run the `deepspeed` command: the compatibility package's, in .venv.
+export PATH="$root/.venv/bin:$PATH"
 exec "$venv/bin/python" scripts/deepspeed_unit.py --package zerostream "$@"

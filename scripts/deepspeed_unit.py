@@ -270,6 +270,9 @@ def classify(cases: list[dict]) -> None:
 
 
 def _first_error_line(message: str) -> str:
+    for line in message.splitlines():  # pytest's `E   SomeError: ...` line first
+        if re.match(r"^E\s+\w*(Error|Exception)\b", line.strip()):
+            return re.sub(r"\s+\(/[^)]*\)$", "", line.strip())[:200]  # no install path
     for line in message.splitlines():
         line = line.strip()
         if re.match(r"^(E\s+)?\w*(Error|Exception|Interrupt)\b", line) or line.startswith("E "):

@@ -92,6 +92,17 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "puts params on the accelerator (device_name(0)) and expects DeepSpeedCPUAdam to refuse "
      "them: on a CPU machine that device is the host, so no package raises"),
     # Not built yet.
+    ("failed", r".", r"ZenFlow|zenflow",
+     "not built yet: ZenFlow (its selective optimizer and config)"),
+    ("failed", r".", r"UNIVERSAL_CHECKPOINT_INFO|DeepSpeedCheckpoint|ds_to_universal",
+     "not built yet: universal checkpoints and their tooling (deepspeed.checkpoint's "
+     "DeepSpeedCheckpoint, reshape, ds_to_universal)"),
+    ("failed", r".", r"No module named 'deepspeed\.profiling'",
+     "not built yet: the flops profiler (deepspeed.profiling)"),
+    ("failed", r".", r"activation_checkpointing\.offload_activations",
+     "not built yet: DeepSpeed's activation offloading module"),
+    ("failed", r".", r"optimizer\.type: \"Muon\"",
+     "not built yet: the Muon optimizer (optimizer.type \"Muon\")"),
     ("failed", r"test_destroy_unpin.*test_native_", r"expected native-pinned|AssertionError",
      "not built yet: under DS_PIN_MEMORY_BACKEND=native zerostream's ZeRO offload still "
      "pins its optimizer state in its own arenas, not through the native manager, so "
