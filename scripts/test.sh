@@ -32,10 +32,13 @@ phase_table() {
 }
 trap phase_table EXIT
 
-phase "Setup (scripts/setup.sh, scripts/deepspeed-peer.sh)"
+phase "Setup (scripts/setup.sh, scripts/deepspeed-peer.sh, .venv-dsunit)"
 scripts/setup.sh
 # DeepSpeed itself, beside .venv, for the tests that compare with it (never inside .venv).
 scripts/deepspeed-peer.sh
+# DeepSpeed's test pins (pytest < 8.4), beside .venv: the test that imports every in-scope
+# DeepSpeed unit file (tests/python/compat/test_deepspeed_unit_collect.py) runs in it.
+scripts/deepspeed-unit.sh --setup
 
 # Formatting and lint first, for quick feedback; a failure still lets the tests run and
 # fails the whole run at the end.

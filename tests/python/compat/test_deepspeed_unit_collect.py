@@ -1,0 +1,102 @@
+"""Every DeepSpeed unit test file in scope (scripts/deepspeed_unit_scope.py: all of
+tests/unit but the features zerostream refuses by name) imports on the package: pytest
+--collect-only over all of them in .venv-dsunit, as scripts/deepspeed-unit.sh runs them.
+A file that fails there fails before its first assertion, every test in it at once, and
+the full run (hours) is too slow to notice; this takes about 30 s.
+
+KNOWN lists the files that fail today, each with the words its import error must contain
+and why. A file failing that is not listed fails this test, and so does a listed one that
+now imports (take it off the list: its tests now count). Found at DeepSpeed edaa722,
+2026-11-29 (`scripts/deepspeed-unit.sh <checkout> --collect`)."""
+
+import json
+import subprocess
+
+from prerequisites import REPO, missing
+
+CHECKOUT = REPO.parent / "shared" / "deepspeed"  # beside the repository, as conftest.SHARED
+
+NOT_BUILT = "not built"  # a DeepSpeed feature zerostream does not have yet
+INTERNAL = "internal"  # imports a DeepSpeed internal at module level
+OPEN = "open"  # a public name the package lacks (reported 2026-11-29)
+EVERY_PACKAGE = "every package"  # fails the same on DeepSpeed itself here
+
+KNOWN: dict[str, tuple[str, str, str]] = {
+    "unit/ops/adam/test_zf_torch_adam.py": (
+        NOT_BUILT, "ZenFlowSelectiveAdamW", "ZenFlow (its selective AdamW)"),
+    "unit/runtime/zenflow/test_zf_config.py": (
+        NOT_BUILT, "deepspeed.runtime.zenflow", "ZenFlow (its config)"),
+    "unit/checkpoint/test_universal_checkpoint.py": (
+        NOT_BUILT, "UNIVERSAL_CHECKPOINT_INFO", "universal checkpoints"),
+    "unit/checkpoint/test_reshape_checkpoint.py": (
+        NOT_BUILT, "DeepSpeedCheckpoint",
+        "universal-checkpoint tooling (DeepSpeedCheckpoint, 3D reshape, ds_to_universal)"),
+    "unit/profiling/flops_profiler/test_flops_profiler.py": (
+        NOT_BUILT, "deepspeed.profiling", "the flops profiler"),
+    "unit/runtime/activation_checkpointing/test_offload_activations.py": (
+        NOT_BUILT, "offload_activations",
+        "DeepSpeed's activation offloading module (DeepSpeed #8255)"),
+    "unit/runtime/zero/test_zero_tiled.py": (
+        NOT_BUILT, "deepspeed.runtime.zero.tiling", "TiledLinear"),
+    "unit/v1/nvme/test_gds.py": (NOT_BUILT, "GDSBuilder", "GPUDirect Storage (the gds op)"),
+    "unit/ops/lion/test_lion.py": (
+        OPEN, "FusedLion", "ops.lion.FusedLion (DeepSpeed's CUDA Lion) is missing"),
+    "unit/ops/lion/test_cpu_lion.py": (
+        OPEN, "FusedLion", "imports FusedLion beside the CPU Lion zerostream has"),
+    "unit/runtime/comm/test_coalesced_collectives.py": (
+        OPEN, "deepspeed.runtime.comm",
+        "runtime.comm.coalesced_collectives (reduce_scatter_coalesced, "
+        "all_to_all_quant_reduce) is missing"),
+    "unit/runtime/utils/test_partition.py": (
+        OPEN, "PartitionedTensor", "runtime.utils.PartitionedTensor, prefix_sum_inc"),
+    "unit/utils/test_byte_cast.py": (
+        OPEN, "UtilsBuilder", "ops.op_builder.UtilsBuilder is missing"),
+    "unit/utils/test_nvtx.py": (
+        OPEN, "deepspeed.utils.nvtx",
+        "deepspeed.utils.nvtx is missing (on DeepSpeed the file fails too: it imports the "
+        "checkout's accelerator/ package)"),
+    "unit/v1/zero/test_stage2_flatten_on_gpu.py": (
+        OPEN, "set_log_level_from_string", "utils.set_log_level_from_string is missing"),
+    "unit/runtime/test_engine_eigenvalue.py": (
+        EVERY_PACKAGE, "_eigenvalue_summary_events",
+        "a private engine function DeepSpeed 0.19.8 lacks too (newer than the release)"),
+    "unit/runtime/test_mup_optimizers.py": (
+        EVERY_PACKAGE, "No module named 'mup'", "imports the mup package, not installed"),
+    "unit/runtime/zero/test_zero_autocast_mixed_dtype.py": (
+        INTERNAL, "get_allgather_dtype", "partition_parameters.get_allgather_dtype"),
+    "unit/runtime/zero/test_zero_late_module_attach.py": (
+        INTERNAL, "parameter_offload", "runtime.zero.parameter_offload (ZeROOrderedDict)"),
+    "unit/runtime/zero/test_zero_linear_direct_init.py": (
+        INTERNAL, "InsertPostInitMethodToModuleSubClasses",
+        "partition_parameters.InsertPostInitMethodToModuleSubClasses"),
+    "unit/v1/zero/test_zero_init_pg_contradiction.py": (
+        INTERNAL, "_contradicting_single_rank_pg_error",
+        "partition_parameters._contradicting_single_rank_pg_error"),
+}  # fmt: skip
+
+
+def test_every_in_scope_deepspeed_unit_file_imports(tmp_path):
+    if not (CHECKOUT / "tests" / "unit" / "common.py").is_file():
+        missing(f"no DeepSpeed checkout at {CHECKOUT} (its tests/ folder)")
+    if not (REPO / ".venv-dsunit" / ".zs-dsunit.sha1").is_file():
+        missing(".venv-dsunit is missing: scripts/deepspeed-unit.sh --setup makes it")
+    out = tmp_path / "collect.json"
+    done = subprocess.run(
+        [str(REPO / "scripts" / "deepspeed-unit.sh"), str(CHECKOUT), "--collect",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and out.is_file(), done.stdout[-4000:] + done.stderr[-4000:]
+    found = json.loads(out.read_text())
+    assert found["package"] == "zerostream" and "zerostream" in found["package_version"]
+    errors = found["errors"]
+    unknown = {f: e for f, e in errors.items() if f not in KNOWN}
+    changed = {f: e for f, e in errors.items() if f in KNOWN and KNOWN[f][1] not in e}
+    now_import = sorted(set(KNOWN) - set(errors))
+    lines = [f"  {f}: {e}" for f, e in sorted(unknown.items())]
+    lines += [f"  {f}: now fails otherwise: {e}" for f, e in sorted(changed.items())]
+    lines += [f"  {f}: imports now: take it off KNOWN" for f in now_import]
+    assert not lines, "DeepSpeed unit files, import on zerostream's package:\n" + "\n".join(lines)
+    # The files that import were collected: most hold tests (a few skip at module level).
+    assert len(found["files"]) >= 100, found["files"]
+    assert sum(found["tests"].values()) >= 2000, sum(found["tests"].values())
