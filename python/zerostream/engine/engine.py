@@ -15,7 +15,7 @@ from ..comm import collective_check
 from ..config import DeepSpeedConfig
 from ..lr_schedules import build_scheduler
 from ..monitor import EngineMonitor
-from ..optim_factory import client_groups, param_groups_of
+from ..optim_factory import client_groups, muon_groups, param_groups_of
 from ..precision import make_loss_scaler
 from ..telemetry import StepTelemetry
 from ..zero.factory import build_zero_optimizer, stage_class
@@ -96,7 +96,7 @@ class ZeroEngine(torch.nn.Module):
             telemetry=self.telemetry,
         )
         self.device = ctx.device
-        groups = param_groups_of(model, model_parameters)
+        groups = muon_groups(optimizer, cfg, model, param_groups_of(model, model_parameters))
         refuse_unsupported(cfg, model, client_groups(optimizer, groups))
         self.monitor = EngineMonitor(cfg.monitor_config)  # rank 0 writes (monitor/)
         comm.configure(cfg)  # the comms_logger section, when given (comm/comms_logging.py)

@@ -19,8 +19,10 @@ import torch
 
 from .. import comm
 from ..accelerator import is_host_run
+from ..ops.muon import MuonWithAuxAdam
 from .flat import FlatGroup, ParamSlot
 from .grad_reduce import Stage1Reducer, Stage2Reducer
+from .muon_partition import bind_partitions
 from .protocol import PartitionLayout, StageContext
 from .sharded import ShardedOptimizerBase
 
@@ -57,6 +59,8 @@ class PartitionedOptimizer(ShardedOptimizerBase):
             make_optimizer,
             make_swapped,
         )
+        if isinstance(self.optimizer, MuonWithAuxAdam):
+            bind_partitions(self.optimizer, self.flat_groups, self.group)
         self.reducer = _REDUCERS[self.stage](self.flat_groups, self.grads, ctx, self.copy_stage)
         self._slot_of: Dict[torch.nn.Parameter, Tuple[int, ParamSlot]] = {}
         for gi, flat in enumerate(self.flat_groups):
