@@ -217,6 +217,23 @@ class PartitionedOptimizer(ShardedOptimizerBase):
     def bit16_groups(self) -> List[List[torch.nn.Parameter]]:
         return [[s.param for s in f.slots] for f in self.flat_groups]
 
+    # DeepSpeed's names for where a parameter lies, read by its tests (plain data): a param's
+    # id is its position over all groups, and the ranks owning a piece of it are its
+    # partition ids.
+    def get_param_id(self, param: torch.nn.Parameter) -> int:
+        ids = {id(s.param): i for i, s in enumerate(s for f in self.flat_groups for s in f.slots)}
+        if id(param) not in ids:
+            raise ValueError(f"a parameter of shape {tuple(param.shape)} is not trained here")
+        return ids[id(param)]
+
+    @property
+    def param_to_partition_ids(self) -> List[Dict[int, List[int]]]:
+        out, first = [], 0
+        for flat in self.flat_groups:
+            out.append({first + i: list(flat.owners(s)) for i, s in enumerate(flat.slots)})
+            first += len(flat.slots)
+        return out
+
     # --- checkpoint state and inspection ---------------------------------------------------------
     def state_dict(self, streamed: bool = False) -> dict:
         """This rank's optimizer state in DeepSpeed's stage 1/2 layout (reference §3.3):
