@@ -162,15 +162,10 @@ def muon_groups(
 
 
 def refuse_partitioned_muon(cfg: DeepSpeedConfig) -> None:
-    """Muon with a ZeRO layout it cannot see whole matrices in (Note [Muon needs the whole
-    matrix] in ops/muon.py) is refused by name."""
+    """Muon where the optimizer state is stepped sub-group by sub-group across tiers (the
+    swapped optimizer, offload/optimizer_swap.py, steps Adam's state only) is refused by
+    name."""
     zero = cfg.zero_optimization
-    if cfg.zero_stage == 3:
-        raise NotImplementedError(
-            'optimizer "Muon" with zero_optimization.stage 3 is not implemented: Muon '
-            "orthogonalises each whole gradient matrix, which stage 3 does not gather yet; "
-            "use stage 1 or 2"
-        )
     if cfg.zero_stage > 0 and zero.offload_optimizer_device == "nvme":
         raise NotImplementedError(
             'optimizer "Muon" with zero_optimization.offload_optimizer.device "nvme" is not '

@@ -13,10 +13,12 @@ and a group with `use_muon` False is AdamW with bias correction (DeepSpeed's aux
 betas (0.9, 0.95), eps 1e-10 by default).
 
 Note [Muon needs the whole matrix]: momentum and the Nesterov mix are elementwise, but the
-orthogonalisation is not: it needs every element of U. Over a ZeRO stage 1/2 partition the
+orthogonalisation is not: it needs every element of U. Over a ZeRO partition the
 optimizer holds a flat slice that may cut matrices anywhere, so the partition's U is
 all-gathered (`PartitionedMatrices.gather`), each matrix that overlaps the partition is
-orthogonalised whole and the partition keeps its own slice of O. Every rank thus applies
+orthogonalised whole and the partition keeps its own piece of O (at stage 3 the partition
+is the concatenated shards of its matrices, each cut into equal pieces over the ranks; the
+same gather reassembles them). Every rank thus applies
 what single-process Muon applies to the averaged gradient, while the momentum stays
 partitioned (1/N of it per rank).
 """
@@ -107,16 +109,25 @@ def muon_direction(u: torch.Tensor, steps: int, method: str) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class PartitionedMatrices:
-    """A flat ZeRO partition of a group of matrices (Note [Muon needs the whole matrix]):
-    each matrix's shape and first element in the flat group, where this rank's partition
-    begins in it, and `gather`, the collective (every rank calls it, in group order) that
-    turns every rank's partition of a tensor into the whole flat group."""
+class MatrixPiece:
+    """The elements [lo, hi) of a (flattened) matrix of `shape` that a partition holds,
+    starting at element `local` of the partition."""
 
-    shapes: Tuple[torch.Size, ...]
-    offsets: Tuple[int, ...]
-    begin: int
-    gather: Callable[[torch.Tensor], torch.Tensor]
+    shape: torch.Size
+    local: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class PartitionedMatrices:
+    """A ZeRO partition of a group of matrices (Note [Muon needs the whole matrix]): the
+    pieces it holds and `gather`, the collective (every rank calls it, in group order) that
+    turns every rank's partition of a tensor into the whole flattened matrix of each piece,
+    in the order of `pieces`."""
+
+    pieces: Tuple[MatrixPiece, ...]
+    gather: Callable[[torch.Tensor], List[torch.Tensor]]
 
 
 def check_options(options: dict, where: str) -> None:
@@ -211,20 +222,14 @@ class MuonWithAuxAdam(torch.optim.Optimizer):
         self, u: torch.Tensor, layout: PartitionedMatrices, group: dict
     ) -> torch.Tensor:
         """This partition's slice of O (Note [Muon needs the whole matrix])."""
-        whole = layout.gather(u)
         out = torch.zeros_like(u)
-        n = u.numel()
-        for shape, offset in zip(layout.shapes, layout.offsets):
-            numel = math.prod(shape)
-            lo, hi = max(offset, layout.begin), min(offset + numel, layout.begin + n)
-            if hi <= lo:
-                continue  # no piece of this matrix is ours: another rank orthogonalises it
+        for piece, whole in zip(layout.pieces, layout.gather(u)):
+            numel = math.prod(piece.shape)
             o = muon_direction(
-                whole[offset : offset + numel].view(shape), group["ns_steps"], group["ns_method"]
+                whole[:numel].view(piece.shape), group["ns_steps"], group["ns_method"]
             )
-            out[lo - layout.begin : hi - layout.begin].copy_(
-                o.reshape(-1)[lo - offset : hi - offset]
-            )
+            n = piece.hi - piece.lo
+            out[piece.local : piece.local + n].copy_(o.reshape(-1)[piece.lo : piece.hi])
         return out
 
     def _adam_step(self, p: torch.Tensor, group: dict) -> None:

@@ -22,7 +22,7 @@ from ..accelerator import is_host_run
 from ..ops.muon import MuonWithAuxAdam
 from .flat import FlatGroup, ParamSlot
 from .grad_reduce import Stage1Reducer, Stage2Reducer
-from .muon_partition import bind_partitions
+from .muon_partition import bind_flat_groups
 from .protocol import PartitionLayout, StageContext
 from .sharded import ShardedOptimizerBase
 
@@ -60,7 +60,7 @@ class PartitionedOptimizer(ShardedOptimizerBase):
             make_swapped,
         )
         if isinstance(self.optimizer, MuonWithAuxAdam):
-            bind_partitions(self.optimizer, self.flat_groups, self.group)
+            bind_flat_groups(self.optimizer, self.flat_groups, self.group)
         self.reducer = _REDUCERS[self.stage](self.flat_groups, self.grads, ctx, self.copy_stage)
         self._slot_of: Dict[torch.nn.Parameter, Tuple[int, ParamSlot]] = {}
         for gi, flat in enumerate(self.flat_groups):
