@@ -278,9 +278,9 @@ def resume_worker(rank, world, root):
     xs, ys = _batches()
     micro = GLOBAL_BATCH // world // 2  # two micro-batches per step
 
-    def make():
+    def make(stage):
         torch.manual_seed(0)
-        cfg = _config(micro, 2, 0.0)
+        cfg = _config(micro, stage, 0.0)
         cfg["gradient_accumulation_steps"] = 2
         return zerostream.initialize(model=Net(), config=cfg)[0]
 
@@ -299,24 +299,28 @@ def resume_worker(rank, world, root):
             losses.append(total)
         return losses
 
-    engine = make()
-    first = train(engine, range(2))
-    engine.save_checkpoint(root, tag="t")
-    straight = train(engine, range(2, STEPS))
-    engine.destroy()
-    engine = make()
-    engine.load_checkpoint(root, tag="t")
-    resumed = train(engine, range(2, STEPS))
-    engine.destroy()
-    return first + straight, resumed
+    out = {}
+    for stage in (2, 3):
+        engine = make(stage)
+        first = train(engine, range(2))
+        engine.save_checkpoint(root, tag=f"s{stage}")
+        straight = train(engine, range(2, STEPS))
+        engine.destroy()
+        engine = make(stage)
+        engine.load_checkpoint(root, tag=f"s{stage}")
+        resumed = train(engine, range(2, STEPS))
+        engine.destroy()
+        out[stage] = (first + straight, resumed)
+    return out
 
 
 def test_checkpoint_resume_and_accumulation(tmp_path):
-    """Stage 2 on 2 ranks with two micro-batches a step equals the reference (the mean over
-    the micro-batches is the whole batch's gradient), and a run resumed from a checkpoint
-    (momentum and AdamW moments restored) continues bitwise."""
-    ranks = run_ranks(resume_worker, 2, str(tmp_path), timeout=240)
+    """Stages 2 and 3 on 2 ranks with two micro-batches a step equal the reference (the mean
+    over the micro-batches is the whole batch's gradient), and a run resumed from a
+    checkpoint (momentum and AdamW moments restored) continues bitwise."""
+    ranks = run_ranks(resume_worker, 2, str(tmp_path), timeout=300)
     ref_losses, _ = reference_losses(0.0)
-    for losses, resumed in ranks:
-        assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
-        assert resumed == losses[2:]
+    for out in ranks:
+        for stage, (losses, resumed) in out.items():
+            assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), stage
+            assert resumed == losses[2:], stage
