@@ -31,14 +31,23 @@ def _gatherer(world: int, group, device: torch.device, cut: _Cut):
     return gather
 
 
-def _bind(inner: MuonWithAuxAdam, layouts: Sequence[Tuple[tuple, _Cut]], world, group, device):
+def _bind(
+    inner: MuonWithAuxAdam, layouts: Sequence[Tuple[tuple, _Cut, list]], world, group, device
+):
     if len(inner.param_groups) != len(layouts):
         raise RuntimeError(
             f"MuonWithAuxAdam has {len(inner.param_groups)} param groups over "
             f"{len(layouts)} partitions"
         )
-    for options, (pieces, cut) in zip(inner.param_groups, layouts):
+    for options, (pieces, cut, shapes) in zip(inner.param_groups, layouts):
         if options["use_muon"]:
+            # Every rank checks every matrix of the group (not only its pieces): all raise.
+            vectors = [tuple(shape) for shape in shapes if len(shape) < 2]
+            if vectors:
+                raise ValueError(
+                    f"Muon: a use_muon group holds a parameter of shape {vectors[0]}, not a "
+                    "matrix; Muon orthogonalises matrices (give it use_muon=False)"
+                )
             (partition,) = options["params"]
             layout = PartitionedMatrices(pieces, _gatherer(world, group, device, cut))
             inner.bind_partitions(partition, layout)
@@ -59,7 +68,7 @@ def bind_flat_groups(inner: MuonWithAuxAdam, flats, group) -> None:
         def cut(whole, slots=slots):
             return [whole[s.offset : s.offset + s.numel] for s, _, _ in slots]
 
-        layouts.append((pieces, cut))
+        layouts.append((pieces, cut, [s.param.shape for s in flat.slots]))
     device = flats[0].buffer.device if flats else torch.device("cpu")
     _bind(inner, layouts, flats[0].world if flats else 1, group, device)
 
@@ -91,5 +100,5 @@ def bind_shard_groups(inner: MuonWithAuxAdam, groups, world, rank, group, device
                 for zp, start in held
             ]
 
-        layouts.append((pieces, cut))
+        layouts.append((pieces, cut, [zp.shape for zp in zps]))
     _bind(inner, layouts, world, group, device)

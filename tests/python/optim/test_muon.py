@@ -324,3 +324,27 @@ def test_checkpoint_resume_and_accumulation(tmp_path):
         for stage, (losses, resumed) in out.items():
             assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), stage
             assert resumed == losses[2:], stage
+
+
+def client_worker(rank, world):
+    import zerostream
+    from zerostream.ops.muon import MuonWithAuxAdam
+
+    torch.manual_seed(0)
+    net = Net()
+    # a vector in the Muon group (the last param of the group: on rank 1's partition only)
+    groups = [
+        {"params": [net.a.weight, net.b.weight, net.b.bias], "use_muon": True},
+        {"params": [net.embed.weight, net.a.bias], "use_muon": False},
+    ]
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
+    try:
+        zerostream.initialize(model=net, optimizer=MuonWithAuxAdam(groups), config=cfg)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_client_muon_with_a_vector_is_refused_on_every_rank():
+    for message in run_ranks(client_worker, 2, timeout=120):
+        assert message is not None and "shape (6,), not a matrix" in message
