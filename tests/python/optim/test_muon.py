@@ -44,7 +44,12 @@ def _batches():
     return xs, ys
 
 
-def _config(micro, stage, clip, ns_method="standard", reduce_bucket_size=40):
+def _config(micro, stage, clip, ns_method="standard", offload=False, reduce_bucket_size=40):
+    zero = {"stage": stage, "reduce_bucket_size": reduce_bucket_size}
+    if offload:  # the optimizer in host memory, and at stage 3 the param shards too
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu"}
     return {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": 1,
@@ -59,7 +64,7 @@ def _config(micro, stage, clip, ns_method="standard", reduce_bucket_size=40):
                 "ns_method": ns_method,
             },
         },
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": reduce_bucket_size},
+        "zero_optimization": zero,
     }
 
 
@@ -138,11 +143,9 @@ def worker(rank, world, cases):
     xs, ys = _batches()
     micro = GLOBAL_BATCH // world
     out = {}
-    for stage, clip, ns_method in cases:
+    for case in cases:
         torch.manual_seed(0)
-        engine = zerostream.initialize(model=Net(), config=_config(micro, stage, clip, ns_method))[
-            0
-        ]
+        engine = zerostream.initialize(model=Net(), config=_config(micro, *case))[0]
         losses = []
         for s in range(STEPS):
             lo = rank * micro
@@ -160,7 +163,7 @@ def worker(rank, world, cases):
         )
         with GatheredParameters(list(engine.module.parameters())):  # stage 3's are shards
             params = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
-        out[(stage, clip, ns_method)] = {
+        out[case] = {
             "losses": losses,
             "params": params,
             "flags": flags,
@@ -172,22 +175,25 @@ def worker(rank, world, cases):
     return out
 
 
+# (stage, gradient_clipping, ns_method, offload_optimizer cpu)
 CASES = [
-    (0, 0.0, "standard"),
-    (1, 0.0, "standard"),
-    (2, 0.0, "gram"),
-    (2, 0.3, "standard"),
-    (3, 0.3, "gram"),
+    (0, 0.0, "standard", False),
+    (1, 0.0, "standard", False),
+    (2, 0.0, "gram", False),
+    (2, 0.3, "standard", False),
+    (2, 0.0, "gram", True),
+    (3, 0.3, "gram", False),
+    (3, 0.0, "standard", True),
 ]
 
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_muon_matches_single_process_reference(world):
     ranks = run_ranks(worker, world, CASES, timeout=240)
-    refs = {clip: reference_losses(clip) for clip in {c for _, c, _ in CASES}}
+    refs = {clip: reference_losses(clip) for clip in {case[1] for case in CASES}}
     for out in ranks:
         for case in CASES:
-            stage, clip, _ = case
+            stage, clip = case[:2]
             run, (ref_losses, ref_params) = out[case], refs[clip]
             assert run["type"] == "MuonWithAuxAdam"
             assert run["flags"] == {
