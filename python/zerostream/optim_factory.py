@@ -11,7 +11,7 @@ from typing import Callable, List, Optional
 import torch
 
 from .config import DeepSpeedConfig
-from .ops.muon import MuonWithAuxAdam
+from .ops import muon
 
 
 class ZeRORuntimeException(Exception):
@@ -19,7 +19,7 @@ class ZeRORuntimeException(Exception):
 
 
 # Optimizers ZeRO is tested with (DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS, torch side).
-_SUPPORTED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, MuonWithAuxAdam)
+_SUPPORTED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, muon.MuonWithAuxAdam)
 _CPU_OPTIMIZER_NAMES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
 _UNIMPLEMENTED = (
     "lamb",
@@ -120,8 +120,6 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
         kwargs = opt.kwargs("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
         return lambda groups: torch.optim.Adagrad(groups, **kwargs)
     if low == "muon":
-        from .ops import muon
-
         settings = dict(params)
 
         def build_muon(groups):
@@ -154,14 +152,12 @@ def muon_groups(
     (ops/muon.py), so each ZeRO flat group is one kind; otherwise unchanged."""
     if client is not None or cfg.optimizer is None or cfg.optimizer.name != "muon":
         return groups
-    from .ops import muon
-
-    refuse_partitioned_muon(cfg)
+    refuse_swapped_muon(cfg)
     muon.mark_params(model)
     return muon.config_groups(groups, dict(cfg.optimizer.params))
 
 
-def refuse_partitioned_muon(cfg: DeepSpeedConfig) -> None:
+def refuse_swapped_muon(cfg: DeepSpeedConfig) -> None:
     """Muon where the optimizer state is stepped sub-group by sub-group across tiers (the
     swapped optimizer, offload/optimizer_swap.py, steps Adam's state only) is refused by
     name."""

@@ -15,7 +15,7 @@ from ..optim_factory import (
     check_client_optimizer,
     client_groups,
     optimizer_maker,
-    refuse_partitioned_muon,
+    refuse_swapped_muon,
 )
 from . import param_access
 from .base import ZeroOptimizerBase
@@ -54,7 +54,7 @@ def build_zero_optimizer(
     groups = client_groups(client, param_groups)
     _check_client_states(client, cfg)
     if isinstance(client, MuonWithAuxAdam):
-        refuse_partitioned_muon(cfg)
+        refuse_swapped_muon(cfg)
     if stage > 0 and _sub_grouped(cfg.zero_optimization, cfg.zerostream):
         if isinstance(client, torch.optim.Optimizer):
             check_client_optimizer(client, cfg)  # zero_force_ds_cpu_optimizer, as for "cpu"
