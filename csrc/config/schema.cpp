@@ -374,7 +374,7 @@ const std::vector<std::string>& deepspeed_optimizer_names() {
 }
 
 bool zerostream_implements_optimizer(const std::string& t) {
-  return t == "adam" || t == "adamw" || t == "adagrad" || t == "lion";
+  return t == "adam" || t == "adamw" || t == "adagrad" || t == "lion" || t == "muon";
 }
 
 const std::vector<std::string>& torch_optimizer_names() {

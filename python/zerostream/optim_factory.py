@@ -11,6 +11,7 @@ from typing import Callable, List, Optional
 import torch
 
 from .config import DeepSpeedConfig
+from .ops import muon
 
 
 class ZeRORuntimeException(Exception):
@@ -18,7 +19,7 @@ class ZeRORuntimeException(Exception):
 
 
 # Optimizers ZeRO is tested with (DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS, torch side).
-_SUPPORTED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
+_SUPPORTED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, muon.MuonWithAuxAdam)
 _CPU_OPTIMIZER_NAMES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
 _UNIMPLEMENTED = (
     "lamb",
@@ -28,7 +29,6 @@ _UNIMPLEMENTED = (
     "muadam",
     "muadamw",
     "musgd",
-    "muon",
 )
 
 
@@ -119,6 +119,17 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
             return lambda groups: DeepSpeedCPUAdagrad(groups, threads=threads, **kwargs)
         kwargs = opt.kwargs("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
         return lambda groups: torch.optim.Adagrad(groups, **kwargs)
+    if low == "muon":
+        settings = dict(params)
+
+        def build_muon(groups):
+            # ZeRO's flat groups carry use_muon from muon_groups(); a bare list (the
+            # config check's dummy parameter) is split here.
+            if not all("use_muon" in g for g in groups):
+                groups = muon.config_groups(groups, settings)
+            return muon.MuonWithAuxAdam(groups)
+
+        return build_muon
     if low == "lion":
         from .ops.lion import DeepSpeedCPULion  # the CPU kernels (ops issue)
 
@@ -131,6 +142,38 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
         )
     kwargs = {k: v for k, v in params.items() if v is not None and k != "max_grad_norm"}
     return lambda groups: cls(groups, **kwargs)
+
+
+def muon_groups(
+    client: Optional[object], cfg: DeepSpeedConfig, model: torch.nn.Module, groups: List[dict]
+) -> List[dict]:
+    """`groups` as the config's optimizer trains them: with "Muon" (and no client optimizer),
+    the params flagged by DeepSpeed's rule and split into a Muon group and an AdamW group
+    (ops/muon.py), so each ZeRO flat group is one kind; otherwise unchanged."""
+    if client is not None or cfg.optimizer is None or cfg.optimizer.name != "muon":
+        return groups
+    refuse_swapped_muon(cfg)
+    muon.mark_params(model)
+    return muon.config_groups(groups, dict(cfg.optimizer.params))
+
+
+def refuse_swapped_muon(cfg: DeepSpeedConfig) -> None:
+    """Muon where the optimizer state is stepped sub-group by sub-group across tiers (the
+    swapped optimizer, offload/optimizer_swap.py, steps Adam's state only) is refused by
+    name."""
+    zero = cfg.zero_optimization
+    if cfg.zero_stage > 0 and zero.offload_optimizer_device == "nvme":
+        raise NotImplementedError(
+            'optimizer "Muon" with zero_optimization.offload_optimizer.device "nvme" is not '
+            'implemented (the swapped optimizer state is Adam\'s); use "cpu" or "none"'
+        )
+    if cfg.zero_stage > 0 and zero.offload_optimizer_device == "cpu":
+        if zero.offload_optimizer.ratio < 1.0:
+            raise NotImplementedError(
+                f'optimizer "Muon" with zero_optimization.offload_optimizer.ratio '
+                f"{zero.offload_optimizer.ratio} is not implemented (the device tier steps "
+                "Adam's state); leave ratio at 1"
+            )
 
 
 def optimizer_maker(

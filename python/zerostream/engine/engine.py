@@ -15,7 +15,7 @@ from ..comm import collective_check
 from ..config import DeepSpeedConfig
 from ..lr_schedules import build_scheduler
 from ..monitor import EngineMonitor
-from ..optim_factory import client_groups, param_groups_of
+from ..optim_factory import client_groups, muon_groups, param_groups_of
 from ..precision import make_loss_scaler
 from ..profiling import FlopsProfiler, PhaseTimers, SynchronizedWallClockTimer
 from ..telemetry import StepTelemetry
@@ -102,7 +102,7 @@ class ZeroEngine(torch.nn.Module):
             timers=phase_timers,
         )
         self.device = ctx.device
-        groups = param_groups_of(model, model_parameters)
+        groups = muon_groups(optimizer, cfg, model, param_groups_of(model, model_parameters))
         refuse_unsupported(cfg, model, client_groups(optimizer, groups))
         self.monitor = EngineMonitor(cfg.monitor_config)  # rank 0 writes (monitor/)
         # DeepSpeed's engine.flops_profiler (None when the section is off).

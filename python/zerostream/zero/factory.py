@@ -10,7 +10,13 @@ from typing import List, Optional, Type
 import torch
 
 from .. import comm
-from ..optim_factory import check_client_optimizer, client_groups, optimizer_maker
+from ..ops.muon import MuonWithAuxAdam
+from ..optim_factory import (
+    check_client_optimizer,
+    client_groups,
+    optimizer_maker,
+    refuse_swapped_muon,
+)
 from . import param_access
 from .base import ZeroOptimizerBase
 from .protocol import StageContext, ZeroOptimizer
@@ -51,6 +57,8 @@ def build_zero_optimizer(
         cls = ZenFlowOptimizer
     groups = client_groups(client, param_groups)
     _check_client_states(client, cfg)
+    if isinstance(client, MuonWithAuxAdam):
+        refuse_swapped_muon(cfg)
     if stage > 0 and _sub_grouped(cfg.zero_optimization, cfg.zerostream):
         if isinstance(client, torch.optim.Optimizer):
             check_client_optimizer(client, cfg)  # zero_force_ds_cpu_optimizer, as for "cpu"

@@ -19,8 +19,10 @@ import torch
 
 from .. import comm
 from ..accelerator import is_host_run
+from ..ops.muon import MuonWithAuxAdam
 from .flat import FlatGroup, ParamSlot
 from .grad_reduce import Stage1Reducer, Stage2Reducer
+from .muon_partition import bind_flat_groups
 from .protocol import PartitionLayout, StageContext
 from .sharded import ShardedOptimizerBase
 
@@ -57,6 +59,8 @@ class PartitionedOptimizer(ShardedOptimizerBase):
             make_optimizer,
             make_swapped,
         )
+        if isinstance(self.optimizer, MuonWithAuxAdam):
+            bind_flat_groups(self.optimizer, self.flat_groups, self.group)
         self.reducer = _REDUCERS[self.stage](self.flat_groups, self.grads, ctx, self.copy_stage)
         self._slot_of: Dict[torch.nn.Parameter, Tuple[int, ParamSlot]] = {}
         for gi, flat in enumerate(self.flat_groups):
@@ -212,6 +216,23 @@ class PartitionedOptimizer(ShardedOptimizerBase):
     @property
     def bit16_groups(self) -> List[List[torch.nn.Parameter]]:
         return [[s.param for s in f.slots] for f in self.flat_groups]
+
+    # DeepSpeed's names for where a parameter lies, read by its tests (plain data): a param's
+    # id is its position over all groups, and the ranks owning a piece of it are its
+    # partition ids.
+    def get_param_id(self, param: torch.nn.Parameter) -> int:
+        ids = {id(s.param): i for i, s in enumerate(s for f in self.flat_groups for s in f.slots)}
+        if id(param) not in ids:
+            raise ValueError(f"a parameter of shape {tuple(param.shape)} is not trained here")
+        return ids[id(param)]
+
+    @property
+    def param_to_partition_ids(self) -> List[Dict[int, List[int]]]:
+        out, first = [], 0
+        for flat in self.flat_groups:
+            out.append({first + i: list(flat.owners(s)) for i, s in enumerate(flat.slots)})
+            first += len(flat.slots)
+        return out
 
     # --- checkpoint state and inspection ---------------------------------------------------------
     def state_dict(self, streamed: bool = False) -> dict:

@@ -18,7 +18,9 @@ import torch
 
 from ... import comm
 from ...offload.copy_stage import CopyMeter
+from ...ops.muon import MuonWithAuxAdam
 from ..base import place_buffers
+from ..muon_partition import bind_shard_groups
 from ..protocol import PartitionLayout, StageCheckpoint, StageContext
 from ..sharded import ShardedOptimizerBase
 from . import hooks, leaf
@@ -228,6 +230,10 @@ class Stage3Optimizer(ShardedOptimizerBase):
         options = [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
         host = self.part.offload_device != "none"
         self._init_state(ctx, self.flat16, options, starts, make_optimizer, make_swapped, host)
+        if isinstance(self.optimizer, MuonWithAuxAdam):
+            bind_shard_groups(
+                self.optimizer, self.groups, self.world, self.rank, self.group, ctx.device
+            )
         self.slots = slots
         if self.part.swapper is not None:
             # The shards on disk are placed by this stage's placer (and counted in the

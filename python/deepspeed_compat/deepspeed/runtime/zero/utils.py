@@ -7,6 +7,7 @@ import torch
 from zerostream.ops.adagrad import DeepSpeedCPUAdagrad
 from zerostream.ops.adam import DeepSpeedCPUAdam
 from zerostream.ops.lion import DeepSpeedCPULion
+from zerostream.ops.muon import MuonWithAuxAdam
 from zerostream.optim_factory import ZeRORuntimeException
 
 from ...ops.adam import FusedAdam
@@ -21,6 +22,7 @@ ZERO_SUPPORTED_OPTIMIZERS = [
     DeepSpeedCPUAdam,
     DeepSpeedCPUAdagrad,
     DeepSpeedCPULion,
+    MuonWithAuxAdam,
 ]
 
 
