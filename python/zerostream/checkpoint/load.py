@@ -2,7 +2,9 @@
 this model, have the stage restore the module, then (unless asked not to) the optimizer
 partitions and the LR scheduler, and give the engine back the counters. A checkpoint saved
 with another data-parallel world size, or whose partitions are cut otherwise, is re-cut
-(reshard.py). Every failure names the file or the parameter.
+(reshard.py). With checkpoint.load_universal the tag names a universal checkpoint
+(universal_load.py; `latest_universal` when no tag is given), re-cut the same way. Every
+failure names the file or the parameter.
 
 What is loaded where is the stage's (Note [Stage checkpoints] in zero/protocol.py): this
 module reads the files, decides which the stage needs, and maps and re-cuts what it hands

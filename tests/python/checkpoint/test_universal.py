@@ -78,7 +78,9 @@ def reference(steps: int):
     return losses, snaps
 
 
-def config(stage: int, world: int, offload: bool = False, universal: bool = False) -> dict:
+def config(
+    stage: int, world: int, offload: bool = False, universal: bool = False, bf16: bool = False
+) -> dict:
     zero = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
@@ -100,17 +102,19 @@ def config(stage: int, world: int, offload: bool = False, universal: bool = Fals
     }
     if universal:
         cfg["checkpoint"] = {"load_universal": True}
+    if bf16:
+        cfg["bf16"] = {"enabled": True}
     return cfg
 
 
-def _engine(stage, world, offload=False, universal=False):
+def _engine(stage, world, offload=False, universal=False, bf16=False):
     import zerostream
 
     net = model()
     engine, *_ = zerostream.initialize(
         model=net,
         model_parameters=net.parameters(),
-        config=config(stage, world, offload, universal),
+        config=config(stage, world, offload, universal, bf16),
     )
     return engine
 
@@ -121,11 +125,11 @@ def _train(engine, rank, world, steps):
     import torch.distributed as dist
 
     per = GLOBAL_BATCH // world
+    dtype = next(engine.module.parameters()).dtype  # bf16 runs take bf16 inputs
     losses = []
     for x, y in steps:
-        loss = torch.nn.functional.mse_loss(
-            engine(x[rank * per : (rank + 1) * per]), y[rank * per : (rank + 1) * per]
-        )
+        x, y = x[rank * per : (rank + 1) * per].to(dtype), y[rank * per : (rank + 1) * per]
+        loss = torch.nn.functional.mse_loss(engine(x).float(), y)
         engine.backward(loss)
         engine.step()
         value = loss.detach().clone()
@@ -314,3 +318,51 @@ def test_offloaded_optimizer_saves_and_loads_universal(tmp_path):
     for world, stage in ((1, 3), (2, 1)):
         result = run_ranks(_resume_runs, world, root, [(2, stage)], True, timeout=240)[0]
         _check(result[(2, stage)], ref_losses, ref_snaps)
+
+
+def _bf16_save(rank, world, root):
+    """Stage 2 in bf16 on 2 ranks: N steps, a save, M more (the uninterrupted losses)."""
+    engine = _engine(2, world, bf16=True)
+    _train(engine, rank, world, batches(N))
+    engine.save_checkpoint(root, tag="t")
+    losses = _train(engine, rank, world, batches(N + M)[N:])
+    engine.destroy()
+    return losses
+
+
+def _bf16_resume(rank, world, root, stage):
+    engine = _engine(stage, world, universal=True, bf16=True)
+    engine.load_checkpoint(root)
+    state, lr, _ = _state(engine)
+    from zerostream.zero import GatheredParameters
+
+    params = list(engine.module.parameters())
+    with GatheredParameters(params):
+        weights = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    losses = _train(engine, rank, world, batches(N + M)[N:])
+    engine.destroy()
+    return dict(state=state, lr=lr, weights=weights, losses=losses, steps=engine.global_steps)
+
+
+def test_bf16_masters_and_moments_load_exactly(tmp_path):
+    """bf16 with fp32 masters: stage 2 on 2 ranks -> universal -> stage 3 on 1 rank and
+    stage 2 on 2 ranks. After the load the masters and moments are bit-equal to the
+    universal files and the bf16 weights are the masters rounded; at the saving world size
+    and stage the next M losses equal the uninterrupted run's."""
+    root = str(tmp_path)
+    uninterrupted = run_ranks(_bf16_save, 2, root, timeout=240)[0]
+    from zerostream.checkpoint import universal
+
+    universal.convert(os.path.join(root, "t"), os.path.join(root, "t_universal"), True)
+    for world, stage in ((1, 3), (2, 2)):
+        r = run_ranks(_bf16_resume, world, root, stage, timeout=240)[0]
+        assert r["lr"] == pytest.approx(warmup_lr(N))
+        for name, (master, m, v) in r["state"].items():
+            folder = os.path.join(root, "t_universal", "zero", name)
+            for kind, got in (("fp32", master), ("exp_avg", m), ("exp_avg_sq", v)):
+                want = torch.load(os.path.join(folder, f"{kind}.pt"), weights_only=False)
+                assert torch.equal(got, want["param"]), (world, stage, name, kind)
+            assert r["weights"][name].dtype == torch.bfloat16
+            assert torch.equal(r["weights"][name], master.to(torch.bfloat16)), (stage, name)
+        if (world, stage) == (2, 2):
+            assert r["losses"] == uninterrupted, (r["losses"], uninterrupted)
