@@ -366,3 +366,38 @@ def test_bf16_masters_and_moments_load_exactly(tmp_path):
             assert torch.equal(r["weights"][name], master.to(torch.bfloat16)), (stage, name)
         if (world, stage) == (2, 2):
             assert r["losses"] == uninterrupted, (r["losses"], uninterrupted)
+
+
+def test_deepspeeds_command_line_writes_the_same_checkpoint(converted, tmp_path):
+    """`python -m deepspeed.checkpoint.ds_to_universal` with DeepSpeed's flags (the compat
+    package) writes the files the conversion wrote, bit for bit; without
+    universal_checkpoint_info and --inject_missing_state it refuses, naming the file."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    env = dict(os.environ)
+    paths = [os.path.join(repo, "python", "deepspeed_compat"), os.path.join(repo, "python")]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+    src = os.path.join(converted, "s1", "t")
+    out = str(tmp_path / "cli" / "u")
+    base = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal"]
+    args = ["--input_folder", src, "--output_folder", out, "--num_extract_workers", "2"]
+    refused = subprocess.run(base + args, env=env, capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert "universal_checkpoint_info" in refused.stderr and src in refused.stderr
+    done = subprocess.run(base + args + ["--inject_missing_state"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "cli" / "latest_universal") as f:
+        assert f.read() == "u"
+    ours = os.path.join(converted, "s1", "t_universal", "zero")
+    for name in os.listdir(ours):
+        if name == "optimizer_state.pt":
+            continue
+        for kind in os.listdir(os.path.join(ours, name)):
+            a = torch.load(os.path.join(ours, name, kind), weights_only=False)
+            b = torch.load(os.path.join(out, "zero", name, kind), weights_only=False)
+            if isinstance(a, dict):
+                assert a.keys() == b.keys() and torch.equal(a["param"], b["param"])
+            else:
+                assert torch.equal(a, b)
