@@ -262,6 +262,12 @@ def _load_local(
             f"optimizer state moves between stages 1, 2 and 3 only. Pass "
             f"load_optimizer_states=False to load the weights alone (nothing was loaded)"
         )
+    if want_optimizer and part.partitioned and universal_load.is_universal(ckpt.dir):
+        raise ValueError(
+            f"load_checkpoint: {ckpt.dir} is a universal checkpoint (ds_to_universal's "
+            f"zero/<param>/ files, no per-rank optimizer states); set "
+            f"checkpoint.load_universal to true to load it (nothing was loaded)"
+        )
     lr_unsaved = False
 
     touched[0] = True

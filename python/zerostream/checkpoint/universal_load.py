@@ -54,6 +54,14 @@ def latest_tag(load_dir: str) -> str:
     return tag
 
 
+def is_universal(directory: str) -> bool:
+    """A universal checkpoint's folder: optimizer_state.pt under zero/, and no per-rank
+    optimizer states beside it."""
+    if not os.path.isfile(os.path.join(directory, ZERO_DIR, OPTIMIZER_STATE)):
+        return False
+    return not any(n.endswith("_optim_states.pt") for n in os.listdir(directory))
+
+
 class UniversalCheckpoint:
     """One universal checkpoint folder, read for this run."""
 

@@ -401,3 +401,20 @@ def test_deepspeeds_command_line_writes_the_same_checkpoint(converted, tmp_path)
                 assert a.keys() == b.keys() and torch.equal(a["param"], b["param"])
             else:
                 assert torch.equal(a, b)
+
+
+def _load_regular(rank, world, root, tag):
+    engine = _engine(2, world)
+    try:
+        engine.load_checkpoint(root, tag=tag)
+    except Exception as exc:  # noqa: BLE001 - the message is what the test checks
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def test_a_universal_folder_without_load_universal_names_the_key(converted):
+    """A universal checkpoint loaded as a regular one fails naming checkpoint.load_universal
+    (it has no per-rank optimizer states to read)."""
+    message = run_ranks(_load_regular, 1, os.path.join(converted, "s2"), "t_universal")[0]
+    assert message is not None and "checkpoint.load_universal" in message, message
+    assert os.path.join(converted, "s2", "t_universal") in message, message
