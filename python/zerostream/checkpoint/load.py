@@ -2,7 +2,9 @@
 this model, have the stage restore the module, then (unless asked not to) the optimizer
 partitions and the LR scheduler, and give the engine back the counters. A checkpoint saved
 with another data-parallel world size, or whose partitions are cut otherwise, is re-cut
-(reshard.py). Every failure names the file or the parameter.
+(reshard.py). With checkpoint.load_universal the tag names a universal checkpoint
+(universal_load.py; `latest_universal` when no tag is given), re-cut the same way. Every
+failure names the file or the parameter.
 
 What is loaded where is the stage's (Note [Stage checkpoints] in zero/protocol.py): this
 module reads the files, decides which the stage needs, and maps and re-cuts what it hands
@@ -19,7 +21,7 @@ import torch
 
 from .. import comm
 from ..lazy_tensor import materialize
-from . import files, layout, migrate, reshard
+from . import files, layout, migrate, reshard, universal_load
 from .files import Checkpoint
 from .target import CheckpointTarget, LoadResult, TrainingCounters
 
@@ -140,17 +142,9 @@ def load_checkpoint(
     """The model-states file read, the client state and the counters to apply (all None
     when there is nothing to load; the counters also with load_module_only). All ranks must
     call it; see Note [A load that fails part way]."""
-    if target.checkpoint.load_universal:  # every rank refuses: one config
-        raise NotImplementedError(
-            f"load_checkpoint({load_dir!r}): checkpoint.load_universal is true, and zerostream "
-            f"does not read DeepSpeed's universal layout (ds_to_universal's "
-            f"zero/<param>/*.pt folders). It loads the regular checkpoint that one was made "
-            f"from at any data-parallel world size and ZeRO stage (the optimizer state is "
-            f"re-cut by parameter name): set checkpoint.load_universal to false and pass that "
-            f"checkpoint's folder, the one holding `latest` and global_step<N>/."
-        )
+    universal = target.checkpoint.load_universal
     if tag is None:
-        tag = _latest_tag(load_dir)
+        tag = universal_load.latest_tag(load_dir) if universal else _latest_tag(load_dir)
         if tag is None:
             return LoadResult()
     where = os.path.join(load_dir, str(tag))
@@ -158,7 +152,7 @@ def load_checkpoint(
     error: Optional[BaseException] = None
     result = LoadResult()
     try:
-        result = _load_local(
+        result = (_load_universal if universal else _load_local)(
             target,
             files.resolve_tag_dir(load_dir, str(tag)),
             touched,
@@ -268,6 +262,12 @@ def _load_local(
             f"optimizer state moves between stages 1, 2 and 3 only. Pass "
             f"load_optimizer_states=False to load the weights alone (nothing was loaded)"
         )
+    if want_optimizer and part.partitioned and universal_load.is_universal(ckpt.dir):
+        raise ValueError(
+            f"load_checkpoint: {ckpt.dir} is a universal checkpoint (ds_to_universal's "
+            f"zero/<param>/ files, no per-rank optimizer states); set "
+            f"checkpoint.load_universal to true to load it (nothing was loaded)"
+        )
     lr_unsaved = False
 
     touched[0] = True
@@ -282,6 +282,20 @@ def _load_local(
         path = ckpt.path(model_name)
         stage.load_partition_state(migrate.stage0_state(sd["optimizer"], part, path))
 
+    return _result(
+        target, sd, ckpt.path(model_name), load_module_only, load_lr_scheduler_states, lr_unsaved
+    )
+
+
+def _result(
+    target: CheckpointTarget,
+    sd: dict,
+    path: str,
+    load_module_only: bool,
+    load_lr_scheduler_states: bool,
+    lr_unsaved: bool,
+) -> LoadResult:
+    """The LR scheduler restored, and the counters and client state to give back."""
     counters = None
     deepspeed_states = {"module"}
     if not load_module_only:
@@ -299,4 +313,53 @@ def _load_local(
         )
         deepspeed_states = ENGINE_KEYS
     client_state = {k: v for k, v in sd.items() if k not in deepspeed_states}
-    return LoadResult(ckpt.path(model_name), client_state, counters)
+    return LoadResult(path, client_state, counters)
+
+
+def _load_universal(
+    target: CheckpointTarget,
+    tag_dir: str,
+    touched: List[bool],
+    strict: bool,
+    want_optimizer: bool,
+    load_lr_scheduler_states: bool,
+    load_module_only: bool,
+    custom_load_fn: Optional[Callable],
+) -> LoadResult:
+    """This rank's half of load_checkpoint from a universal checkpoint (universal_load.py):
+    the weights and this rank's optimizer partitions cut by parameter name for this run's
+    world size and stage. No collective."""
+    ckpt = Checkpoint(tag_dir, files.io_engine_for(target))
+    uc = universal_load.UniversalCheckpoint(tag_dir, ckpt)
+    stage = target.stage
+    sd = materialize(ckpt.load(uc.model_name))
+    check_model(ckpt, uc.model_name, sd, target.module)
+    part = stage.partition_layout() if want_optimizer else None
+    want_optimizer = part is not None
+    if want_optimizer and not part.partitioned:
+        raise NotImplementedError(
+            f"load_checkpoint({tag_dir!r}): checkpoint.load_universal loads into ZeRO stages "
+            f"1-3; this run is stage 0. Pass load_optimizer_states=False to load the weights "
+            f"alone, or run at stage 1-3 (nothing was loaded)"
+        )
+    trained_here = set()
+    if want_optimizer:
+        names = layout.param_shapes(target.module, part.groups)
+        trained_here = {n for group in names for n in group}
+        shapes = {n: s for group in names for n, s in group.items()}
+        # Read (lazily) and checked before anything is overwritten.
+        saved = uc.saved_state(sd, [n for group in names for n in group], shapes)
+        scaler = saved.globals.get("loss_scaler")
+        saved.globals["loss_scaler"] = migrate.scaler_state(scaler, part.loss_scaler, uc.optim_path)
+        saved.globals.setdefault("overflow", False)
+    weights = uc.weights(sd, target.module, trained_here)
+
+    touched[0] = True
+    stage.load_module(weights, strict, custom_load_fn, want_optimizer)
+    if not want_optimizer:
+        stage.loaded_without_optimizer()
+    else:
+        stage.load_partition_state(reshard.recut(saved, target.module, part))
+    return _result(
+        target, sd, ckpt.path(uc.model_name), load_module_only, load_lr_scheduler_states, False
+    )

@@ -89,7 +89,9 @@ def inner_state(inner: dict, current: List[dict], where: str) -> dict:
 # --- stages 1-3 -------------------------------------------------------------------------------
 def zero_state(state: dict, part, where: str) -> dict:
     """One rank's `optimizer_state_dict` of a ZeRO checkpoint in zerostream's layout for this
-    run (`part`: its stage's PartitionLayout; `where` names the file in errors)."""
+    run (`part`: its stage's PartitionLayout; None where no run loads it, as in the
+    conversion to a universal checkpoint: the saved loss scaler is kept as it is; `where`
+    names the file in errors)."""
     out = dict(state)
     if "zero_stage" not in out:
         if "single_partition_of_fp32_groups" not in out:
@@ -98,14 +100,23 @@ def zero_state(state: dict, part, where: str) -> dict:
             )
         out["zero_stage"] = 1  # DeepSpeed's BF16_Optimizer: stage 1's layout
     out["zero_stage"] = int(out["zero_stage"])
-    out["loss_scaler"] = scaler_state(out.get("loss_scaler"), part.loss_scaler, where)
-    out.setdefault("dynamic_loss_scale", bool(out["loss_scaler"].get("dynamic", False)))
+    if part is not None:
+        out["loss_scaler"] = scaler_state(out.get("loss_scaler"), part.loss_scaler, where)
+    scaler = out.get("loss_scaler")
+    dynamic = scaler.get("dynamic", False) if isinstance(scaler, dict) else False
+    out.setdefault("dynamic_loss_scale", bool(dynamic))
     out.setdefault("overflow", False)
     for key in (inner_key(out["zero_stage"]), masters_key(out["zero_stage"])):
         if key not in out:
             raise ValueError(f"load_checkpoint: {where} has no {key!r}")
     key = inner_key(out["zero_stage"])
     if isinstance(out[key], list):
+        if part is None:
+            raise NotImplementedError(
+                f"{where} is an elastic checkpoint (zero_optimization.elastic_checkpoint), "
+                f"whose optimizer state has no hyperparameters; load it into a run (any "
+                f"world size) and save it again to convert it"
+            )
         inner = materialize(out[key])
         step = out.get("base_optimizer_state_step")
         out[key] = _elastic_inner(inner, step, part.param_groups, where)

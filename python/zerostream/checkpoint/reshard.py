@@ -20,6 +20,7 @@ each of this run's groups, from the saved group holding its first parameter.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import torch
@@ -165,20 +166,34 @@ def _check_names(saved: List[str], ours: List[str], where: str) -> None:
 
 
 # --- the optimizer state of this rank ----------------------------------------------------------
-def optimizer_state(
-    ckpt: Checkpoint, sd: dict, module: torch.nn.Module, part, bf16: bool, saved_world: int
-) -> dict:
-    """This rank's optimizer state (its stage's layout: `part`, the stage's PartitionLayout)
-    re-cut by parameter name from a checkpoint of `saved_world` ranks, whatever its flatten
-    order, sub-groups and padding. `bf16`: the optimizer files' name prefix."""
+@dataclass
+class SavedState:
+    """A checkpoint's optimizer state by parameter name, whatever its layout: what a re-cut
+    needs. Filled from the regular files (saved_state) or from a universal checkpoint's
+    per-parameter files (universal_load.py)."""
+
+    values: Values  # name -> kind -> its elements (the whole, unpadded parameter)
+    group_of: Dict[str, int]  # name -> the saved (sub)group that held it
+    scalars: List[dict]  # per saved group: its inner state's non-elementwise entries (step)
+    hypers: List[dict]  # per saved group: its hyperparameters
+    globals: dict  # the rest of the saved state: loss scaler, overflow, ...
+    where: str  # the folder errors name
+
+
+def saved_state(
+    ckpt: Checkpoint, sd: dict, part, bf16: bool, saved_world: int, shapes=None
+) -> SavedState:
+    """The optimizer state of a checkpoint of `saved_world` ranks by parameter name (lazy:
+    nothing large is read yet). `part`: this run's PartitionLayout (None: no run, the
+    conversion to a universal checkpoint); `bf16`: the optimizer files' name prefix."""
     names = [ckpt.optim_file(r, bf16) for r in range(saved_world)]
     states = [  # lazy: see Note [Streamed re-cut]
         migrate.zero_state(ckpt.load(n, lazy=True)["optimizer_state_dict"], part, ckpt.path(n))
         for n in names
     ]
-    saved_stage = states[0]["zero_stage"]  # 1/2 and 3 differ in layout: either re-cuts
+    saved_stage = states[0]["zero_stage"]  # 1/2 and 3 differ in layout
     ranks = [_saved_groups(s, ckpt.path(n)) for s, n in zip(states, names)]
-    shapes = sd["param_shapes"]
+    shapes = sd["param_shapes"] if shapes is None else shapes
     if len(shapes) != len(ranks[0]):
         raise ValueError(
             f"checkpoint {ckpt.dir}: the model states list {len(shapes)} parameter groups "
@@ -189,14 +204,39 @@ def optimizer_state(
     else:
         pads = migrate.alignment_paddings(states[0])
         values = _stage12_values(ranks, shapes, pads, ckpt.dir)
-    group_of = {name: g for g, group in enumerate(shapes) for name in group}
+    inner_keys = (migrate.masters_key(saved_stage), migrate.inner_key(saved_stage))
+    return SavedState(
+        values=values,
+        group_of={name: g for g, group in enumerate(shapes) for name in group},
+        scalars=[scalars for _, scalars, _ in ranks[0]],
+        hypers=[hyper for _, _, hyper in ranks[0]],
+        globals={k: v for k, v in states[0].items() if k not in inner_keys},
+        where=ckpt.dir,
+    )
+
+
+def optimizer_state(
+    ckpt: Checkpoint, sd: dict, module: torch.nn.Module, part, bf16: bool, saved_world: int
+) -> dict:
+    """This rank's optimizer state (its stage's layout: `part`, the stage's PartitionLayout)
+    re-cut by parameter name from a checkpoint of `saved_world` ranks, whatever its flatten
+    order, sub-groups and padding. `bf16`: the optimizer files' name prefix."""
+    return recut(saved_state(ckpt, sd, part, bf16, saved_world), module, part)
+
+
+def recut(saved: SavedState, module: torch.nn.Module, part) -> dict:
+    """This rank's optimizer state in its stage's layout (`part`) from a saved state by
+    name. Scalars and hyperparameters of each of this run's groups come from the saved
+    group holding its first parameter."""
+    values, group_of = saved.values, saved.group_of
     ours = layout.param_shapes(module, part.groups)
-    _check_names(list(group_of), [n for group in ours for n in group], ckpt.dir)
+    _check_names(list(group_of), [n for group in ours for n in group], saved.where)
 
     masters, inner_state, hypers = [], {}, []
     plan = ReadPlan()
     for g, group in enumerate(ours):
-        _, scalars, hyper = ranks[0][group_of[next(iter(group))]]
+        first = group_of[next(iter(group))]
+        scalars, hyper = saved.scalars[first], saved.hypers[first]
         kinds = set().union(*(values[n].keys() for n in group))
         cut = {}
         for kind in kinds:
@@ -209,13 +249,9 @@ def optimizer_state(
     plan.run()
     inner = {
         "state": inner_state,
-        "param_groups": migrate.param_groups(hypers, part.param_groups, ckpt.dir),
+        "param_groups": migrate.param_groups(hypers, part.param_groups, saved.where),
     }
-    state = {
-        k: v
-        for k, v in states[0].items()
-        if k not in (migrate.masters_key(saved_stage), migrate.inner_key(saved_stage))
-    }
+    state = dict(saved.globals)
     state.update(
         {
             "zero_stage": part.zero_stage,

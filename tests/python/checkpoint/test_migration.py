@@ -513,12 +513,13 @@ def test_a_hand_written_deepspeed_checkpoint_loads_without_deepspeed(tmp_path):
     assert not marker.exists()
 
 
-def _load_universal(rank, world, root):
+def _load_universal(rank, world, root, stage):
     import zerostream
+    from zerostream.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     torch.manual_seed(1)
     model = TinyGPT()
-    config = hand_config("s2", 2)
+    config = hand_config("s2", stage)
     config["checkpoint"] = {"load_universal": True}
     engine, *_ = zerostream.initialize(
         model=model, model_parameters=model.parameters(), config=config
@@ -527,25 +528,64 @@ def _load_universal(rank, world, root):
     try:
         engine.load_checkpoint(root)
         message = None
-    except NotImplementedError as exc:
+    except ValueError as exc:
         message = str(exc)
     unchanged = all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    state = message or {
+        n: {
+            "fp32": safe_get_full_fp32_param(p),
+            **{k: safe_get_full_optimizer_state(p, k) for k in ("exp_avg", "exp_avg_sq")},
+        }
+        for n, p in model.named_parameters()
+    }
+    lr = engine.get_lr()[0]
     engine.destroy()
-    return message, unchanged, engine.global_steps
+    return message, unchanged, engine.global_steps, state, lr
 
 
-def test_a_universal_load_is_refused_by_name_not_skipped(tmp_path):
-    """checkpoint.load_universal asks for DeepSpeed's universal layout, which zerostream does
-    not read: the load fails naming the key and the folder, and loads nothing (a regular
-    checkpoint sits there, which it must not take instead)."""
+def _load_universal_at(rank, world, root, stages):
+    return [_load_universal(rank, world, root, stage) for stage in stages]
+
+
+UNIVERSAL_CASES = ["s2-reordered-padded", "s2-from-2-ranks", "s3-from-2-gpus"]
+
+
+@pytest.mark.slow  # 4 engines on 1 rank: about 40 s on 2 cores
+def test_a_deepspeed_checkpoint_converts_to_universal_and_loads(tmp_path):
+    """ds_to_universal over checkpoints in DeepSpeed 0.19's layout (a flatten order not the
+    module's with alignment padding, 2 ranks, stage-3 sub-groups saved on GPUs): every
+    parameter's files hold exactly the values written; checkpoint.load_universal loads them
+    into 1 rank at stage 1 and 3 (masters, moments, lr, counters). Before the conversion
+    the folder holds only the regular checkpoint, which load_universal must not take: it
+    fails naming latest_universal and loads nothing."""
+    from zerostream.checkpoint import universal
+
     cases, common, _ = hand_cases()
-    spec = {**common, "stage": 2, "config": ds_run.config(2, "fp32", 1)}
-    root = str(tmp_path / "ckpt")
-    ds_layout.write(root, TinyGPT(), hand_values(), spec, 1)
-    message, unchanged, steps = run_ranks(_load_universal, 1, root, timeout=120)[0]
-    assert message is not None and "checkpoint.load_universal" in message, message
-    assert root in message and "re-cut by parameter name" in message, message
-    assert unchanged and steps == 0
+    values = hand_values()
+    for name in UNIVERSAL_CASES:
+        case, world = cases[name]
+        spec = {**common, **case, "config": ds_run.config(case["stage"], "fp32", world)}
+        root = str(tmp_path / name)
+        ds_layout.write(root, TinyGPT(), values, spec, world)
+        tag = os.path.join(root, f"global_step{common['global_steps']}")
+        if name == UNIVERSAL_CASES[0]:
+            message, unchanged, steps, _, _ = run_ranks(_load_universal, 1, root, 2)[0]
+            assert message is not None and "latest_universal" in message, message
+            assert unchanged and steps == 0
+        universal.convert(tag, tag + "_universal", inject_missing_state=True)
+        for pname, kinds in values.items():
+            for kind, want in kinds.items():
+                path = os.path.join(tag + "_universal", "zero", pname, f"{kind}.pt")
+                got = torch.load(path, weights_only=False)["param"]
+                assert torch.equal(got, want), (name, pname, kind)
+        loaded = run_ranks(_load_universal_at, 1, root, (1, 3))[0]
+        for stage, (message, _, steps, state, lr) in zip((1, 3), loaded):
+            assert message is None and steps == common["global_steps"], (name, message)
+            assert lr == LR, (name, stage, lr)
+            for pname, kinds in values.items():
+                for kind, want in kinds.items():
+                    got = state[pname][kind].reshape(want.shape)
+                    assert torch.equal(got, want), (name, stage, pname, kind)
 
 
 def test_the_file_layout_follows_the_stage_a_file_names_and_refuses_others():
