@@ -131,9 +131,13 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
 
         return build_muon
     if low == "lion":
+        kwargs = opt.kwargs("lr", "betas", "weight_decay")
+        if not offloaded:  # the masters on the params' device: DeepSpeed's FusedLion
+            from .ops.lion import FusedLion
+
+            return lambda groups: FusedLion(groups, **kwargs)
         from .ops.lion import DeepSpeedCPULion  # the CPU kernels (ops issue)
 
-        kwargs = opt.kwargs("lr", "betas", "weight_decay")
         return lambda groups: DeepSpeedCPULion(groups, threads=threads, **kwargs)
     cls = getattr(torch.optim, opt.type, None)
     if cls is None:

@@ -18,7 +18,7 @@ from zerostream.ops._cpu_optimizer import (
 )
 from zerostream.ops.threads import optimizer_threads
 
-__all__ = ["DeepSpeedCPULion", "CPULion", "cpu_lion_step"]
+__all__ = ["DeepSpeedCPULion", "CPULion", "FusedLion", "cpu_lion_step"]
 
 
 def cpu_lion_step(
@@ -95,3 +95,59 @@ class DeepSpeedCPULion(CPUOptimizerBase):
 
 
 CPULion = DeepSpeedCPULion
+
+
+class FusedLion(torch.optim.Optimizer):
+    """Lion on the params' own device (DeepSpeed's FusedLion, its multi-tensor GPU Lion):
+    what `optimizer.type: "Lion"` builds when the optimizer is not offloaded, where the CPU
+    kernels cannot reach the masters. The same update as DeepSpeedCPULion (decoupled weight
+    decay first, then the sign of the interpolated momentum), in torch's foreach ops, one
+    group's tensors at a time; state: exp_avg, in the params' dtype (DeepSpeed's)."""
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        set_grad_none: bool = True,
+    ):
+        check_hyperparams(lr, weight_decay)
+        defaults = dict(lr=lr, betas=check_betas(betas), weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.set_grad_none = set_grad_none
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError("FusedLion: sparse gradients are not supported")
+            grads = [p.grad for p in params]
+            moms = []
+            for p in params:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                moms.append(state["exp_avg"])
+            beta1, beta2 = group["betas"]
+            lr, decay = group["lr"], group["weight_decay"]
+            if decay != 0:
+                torch._foreach_mul_(params, 1 - lr * decay)
+            update = torch._foreach_mul(moms, beta1)
+            torch._foreach_add_(update, torch._foreach_mul(grads, 1 - beta1))
+            torch._foreach_add_(params, torch._foreach_sign(update), alpha=-lr)
+            torch._foreach_mul_(moms, beta2)
+            torch._foreach_add_(moms, grads, alpha=1 - beta2)
+        return loss

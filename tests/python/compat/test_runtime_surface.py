@@ -71,9 +71,10 @@ def test_op_builders_report_what_zerostream_has(facts):
         "cpu_lion": True,
         "fused_adam": True,
         "fused_lamb": False,
-        "fused_lion": False,
+        "fused_lion": True,  # FusedLion in torch ops (2026-11-29)
         "async_io": True,
         "pin_memory": True,
+        "utils": True,  # the byte casts
     }
     assert o["names"] == ["cpu_adam", "fused_lamb"]
     assert o["load"].startswith("NotImplementedError") and "DeepSpeedCPUAdam" in o["load"]

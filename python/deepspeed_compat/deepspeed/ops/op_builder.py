@@ -1,13 +1,18 @@
 """`deepspeed.ops.op_builder`: DeepSpeed's op builders, as far as code outside DeepSpeed uses
 them: `NAME`, `is_compatible()` (tests and Accelerate ask before using an op) and
 `absolute_name()`. zerostream compiles nothing at run time: its CPU optimizers and async I/O
-are in zerostream._C, and FusedAdam is torch's Adam, so those builders are compatible; the
+are in zerostream._C, FusedAdam is torch's Adam, FusedLion and the utils op torch ops, so those
+builders are compatible; the
 CUDA-only kernels zerostream does not have (LAMB, the transformer and inference kernels,
 ...) are not. `load()` returns DeepSpeed's raw op module, an internal interface zerostream
 does not reproduce: it raises, naming the public class to use instead.
 """
 
 from __future__ import annotations
+
+import types
+
+import torch
 
 from zerostream.ops.aio import AsyncIOBuilder
 from zerostream.ops.pin_memory import PinMemoryBuilder
@@ -60,8 +65,36 @@ CPUAdagradBuilder = _builder(
 CPULionBuilder = _builder("CPULionBuilder", "cpu_lion", True, "deepspeed.ops.lion.DeepSpeedCPULion")
 FusedAdamBuilder = _builder("FusedAdamBuilder", "fused_adam", True, "deepspeed.ops.adam.FusedAdam")
 FusedLambBuilder = _builder("FusedLambBuilder", "fused_lamb", False)
-FusedLionBuilder = _builder("FusedLionBuilder", "fused_lion", False)
+FusedLionBuilder = _builder("FusedLionBuilder", "fused_lion", True, "deepspeed.ops.lion.FusedLion")
 CPUAdamBuilder.__doc__ = "DeepSpeedCPUAdam's kernels: zerostream._C's fused CPU optimizers."
+
+
+def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1 or not tensor.is_contiguous():
+        got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(f"cast_to_byte_tensor: expected a contiguous 1-D tensor; got {got}")
+    return tensor.view(torch.uint8)
+
+
+def cast_to_byte_tensor(src_tensor):
+    """DeepSpeed's utils op: a uint8 view of a 1-D tensor's bytes (same memory, numel x
+    element size bytes), or of each tensor of a list."""
+    if isinstance(src_tensor, (list, tuple)):
+        return [_byte_view(t) for t in src_tensor]
+    return _byte_view(src_tensor)
+
+
+class UtilsBuilder(OpBuilder):
+    """DeepSpeed's utils op (byte casts), in torch: `load()` returns a module with
+    `cast_to_byte_tensor`."""
+
+    NAME = "utils"
+    BUILD_VAR = "DS_BUILD_UTILS"
+    COMPATIBLE = True
+
+    def load(self, verbose: bool = True):
+        return types.SimpleNamespace(cast_to_byte_tensor=cast_to_byte_tensor)
+
 
 # What git_version_info reports as compatible (and, nothing being built at run time, installed).
 ALL_OPS = {
@@ -75,6 +108,7 @@ ALL_OPS = {
         FusedLionBuilder,
         AsyncIOBuilder,
         PinMemoryBuilder,
+        UtilsBuilder,
     )
 }
 
@@ -89,4 +123,5 @@ __all__ = [
     "FusedLionBuilder",
     "OpBuilder",
     "PinMemoryBuilder",
+    "UtilsBuilder",
 ]

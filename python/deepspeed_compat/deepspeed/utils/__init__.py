@@ -18,7 +18,7 @@ from zerostream.zero.stage3 import leaf as _leaf
 
 from . import groups, init_on_device, logging, numa, tensor_fragment, zero_to_fp32
 from .init_on_device import OnDevice
-from .logging import log_dist, logger
+from .logging import log_dist, logger, set_log_level_from_string
 from .numa import get_numactl_cmd
 from .tensor_fragment import *  # noqa: F403  (the safe_get/set_* accessors)
 
@@ -86,6 +86,7 @@ __all__ = [
     *tensor_fragment.__all__,
     "logger",
     "log_dist",
+    "set_log_level_from_string",
     "RepeatingLoader",
     "get_numactl_cmd",
     "set_z3_leaf_modules",

@@ -23,4 +23,38 @@ def log_dist(message: str, ranks: Optional[Iterable[int]] = None, level: int = _
         logger.log(level, "[Rank %d] %s", rank, message)
 
 
-__all__ = ["logger", "log_dist"]
+LOG_LEVELS = {
+    "debug": _logging.DEBUG,
+    "info": _logging.INFO,
+    "warning": _logging.WARNING,
+    "error": _logging.ERROR,
+    "critical": _logging.CRITICAL,
+}
+
+
+def get_log_level_from_string(log_level_str: str) -> int:
+    """ "info" -> logging.INFO; ValueError naming the valid levels otherwise."""
+    level = LOG_LEVELS.get(str(log_level_str).lower())
+    if level is None:
+        raise ValueError(
+            f"{log_level_str!r} is not a logging level; valid levels: {', '.join(LOG_LEVELS)}"
+        )
+    return level
+
+
+def set_log_level_from_string(log_level_str: str, custom_logger=None) -> None:
+    """Sets `custom_logger` (DeepSpeed's logger, zerostream's, when None) and its handlers
+    to the level named by `log_level_str` ("debug", "info", "warning", "error", "critical")."""
+    level = get_log_level_from_string(log_level_str)
+    target = logger if custom_logger is None else custom_logger
+    target.setLevel(level)
+    for handler in target.handlers:
+        handler.setLevel(level)
+
+
+__all__ = [
+    "get_log_level_from_string",
+    "log_dist",
+    "logger",
+    "set_log_level_from_string",
+]

@@ -1,5 +1,6 @@
-"""`deepspeed.ops.lion`: zerostream's fused CPU Lion (zerostream/ops/lion.py)."""
+"""`deepspeed.ops.lion`: zerostream's fused CPU Lion (zerostream/ops/lion.py) and FusedLion,
+the device Lion a non-offloaded "Lion" optimizer builds."""
 
-from zerostream.ops.lion import DeepSpeedCPULion
+from zerostream.ops.lion import DeepSpeedCPULion, FusedLion
 
-__all__ = ["DeepSpeedCPULion"]
+__all__ = ["DeepSpeedCPULion", "FusedLion"]
