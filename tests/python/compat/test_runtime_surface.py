@@ -75,6 +75,7 @@ def test_op_builders_report_what_zerostream_has(facts):
         "async_io": True,
         "pin_memory": True,
         "utils": True,  # the byte casts
+        "quantizer": False,  # ZeRO++
     }
     assert o["names"] == ["cpu_adam", "fused_lamb"]
     assert o["load"].startswith("NotImplementedError") and "DeepSpeedCPUAdam" in o["load"]

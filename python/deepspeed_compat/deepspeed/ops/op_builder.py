@@ -66,6 +66,7 @@ CPULionBuilder = _builder("CPULionBuilder", "cpu_lion", True, "deepspeed.ops.lio
 FusedAdamBuilder = _builder("FusedAdamBuilder", "fused_adam", True, "deepspeed.ops.adam.FusedAdam")
 FusedLambBuilder = _builder("FusedLambBuilder", "fused_lamb", False)
 FusedLionBuilder = _builder("FusedLionBuilder", "fused_lion", True, "deepspeed.ops.lion.FusedLion")
+QuantizerBuilder = _builder("QuantizerBuilder", "quantizer", False)  # ZeRO++: not implemented
 CPUAdamBuilder.__doc__ = "DeepSpeedCPUAdam's kernels: zerostream._C's fused CPU optimizers."
 
 
@@ -108,6 +109,7 @@ ALL_OPS = {
         FusedLionBuilder,
         AsyncIOBuilder,
         PinMemoryBuilder,
+        QuantizerBuilder,
         UtilsBuilder,
     )
 }
@@ -123,5 +125,6 @@ __all__ = [
     "FusedLionBuilder",
     "OpBuilder",
     "PinMemoryBuilder",
+    "QuantizerBuilder",
     "UtilsBuilder",
 ]

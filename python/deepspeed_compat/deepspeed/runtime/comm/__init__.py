@@ -1,0 +1,1 @@
+"""`deepspeed.runtime.comm`: DeepSpeed's coalesced collectives (coalesced_collectives.py)."""
