@@ -114,3 +114,73 @@ def partition_balanced(weights, num_parts: int) -> list:
         i = state[i][j][3]
         bounds.append(i)
     return bounds[::-1]
+
+
+class PartitionedTensor:
+    """DeepSpeed's PartitionedTensor: each rank of `group` keeps its piece of a flattened
+    tensor (partition_uniform's cut of its elements); `full()` gathers the pieces back into
+    the original shape. `to_meta()` is DeepSpeed's long tensor [ndims, *size, parts, rank,
+    *boundaries], which `from_meta` reads beside a rank's own piece."""
+
+    def __init__(self, tensor: torch.Tensor, group, partition_meta=None):
+        from zerostream import comm
+
+        self.group = group
+        self.num_parts = comm.get_world_size(group)
+        self.rank = comm.get_rank(group)
+        self.orig_size = list(tensor.size())
+        self.orig_device = tensor.device
+        self.partition = partition_uniform(tensor.numel(), self.num_parts)
+        start, end = self.partition[self.rank], self.partition[self.rank + 1]
+        self.local_data = tensor.detach().reshape(-1)[start:end].clone()
+
+    @classmethod
+    def from_meta(cls, meta: torch.Tensor, local_part: torch.Tensor, group, device=None):
+        from zerostream import comm
+
+        if meta.dtype != torch.long:
+            raise ValueError(
+                f"PartitionedTensor.from_meta: meta must be torch.long; got {meta.dtype}"
+            )
+        values = meta.tolist()
+        ndims = values[0]
+        obj = cls.__new__(cls)
+        obj.group = group
+        obj.orig_size = values[1 : 1 + ndims]
+        obj.num_parts, obj.rank = values[1 + ndims], values[2 + ndims]
+        obj.partition = values[3 + ndims :]
+        obj.orig_device = local_part.device if device is None else torch.device(device)
+        obj.local_data = local_part
+        if obj.num_parts != comm.get_world_size(group) or obj.rank != comm.get_rank(group):
+            raise ValueError(
+                f"PartitionedTensor.from_meta: the meta is rank {obj.rank} of {obj.num_parts} "
+                f"parts; this is rank {comm.get_rank(group)} of {comm.get_world_size(group)}"
+            )
+        return obj
+
+    def full(self, device=None) -> torch.Tensor:
+        """The whole tensor, gathered from every rank's piece (each padded to the largest)."""
+        from zerostream import comm
+
+        sizes = [b - a for a, b in zip(self.partition, self.partition[1:])]
+        width = max(sizes)
+        mine = torch.zeros(width, dtype=self.local_data.dtype, device=self.local_data.device)
+        mine[: self.local_data.numel()].copy_(self.local_data.reshape(-1))
+        pieces = [torch.empty_like(mine) for _ in sizes]
+        comm.all_gather(pieces, mine, group=self.group)
+        flat = torch.cat([p[:n] for p, n in zip(pieces, sizes)])
+        out = flat.view(self.orig_size)
+        return out if device is None else out.to(device)
+
+    def to_meta(self) -> torch.Tensor:
+        meta = [len(self.orig_size), *self.orig_size, self.num_parts, self.rank, *self.partition]
+        return torch.tensor(meta, dtype=torch.long, device=self.orig_device)
+
+    def data(self) -> torch.Tensor:
+        return self.local_data
+
+    def local_size(self) -> torch.Size:
+        return self.local_data.size()
+
+    def full_size(self) -> list:
+        return self.orig_size
