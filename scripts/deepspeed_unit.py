@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deepspeed_unit_causes import CAUSES  # noqa: E402
-from deepspeed_unit_compare import compare, print_comparison  # noqa: E402
+from deepspeed_unit_compare import compare, print_causes, print_comparison  # noqa: E402
 from deepspeed_unit_scope import in_scope_files  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -294,13 +294,7 @@ def report(cases: list[dict], seconds: float, package: str = "zerostream") -> di
         if c["class"] in ("failed", "cuda", "internal"):
             by_cause[(c["class"], c["cause"])].append(c["id"])
     print(f"\n== DeepSpeed unit tests on {package} ({summary['seconds']} s)")
-    for klass, cause in sorted(by_cause, key=lambda k: (k[0], -len(by_cause[k]))):
-        ids = by_cause[(klass, cause)]
-        print(f"\n[{klass}] {len(ids)}: {cause}")
-        for ident in ids[:40]:
-            print(f"    {ident}")
-        if len(ids) > 40:
-            print(f"    ... and {len(ids) - 40} more")
+    print_causes(by_cause, key=lambda k: (k[0], -len(by_cause[k])))
     print(
         f"\n{summary['tests']} tests: {summary['passed']} passed, {summary['failed']} failed, "
         f"{summary['skipped']} skipped by DeepSpeed, {summary['cuda']} fail on a CPU for every "

@@ -72,6 +72,18 @@ def compare(peer: dict, ours: dict) -> dict:
     }
 
 
+def print_causes(by_cause: dict, key) -> None:
+    """Each (class, cause) of `by_cause` (-> test ids), in `key`'s order, with its first 40
+    ids (the runner's report and the comparison print them alike)."""
+    for klass, cause in sorted(by_cause, key=key):
+        ids = by_cause[(klass, cause)]
+        print(f"\n[{klass}] {len(ids)}: {cause}")
+        for ident in ids[:40]:
+            print(f"    {ident}")
+        if len(ids) > 40:
+            print(f"    ... and {len(ids) - 40} more")
+
+
 def print_comparison(result: dict) -> None:
     lost = result["deepspeed_passes_zerostream_does_not"]
     by_cause = defaultdict(list)
@@ -80,13 +92,7 @@ def print_comparison(result: dict) -> None:
     print(f"\n== DeepSpeed's unit tests: DeepSpeed {result['deepspeed']} against zerostream "
           f"{result['zerostream']}")  # fmt: skip
     print("\nPassed by DeepSpeed, not by zerostream, by cause ([zerostream's class] count):")
-    for klass, cause in sorted(by_cause, key=lambda k: (-len(by_cause[k]), k)):
-        ids = by_cause[(klass, cause)]
-        print(f"\n[{klass}] {len(ids)}: {cause}")
-        for ident in ids[:40]:
-            print(f"    {ident}")
-        if len(ids) > 40:
-            print(f"    ... and {len(ids) - 40} more")
+    print_causes(by_cause, key=lambda k: (-len(by_cause[k]), k))
     beyond = result["zerostream_passes_deepspeed_does_not"]
     if beyond:
         print(f"\nPassed by zerostream, not by DeepSpeed here (not counted): {len(beyond)}")

@@ -61,8 +61,9 @@ def optim_states_candidates(dp_rank: int, bf16: bool) -> List[str]:
     return [own, other, legacy]
 
 
-def read_latest(load_dir: str) -> str:
-    path = os.path.join(load_dir, "latest")
+def read_latest(load_dir: str, name: str = "latest") -> str:
+    """The tag the file `name` in `load_dir` holds ("latest", or "latest_universal")."""
+    path = os.path.join(load_dir, name)
     with open(path) as f:
         tag = f.read().strip()
     if not tag:

@@ -47,11 +47,7 @@ def latest_tag(load_dir: str) -> str:
             f"pass tag= (the universal checkpoint's folder name) or write that file "
             f"(ds_to_universal does)"
         )
-    with open(path) as f:
-        tag = f.read().strip()
-    if not tag:
-        raise ValueError(f"load_checkpoint: {path} is empty; it should hold the tag to load")
-    return tag
+    return layout.read_latest(load_dir, LATEST_UNIVERSAL)
 
 
 def is_universal(directory: str) -> bool:
