@@ -375,9 +375,14 @@ def test_deepspeeds_command_line_writes_the_same_checkpoint(converted, tmp_path)
     import subprocess
     import sys
 
+    import zerostream
+
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     env = dict(os.environ)
-    paths = [os.path.join(repo, "python", "deepspeed_compat"), os.path.join(repo, "python")]
+    # The zerostream this run imported (installed under scripts/test.sh): a clean clone's
+    # python/zerostream has no built _C, so the checkout must not shadow it.
+    zs_site = os.path.dirname(os.path.dirname(os.path.abspath(zerostream.__file__)))
+    paths = [os.path.join(repo, "python", "deepspeed_compat"), zs_site]
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     src = os.path.join(converted, "s1", "t")
     out = str(tmp_path / "cli" / "u")
