@@ -29,6 +29,7 @@ SIM = "tests/python/offload/test_sim_device.py"
 AUDIT = "tests/python/zero/test_device_audit.py"
 REDUCE_OVERLAP = "tests/python/zero/test_reduce_overlap.py"
 RANKS_DIFFER = "tests/python/zero/test_ranks_differ.py"
+OVERLAP = "tests/python/zero/test_overlap_step.py"
 
 # (id, file, text to delete or replace, replacement, tests that must fail)
 MUTATIONS = [
@@ -246,6 +247,41 @@ MUTATIONS = [
         "        host = comm.host_group(self.part.group)\n",
         "        host = None\n",
         [GPU_PATH + "::test_steps_after_the_first_stay_within_the_hosts_budget"],
+    ),
+    (
+        "overlap-gather-waits-for-its-pieces",
+        "zero/stage3/partitioner.py",
+        "        if self.before_shard_access is not None:\n            self.before_shard_access(zps)\n",
+        "",
+        [OVERLAP],
+    ),
+    (
+        "overlap-gather-waits-for-its-uploads",
+        "zero/stage3/optimizer.py",
+        "            self.copy_stage.wait_mark(mark)",
+        "            pass",
+        [ENGINE],
+    ),
+    (
+        "overlap-thread-binds-the-device",
+        "zero/overlap.py",
+        "                    self._bind()",
+        "                    pass",
+        [ENGINE],
+    ),
+    (
+        "overlap-update-keeps-the-steps-lr",
+        "zero/sharded.py",
+        "piece_done, hyper=hyper)",
+        "piece_done)",
+        [OVERLAP + "::test_the_overlapped_step_is_the_serial_step_bit_for_bit"],
+    ),
+    (
+        "overlap-persistent-params-gathered-again",
+        "zero/stage3/optimizer.py",
+        "        self.part.release_all(persistent=self.behind is not None)",
+        "        self.part.release_all()",
+        [OVERLAP + "::test_the_overlapped_step_is_the_serial_step_bit_for_bit"],
     ),
     (
         "stage3-buckets-in-the-gather-sequence",

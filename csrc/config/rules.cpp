@@ -169,6 +169,32 @@ void offload_rules(Resolution& r, int64_t stage) {
                       std::to_string(stage) +
                       " keeps optimizer states on NVMe (DeepSpeed "
                       "would silently use CPU memory instead)");
+  // zerostream.overlap_step "next_forward" (python/zerostream/zero/overlap.py): the offloaded
+  // CPU update runs on a thread of its own while the next forward gathers ZeRO-3 shards.
+  if (str(r, "zerostream.overlap_step") == "next_forward") {
+    const std::string key = "zerostream.overlap_step: \"next_forward\" ";
+    if (stage != 3)
+      r.errors.push_back(key +
+                         "overlaps the offloaded optimizer step with the next forward's ZeRO-3 "
+                         "gathers, which wait for the shards they read; got stage " +
+                         std::to_string(stage) + " (set zero_optimization.stage to 3)");
+    else if (opt_device != "cpu")
+      r.errors.push_back(key +
+                         "runs the CPU optimizer update behind the next forward, with "
+                         "zero_optimization.offload_optimizer.device \"cpu\"; got \"" +
+                         (opt_device.empty() ? std::string("none") : opt_device) +
+                         "\" (the NVMe sub-group pipeline does not run behind the forward yet)");
+    else if (param_device == "nvme")
+      r.errors.push_back(key +
+                         "is not built with zero_optimization.offload_param.device \"nvme\" "
+                         "(the parameter swap store is driven by one thread); use \"cpu\" or "
+                         "\"none\"");
+    else if (partial || wants_device)
+      r.errors.push_back(key +
+                         "is not built with optimizer sub-groups on the device "
+                         "(zero_optimization.offload_optimizer.ratio or "
+                         "zerostream.optimizer_max_on_device)");
+  }
   if (on(r, "aio.use_gds"))
     r.warnings.push_back(
         "aio.use_gds: GPUDirect Storage is not supported by zerostream; "

@@ -253,7 +253,9 @@ struct Schema {
                                              U("optimizer_max_on_device", 0).or_auto(),
                                              E("device_tier_grads", "device",
                                                {"device", "host"}),
-                                             E("host_malloc", "system", {"system", "retain"})}};
+                                             E("host_malloc", "system", {"system", "retain"}),
+                                             E("overlap_step", "none",
+                                               {"none", "next_forward"})}};
 
     root = {"", false, true, {
         I("train_batch_size", nullptr).greater_than_zero(),

@@ -157,7 +157,7 @@ def run(spec: dict) -> dict:
         "peer": peer,
         "device": str(device),
         # On a GPU the phases and the collectives' seconds are the host's issue time.
-        "issue_timed": device.type == "cuda" and peer == "zerostream",
+        "issue_timed": device.type == "cuda" and peer in ("zerostream", "serial-step"),
         "host_registration": arenas,
         "step_seconds": times,
         "losses": losses,

@@ -314,6 +314,10 @@ class ZeroStreamExtConfig:
     # fault in on the CPU path; Note [Fresh pages cost more than the math] in host_malloc.py);
     # "system": glibc's own policy.
     host_malloc: str
+    # "next_forward": ZeRO-3 with offload_optimizer cpu runs the optimizer update on a thread
+    # of its own while the next forward gathers the shards it has updated (Note [The step
+    # overlapped with the next forward] in zero/overlap.py); "none": step() returns updated.
+    overlap_step: str
 
 
 @dataclass(frozen=True)

@@ -440,6 +440,10 @@ class CopyStage:
         on later from the compute stream (an async collective's handle)."""
         return self.lanes.after_uploads(launch)
 
+    def bind_thread(self) -> None:
+        """Makes the stage's device current on the calling thread."""
+        self.lanes.bind_thread()
+
     def upload_mark(self):
         """A mark of the uploads queued so far, for wait_mark (None: nothing queued)."""
         return self._tail.up

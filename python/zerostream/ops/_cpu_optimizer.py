@@ -361,18 +361,50 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         bit, and every param's step count still advances once."""
         if piece < 1:
             raise ValueError(f"step_in_pieces: piece must be >= 1; got {piece}")
-        for gi, group, params in self._stepping():
+        pieces = [
+            (gi, pi, lo, min(lo + piece, p.numel()))
+            for gi, group in enumerate(self.param_groups)
+            for pi, p in enumerate(group["params"])
+            for lo in range(0, p.numel(), piece)
+        ]
+        self.step_ranges(pieces, grad_scale, copy_to, done)
+
+    @torch.no_grad()
+    def step_ranges(self, pieces, grad_scale: float, copy_to, done, hyper=None) -> None:
+        """step_in_pieces over the pieces a caller chose, in its order: `pieces` lists
+        (gi, pi, lo, hi), covering each param with a gradient once (pieces of params without
+        one are passed by, as step() passes them). `hyper[gi]` (lr, betas, ...) stands for
+        param_groups[gi] where given: an update running behind the next forward reads the
+        values of the step() that launched it, whatever a scheduler sets meanwhile."""
+        stepping = list(self._stepping())
+        work = {}
+        for gi, group, params in stepping:
             for pi, p, state, master in params:
                 p32 = (p.data if master is None else master).view(-1)
                 grad = self._grad(p).contiguous().view(-1)
                 flat = {n: state[n].view(-1) for n in self._state_names}
-                for lo in range(0, p32.numel(), piece):
-                    hi = min(lo + piece, p32.numel())
-                    views = {n: t[lo:hi] for n, t in flat.items()}
-                    views["step"] = state["step"]
-                    item = StepItem(p32[lo:hi], grad[lo:hi], views, copy_to(gi, pi, lo, hi), gi, pi)
-                    self._group_step(group, [item], float(grad_scale))
-                    done(gi, pi, lo, hi)
+                work[gi, pi] = (group if hyper is None else hyper[gi], p32, grad, flat, state)
+        covered = dict.fromkeys(work, 0)
+        for gi, pi, lo, hi in pieces:
+            if (gi, pi) in covered:
+                covered[gi, pi] += hi - lo
+        short = [(k, n) for k, n in covered.items() if n != work[k][1].numel()]
+        if short:
+            (gi, pi), n = short[0]
+            raise ValueError(
+                f"{self._display_name}.step_ranges: the pieces of group {gi} param {pi} "
+                f"cover {n} of its {work[gi, pi][1].numel()} elements"
+            )
+        for gi, pi, lo, hi in pieces:
+            if (gi, pi) not in work:
+                continue
+            group, p32, grad, flat, state = work[gi, pi]
+            views = {n: t[lo:hi] for n, t in flat.items()}
+            views["step"] = state["step"]
+            item = StepItem(p32[lo:hi], grad[lo:hi], views, copy_to(gi, pi, lo, hi), gi, pi)
+            self._group_step(group, [item], float(grad_scale))
+            done(gi, pi, lo, hi)
+        for _, _, params in stepping:
             for _, _, state, _ in params:
                 state["step"] += 1
 

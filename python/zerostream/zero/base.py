@@ -3,6 +3,7 @@ overflow check, clipping, and the surface HF Accelerate and LR schedulers touch.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Iterable, List, Optional
 
@@ -134,10 +135,39 @@ class ZeroOptimizerBase:
         if optimizer is not None:
             optimizer.close_state()
 
+    # The update running behind the next forward (zero/overlap.py), or None.
+    behind = None
+
+    def settle_update(self) -> None:
+        """Waits for an update running behind the forward (Note [The step overlapped with
+        the next forward] in zero/overlap.py): every reader and writer of the optimizer's
+        state but the forward's gathers calls it first. A failed update leaves the run
+        inconsistent (its partitions partly updated) and raises, naming it."""
+        if self.behind is None:
+            return
+        from .overlap import UpdateFailed
+
+        try:
+            ran = self.behind.settle()
+        except UpdateFailed as e:
+            self.ctx.run.set_inconsistent(str(e))
+            raise
+        if ran:
+            self._update_settled()
+
+    def _update_settled(self) -> None:
+        """After the update behind the forward ended (the sharded stages fence its uploads)."""
+
     def close_state(self) -> None:
         """The optimizer's side of close(): its gradient hooks go (a later backward through
         the same module must not reach a closed engine); nothing else to end without
         offload."""
+        from .overlap import UpdateFailed
+
+        try:
+            self.settle_update()
+        except UpdateFailed as e:  # destroy goes on; the run could not have
+            logging.getLogger("zerostream").error("%s", e)
         for hook in getattr(self, "_hooks", ()):
             hook.remove()
         self._hooks: list = []
@@ -180,6 +210,7 @@ class ZeroOptimizerBase:
         if not torch.is_tensor(loss) or loss.numel() != 1 or loss.grad_fn is None:
             raise ValueError("backward: expected a scalar loss tensor with a grad_fn")
         run = self.ctx.run
+        self.settle_update()  # its gradients land where the update reads
         run.require_consistent("backward")
         self._epilogue_queued = False  # see before_forward
         previous, run.state = run.state, TrainingState.BACKWARD
@@ -210,6 +241,8 @@ class ZeroOptimizerBase:
     #   to engine.backward at stages 0-3).
     def grad_hook_entered(self) -> None:
         """Every stage's gradient hook calls it first (Note [A plain loss.backward()])."""
+        if self.behind is not None and self.behind.running:
+            self.settle_update()  # a plain loss.backward() after an overlapped step
         if self.ctx.run.state is TrainingState.BACKWARD or self._epilogue_queued:
             return
         self._epilogue_queued = True
@@ -284,6 +317,7 @@ class ZeroOptimizerBase:
 
     @property
     def state(self):
+        self.settle_update()
         return self.optimizer.state
 
     @property

@@ -236,7 +236,10 @@ def register(opt, params) -> None:
 def _access(param) -> Optional[_Access]:
     ref = _OWNERS.get(param) if isinstance(param, torch.Tensor) else None
     opt = ref() if ref is not None else None
-    return None if opt is None else opt.param_access
+    if opt is None:
+        return None
+    opt.settle_update()  # an update behind the forward (zero/overlap.py) writes this state
+    return opt.param_access
 
 
 # --- full tensors (Note [Param access semantics]) ---------------------------------------------

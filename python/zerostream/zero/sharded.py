@@ -142,11 +142,29 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             else:  # torch refuses a 16-bit .grad on an fp32 tensor: the kernel is told
                 inner.bind_grads(dict(zip(self.masters, self.grads)))
         ZeroOptimizerBase.__init__(self, inner, ctx)
+        if ctx.config.zerostream.overlap_step == "next_forward":
+            self._make_behind(ctx)
+
+    def _make_behind(self, ctx: StageContext) -> None:
+        """zerostream.overlap_step "next_forward" (zero/overlap.py): the update runs on a
+        thread of its own, through zerostream's CPU kernels and the copy stage."""
+        from .overlap import UpdateBehind
+
+        if not isinstance(self.optimizer, CPUOptimizerBase) or self.copy_stage is None:
+            raise ValueError(
+                f'zerostream.overlap_step: "next_forward" runs zerostream\'s CPU optimizer '
+                f"kernels behind the forward, with zero_optimization.offload_optimizer.device "
+                f'"cpu"; this run steps {type(self.optimizer).__name__} with offload_optimizer '
+                f'"{self.offload_device}" (drop overlap_step, or use a DeepSpeed optimizer '
+                f"type such as AdamW with offload_optimizer cpu)"
+            )
+        self.behind = UpdateBehind(ctx.telemetry, self.copy_stage.bind_thread)
 
     def offloadable_states(self) -> dict:
         """The tensors of each state kind engine.offload_states may park (Note [Parking state
         in host memory] in zero/state_offload.py). An offloaded optimizer's are host memory
         already (the arena), so parking passes them by; on NVMe they are not tensors here."""
+        self.settle_update()
         from .state_offload import OffloadStateType as K
         from .state_offload import StateGroup
 
@@ -191,6 +209,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         landed: a view on one side of the device tier's boundary, an fp32 copy on the device
         across it. (The host partition starts at that boundary: its element i is the
         partition's d + i.)"""
+        self.settle_update()
         host = self.grads[index]
         part, d = self._device_grad_part(index)
         if offset >= d:
@@ -203,6 +222,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def grad_write(self, index: int, offset: int, values: torch.Tensor) -> None:
         """Writes `values` into group `index`'s gradient partition from `offset`, on either
         side of the device tier's boundary."""
+        self.settle_update()
         values = values.reshape(-1)
         part, d = self._device_grad_part(index)
         if offset < d:
@@ -307,19 +327,60 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
 
     def _update(self, factor: float) -> None:
         """Steps this rank's partitions and writes them into the 16-bit partitions; with the
-        copy stage, piece by piece, each piece's upload crossing while the next is stepped."""
+        copy stage, piece by piece, each piece's upload crossing while the next is stepped.
+        With overlap_step, on the update's own thread (`_update_behind`)."""
         if self.copy_stage is not None:
             # The last update's uploads read the host masters (and staging) this one rewrites:
             # after a backward they were drained with its gradients, but a step() with no
             # backward since (a skipped micro-batch) comes straight here.
             self.copy_stage.drain()
         partitions = self._sinks(self.local_partitions())
+        if self.behind is not None:
+            self._update_behind(partitions, factor)
+            return
         try:
             self._update_into(partitions, factor)
         finally:
             if self.copy_stage is not None:
                 self.copy_stage.fence()
                 self._copy_meter.count()
+
+    def _behind_pieces(self, partitions: list) -> list:
+        """The update's pieces (group, lo, hi) in the order it runs them (stage 3 puts the
+        persistent params' first: zero/stage3/optimizer.py)."""
+        raise NotImplementedError
+
+    def _update_behind(self, partitions: list, factor: float) -> None:
+        """The CPU kernel's pass of _update_into, piece by piece in `_behind_pieces`'s order,
+        on the update's thread (Note [The step overlapped with the next forward] in
+        zero/overlap.py): each piece's 16-bit values go through the copy stage and its upload
+        mark is handed to the waiting gathers. The gradient partitions are zeroed after."""
+        behind, stage = self.behind, self.copy_stage
+        pieces = self._behind_pieces(partitions)
+        hyper = [dict(g) for g in self.optimizer.param_groups]  # as at this step()
+
+        def copy_to(gi, pi, lo, hi):
+            behind.before_piece(gi, lo, hi)
+            return sinks.fused_target(partitions[gi], lo, hi, self.masters[gi].dtype)
+
+        def run(done) -> None:
+            def piece_done(gi, pi, lo, hi):
+                master = self.masters[gi][lo:hi]
+                sinks.hand_on(partitions[gi], lo, hi, master, fused=True, stable=True)
+                done(gi, lo, hi, stage.upload_mark())
+
+            work = [(g, 0, lo, hi) for g, lo, hi in pieces]
+            with self.telemetry.phase("cpu_update"):
+                self.optimizer.step_ranges(work, factor, copy_to, piece_done, hyper=hyper)
+            self._zero_partition_grads()
+
+        behind.launch(pieces, run)
+
+    def _update_settled(self) -> None:
+        """The update behind the forward ended: the compute stream waits for all of its
+        uploads (the forward's gathers waited for their own pieces only)."""
+        self.copy_stage.fence()
+        self._copy_meter.count()
 
     def _sinks(self, partitions: list) -> list:
         """The partitions the update writes: one on the compute device is written through
@@ -388,6 +449,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         every skip would cost a whole optimizer pass, so the 16-bit partitions, which every
         update rewrites from the fp32 weights (and which NaN moments turn NaN at once), are
         checked in memory and a finding is traced to its sub-group and swap file."""
+        self.settle_update()
         if self.swapper is None:
             return super().non_finite_state()
         for g, part in enumerate(self.local_partitions()):
@@ -414,6 +476,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         """This rank's fp32 master partition of each group (read back from the swap store
         with offload_optimizer nvme, or a source streaming it when `streamed`); the live
         tensors otherwise, as torch's state_dict returns them."""
+        self.settle_update()
         if self.swapper is not None:
             read = (
                 self.swapper.state_access.state_source
@@ -425,6 +488,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
 
     def _inner_state_dict(self, streamed: bool = False) -> dict:
         """The inner optimizer's state_dict: one "param" per group, its flat partition."""
+        self.settle_update()
         if self.swapper is not None:
             return self.swapper.state_access.state_dict(streamed)
         return self.optimizer.state_dict()
@@ -464,6 +528,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         Values may be LazyTensors (lazy_tensor.py, a checkpoint's): the masters and, with
         offload_optimizer nvme, the moments are then read from the file straight into the
         host arena or sub-group by sub-group into the swap store, never whole in memory."""
+        self.settle_update()
         numels = [sinks.numel(p) for p in self.local_partitions()]
         if len(saved) != len(numels) or any(t.numel() > n for t, n in zip(saved, numels)):
             raise ValueError(
@@ -493,6 +558,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def refresh_masters(self) -> None:
         """The fp32 masters from the 16-bit weights (a checkpoint loaded without optimizer
         state, as DeepSpeed does); optimizer moments are kept."""
+        self.settle_update()
         with torch.no_grad():
             for g, part in enumerate(self.local_partitions()):
                 values = sinks.values(part).float()
@@ -512,6 +578,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
 
     def _state_summary(self) -> dict:
         """The part of state_summary() every partitioned stage reports."""
+        self.settle_update()
         summary = {
             "stage": self.stage,
             "world": self.world,

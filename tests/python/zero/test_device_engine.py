@@ -56,12 +56,19 @@ CASES += [(3, "nvme", "bf16m", 1), (3, "tiered", "bf16m", 1)]
 # copy stage).
 CASES += [(3, "ratio", "bf16", 1), (3, "ratio", "fp32", 2), (3, "cpu+ratio", "bf16", 1)]
 CASES += [(3, "ratio3", "bf16", 1), (3, "ratio", "bf16m", 1), (3, "ratioh", "bf16", 1)]
+# "ovl": zerostream.overlap_step "next_forward" (zero/overlap.py), the update on a thread of
+# its own while the next forward gathers: shards on the device ("none+ovl": their pieces
+# uploaded from that thread, each gather waiting for its own on the compute stream) or in
+# host memory ("ovl", as "cpu"), with persistent params (gathered first at the next forward's
+# start).
+CASES += [(3, "none+ovl", "bf16", 1), (3, "ovl", "fp32", 2)]
 if os.environ.get("ZS_DEVICE_CASES") == "quick":  # gpu-check's stream-sanitizer pass
     CASES = [(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")]
 RESUMED = {(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")} | {
     (3, "tiered", "bf16", 1),
     (3, "nvme", "bf16m", 1),
     (3, "ratio", "bf16", 1),
+    (3, "none+ovl", "bf16", 1),  # saved right after an overlapped step: the save waits
 }
 
 
@@ -75,6 +82,10 @@ def config(case, micro: int, nvme: str) -> dict:
         "stage3_param_persistence_threshold": 0,
         "stage3_prefetch_bucket_size": 3000,
     }
+    overlap = offload.endswith("ovl")
+    if overlap:
+        zero["stage3_param_persistence_threshold"] = 100
+        offload = offload.replace("ovl", "cpu")
     tiered = offload in ("tiered", "ratio3")
     ratio = offload.endswith("ratio") or offload in ("ratio3", "ratioh")
     host_grads = offload == "ratioh"
@@ -97,6 +108,8 @@ def config(case, micro: int, nvme: str) -> dict:
         cfg["zerostream"] = {**cfg.get("zerostream", {}), "optimizer_max_in_cpu": 5000}
     if host_grads:
         cfg["zerostream"] = {**cfg.get("zerostream", {}), "device_tier_grads": "host"}
+    if overlap:
+        cfg["zerostream"] = {**cfg.get("zerostream", {}), "overlap_step": "next_forward"}
     return cfg
 
 
@@ -283,6 +296,7 @@ def test_the_engine_on_the_device_matches_the_cpu_run(tmp_path, references):
 ONE_RANK = [(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")] + [
     (1, "cpu", "fp32", 2),
     (3, "cpu+none", "fp32", 1),
+    (3, "none+ovl", "bf16", 1),
 ]
 
 

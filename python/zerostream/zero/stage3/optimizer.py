@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ... import comm
+from ...offload import sinks
 from ...offload.copy_stage import CopyMeter
 from ...ops.muon import MuonWithAuxAdam
 from ..base import place_buffers
@@ -275,6 +276,8 @@ class Stage3Optimizer(ShardedOptimizerBase):
         self._upload_meter = (
             CopyMeter(self.part.uploads, ctx.telemetry) if self.part.uploads is not None else None
         )
+        if self.behind is not None:  # each gather waits for the update of its shards
+            self.part.before_shard_access = self._await_shards
 
     @staticmethod
     def _zero_param(p: torch.nn.Parameter) -> ZeroParam:
@@ -382,24 +385,68 @@ class Stage3Optimizer(ShardedOptimizerBase):
                 zp.param.grad = None
 
     def step(self) -> bool:
+        self.settle_update()  # a step() with no backward since an overlapped one
         with self.telemetry.phase("reduce"):
             if self.leaf_grads is not None:  # a plain loss.backward() ran no after_backward
                 self.leaf_grads.finish()
             self.reducer.flush()
             self.reducer.drain()
-        self.part.release_all()
+        # With the update behind the next forward, the persistent params are released too:
+        # the next forward's start gathers them again, on every rank, from the shards the
+        # update writes first (Note [The step overlapped with the next forward]).
+        self.part.release_all(persistent=self.behind is not None)
         self.part.settle_uploads()  # the update rewrites host shards the uploads read
         if self._upload_meter is not None:
             self._upload_meter.count()
         applied = self._average_and_update()
+        if self.behind is not None and self.behind.running:
+            self._drop_param_grads()  # the update zeroes the partitions once it read them
+            return applied
         if applied:
             self.part.refresh_gathered(only=self.slots)  # the params this optimizer updates
         self.zero_grad()
         return applied
 
+    def _behind_pieces(self, partitions: list) -> list:
+        """The update's pieces: each persistent param's shard first (the next forward's
+        start gathers them), then the other shards in partition order, consecutive small
+        ones merged, none over the copy stage's slot (zero/overlap.py's plan_pieces)."""
+        from ..overlap import plan_pieces
+
+        layout = [
+            [(off, zp.shard_numel, zp.persist) for zp, off in zip(zps, starts)]
+            for zps, starts in zip(self.groups, self._starts())
+        ]
+        caps = [sinks.piece(p, 1 << 22) for p in partitions]
+        return plan_pieces(layout, [sinks.numel(p) for p in partitions], caps)
+
+    def _starts(self) -> List[List[int]]:
+        """Each group's params' shard offsets in its partition."""
+        return [[self.slots[zp.ds_id][1] for zp in zps] for zps in self.groups]
+
+    def _await_shards(self, zps) -> None:
+        """Before a gather reads (or a write replaces) these shards: the update's pieces that
+        write them are done, on the host and, for their uploads, on the compute stream."""
+        behind = self.behind
+        if not behind.running:
+            return
+        marks = {}
+        for zp in zps:
+            slot = self.slots.get(zp.ds_id)
+            if slot is not None:
+                group, at = slot
+                for mark in behind.wait_range(group, at, at + zp.shard_numel):
+                    marks[id(mark)] = mark
+        for mark in marks.values():
+            self.copy_stage.wait_mark(mark)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.holding_grads = False
+        self.settle_update()
         self._zero_partition_grads()
+        self._drop_param_grads()
+
+    def _drop_param_grads(self) -> None:
+        self.holding_grads = False
         for zps in self.groups:
             for zp in zps:
                 zp.param.grad = None
@@ -414,6 +461,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
 
     def _on_shard_modified(self, zp: ZeroParam) -> None:
         """GatheredParameters rewrote a shard: the fp32 master follows it."""
+        self.settle_update()
         slot = self.slots.get(zp.ds_id)
         if slot is None:
             return

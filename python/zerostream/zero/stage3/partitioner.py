@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 
@@ -150,6 +150,10 @@ class Partitioner:
         self.gathered_numel = 0
         self.telemetry = None  # the engine's StepTelemetry: all-gather bytes and time
         self.shard_listeners: List = []  # called with a ZeroParam whose shard was rewritten
+        # Called with the params whose shards a gather is about to read or a write to replace:
+        # an optimizer update running behind the forward waits for their pieces there
+        # (Note [The step overlapped with the next forward] in zero/overlap.py).
+        self.before_shard_access: Optional[Callable[[List[ZeroParam]], None]] = None
         self.host_arenas: List = []  # offload_param cpu: the page-locked shard partitions
         self.host_partitions: List[torch.Tensor] = []  # their memory, one tensor each
         self._loose_scanned = False  # home_loose_shards has run since a shard was made
@@ -175,6 +179,8 @@ class Partitioner:
 
     def write_shard(self, zp: ZeroParam, full: torch.Tensor) -> None:
         """Makes this rank's slice of `full` (the whole param) its shard, wherever it lives."""
+        if self.before_shard_access is not None:
+            self.before_shard_access([zp])
         self.settle_uploads()
         values = zp.shard_values(full)
         with torch.no_grad():
@@ -336,6 +342,8 @@ class Partitioner:
     ) -> InflightGather:
         """`keep`: the ds_ids among `zps` to bring in (None: all, each SHARDED); the others
         are in the collective only."""
+        if self.before_shard_access is not None:
+            self.before_shard_access(zps)
         if self.uploads is not None and not self._loose_scanned:
             self.home_loose_shards()
         fresh = zps if keep is None else [zp for zp in zps if zp.ds_id in keep]

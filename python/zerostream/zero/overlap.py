@@ -1,0 +1,212 @@
+"""The optimizer step overlapped with the next forward (`"zerostream": {"overlap_step":
+"next_forward"}`).
+
+Note [The step overlapped with the next forward]
+  With the optimizer offloaded, the step is the CPU's: the device idles while the host updates
+  every partition. Here step() does what must be done where every rank is (the gradients'
+  reduction, the global norm and its one host read, the clip/unscale factor) and hands the
+  update itself to a thread of its own, then returns. The next forward runs beside it: ZeRO-3
+  gathers each module's parameters from their shards just before the module runs, and each
+  gather first waits for the pieces of the update that write those shards (`UpdateBehind.
+  wait_range`: on the host for the kernel, then on the device for the piece's upload, so the
+  compute stream waits for exactly what it reads, never for the whole step).
+
+  Exact: the update is the serial step's, piece for piece (the kernel is elementwise and the
+  factor is computed before the thread starts), with the hyperparameters snapshot at step()
+  (a scheduler that sets the next lr meanwhile changes the next step, as in the serial run).
+  Every other reader or writer of the optimizer's state waits for the whole update first
+  (`settle`): the next backward (its gradients land in the partitions the update reads),
+  another step(), zero_grad, checkpoints, the parameter accessors, offload_states, destroy.
+  The update zeroes the gradient partitions itself, after it read them.
+
+  Order: persistent parameters (stage3_param_persistence_threshold) are used by every
+  forward without a gather of their own, so they are released at step() and gathered
+  again where the next forward starts, on every rank (the coordinator's start_step); the
+  update writes their shards first, in pieces of their own, then the rest of each partition
+  in partition order, which is the model's parameter order. No collective runs on the
+  update's thread: the sequence of collectives is the serial step's on every rank.
+
+  On a GPU the thread binds the rank's device first (a thread starts on device 0). Its
+  uploads go on the copy stage's lane, which waits for the compute stream where it stands at
+  each upload: after the backward's last reads of the shards, and also after the forward's
+  kernels queued by then, which an upload does not need (they read other shards, or wait for
+  it). A stream of the thread's own that waited only for step()'s point would let uploads
+  pass those kernels; the simulated device cannot yet tell that such a copy is ordered (it
+  requires each copy's lane to wait for the compute stream at its current position), so
+  that refinement waits for a measured GPU run that shows the cost.
+
+  An exception on the thread (a kernel refusing its input, a fault) is raised again, naming
+  the update, by the next call that waits for it; the run is then left inconsistent (the
+  partitions were partly updated), as after a serial step that raised.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+Piece = Tuple[int, int, int]  # (param group, lo, hi) of a partition
+MERGE = 1 << 16  # elements: small params' pieces merged up to this, one kernel call each
+
+
+class UpdateFailed(RuntimeError):
+    """The optimizer update that ran behind the forward raised."""
+
+
+class UpdateBehind:
+    """One update at a time on a thread of its own, and which of its pieces are done."""
+
+    def __init__(self, telemetry, bind_thread: Optional[Callable[[], None]] = None):
+        self.telemetry = telemetry
+        self._bind = bind_thread
+        self._cv = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._starts: Dict[int, List[int]] = {}  # group -> sorted piece starts
+        self._ends: Dict[int, List[int]] = {}
+        self._done: Dict[int, List[bool]] = {}
+        self._marks: Dict[int, list] = {}  # the copy stage's upload mark after each piece
+        self._finished = True
+        self.piece_hook: Optional[Callable[[Piece], None]] = None  # tests: before each piece
+        self.log: Optional[list] = None  # tests: ("piece", g, lo, hi) in completion order
+        self.launched = 0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def launch(self, pieces: List[Piece], run: Callable[[Callable], None]) -> None:
+        """Runs `run(done)` on the thread; run calls done(g, lo, hi, mark) after each piece of
+        `pieces` (their order is run's)."""
+        self.settle()
+        self._starts, self._ends, self._done, self._marks = {}, {}, {}, {}
+        for g, lo, hi in sorted(pieces):
+            self._starts.setdefault(g, []).append(lo)
+            self._ends.setdefault(g, []).append(hi)
+            self._done.setdefault(g, []).append(False)
+            self._marks.setdefault(g, []).append(None)
+        self._finished = False
+        self._error = None
+        self.launched += 1
+
+        def body() -> None:
+            start = time.perf_counter()
+            try:
+                if self._bind is not None:
+                    self._bind()
+                run(self._piece_done)
+            except BaseException as e:  # raised again by whoever waits for it
+                self._error = e
+            finally:
+                self.telemetry.add_seconds("update_behind", time.perf_counter() - start)
+                with self._cv:
+                    self._finished = True
+                    self._cv.notify_all()
+
+        self._thread = threading.Thread(target=body, name="zerostream-update", daemon=True)
+        self._thread.start()
+
+    def before_piece(self, g: int, lo: int, hi: int) -> None:
+        """Called by run before each piece (a test's hook holds the update there)."""
+        if self.piece_hook is not None:
+            self.piece_hook((g, lo, hi))
+
+    def _piece_done(self, g: int, lo: int, hi: int, mark) -> None:
+        with self._cv:
+            i = bisect.bisect_right(self._starts[g], lo) - 1
+            if i < 0 or self._starts[g][i] != lo or self._ends[g][i] != hi:
+                raise RuntimeError(f"update piece ({g}, {lo}, {hi}) was not planned")
+            self._done[g][i] = True
+            self._marks[g][i] = mark
+            if self.log is not None:
+                self.log.append(("piece", g, lo, hi))
+            self._cv.notify_all()
+
+    def wait_range(self, g: int, lo: int, hi: int) -> list:
+        """Waits (on the host) until every piece of group g overlapping [lo, hi) is updated;
+        returns their upload marks, for the compute stream to wait on."""
+        if self._thread is None or hi <= lo or g not in self._starts:
+            return []
+        starts, ends = self._starts[g], self._ends[g]
+        first = max(0, bisect.bisect_right(starts, lo) - 1)
+        last = bisect.bisect_left(starts, hi)
+        idx = [i for i in range(first, last) if ends[i] > lo]
+        waited = None
+        with self._cv:
+            while not self._finished and not all(self._done[g][i] for i in idx):
+                if waited is None:
+                    waited = time.perf_counter()
+                self._cv.wait()
+            if self._error is not None:
+                self._raise()
+            if not all(self._done[g][i] for i in idx):
+                raise UpdateFailed(
+                    f"the optimizer update behind the forward ended without updating "
+                    f"elements [{lo}, {hi}) of param group {g}'s partition"
+                )
+            marks = [self._marks[g][i] for i in idx]
+        if waited is not None:
+            self.telemetry.add_seconds("update_wait", time.perf_counter() - waited)
+        return [m for m in marks if m is not None]
+
+    def settle(self) -> bool:
+        """Waits for the whole update; raises its error. True when one was running."""
+        thread = self._thread
+        if thread is None:
+            if self._error is not None:
+                self._raise()
+            return False
+        start = time.perf_counter()
+        thread.join()
+        self.telemetry.add_seconds("update_wait", time.perf_counter() - start)
+        self._thread = None
+        if self._error is not None:
+            self._raise()
+        return True
+
+    def _raise(self) -> None:
+        e = self._error
+        raise UpdateFailed(
+            f"the optimizer update that ran behind the forward (zerostream.overlap_step) "
+            f"failed: {type(e).__name__}: {e}; the partitions are partly updated, so this run "
+            f"cannot go on: resume from the last checkpoint"
+        ) from e
+
+
+def plan_pieces(
+    layout: List[List[Tuple[int, int, bool]]], numels: List[int], caps: List[int]
+) -> List[Piece]:
+    """The update's pieces (group, lo, hi), in the order it runs them. layout[g] lists group
+    g's params as (offset, elements, early) in partition order; `early` ones (the persistent
+    params) are pieces of their own, first; the others follow in partition order, consecutive
+    ones merged while under MERGE elements, each cut at caps[g] (the copy stage's slot). The
+    pieces cover each partition [0, numels[g]) exactly once."""
+    early: List[Piece] = []
+    rest: List[Piece] = []
+    for g, (params, numel) in enumerate(zip(layout, numels)):
+        cap = max(1, caps[g])
+
+        run = None  # (lo, hi): the merge run of late params
+        for off, n, is_early in sorted(params):
+            if n <= 0:
+                continue
+            if is_early:
+                _cut(g, off, off + n, cap, early)
+                continue
+            if run is not None and (run[1] != off or run[1] - run[0] >= MERGE):
+                _cut(g, run[0], run[1], cap, rest)
+                run = None
+            run = (off if run is None else run[0], off + n)
+        if run is not None:
+            _cut(g, run[0], run[1], cap, rest)
+        end = max((off + n for off, n, _ in params), default=0)
+        if end < numel:  # the partition's tail past the last shard (alignment)
+            _cut(g, end, numel, cap, rest)
+    return early + rest
+
+
+def _cut(g: int, lo: int, hi: int, cap: int, into: List[Piece]) -> None:
+    for a in range(lo, hi, cap):
+        into.append((g, a, min(a + cap, hi)))

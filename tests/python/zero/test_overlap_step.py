@@ -1,0 +1,379 @@
+"""zerostream.overlap_step "next_forward" (Note [The step overlapped with the next forward] in
+zero/overlap.py): ZeRO-3 with offload_optimizer cpu runs the update on a thread of its own
+while the next forward gathers the shards it has updated.
+
+Exactness: on 2 ranks, the overlapped run is the serial run bit for bit (losses, pre-clip
+norms, final weights, the optimizer's fp32 state), with clipping that triggers, an lr
+scheduler that changes the lr at every step while the update runs, persistent params and
+gradient accumulation. Mechanism: the update was really behind the forward (gathers ran
+before its last piece), and every gather ran after the pieces that write its shards;
+deleting the gather's wait fails here (scripts/sync-mutations.py). Every reader of the state
+waits (a checkpoint or an accessor right after step()), and a failing update is raised by
+the next wait, naming it, with the run left inconsistent.
+"""
+
+import threading
+
+import pytest
+import torch
+
+from multirank import run_ranks
+from tiny_gpt import TinyGPT, make_batches
+
+STEPS = 4
+GLOBAL_BATCH = 8
+
+
+def config(micro: int, gas: int, dtype: str, params: str, persist: int, overlap: bool) -> dict:
+    zero = {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "stage3_param_persistence_threshold": persist,
+        "reduce_bucket_size": 3000,
+        "stage3_prefetch_bucket_size": 3000,
+    }
+    if params != "none":
+        zero["offload_param"] = {"device": params}
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": 0.05,  # below the tiny model's norms: the clip triggers
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 10},
+        },
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bf16"},
+    }
+    if overlap:
+        cfg["zerostream"] = {"overlap_step": "next_forward"}
+    return cfg
+
+
+def _weights_and_state(engine) -> dict:
+    from zerostream.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    from zerostream.zero import GatheredParameters
+
+    out = {}
+    for name, p in engine.module.named_parameters():
+        out["fp32." + name] = safe_get_full_fp32_param(p).clone()
+        out["exp_avg_sq." + name] = safe_get_full_optimizer_state(p, "exp_avg_sq").clone()
+    with GatheredParameters(list(engine.module.parameters())):
+        for name, p in engine.module.named_parameters():
+            out["16bit." + name] = p.detach().float().clone()
+    return out
+
+
+def train(rank, world, case, overlap):
+    import torch.distributed as dist
+
+    import zerostream
+
+    dtype, params, persist, gas = case
+    micro = GLOBAL_BATCH // (world * gas)
+    xs, ys = make_batches(STEPS, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    cfg = config(micro, gas, dtype, params, persist, overlap)
+    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    losses, norms, lrs = [], [], []
+    for s in range(STEPS):
+        total = torch.zeros(())
+        for m in range(gas):
+            lo = (m * world + rank) * micro
+            loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float()
+        dist.all_reduce(total)
+        losses.append(float(total))
+        norms.append(float(engine.get_global_grad_norm()))
+        lrs.append(engine.get_lr()[0])
+    behind = engine.optimizer.behind
+    launched = behind.launched if behind is not None else 0
+    seconds = dict(engine.telemetry.seconds)
+    state = _weights_and_state(engine)
+    engine.destroy()
+    return losses, norms, lrs, state, launched, seconds
+
+
+CASES = [
+    ("bf16", "none", 0, 1),  # shards on the device, uploaded through the copy stage
+    ("bf16", "cpu", 100, 1),  # shards in host memory, persistent params first
+    ("fp32", "none", 100, 2),  # gradient accumulation: one update per two micro-steps
+]
+
+
+def worker(rank, world):
+    return {
+        case: (train(rank, world, case, False), train(rank, world, case, True)) for case in CASES
+    }
+
+
+def test_the_overlapped_step_is_the_serial_step_bit_for_bit():
+    results = run_ranks(worker, 2, timeout=600)
+    for rank, runs in enumerate(results):
+        for case, (serial, overlapped) in runs.items():
+            s_losses, s_norms, s_lrs, s_state, s_launched, _ = serial
+            o_losses, o_norms, o_lrs, o_state, o_launched, seconds = overlapped
+            assert s_launched == 0 and o_launched == STEPS, (case, o_launched)
+            assert seconds["update_behind"] > 0, seconds
+            assert o_losses == s_losses, (rank, case, o_losses, s_losses)
+            assert o_norms == s_norms, (rank, case)
+            assert max(s_norms) > 0.05, s_norms  # the clip triggered
+            assert o_lrs == s_lrs and len(set(s_lrs)) == STEPS, s_lrs
+            assert o_state.keys() == s_state.keys()
+            for key, value in s_state.items():
+                assert torch.equal(o_state[key], value), (rank, case, key)
+
+
+# --- mechanism: the forward gathered beside the update, each gather after its pieces -------------
+def _mechanism(rank, world):
+    import zerostream
+
+    xs, ys = make_batches(3, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    cfg = config(GLOBAL_BATCH // world, 1, "bf16", "none", 100, True)
+    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    opt = engine.optimizer
+    behind, part = opt.behind, opt.part
+    lo = rank * (GLOBAL_BATCH // world)
+    micro = slice(lo, lo + GLOBAL_BATCH // world)
+    engine.backward(engine(xs[0][micro], ys[0][micro]))
+    engine.step()  # the first update (the trace is recorded by the first forward)
+
+    engine.backward(engine(xs[1][micro], ys[1][micro]))
+    last_piece = opt._behind_pieces(opt._sinks(opt.local_partitions()))[-1]
+    log = behind.log = []  # from the second update's launch on
+    gate = part.before_shard_access
+    gathered = threading.Event()
+
+    def logged_gate(zps):
+        gate(zps)
+        ids = [zp.ds_id for zp in zps]
+        log.append(
+            (
+                "gather",
+                [opt.slots[i] + (part.params[i].shard_numel,) for i in ids if i in opt.slots],
+            )
+        )
+        gathered.set()
+
+    held = {"waited": None}
+
+    def hold_last_piece(piece):
+        if piece == last_piece:  # the update waits here until the forward gathered beside it
+            held["waited"] = gathered.wait(timeout=60)
+
+    part.before_shard_access = logged_gate
+    behind.piece_hook = hold_last_piece
+    engine.step()
+    loss = engine(xs[2][micro], ys[2][micro])  # gathers beside the held update
+    engine.backward(loss)
+    engine.step()
+    engine.destroy()
+    return log, held["waited"], last_piece, float(loss)
+
+
+def _serial_third_loss(rank, world):
+    import zerostream
+
+    xs, ys = make_batches(3, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    cfg = config(GLOBAL_BATCH // world, 1, "bf16", "none", 100, False)
+    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    lo = rank * (GLOBAL_BATCH // world)
+    micro = slice(lo, lo + GLOBAL_BATCH // world)
+    for s in range(2):
+        engine.backward(engine(xs[s][micro], ys[s][micro]))
+        engine.step()
+    loss = float(engine(xs[2][micro], ys[2][micro]))
+    engine.destroy()
+    return loss
+
+
+def test_the_forward_gathers_beside_the_update_each_after_the_pieces_of_its_shards():
+    results = run_ranks(_mechanism, 2, timeout=300)
+    serial = run_ranks(_serial_third_loss, 2, timeout=300)
+    for rank, (log, waited, last_piece, loss) in enumerate(results):
+        assert waited is True, "no gather ran while the update held its last piece"
+        done = set()
+        gathers_before_last = 0
+        for entry in log:
+            if entry[0] == "piece":
+                done.add(entry[1:])
+                continue
+            for group, at, n in entry[1]:
+                need = [p for p in _pieces_of(log) if p[0] == group and p[1] < at + n and p[2] > at]
+                missing = [p for p in need if p not in done]
+                assert not missing, f"rank {rank}: a gather read [{at}, {at + n}) before {missing}"
+            if tuple(last_piece) not in done:
+                gathers_before_last += 1
+        assert gathers_before_last >= 1, log
+        assert loss == serial[rank], (loss, serial[rank])
+
+
+def _pieces_of(log):
+    return [entry[1:] for entry in log if entry[0] == "piece"]
+
+
+# --- every other reader waits; a failing update is raised by the next wait -----------------------
+def _read_right_after_step(rank, world, overlap, path):
+    import zerostream
+
+    xs, ys = make_batches(2, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    cfg = config(GLOBAL_BATCH // world, 1, "bf16", "cpu", 100, overlap)
+    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    lo = rank * (GLOBAL_BATCH // world)
+    for s in range(2):
+        engine.backward(
+            engine(xs[s][lo : lo + GLOBAL_BATCH // world], ys[s][lo : lo + GLOBAL_BATCH // world])
+        )
+        engine.step()
+    if overlap:
+        assert engine.optimizer.behind.running
+    state = _weights_and_state(engine)  # the accessors, right after step()
+    engine.save_checkpoint(path, tag="t")
+    saved = torch.load(
+        f"{path}/t/bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", weights_only=False
+    )
+    engine.destroy()
+    return state, saved["optimizer_state_dict"]
+
+
+def test_readers_right_after_an_overlapped_step_see_the_finished_update(tmp_path):
+    serial = run_ranks(_read_right_after_step, 2, False, str(tmp_path / "s"), timeout=300)
+    overlapped = run_ranks(_read_right_after_step, 2, True, str(tmp_path / "o"), timeout=300)
+    for (s_state, s_saved), (o_state, o_saved) in zip(serial, overlapped):
+        for key, value in s_state.items():
+            assert torch.equal(o_state[key], value), key
+        for a, b in zip(s_saved["fp32_flat_groups"], o_saved["fp32_flat_groups"]):
+            assert torch.equal(a, b)
+        s_inner = s_saved["optimizer_state_dict"]["state"]
+        o_inner = o_saved["optimizer_state_dict"]["state"]
+        for k in s_inner:
+            for name in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(s_inner[k][name], o_inner[k][name]), (k, name)
+
+
+def _failing_update(rank, world):
+    import zerostream
+    from zerostream.zero.overlap import UpdateFailed
+
+    xs, ys = make_batches(2, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    engine = zerostream.initialize(
+        model=TinyGPT(), config=config(GLOBAL_BATCH, 1, "bf16", "none", 0, True)
+    )[0]
+    engine.backward(engine(xs[0], ys[0]))
+    engine.step()
+    engine.optimizer.settle_update()  # the first update ends before the kernel breaks
+    inner = engine.optimizer.optimizer
+
+    def broken(group, items, grad_scale):
+        raise OSError(28, "No space left on device")
+
+    inner._group_step = broken
+    engine.backward(engine(xs[1], ys[1]))
+    engine.step()  # returns: the update fails on its thread
+    raised = []
+    for what, call in (
+        ("forward", lambda: engine(xs[1], ys[1])),
+        ("backward", lambda: engine.backward(torch.ones((), requires_grad=True) * 1)),
+        ("step", engine.step),
+    ):
+        try:
+            call()
+        except (UpdateFailed, RuntimeError) as e:
+            raised.append((what, type(e).__name__, str(e)))
+    engine.destroy()  # the run ends; destroy still releases what it holds
+    return raised
+
+
+def test_a_failing_update_is_raised_by_the_next_wait_and_the_run_stops():
+    (raised,) = run_ranks(_failing_update, 1, timeout=300)
+    assert [r[0] for r in raised] == ["forward", "backward", "step"], raised
+    what, kind, text = raised[0]
+    assert kind == "UpdateFailed", raised[0]
+    assert "overlap_step" in text and "No space left on device" in text, text
+    for _, _, later in raised[1:]:  # the run is inconsistent from then on
+        assert "No space left on device" in later, later
+
+
+@pytest.mark.parametrize(
+    "zero, refused",
+    [
+        ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "got stage 2"),
+        ({"stage": 3}, 'offload_optimizer.device "cpu"; got "none"'),
+        (
+            {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
+            'got "nvme"',
+        ),
+        (
+            {
+                "stage": 3,
+                "offload_optimizer": {"device": "cpu"},
+                "offload_param": {"device": "nvme", "nvme_path": "/tmp"},
+            },
+            'offload_param.device "nvme"',
+        ),
+        ({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "on the device"),
+    ],
+)
+def test_combinations_not_built_are_refused_by_name(zero, refused):
+    from zerostream.config import ConfigError, load
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}
+    cfg["zerostream"] = {"overlap_step": "next_forward"}
+    with pytest.raises(ConfigError) as e:
+        load(cfg)
+    assert "zerostream.overlap_step" in str(e.value) and refused in str(e.value), str(e.value)
+
+
+# --- the device's counters: the compute stream waits per gather, not for the whole step ----------
+def _counted(rank, world, overlap):
+    import zerostream
+    from zerostream.testing import sim_device
+
+    xs, ys = make_batches(3, GLOBAL_BATCH)
+    with sim_device.installed(policy="lazy", seed=0, device_index=rank) as sim:
+        torch.manual_seed(0)
+        cfg = config(GLOBAL_BATCH, 1, "bf16", "none", 100, overlap)
+        engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+        device = engine.device
+        counts = []
+        for s in range(3):
+            x, y = xs[s].to(device), ys[s].to(device)
+            before = dict(sim.counters)
+            loss = engine(x, y)
+            mid = dict(sim.counters)
+            engine.backward(loss)
+            start = dict(sim.counters)
+            engine.step()
+            end = dict(sim.counters)
+            counts.append(
+                {
+                    "forward": mid["compute_waits"] - before["compute_waits"],
+                    "step": end["compute_waits"] - start["compute_waits"],
+                    "step_host_syncs": end["main_thread_syncs"] - start["main_thread_syncs"],
+                }
+            )
+        engine.destroy()
+        violations = list(sim.violations)
+        sim.violations.clear()
+    return counts, violations
+
+
+def test_on_the_device_the_step_leaves_the_waits_to_each_gather_of_the_next_forward():
+    """Serial: step() makes the compute stream wait for its uploads (the fence), and the
+    forward waits for nothing. Overlapped: step() waits for nothing, on the device or on the
+    main thread's host side; the next forward's compute stream waits instead, per gather."""
+    ((serial, s_seen),) = run_ranks(_counted, 1, False, timeout=300)
+    ((overlapped, o_seen),) = run_ranks(_counted, 1, True, timeout=300)
+    assert s_seen == [] and o_seen == [], (s_seen, o_seen)
+    # Steps 2 and 3: the first forward recorded the trace; the second and third follow it.
+    for s, o in zip(serial[1:], overlapped[1:]):
+        assert s["step"] >= 1 and s["forward"] == 0, serial
+        assert o["step"] == 0 and o["step_host_syncs"] == 0, overlapped
+        assert o["forward"] > 1, overlapped
