@@ -202,6 +202,7 @@ configs=(
   "stage2-cpu 3 200 --stage 2 --offload-optimizer cpu --peers zerostream,no-offload,deepspeed,torch"
   "stage3-cpu-cpu 3 160 --stage 3 --offload-optimizer cpu --offload-param cpu --peers zerostream,deepspeed,torch"
   "stage3-nvme-nvme 1 240 --stage 3 --offload-optimizer nvme --offload-param nvme --peers zerostream,deepspeed"
+  "stage3-cpu-overlap 3 160 --stage 3 --offload-optimizer cpu --overlap-step --peers zerostream,serial-step,no-offload"
 )
 run_bench() {
   local name steps cap flags peers
@@ -228,9 +229,11 @@ if [ "$bench" -eq 1 ] && [ "$simulated" -eq 1 ]; then
   # offload flags, checks the command; bench step's own tests run the others on the CPU.
   skipped bench-stage2-cpu "simulated: bench-stage3-nvme-nvme checks the command"
   skipped bench-stage3-cpu-cpu "simulated: bench-stage3-nvme-nvme checks the command"
+  skipped bench-stage3-cpu-overlap "simulated: bench-stage3-nvme-nvme checks the command"
 elif [ "$bench" -eq 1 ]; then
   run_bench "${configs[0]}"
   run_bench "${configs[1]}"
+  run_bench "${configs[3]}"
 fi
 if [ "$bench" -eq 1 ]; then
   run_bench "${configs[2]}"

@@ -111,6 +111,27 @@ def test_a_config_without_offload_skips_the_no_offload_peer(capsys):
     }
 
 
+@pytest.mark.timeout(600)
+def test_the_serial_step_peer_is_the_same_run_without_the_overlap(capsys):
+    """--overlap-step sets zerostream.overlap_step; the serial-step peer runs the same config
+    without it: the same losses bit for bit, the update timed behind the forward, and no
+    step-bound ratios (the update is not inside step() there)."""
+    flags = ["--stage", "3", "--offload-optimizer", "cpu", "--overlap-step"]
+    rc, res = _run(capsys, *flags, "--peers", "zerostream,serial-step")
+    assert rc == 0
+    assert res["config"]["zerostream"]["overlap_step"] == "next_forward"
+    ours, serial = res["peers"]["zerostream"], res["peers"]["serial-step"]
+    assert ours["losses"] == serial["losses"]
+    assert ours["phase_seconds"]["update_behind"] > 0, ours["phase_seconds"]
+    assert "update_behind" not in serial["phase_seconds"], serial["phase_seconds"]
+    assert set(res["ratios"]) == {"serial-step_over_zerostream"}, res["ratios"]
+    rc, res = _run(capsys, "--stage", "3", "--offload-optimizer", "cpu", "--peers", "serial-step")
+    assert res["peers"]["serial-step"] == {
+        "peer": "serial-step",
+        "skipped": "the config has no overlap_step",
+    }
+
+
 def test_unknown_peers_are_named():
     with pytest.raises(ValueError, match=r"--peers: unknown \['fastest'\]"):
         step.main(["--peers", "zerostream,fastest"])
