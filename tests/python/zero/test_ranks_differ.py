@@ -3,7 +3,7 @@ rank reads other free memory, peaks and waits (ZEROSTREAM_TEST_SKEW scales every
 feeds an "auto" decision by a factor of its own: Note [Every rank places the same tiers]),
 and each rank's batches take a branch of the model or not (an auxiliary head used on batches
 whose first token is even, so on some ranks in some steps). Stages 1-3 x offload none / cpu /
-nvme, the NVMe runs with both memory tiers "auto" and a host budget near the model's size
+nvme, and stage 3 with the step overlapped with the next forward; the NVMe runs with both memory tiers "auto" and a host budget near the model's size
 (so a budget read differently would keep different shards).
 
 Every run must match plain PyTorch averaging the ranks' gradients (a missing one counting as
@@ -21,6 +21,9 @@ from tiny_gpt import TinyGPT, make_batches
 
 STEPS, WORLD, MICRO, LR = 4, 2, 4, 1e-2
 CASES = [(stage, offload) for stage in (1, 2, 3) for offload in ("none", "cpu", "nvme")]
+# zerostream.overlap_step at stage 3 (the update behind the next forward, whose gathers wait
+# for it), with persistent params: the auxiliary head's bias among them.
+CASES += [(3, "overlap")]
 
 
 class WithAux(TinyGPT):
@@ -71,6 +74,10 @@ def _config(stage: int, offload: str, root: str) -> dict:
         zero["offload_optimizer"] = {"device": "cpu"}
         if stage == 3:
             zero["offload_param"] = {"device": "cpu"}
+    if offload == "overlap":
+        zero["offload_optimizer"] = {"device": "cpu"}
+        zero["stage3_param_persistence_threshold"] = 100
+        config["zerostream"] = {"overlap_step": "next_forward"}
     if offload == "nvme":
         zero["offload_optimizer"] = {"device": "nvme", "nvme_path": f"{root}/opt"}
         config["zerostream"] = {"optimizer_max_in_cpu": "auto"}
