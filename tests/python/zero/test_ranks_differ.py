@@ -3,8 +3,9 @@ rank reads other free memory, peaks and waits (ZEROSTREAM_TEST_SKEW scales every
 feeds an "auto" decision by a factor of its own: Note [Every rank places the same tiers]),
 and each rank's batches take a branch of the model or not (an auxiliary head used on batches
 whose first token is even, so on some ranks in some steps). Stages 1-3 x offload none / cpu /
-nvme, and stage 3 with the step overlapped with the next forward; the NVMe runs with both memory tiers "auto" and a host budget near the model's size
-(so a budget read differently would keep different shards).
+nvme, and stage 3 with the step overlapped with the next forward; the NVMe runs with both
+memory tiers "auto" and a host budget near the model's size (so a budget read differently
+would keep different shards).
 
 Every run must match plain PyTorch averaging the ranks' gradients (a missing one counting as
 zero), and run_ranks checks that the ranks issued the same collectives in the same order
