@@ -203,6 +203,7 @@ configs=(
   "stage3-cpu-cpu 3 160 --stage 3 --offload-optimizer cpu --offload-param cpu --peers zerostream,deepspeed,torch"
   "stage3-nvme-nvme 1 240 --stage 3 --offload-optimizer nvme --offload-param nvme --peers zerostream,deepspeed"
   "stage3-cpu-overlap 3 160 --stage 3 --offload-optimizer cpu --overlap-step --peers zerostream,serial-step,no-offload"
+  "stage2-cpu-device-share 3 160 --stage 2 --offload-optimizer cpu --optimizer-max-on-device auto --peers zerostream,no-offload"
 )
 run_bench() {
   local name steps cap flags peers
@@ -230,10 +231,12 @@ if [ "$bench" -eq 1 ] && [ "$simulated" -eq 1 ]; then
   skipped bench-stage2-cpu "simulated: bench-stage3-nvme-nvme checks the command"
   skipped bench-stage3-cpu-cpu "simulated: bench-stage3-nvme-nvme checks the command"
   skipped bench-stage3-cpu-overlap "simulated: bench-stage3-nvme-nvme checks the command"
+  skipped bench-stage2-cpu-device-share "simulated: bench-stage3-nvme-nvme checks the command"
 elif [ "$bench" -eq 1 ]; then
   run_bench "${configs[0]}"
   run_bench "${configs[1]}"
   run_bench "${configs[3]}"
+  run_bench "${configs[4]}"
 fi
 if [ "$bench" -eq 1 ]; then
   run_bench "${configs[2]}"

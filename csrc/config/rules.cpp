@@ -142,11 +142,10 @@ void offload_rules(Resolution& r, int64_t stage) {
     r.errors.push_back("zerostream.optimizer_max_on_device: " + show(on_device) +
                        " and zero_optimization.offload_optimizer.ratio " + show(ratio) +
                        " both size the optimizer state kept on the device; set one of them");
-  else if (wants_device && stage != 3)
+  else if (wants_device && stage == 0)
     r.errors.push_back("zerostream.optimizer_max_on_device: " + show(on_device) +
-                       " keeps optimizer sub-groups on the device under ZeRO stage 3 only "
-                       "(as offload_optimizer.ratio); got stage " +
-                       std::to_string(stage));
+                       " keeps part of an offloaded optimizer's sub-groups on the device, under "
+                       "ZeRO stages 1-3; got stage 0");
   else if (wants_device && opt_device != "cpu" && opt_device != "nvme")
     r.warnings.push_back("zerostream.optimizer_max_on_device: " + show(on_device) +
                          " has no effect: zero_optimization.offload_optimizer.device is \"" +

@@ -51,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="auto: bf16 on a GPU, fp32 on CPU",
     )
     p.add_argument(
+        "--optimizer-max-on-device",
+        help='zerostream.optimizer_max_on_device: elements, or "auto" (the offloaded '
+        "optimizer's share stepped on the device)",
+    )
+    p.add_argument(
         "--overlap-step",
         action="store_true",
         help='zerostream.overlap_step "next_forward" (stage 3, --offload-optimizer cpu)',
@@ -111,6 +116,10 @@ def _config(args, nvme_dir: str) -> dict:
             }
     if args.overlap_step:
         cfg["zerostream"] = {**(cfg.get("zerostream") or {}), "overlap_step": "next_forward"}
+    if args.optimizer_max_on_device:
+        value = args.optimizer_max_on_device
+        value = value if value == "auto" else int(value)
+        cfg["zerostream"] = {**(cfg.get("zerostream") or {}), "optimizer_max_on_device": value}
     for key in ("train_batch_size", "steps_per_print"):  # one rank; telemetry read directly
         cfg.pop(key, None)
     cfg["train_micro_batch_size_per_gpu"] = args.micro_batch

@@ -203,7 +203,7 @@ class Knobs:
     # zerostream.device_tier_grads: where the device tier's gradients land ("device", as in
     # DeepSpeed, or "host" and back up: Note [Device-tier gradients stay on the device])
     device_tier_grads: str = "device"
-    # zerostream.optimizer_max_on_device as elements (stage 3): the first whole sub-groups
+    # zerostream.optimizer_max_on_device as elements (stages 1-3): the first whole sub-groups
     # within it are the device tier instead of a ratio's ("auto" is the run's to size).
     optimizer_max_on_device: int = 0
     # stage3_model_persistence_threshold: the persistent params' total (partitioner.py)
@@ -268,7 +268,7 @@ def knobs_from_config(zero, in_cpu=0, tier_grads: str = "device", on_device=0) -
         optimizer_max_in_cpu=0 if in_cpu == "auto" else in_cpu,
         offload_ratio=oo.ratio if oo and zero.stage == 3 else 1.0,
         device_tier_grads=tier_grads,
-        optimizer_max_on_device=0 if on_device == "auto" or zero.stage != 3 else on_device,
+        optimizer_max_on_device=0 if on_device == "auto" or zero.stage == 0 else on_device,
         model_persistence_threshold=zero.stage3_model_persistence_threshold,
     )
 
@@ -278,7 +278,7 @@ def device_tier_elements(part: int, option: "Option", knobs: Knobs) -> int:
     the device: the first int((1 - ratio) * n) of its n sub-groups (device_tier.py), or the
     whole ones within zerostream.optimizer_max_on_device (offload/placement/device.py), the
     sub-groups taken as sub_group_size each (the runtime also cuts at param groups)."""
-    if option.stage != 3 or option.optimizer == "none":
+    if option.stage == 0 or option.optimizer == "none":
         return 0
     width = min(knobs.sub_group_size or part, part) or 1
     if knobs.optimizer_max_on_device > 0:  # whole sub-groups within the count

@@ -113,9 +113,7 @@ def _sub_grouped(zero, ext) -> bool:
     device = zero.offload_optimizer_device
     if device != "cpu":
         return device == "nvme"
-    return zero.offload_optimizer.ratio < 1.0 or (
-        ext.optimizer_max_on_device != 0 and zero.stage == 3
-    )
+    return zero.offload_optimizer.ratio < 1.0 or ext.optimizer_max_on_device != 0
 
 
 def _swapped_adam(ctx: StageContext, client):

@@ -62,6 +62,7 @@ class PartitionedOptimizer(ShardedOptimizerBase):
         if isinstance(self.optimizer, MuonWithAuxAdam):
             bind_flat_groups(self.optimizer, self.flat_groups, self.group)
         self.reducer = _REDUCERS[self.stage](self.flat_groups, self.grads, ctx, self.copy_stage)
+        self._keep_device_tier_grads(self.reducer.landing)
         self._slot_of: Dict[torch.nn.Parameter, Tuple[int, ParamSlot]] = {}
         for gi, flat in enumerate(self.flat_groups):
             for slot in flat.slots:

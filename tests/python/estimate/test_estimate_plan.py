@@ -417,6 +417,32 @@ def test_an_element_count_on_the_device_plans_as_the_ratio_that_keeps_those_sub_
     assert "device-tier fp32 master" not in none.device
 
 
+def test_an_element_count_on_the_device_at_stage_2_plans_its_sub_groups_there_too():
+    """zerostream.optimizer_max_on_device at stage 2: the same whole sub-groups of the rank's
+    partition on the device as at stage 3 (the partition is a slice of the flat groups
+    there, the same size), the CPU kernel's traffic less theirs."""
+    shape = from_hf_config(LLAMA2_70B)
+    work = Workload(1, 4096, 1, "bf16", True)
+    machine = _node()
+
+    def knobs(ext):
+        return Knobs.from_config(config.load(
+            {"train_micro_batch_size_per_gpu": 1,
+             "zero_optimization": {"stage": 2, "sub_group_size": 10**8,
+                                   "offload_optimizer": {"device": "cpu"}},
+             "zerostream": ext},
+            world_size=8, log=False,
+        ))  # fmt: skip
+
+    counted = knobs({"optimizer_max_on_device": 6_050_000_000})
+    assert counted.optimizer_max_on_device == 6_050_000_000
+    with_tier = predict(shape, work, machine, Option(2, "cpu", "none", gpu_tier=True), counted)
+    without = predict(shape, work, machine, Option(2, "cpu", "none"), knobs({}))
+    assert with_tier.device["device-tier fp32 master"] == 4 * 60 * 10**8
+    assert "device-tier fp32 master" not in without.device
+    assert with_tier.traffic["cpu_adam"] < without.traffic["cpu_adam"]
+
+
 def test_a_cpu_offload_with_spare_gpu_memory_steps_part_of_the_optimizer_there():
     """8 x 80 GB and 2 TB: the "cpu" option fits, bound by the CPU Adam (13.8 s); the GPU
     memory it leaves takes whole sub-groups of 1e8 elements (by hand), so the CPU kernel

@@ -13,11 +13,11 @@ device memory a measured step leaves).
   PyTorch AdamW's; a checkpoint saved after the move resumes into an all-NVMe engine with
   the uninterrupted run's losses.
 - Two ranks whose devices have different room place the same sub-groups (the smallest
-  budget, agreed).
+  budget, agreed), at stage 3 and at stage 2.
 - "auto" where the device's memory is the host's (the CPU run): nothing moves, and it says
   why. A device that cannot allocate the chosen tier: nothing moves, nothing is lost.
 - The element count places the first whole sub-groups that fit, and trains as PyTorch.
-- The config refuses it with a ratio and off stage 3, by name.
+- The config refuses it with a ratio and at stage 0, by name.
 """
 
 import os
@@ -214,15 +214,17 @@ def test_auto_moves_what_the_device_memory_a_step_leaves_holds_and_trains_as_pyt
         assert out["resumed"] == pytest.approx(losses[STEPS - 1 :], rel=1e-6)
 
 
-def differ_worker(rank, world, root):
+def differ_worker(rank, world, root, stage):
     """Rank 1's device has room for three sub-groups more than rank 0's (another process on
     its GPU took less, a different card): each rank measures its own."""
     from zerostream.testing import sim_device
 
     micro = GLOBAL_BATCH // world
     budgets.DEVICE_RESERVE_BYTES, budgets.DEVICE_RESERVE_SHARE = 0, 0.0
+    cfg = _config(micro, f"{root}/differ")
+    cfg["zero_optimization"]["stage"] = stage
     with sim_device.installed("lazy", 0, rank, track_memory=True) as sim:
-        engine = _engine(_config(micro, f"{root}/differ"))
+        engine = _engine(cfg)
         swapper = engine.optimizer.swapper
         _sized_at_the_move(swapper, sim, ROOM + rank * 3 * SUB_GROUP * STATE)
         run = _train(engine, rank, world, STEPS)
@@ -233,13 +235,15 @@ def differ_worker(rank, world, root):
     return out
 
 
-def test_ranks_whose_devices_have_different_room_place_the_same_sub_groups(tmp_path):
+@pytest.mark.parametrize("stage", [3, 2])
+def test_ranks_whose_devices_have_different_room_place_the_same_sub_groups(tmp_path, stage):
     """Note [Every rank places the same tiers]: the ranks agree the smallest budget, so both
     move the two sub-groups rank 0's room holds (rank 1 alone would move five). A tier placed
     per rank steps different sub-groups where on each rank, and, on the ranks whose room was
-    larger, sizes from a reading the other ranks did not have."""
+    larger, sizes from a reading the other ranks did not have. At stage 2 (each rank's slice
+    of the flat groups) as at stage 3."""
     reference = plain_adamw_losses(STEPS, GLOBAL_BATCH, LR, BETAS, WD, CLIP)
-    outs = run_ranks(differ_worker, 2, str(tmp_path))
+    outs = run_ranks(differ_worker, 2, str(tmp_path), stage)
     own = [o["inputs"]["free_bytes"] - o["inputs"]["step_excess_bytes"] for o in outs]
     assert own[1] - own[0] >= 2 * SUB_GROUP * STATE, own  # the readings really differ
     for out in outs:
@@ -312,13 +316,13 @@ def test_auto_without_device_memory_or_room_moves_nothing_and_a_count_places_at_
             "zero_optimization.offload_optimizer.ratio 0.5 both size",
         ),
         (
-            {"stage": 2, "offload_optimizer": {"device": "cpu"}},
-            'zerostream.optimizer_max_on_device: "auto" keeps optimizer sub-groups on the '
-            "device under ZeRO stage 3 only",
+            {"stage": 0, "offload_optimizer": {"device": "cpu"}},
+            'zerostream.optimizer_max_on_device: "auto" keeps part of an offloaded '
+            "optimizer's sub-groups on the device, under ZeRO stages 1-3; got stage 0",
         ),
     ],
 )
-def test_the_config_refuses_it_with_a_ratio_and_off_stage_3_by_name(zero, needle):
+def test_the_config_refuses_it_with_a_ratio_and_at_stage_0_by_name(zero, needle):
     from zerostream.config import ConfigError, load
 
     cfg = {

@@ -62,6 +62,10 @@ CASES += [(3, "ratio3", "bf16", 1), (3, "ratio", "bf16m", 1), (3, "ratioh", "bf1
 # host memory ("ovl", as "cpu"), with persistent params (gathered first at the next forward's
 # start).
 CASES += [(3, "none+ovl", "bf16", 1), (3, "ovl", "fp32", 2)]
+# "devmax": zerostream.optimizer_max_on_device at stages 1 and 2 (offload_optimizer cpu, the
+# first 4000 elements' sub-groups of each rank's partition stepped on the device from
+# gradients landed there, the rest by the CPU kernel).
+CASES += [(2, "devmax", "bf16", 1), (1, "devmax", "fp32", 2), (2, "devmax", "bf16m", 1)]
 if os.environ.get("ZS_DEVICE_CASES") == "quick":  # gpu-check's stream-sanitizer pass
     CASES = [(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")]
 RESUMED = {(s, o, "bf16", 1) for s in (1, 2, 3) for o in ("cpu", "nvme")} | {
@@ -82,6 +86,9 @@ def config(case, micro: int, nvme: str) -> dict:
         "stage3_param_persistence_threshold": 0,
         "stage3_prefetch_bucket_size": 3000,
     }
+    devmax = offload == "devmax"
+    if devmax:
+        offload = "none+cpu"
     overlap = offload.endswith("ovl")
     if overlap:
         zero["stage3_param_persistence_threshold"] = 100
@@ -110,6 +117,8 @@ def config(case, micro: int, nvme: str) -> dict:
         cfg["zerostream"] = {**cfg.get("zerostream", {}), "device_tier_grads": "host"}
     if overlap:
         cfg["zerostream"] = {**cfg.get("zerostream", {}), "overlap_step": "next_forward"}
+    if devmax:
+        cfg["zerostream"] = {**cfg.get("zerostream", {}), "optimizer_max_on_device": 4000}
     return cfg
 
 
@@ -243,7 +252,7 @@ def _run_matrix(world: int, cases, tmp_path, references) -> None:
                 losses, norms, params, summary = runs["cuda"]
                 if offload == "tiered":
                     _assert_tiered(summary, case)
-                if "ratio" in offload:
+                if "ratio" in offload or offload == "devmax":
                     _assert_device_tier(summary, offload)
                 ref = references["bf16" if dtype == "bf16m" else dtype]
                 _assert_close_to_reference(losses, norms, params, ref, dtype)
@@ -254,9 +263,11 @@ def _run_matrix(world: int, cases, tmp_path, references) -> None:
             if offload == "tiered":  # the state really was in both tiers
                 for run in runs.values():
                     _assert_tiered(run[3], case)
-            if "ratio" in offload:
+            if "ratio" in offload or offload == "devmax":
                 for run in runs.values():
                     _assert_device_tier(run[3], offload)
+            if offload == "devmax" and dtype != "bf16m":  # the split update is the update
+                _assert_close_to_reference(*cpu[:3], references[dtype], dtype)
             if world == 1 and stage == 3 and "ratio" not in offload:
                 # Note [One rank on the host lands each gradient as it comes]: the CPU run
                 # lands without buckets; a copy stage keeps them (one download a bucket).
