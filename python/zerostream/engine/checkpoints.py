@@ -99,6 +99,7 @@ class EngineCheckpoints:
         (Note [Stage checkpoints] in zero/protocol.py), the config sections it reads, this
         rank's place, and the counters a save writes."""
         cfg, ranks, parts = self._config, self._ranks, self._parts
+        self._settle(parts.optimizer)
         return CheckpointTarget(
             module=self._module,
             stage=self._stage.checkpointer(self._module, parts.optimizer),
@@ -118,6 +119,13 @@ class EngineCheckpoints:
             set_inconsistent=self._run.set_inconsistent,
         )
 
+    @staticmethod
+    def _settle(optimizer) -> None:
+        """A checkpoint reads the shards and the optimizer's state directly: an update running
+        behind the forward (zero/overlap.py) ends first."""
+        if optimizer is not None and hasattr(optimizer, "settle_update"):
+            optimizer.settle_update()
+
     # --- whole weights ---------------------------------------------------------------------------
     def _get_optimizer_ckpt_name(self, checkpoints_path: str, tag, expp_rank: int = 0) -> str:
         """DeepSpeed's name for the file this rank's optimizer state is saved in under `tag`
@@ -128,6 +136,7 @@ class EngineCheckpoints:
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         """The whole 16-bit weights on rank 0 (None elsewhere); all ranks must call it."""
+        self._settle(self._parts.optimizer)
         return self._stage.whole_16bit_weights(self._module, exclude_frozen_parameters)
 
     def save_16bit_model(
@@ -148,6 +157,7 @@ class EngineCheckpoints:
                 "to gather the weights into one file"
             )
             return False
+        self._settle(self._parts.optimizer)
         state = stage.whole_16bit_weights(self._module, exclude_frozen_parameters)
         if state is not None:
             os.makedirs(save_dir, exist_ok=True)

@@ -37,6 +37,7 @@ Note [The compute pseudo-lane]
 
 from __future__ import annotations
 
+import threading
 from typing import Dict, List
 
 import torch
@@ -175,6 +176,8 @@ class ComputeOps(TorchDispatchMode):
         on_compute = not internal and sim.current_stream().host
         if on_compute:
             sim.compute_ops += 1
+            me = threading.get_ident()
+            sim.thread_ops[me] = sim.thread_ops.get(me, 0) + 1
             if func in _SCALAR_READS and _is_device_memory(sim, args[0]):
                 sim.host_read(args[0], scalar=True)
         out = func(*args, **kwargs)

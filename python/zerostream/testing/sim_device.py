@@ -32,7 +32,11 @@ Note [The simulated device]
   A collective issued while a lane is current runs after that lane's queued work (NCCL's
   stream waits for the current one). Each copy must be preceded by its lane waiting for
   the compute stream at its current position (the copy reads what compute produced): a
-  copy issued after compute ran ops the lane did not wait for is reported.
+  copy issued after compute ran ops the lane did not wait for is reported. Ops another
+  host thread queued on the compute stream after the copying thread's own wait are not
+  counted: on a GPU they are unordered with the copy as well, and a second thread's copies
+  (an update behind the forward, zero/overlap.py) are ordered against the first thread's
+  work by that thread's waits on their marks.
 
   Memory. The device-side tensor of a queued copy is watched: if every tensor the program
   held on its storage is gone before the copy runs and nobody called record_stream
@@ -78,8 +82,11 @@ Note [The simulated device]
   after its issue (the collective already read it), kernels that race within one stream,
   the caching allocator's block sizes and fragmentation (bytes only), host memory a native
   library reads without torch (the io_uring and AIO buffers are checked by their own
-  tests), and a device tensor made by an op that names neither the device nor a device
-  input (torch.empty_like of a host tensor, say).
+  tests), a device tensor made by an op that names neither the device nor a device
+  input (torch.empty_like of a host tensor, say), and the torch ops of threads other than
+  the one that installed it (dispatch modes are thread-local: a second thread's copies
+  and waits, which go through the lanes, are seen; its ops on device tensors are not; the
+  update behind the forward runs only host ops and lane copies there).
 """
 
 from __future__ import annotations
@@ -167,6 +174,7 @@ class SimDevice:
         self.kept: Dict[int, List[Tuple[SimStream, int]]] = {}
         self.live_aliases: Dict[int, int] = {}
         self.compute_ops = 0
+        self.thread_ops: Dict[int, int] = {}  # compute ops per host thread (its ident)
         # ("sync" | "async" | "wait", collective): the order the program issued and waited
         # for its collectives in (Note [The simulated device])
         self.collective_log: List[Tuple[str, str]] = []
@@ -329,12 +337,27 @@ class SimDevice:
             self._learn(lane, lane.issued)
 
     # --- copies ----------------------------------------------------------------------------------
+    def _only_other_threads_since(self, lane: SimStream) -> bool:
+        """Whether every compute op queued since `lane` last waited for the compute stream
+        came from other host threads than this one, which waited itself: on a GPU those
+        ops are not ordered before the copy either, and a copy from a second thread (an
+        update behind the forward) needs only what its own thread queued before (Note [The
+        simulated device], Streams)."""
+        me = threading.get_ident()
+        by = lane.caught_up_by
+        return (
+            by is not None
+            and by[0] == me
+            and by[2] == lane.caught_up
+            and self.thread_ops.get(me, 0) == by[1]
+        )
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor, upload: bool) -> None:
         stream = self.current_stream()
         self._check_thread(stream.device, "copy_(non_blocking=True)")
         if stream.host:
             self._violate("an asynchronous copy was queued on the compute stream, not a lane")
-        elif stream.caught_up < self.compute_ops:
+        elif stream.caught_up < self.compute_ops and not self._only_other_threads_since(stream):
             self._violate(
                 f"a copy on {stream.name} was queued without the lane waiting for the compute "
                 f"stream ({self.compute_ops - stream.caught_up} ops queued there since)"

@@ -8,7 +8,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import Deque, Optional
+from typing import Deque, Optional, Tuple
 
 import torch
 
@@ -88,6 +88,7 @@ class SimStream:
         self.queue: Deque[_Item] = deque()
         self.unobserved: Deque[_Item] = deque()  # completed copies the host has not seen
         self.caught_up = 0  # the compute stream's op count this lane last waited for
+        self.caught_up_by: Optional[Tuple[int, int, int]] = None  # who waited (wait_stream)
         # What completing this stream implies about others: (seq here, other, seq there),
         # from its waits; the compute stream keeps its waits by stream (`waited`).
         self.implies: list = []
@@ -106,6 +107,9 @@ class SimStream:
         self.sim._check_thread(self.device, "Stream.wait_stream")
         if other.host:
             self.caught_up = self.sim.compute_ops
+            me = threading.get_ident()
+            # (thread, its own ops, the position): sim_device._only_other_threads_since
+            self.caught_up_by = (me, self.sim.thread_ops.get(me, 0), self.caught_up)
         self._wait_for(other, other.issued)
 
     def wait_event(self, event: "SimEvent") -> None:

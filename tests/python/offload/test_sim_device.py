@@ -104,6 +104,57 @@ def test_a_copy_not_ordered_after_the_compute_stream_is_reported():
                 cuda.copy(_pinned(16), grad, upload=False)
 
 
+def _copy_after_a_wait(sim, copier: str) -> list:
+    """`copier` ("second" or "first" thread) waits its lane for the compute stream and then
+    uploads; between the two the first thread (which installed the device) queues a compute
+    op. Returns what the device reported."""
+    cuda = sim_device.SimCuda(sim, 1)
+    lanes = copy_stage.CudaLanes(cuda)
+    src, dst = _pinned(16), torch.empty(16, device="cpu:1")
+    waited, go_on = threading.Event(), threading.Event()
+
+    def wait_then_copy(between=None):
+        sim.set_device(1)
+        lanes.up.wait_stream(cuda.current_stream())
+        waited.set()
+        if between is not None:
+            between()
+        go_on.wait(10)
+        with cuda.use(lanes.up):
+            cuda.copy(dst, src, upload=True)
+            done = cuda.new_event(blocking=True)
+            done.record()
+        done.synchronize()
+
+    def forward_op():
+        torch.ones(8, device="cpu:1").add_(1)
+
+    if copier == "second":
+        worker = threading.Thread(target=wait_then_copy)
+        worker.start()
+        waited.wait(10)
+        forward_op()  # the first thread's forward, after the second thread's wait
+        go_on.set()
+        worker.join()
+    else:
+        go_on.set()
+        wait_then_copy(between=forward_op)  # its own op after its own wait
+    found = list(sim.violations)
+    sim.violations.clear()
+    return found
+
+
+def test_a_copy_needs_its_own_threads_work_waited_for_not_another_threads(sim):
+    """An update behind the forward (zero/overlap.py) copies from a second thread: compute
+    ops the first thread queued after that thread's wait are unordered with its copy on a
+    GPU too, and not reported; an op of the copying thread itself after its wait is.
+    (Only the thread that installed the device has its torch ops seen: dispatch modes are
+    thread-local; Note [The simulated device], what it still cannot see.)"""
+    assert _copy_after_a_wait(sim, "second") == []
+    found = _copy_after_a_wait(sim, "first")
+    assert any("without the lane waiting for the compute" in v for v in found), found
+
+
 def test_a_thread_that_never_set_the_device_is_reported():
     with pytest.raises(AssertionError, match="never set one"):
         with sim_device.installed(policy="eager", device_index=1) as sim:
