@@ -53,6 +53,18 @@ def _check_loaded(loaded, state):
     assert v.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
 
 
+# One state per module: torch's legacy format keys storages by their address, so a file is
+# compared with torch.save of the same objects, not of equal ones.
+STATE = None
+
+
+def _state_once():
+    global STATE
+    if STATE is None:
+        STATE = _state()
+    return STATE
+
+
 def _protocol(engine, tmp_path, name="mp_rank_00_model_states.pt"):
     info = CheckpointCommitInfo(tag="global_step3", save_dir=str(tmp_path), save_latest=True)
     engine.create(info)
@@ -60,7 +72,7 @@ def _protocol(engine, tmp_path, name="mp_rank_00_model_states.pt"):
     engine.makedirs(str(folder), exist_ok=True)
     engine.makedirs(str(folder), exist_ok=True)  # exist_ok, as DeepSpeed's engine calls it
     path = str(folder / name)
-    engine.save(_state(), path)
+    engine.save(_state_once(), path)
     assert engine.commit(info) is True
     assert not engine.is_decoupled() and engine.get_commit_info() is None
     assert engine.preserves_storage_sharing()
@@ -69,7 +81,7 @@ def _protocol(engine, tmp_path, name="mp_rank_00_model_states.pt"):
 
 def _reference(zipfile: bool) -> bytes:
     buf = io.BytesIO()
-    torch.save(_state(), buf, _use_new_zipfile_serialization=zipfile)
+    torch.save(_state_once(), buf, _use_new_zipfile_serialization=zipfile)
     return buf.getvalue()
 
 
@@ -78,7 +90,7 @@ def test_torch_engine_round_trip_in_the_serialization_asked_for(tmp_path):
     assert bare.name == "TorchCheckpointEngine" and bare.zipfile_serialization is False
     path = _protocol(bare, tmp_path / "a")
     legacy_file = tmp_path / "legacy.pt"
-    torch.save(_state(), legacy_file, _use_new_zipfile_serialization=False)
+    torch.save(_state_once(), legacy_file, _use_new_zipfile_serialization=False)
     assert open(path, "rb").read() == legacy_file.read_bytes()
     _check_loaded(bare.load(path), _state())
 
@@ -158,3 +170,29 @@ def test_what_is_not_built_is_refused_by_name():
         writer_section({"bogus": 1})
     with pytest.raises(ValueError, match="expected a DeepSpeedConfig"):
         TorchCheckpointEngine("ds_config.json")
+
+
+def test_the_engine_has_deepspeeds_checkpoint_engine_for_its_synchronous_saves(tmp_path):
+    """engine.checkpoint_engine: what scripts ask after save_checkpoint (nothing in flight)
+    and a loader of the files it wrote; it cannot be replaced (save_checkpoint does not go
+    through it)."""
+    import zerostream
+
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 1},
+        "checkpoint": {"checkpoint_serialization": False},
+    }
+    engine, *_ = zerostream.initialize(model=torch.nn.Linear(4, 3), config=config)
+    ce = engine.checkpoint_engine
+    assert isinstance(ce, TorchCheckpointEngine) and ce is engine.checkpoint_engine
+    assert ce.zipfile_serialization is False
+    engine.save_checkpoint(str(tmp_path), tag="t1")
+    assert not ce.is_decoupled() and ce.get_commit_info() is None
+    ce.cleanup()
+    states = ce.load(str(tmp_path / "t1" / "mp_rank_00_model_states.pt"), map_location="cpu")
+    assert torch.equal(states["module"]["weight"], engine.module.weight.detach())
+    with pytest.raises(AttributeError):
+        engine.checkpoint_engine = TorchCheckpointEngine()
+    engine.destroy()
