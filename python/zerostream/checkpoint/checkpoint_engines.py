@@ -36,6 +36,10 @@ from typing import IO, Any, Optional, cast
 
 import torch
 
+from .. import comm
+from ..config import DeepSpeedConfig, load
+from ..offload.locked_tensors import locked_tensors
+from ..ops.aio import aio_handle
 from .fast_file_writer import FastFileWriter, FastFileWriterConfig
 from .file_writer import BaseFileWriter, MockFileWriter, PyFileWriter
 
@@ -226,9 +230,6 @@ class FastCheckpointEngine(CheckpointEngine):
     def _fast_resources(self) -> tuple[Any, torch.Tensor]:
         """The fast writer's aio handle (the `aio` section's) and page-locked staging of
         `io_buffer_size` bytes, made at the first save and kept for the next ones."""
-        from ..offload.locked_tensors import locked_tensors
-        from ..ops.aio import aio_handle
-
         a = self._aio
         handle = aio_handle(
             block_size=a.block_size,
@@ -374,8 +375,6 @@ def writer_section(given) -> dict:
 def _resolved(config_params):
     """zerostream's resolved config from what DeepSpeed's engines take: the resolved config
     itself (what `deepspeed.runtime.config.DeepSpeedConfig` returns) or a ds_config dict."""
-    from ..config import DeepSpeedConfig, load
-
     if isinstance(config_params, DeepSpeedConfig):
         return config_params
     if isinstance(config_params, Mapping):
@@ -393,8 +392,6 @@ def _enabled(section) -> bool:
 
 def _dp_rank(groups) -> tuple[int, int]:
     """(data-parallel rank, global rank): the model-parallel unit's, if `groups` has one."""
-    from .. import comm
-
     mpu = getattr(groups, "mpu", None)
     dp_rank = mpu.get_data_parallel_rank() if mpu is not None else comm.get_rank()
     return int(dp_rank), comm.get_rank()
