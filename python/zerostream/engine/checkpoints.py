@@ -15,6 +15,7 @@ import torch
 
 from .. import comm
 from ..checkpoint import load_checkpoint, save_checkpoint
+from ..checkpoint.checkpoint_engines import TorchCheckpointEngine
 from ..checkpoint.layout import optim_states_name
 from ..checkpoint.target import CheckpointTarget
 from ..config import DeepSpeedConfig
@@ -47,6 +48,13 @@ class EngineCheckpoints:
         self._counters = counters
         self._parts = parts
         self._run = run
+        # DeepSpeed's `engine.checkpoint_engine`, for scripts that save or load extra files
+        # with it or ask it about a save in flight: a synchronous torch.save engine in the
+        # config's serialization. It tells the truth about save_checkpoint (nothing is left
+        # in flight: is_decoupled() False, get_commit_info() None, cleanup() nothing), but
+        # save_checkpoint and load_checkpoint write and read through checkpoint/ themselves,
+        # so replacing its methods does not change them.
+        self.checkpoint_engine = TorchCheckpointEngine(config)
 
     def save_checkpoint(
         self,

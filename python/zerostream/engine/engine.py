@@ -413,6 +413,7 @@ class ZeroEngine(torch.nn.Module):
     save_16bit_model = delegated("_checkpoints", EngineCheckpoints.save_16bit_model)
     save_fp16_model = save_16bit_model
     _checkpoint_target = delegated("_checkpoints", EngineCheckpoints.target)  # tests read it
+    checkpoint_engine = field_of("_checkpoints", "checkpoint_engine")
     _get_optimizer_ckpt_name = delegated("_checkpoints", EngineCheckpoints._get_optimizer_ckpt_name)
     _zero3_consolidated_16bit_state_dict = delegated(
         "_checkpoints", EngineCheckpoints._zero3_consolidated_16bit_state_dict
