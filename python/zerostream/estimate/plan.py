@@ -350,6 +350,18 @@ def _gathered_elements(shape: ModelShape, knobs: Knobs) -> Tuple[int, int]:
     return int(peak * scale), int(sum(n for n, p in zip(numels, persistent) if p) * scale)
 
 
+def _shard_reads(shape: ModelShape, knobs: Knobs) -> float:
+    """How many times a micro-batch gathers the non-persistent parameters, on average (the
+    NVMe shards are read at each gather): twice when each is released between its forward
+    and its backward use, less where stage3_max_reuse_distance and max_live_parameters keep
+    it gathered across (the runtime's planner over the model's trace, links.stage3_plan).
+    Before 2026-11-29 this was 2 always, twice the reads a small model makes."""
+    gathered, _, numels, persistent = links.stage3_plan(shape, knobs)
+    total = sum(n for n, p in zip(numels, persistent) if not p)
+    read = sum(numels[i] for i in gathered if not persistent[i])
+    return read / total if total else 0.0
+
+
 def _largest_param(shape: ModelShape, world: int) -> int:
     """Elements of the largest parameter's shard."""
     return math.ceil(max(max(p) for _, p in shape.modules()) / world)
@@ -502,8 +514,8 @@ def _traffic(shape, work, machine, option, knobs, nvme) -> Dict[str, float]:
         on_disk = nvme.get(optimizer_state_key(work), 0)
         t["optimizer_nvme_read"] = t["optimizer_nvme_write"] = g * float(on_disk)
     disk_shard = nvme.get(f"{'fp32' if d == 4 else '16-bit'} param shards", 0)
-    if disk_shard:  # shards read for the forward and the backward gathers, written after
-        t["param_nvme_read"] = g * 2.0 * disk_shard * A
+    if disk_shard:  # shards read for the gathers the prefetch plan makes, written after
+        t["param_nvme_read"] = g * _shard_reads(shape, knobs) * disk_shard * A
         t["param_nvme_write"] = g * float(disk_shard)
     for way in ("read", "write"):
         t[f"nvme_{way}"] = t.get(f"optimizer_nvme_{way}", 0.0) + t.get(f"param_nvme_{way}", 0.0)
