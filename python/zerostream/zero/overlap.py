@@ -158,6 +158,8 @@ class UpdateBehind:
             if self._error is not None:
                 self._raise()
             return False
+        if thread is threading.current_thread():  # would wait for itself forever
+            raise RuntimeError("the optimizer update behind the forward waited for itself")
         start = time.perf_counter()
         thread.join()
         self.telemetry.add_seconds("update_wait", time.perf_counter() - start)
