@@ -57,18 +57,25 @@ def _zerostream(sim, shape, args, names):
     }
     engine = zerostream.initialize(model=GPT(shape), config=cfg)[0]
     data = batches(shape, MICRO, engine.device, seed=0)
+    out = _count_steps(sim, data, engine, engine.backward, engine.step, names)
+    engine.destroy()
+    return out
+
+
+def _count_steps(sim, data, forward, backward, step, names) -> list:
+    """(forward, backward, step) ops of each of STEPS steps; `names` counts the last
+    backward's ops by name."""
     out = []
     for i in range(STEPS):
         x, y = next(data)
         a = sim.compute_ops
-        loss = engine(x, y)
+        loss = forward(x, y)
         b = sim.compute_ops
         with names if i == STEPS - 1 else _Names():
-            engine.backward(loss)
+            backward(loss)
         c = sim.compute_ops
-        engine.step()
+        step()
         out.append((b - a, c - b, sim.compute_ops - c))
-    engine.destroy()
     return out
 
 
@@ -78,20 +85,13 @@ def _torch(sim, shape, args, names):
     model = GPT(shape).to(device, torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
     data = batches(shape, MICRO, device, seed=0)
-    out = []
-    for i in range(STEPS):
-        x, y = next(data)
-        a = sim.compute_ops
-        loss = model(x, y)
-        b = sim.compute_ops
-        with names if i == STEPS - 1 else _Names():
-            loss.backward()
-        c = sim.compute_ops
+
+    def step():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        out.append((b - a, c - b, sim.compute_ops - c))
-    return out
+
+    return _count_steps(sim, data, model, lambda loss: loss.backward(), step, names)
 
 
 def main() -> int:

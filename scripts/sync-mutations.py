@@ -271,7 +271,7 @@ MUTATIONS = [
     ),
     (
         "overlap-update-keeps-the-steps-lr",
-        "zero/sharded.py",
+        "zero/overlap.py",
         "piece_done, hyper=hyper)",
         "piece_done)",
         [OVERLAP + "::test_the_overlapped_step_is_the_serial_step_bit_for_bit"],

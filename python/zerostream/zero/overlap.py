@@ -212,3 +212,48 @@ def plan_pieces(
 def _cut(g: int, lo: int, hi: int, cap: int, into: List[Piece]) -> None:
     for a in range(lo, hi, cap):
         into.append((g, a, min(a + cap, hi)))
+
+
+def make_behind(opt, ctx) -> UpdateBehind:
+    """The update's runner for a sharded ZeRO optimizer (zero/sharded.py) under
+    overlap_step "next_forward": zerostream's CPU kernels and the copy stage only."""
+    from ..ops._cpu_optimizer import CPUOptimizerBase
+
+    if not isinstance(opt.optimizer, CPUOptimizerBase) or opt.copy_stage is None:
+        raise ValueError(
+            f'zerostream.overlap_step: "next_forward" runs zerostream\'s CPU optimizer '
+            f"kernels behind the forward, with zero_optimization.offload_optimizer.device "
+            f'"cpu"; this run steps {type(opt.optimizer).__name__} with offload_optimizer '
+            f'"{opt.offload_device}" (drop overlap_step, or use a DeepSpeed optimizer '
+            f"type such as AdamW with offload_optimizer cpu)"
+        )
+    return UpdateBehind(ctx.telemetry, opt.copy_stage.bind_thread)
+
+
+def launch_update(opt, partitions: list, factor: float) -> None:
+    """The CPU kernel's pass of the sharded optimizer's update, piece by piece in
+    `opt._behind_pieces`'s order, on the update's thread: each piece's 16-bit values go
+    through the copy stage and its upload mark is handed to the waiting gathers; the
+    gradient partitions are zeroed after (they are read until then)."""
+    from ..offload import sinks
+
+    behind, stage = opt.behind, opt.copy_stage
+    pieces = opt._behind_pieces(partitions)
+    hyper = [dict(g) for g in opt.optimizer.param_groups]  # as at this step()
+
+    def copy_to(gi, pi, lo, hi):
+        behind.before_piece(gi, lo, hi)
+        return sinks.fused_target(partitions[gi], lo, hi, opt.masters[gi].dtype)
+
+    def run(done) -> None:
+        def piece_done(gi, pi, lo, hi):
+            master = opt.masters[gi][lo:hi]
+            sinks.hand_on(partitions[gi], lo, hi, master, fused=True, stable=True)
+            done(gi, lo, hi, stage.upload_mark())
+
+        work = [(g, 0, lo, hi) for g, lo, hi in pieces]
+        with opt.telemetry.phase("cpu_update"):
+            opt.optimizer.step_ranges(work, factor, copy_to, piece_done, hyper=hyper)
+        opt._zero_partition_grads()
+
+    behind.launch(pieces, run)

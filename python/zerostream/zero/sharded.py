@@ -143,22 +143,9 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 inner.bind_grads(dict(zip(self.masters, self.grads)))
         ZeroOptimizerBase.__init__(self, inner, ctx)
         if ctx.config.zerostream.overlap_step == "next_forward":
-            self._make_behind(ctx)
+            from .overlap import make_behind
 
-    def _make_behind(self, ctx: StageContext) -> None:
-        """zerostream.overlap_step "next_forward" (zero/overlap.py): the update runs on a
-        thread of its own, through zerostream's CPU kernels and the copy stage."""
-        from .overlap import UpdateBehind
-
-        if not isinstance(self.optimizer, CPUOptimizerBase) or self.copy_stage is None:
-            raise ValueError(
-                f'zerostream.overlap_step: "next_forward" runs zerostream\'s CPU optimizer '
-                f"kernels behind the forward, with zero_optimization.offload_optimizer.device "
-                f'"cpu"; this run steps {type(self.optimizer).__name__} with offload_optimizer '
-                f'"{self.offload_device}" (drop overlap_step, or use a DeepSpeed optimizer '
-                f"type such as AdamW with offload_optimizer cpu)"
-            )
-        self.behind = UpdateBehind(ctx.telemetry, self.copy_stage.bind_thread)
+            self.behind = make_behind(self, ctx)
 
     def offloadable_states(self) -> dict:
         """The tensors of each state kind engine.offload_states may park (Note [Parking state
@@ -328,7 +315,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
     def _update(self, factor: float) -> None:
         """Steps this rank's partitions and writes them into the 16-bit partitions; with the
         copy stage, piece by piece, each piece's upload crossing while the next is stepped.
-        With overlap_step, on the update's own thread (`_update_behind`)."""
+        With overlap_step, on the update's own thread (zero/overlap.py's launch_update)."""
         if self.copy_stage is not None:
             # The last update's uploads read the host masters (and staging) this one rewrites:
             # after a backward they were drained with its gradients, but a step() with no
@@ -336,7 +323,9 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             self.copy_stage.drain()
         partitions = self._sinks(self.local_partitions())
         if self.behind is not None:
-            self._update_behind(partitions, factor)
+            from .overlap import launch_update
+
+            launch_update(self, partitions, factor)
             return
         try:
             self._update_into(partitions, factor)
@@ -349,32 +338,6 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         """The update's pieces (group, lo, hi) in the order it runs them (stage 3 puts the
         persistent params' first: zero/stage3/optimizer.py)."""
         raise NotImplementedError
-
-    def _update_behind(self, partitions: list, factor: float) -> None:
-        """The CPU kernel's pass of _update_into, piece by piece in `_behind_pieces`'s order,
-        on the update's thread (Note [The step overlapped with the next forward] in
-        zero/overlap.py): each piece's 16-bit values go through the copy stage and its upload
-        mark is handed to the waiting gathers. The gradient partitions are zeroed after."""
-        behind, stage = self.behind, self.copy_stage
-        pieces = self._behind_pieces(partitions)
-        hyper = [dict(g) for g in self.optimizer.param_groups]  # as at this step()
-
-        def copy_to(gi, pi, lo, hi):
-            behind.before_piece(gi, lo, hi)
-            return sinks.fused_target(partitions[gi], lo, hi, self.masters[gi].dtype)
-
-        def run(done) -> None:
-            def piece_done(gi, pi, lo, hi):
-                master = self.masters[gi][lo:hi]
-                sinks.hand_on(partitions[gi], lo, hi, master, fused=True, stable=True)
-                done(gi, lo, hi, stage.upload_mark())
-
-            work = [(g, 0, lo, hi) for g, lo, hi in pieces]
-            with self.telemetry.phase("cpu_update"):
-                self.optimizer.step_ranges(work, factor, copy_to, piece_done, hyper=hyper)
-            self._zero_partition_grads()
-
-        behind.launch(pieces, run)
 
     def _update_settled(self) -> None:
         """The update behind the forward ended: the compute stream waits for all of its

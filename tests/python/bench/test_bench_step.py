@@ -132,6 +132,18 @@ def test_the_serial_step_peer_is_the_same_run_without_the_overlap(capsys):
     }
 
 
+def test_a_device_share_is_set_from_its_flag(capsys):
+    """--optimizer-max-on-device sets zerostream.optimizer_max_on_device (a count or "auto")
+    and the run takes it: on this host run, where the device's memory is the host's, "auto"
+    moves nothing and the step runs as without it."""
+    flags = ["--stage", "2", "--offload-optimizer", "cpu", "--optimizer-max-on-device"]
+    rc, res = _run(capsys, *flags, "auto", "--peers", "zerostream")
+    assert rc == 0 and res["config"]["zerostream"]["optimizer_max_on_device"] == "auto"
+    assert "median_step_seconds" in res["peers"]["zerostream"], res["peers"]["zerostream"]
+    rc, res = _run(capsys, *flags, "1000", "--peers", "zerostream")
+    assert rc == 0 and res["config"]["zerostream"]["optimizer_max_on_device"] == 1000
+
+
 def test_unknown_peers_are_named():
     with pytest.raises(ValueError, match=r"--peers: unknown \['fastest'\]"):
         step.main(["--peers", "zerostream,fastest"])
