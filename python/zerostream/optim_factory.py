@@ -109,13 +109,15 @@ def _from_config(cfg: DeepSpeedConfig) -> Callable[[List[dict]], torch.optim.Opt
                 groups, adamw_mode=adamw, threads=threads, **kwargs
             )
         kwargs = opt.kwargs("lr", "betas", "eps", "weight_decay")
-        cls = torch.optim.AdamW if adamw else torch.optim.Adam
         if not params["torch_adam"]:
             # DeepSpeed's default is its FusedAdam (one kernel pass over params, gradients
-            # and moments); torch's fused implementation is that pass. Its default, the
+            # and moments); torch's fused implementation is that pass. Torch's default, the
             # foreach one, makes about eight passes over the fp32 state: on a GPU that was
             # most of the gap between no-offload ZeRO and plain torch (benchmarks/step.md).
-            kwargs["fused"] = True
+            from .ops.fused_adam import FusedAdam
+
+            return lambda groups: FusedAdam(groups, adam_w_mode=adamw, **kwargs)
+        cls = torch.optim.AdamW if adamw else torch.optim.Adam
         return lambda groups: cls(groups, **kwargs)
     if low == "adagrad":
         if offloaded:

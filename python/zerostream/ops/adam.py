@@ -116,6 +116,11 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
     def rebuild_kwargs(self) -> dict:
         return {**super().rebuild_kwargs(), "adamw_mode": self.adamw_mode}
 
+    @property
+    def adam_w_mode(self) -> bool:
+        """DeepSpeed's name for adamw_mode (its tests read it)."""
+        return self.adamw_mode
+
     # --- DeepSpeed's speculative steps (SuperOffload): Note [Sub-group steps] ----------------
     # DeepSpeed 0.18's step_subgroup(id) updates every param that has a gradient with the
     # state kept under self.state[id] (one state per sub-group, not per param: the caller
