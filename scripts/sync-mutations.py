@@ -270,6 +270,15 @@ MUTATIONS = [
         [ENGINE],
     ),
     (
+        "overlap-settled-update-fenced",
+        "zero/sharded.py",
+        "        uploads (the forward's gathers waited for their own pieces only).\"\"\"\n"
+        "        self.copy_stage.fence()",
+        "        uploads (the forward's gathers waited for their own pieces only).\"\"\"\n"
+        "        pass",
+        [ENGINE],
+    ),
+    (
         "overlap-update-keeps-the-steps-lr",
         "zero/overlap.py",
         "piece_done, hyper=hyper)",

@@ -131,7 +131,7 @@ class EngineCheckpoints:
     def _settle(optimizer) -> None:
         """A checkpoint reads the shards and the optimizer's state directly: an update running
         behind the forward (zero/overlap.py) ends first."""
-        if optimizer is not None and hasattr(optimizer, "settle_update"):
+        if optimizer is not None:  # every ZeRO optimizer has it (zero/base.py)
             optimizer.settle_update()
 
     # --- whole weights ---------------------------------------------------------------------------
