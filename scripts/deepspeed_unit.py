@@ -87,16 +87,34 @@ def _pytest(*args: str) -> list[str]:
     ]  # fmt: skip
 
 
-def run(checkout: Path, files: list[str], workdir: Path, timeout: int, chunk: int) -> list[Path]:
+def run(
+    checkout: Path, files: list[str], workdir: Path, timeout: int, chunk: int, resume: bool
+) -> list[Path]:
     """Runs `files` (paths under tests/) in a copy of the checkout's tests/, `chunk` files to
     a pytest process, each writing its own junit XML (a run stopped part way keeps the
-    chunks it finished); returns the XML files."""
+    chunks it finished); returns the XML files. Each finished chunk leaves a record of its
+    files and XMLs; with `resume`, a chunk whose record names the same files is not run
+    again (a whole-suite run takes hours: it can be stopped and taken up later)."""
     tests, env = _prepare(checkout, files, workdir, timeout)
     xmls = []
     for index, first in enumerate(range(0, len(files), chunk)):
         part = files[first : first + chunk]
+        stem = workdir / f"results-{index:03d}"
+        record = stem.with_name(stem.name + "-done.json")
+        if resume and record.is_file():
+            done = json.loads(record.read_text())
+            if done["files"] == part and all((workdir / x).is_file() for x in done["xmls"]):
+                print(f"[deepspeed-unit] files {first + 1}-{first + len(part)}: done before "
+                      f"({done['finished']})", flush=True)  # fmt: skip
+                xmls += [workdir / x for x in done["xmls"]]
+                continue
         print(f"[deepspeed-unit] files {first + 1}-{first + len(part)} of {len(files)}", flush=True)
-        xmls += _run_chunk(tests, env, part, workdir / f"results-{index:02d}", timeout)
+        part_xmls = _run_chunk(tests, env, part, stem, timeout)
+        record.write_text(json.dumps({
+            "files": part, "xmls": [x.name for x in part_xmls],
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }))  # fmt: skip
+        xmls += part_xmls
     return xmls
 
 
@@ -360,6 +378,8 @@ def main() -> None:
     ap.add_argument("--compare", type=Path, nargs=2, metavar=("PEER_JSON", "OURS_JSON"),
                     help="DeepSpeed's run against zerostream's; runs nothing")  # fmt: skip
     ap.add_argument("--chunk", type=int, default=8, help="files to a pytest process")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --keep: skip the chunks a stopped run finished there")  # fmt: skip
     ap.add_argument("--timeout", type=int, default=300, help="seconds a distributed test may take")
     args = ap.parse_args()
     if args.compare:
@@ -399,7 +419,9 @@ def main() -> None:
         version = package_version(args.package)
         if args.package == "deepspeed":
             prebuild_ops()
-        xmls = run(args.checkout, files, workdir, args.timeout, args.chunk)
+        if args.resume and not args.keep:
+            sys.exit("deepspeed-unit: --resume takes up a run kept with --keep DIR")
+        xmls = run(args.checkout, files, workdir, args.timeout, args.chunk, args.resume)
     cases = outcomes(xmls)
     classify(cases)
     summary = report(cases, time.monotonic() - start, args.package)

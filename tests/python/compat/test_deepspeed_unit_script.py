@@ -225,3 +225,35 @@ def test_a_hung_test_is_recorded_and_the_rest_of_the_files_still_run(tmp_path):
         == "unit.a.test_b.TestC::test[x-1]"
     )
     assert deepspeed_unit._junit_id("unit/a/test_b.py::test_f") == "unit.a.test_b::test_f"
+
+
+def test_a_stopped_run_is_taken_up_where_it_stopped(tmp_path):
+    """A whole-suite run takes hours: chunks finished before a stop are not run again with
+    `resume`, and a chunk whose files changed is."""
+    checkout = tmp_path / "checkout"
+    unit = checkout / "tests" / "unit"
+    unit.mkdir(parents=True)
+    (checkout / "tests" / "pytest.ini").write_text("[pytest]\n")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    for name in ("a", "b", "c"):  # each test leaves a mark each time it runs
+        (unit / f"test_{name}.py").write_text(
+            f"import pathlib, time\n\ndef test_{name}():\n"
+            f"    pathlib.Path({str(marks)!r}, '{name}-' + str(time.monotonic_ns())).touch()\n"
+        )
+    work = tmp_path / "work"
+    work.mkdir()
+    files = ["unit/test_a.py", "unit/test_b.py", "unit/test_c.py"]
+    first = deepspeed_unit.run(checkout, files[:2], work, 7, 1, resume=False)
+    assert len(first) == 2 and len(list(marks.iterdir())) == 2
+    # Taken up with the whole list: a and b are done, only c runs.
+    again = deepspeed_unit.run(checkout, files, work, 7, 1, resume=True)
+    ran = sorted(p.name.split("-")[0] for p in marks.iterdir())
+    assert ran == ["a", "b", "c"]
+    cases = deepspeed_unit.outcomes(again)
+    assert sorted(c["id"] for c in cases if c["outcome"] == "passed") == [
+        "unit.test_a::test_a", "unit.test_b::test_b", "unit.test_c::test_c",
+    ]  # fmt: skip
+    # A chunk whose files differ from its record runs again.
+    deepspeed_unit.run(checkout, files[1:], work, 7, 1, resume=True)
+    assert sorted(p.name.split("-")[0] for p in marks.iterdir()) == ["a", "b", "b", "c", "c"]
