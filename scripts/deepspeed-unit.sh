@@ -52,8 +52,12 @@ if [ "$peer" = 1 ]; then
   export PATH="$root/.venv-deepspeed/bin:$PATH"
   exec "$venv/bin/python" scripts/deepspeed_unit.py --package deepspeed "$@"
 fi
-# The working tree's package when it is built in place (scripts/dev-build.sh), else .venv's.
-if compgen -G "python/zerostream/_C*.so" > /dev/null; then
+# ZS_DSUNIT_PACKAGE: a copy of python/ (with its _C) to test, so that a run of hours tests one
+# commit while the work tree changes (scripts/deepspeed-unit-whole.sh). Else the working
+# tree's package when it is built in place (scripts/dev-build.sh), else .venv's.
+if [ -n "${ZS_DSUNIT_PACKAGE:-}" ]; then
+  export PYTHONPATH="$ZS_DSUNIT_PACKAGE/deepspeed_compat:$ZS_DSUNIT_PACKAGE${PYTHONPATH:+:$PYTHONPATH}"
+elif compgen -G "python/zerostream/_C*.so" > /dev/null; then
   export PYTHONPATH="$root/python/deepspeed_compat:$root/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # The launcher tests run the `deepspeed` command: the compatibility package's, in .venv.

@@ -31,6 +31,7 @@ The classes explain; they never take a test out of the comparison's denominator.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -97,9 +98,10 @@ def run(
     again (a whole-suite run takes hours: it can be stopped and taken up later)."""
     tests, env = _prepare(checkout, files, workdir, timeout)
     xmls = []
-    for index, first in enumerate(range(0, len(files), chunk)):
+    for first in range(0, len(files), chunk):
         part = files[first : first + chunk]
-        stem = workdir / f"results-{index:03d}"
+        # Named by its files, so a run of other files (--files) in the same folder keeps it.
+        stem = workdir / f"results-{hashlib.sha1(' '.join(part).encode()).hexdigest()[:12]}"
         record = stem.with_name(stem.name + "-done.json")
         if resume and record.is_file():
             done = json.loads(record.read_text())

@@ -254,6 +254,9 @@ def test_a_stopped_run_is_taken_up_where_it_stopped(tmp_path):
     assert sorted(c["id"] for c in cases if c["outcome"] == "passed") == [
         "unit.test_a::test_a", "unit.test_b::test_b", "unit.test_c::test_c",
     ]  # fmt: skip
-    # A chunk whose files differ from its record runs again.
-    deepspeed_unit.run(checkout, files[1:], work, 7, 1, resume=True)
+    # Another selection of files in the same folder finds its chunks (named by their
+    # files); a chunk of other files runs.
+    deepspeed_unit.run(checkout, files[2:], work, 7, 1, resume=True)
+    assert len(list(marks.iterdir())) == 3
+    deepspeed_unit.run(checkout, files[1:], work, 7, 2, resume=True)
     assert sorted(p.name.split("-")[0] for p in marks.iterdir()) == ["a", "b", "b", "c", "c"]
