@@ -22,6 +22,8 @@ OUT_OF_SCOPE: list[tuple[str, str]] = [
     ("unit/pipe/", "pipeline parallelism"),
     ("unit/runtime/pipe/", "pipeline parallelism"),
     ("unit/checkpoint/test_pipeline.py", "pipeline parallelism (PipelineModule checkpoints)"),
+    ("unit/checkpoint/test_reshape_checkpoint.py",
+     "checkpoints re-cut across pipeline and tensor-parallel degrees (3D descriptors, AutoEP)"),
     ("unit/model_parallelism/", "tensor (AutoTP, Megatron mpu) and pipeline parallelism"),
     # Tensor parallelism and AutoTP (tensor_parallel.autotp_size > 1: refused at setup)
     ("unit/module_inject/", "AutoTP sharding and TP plans"),

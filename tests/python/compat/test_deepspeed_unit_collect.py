@@ -22,9 +22,6 @@ OPEN = "open"  # a public name the package lacks (reported 2026-11-29)
 EVERY_PACKAGE = "every package"  # fails the same on DeepSpeed itself here
 
 KNOWN: dict[str, tuple[str, str, str]] = {
-    "unit/checkpoint/test_reshape_checkpoint.py": (
-        NOT_BUILT, "DeepSpeedCheckpoint",
-        "universal-checkpoint tooling (DeepSpeedCheckpoint, 3D reshape, ds_to_universal)"),
     "unit/runtime/activation_checkpointing/test_offload_activations.py": (
         NOT_BUILT, "offload_activations",
         "DeepSpeed's activation offloading module (DeepSpeed #8255)"),
@@ -47,9 +44,6 @@ KNOWN: dict[str, tuple[str, str, str]] = {
     "unit/runtime/zero/test_zero_linear_direct_init.py": (
         INTERNAL, "InsertPostInitMethodToModuleSubClasses",
         "partition_parameters.InsertPostInitMethodToModuleSubClasses"),
-    "unit/v1/zero/test_zero_init_pg_contradiction.py": (
-        INTERNAL, "_contradicting_single_rank_pg_error",
-        "partition_parameters._contradicting_single_rank_pg_error"),
 }  # fmt: skip
 
 

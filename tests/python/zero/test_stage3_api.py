@@ -535,3 +535,41 @@ def test_empty_partition_cache_empties_persistent_params_and_training_goes_on():
     assert emptied == [0] * len(kept)  # as DeepSpeed's empty_partition_cache leaves them
     for a, b in zip(weights, plain.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-7)
+
+
+def single_rank_group_worker(rank, world):
+    import os
+
+    import torch.distributed as dist
+
+    from zerostream.zero import Init
+
+    # torch.distributed made with a world of one (by hand or by a library) before the
+    # launcher's world of two was seen: zero.Init would partition over one rank.
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    os.environ["WORLD_SIZE"] = "2"
+    said = {}
+    try:
+        with Init():
+            nn.Linear(4, 4)
+    except RuntimeError as e:
+        said["implicit"] = str(e)
+    with Init(data_parallel_group=dist.new_group([0])):  # a group of one, on purpose
+        layer = nn.Linear(4, 4)
+    said["explicit numel"] = layer.weight.ds_numel
+    return said
+
+
+def test_zero_init_refuses_a_world_of_one_when_the_launcher_started_more():
+    """DeepSpeed #8084: a size-1 process group made before the launcher's world made every
+    rank hold the whole model; zero.Init names the contradiction and the fix."""
+    from zerostream.zero.stage3.init import contradicting_single_rank_group as check
+
+    said = run_ranks(single_rank_group_worker, 1, timeout=120)[0]
+    assert "WORLD_SIZE=2" in said["implicit"] and "init_distributed" in said["implicit"]
+    assert said["explicit numel"] == 16
+    assert check(1, None, {"WORLD_SIZE": "8"}) is not None
+    for env in ({"WORLD_SIZE": "1"}, {}, {"WORLD_SIZE": "x"}, {"WORLD_SIZE": ""}):
+        assert check(1, None, env) is None
+    assert check(8, None, {"WORLD_SIZE": "8"}) is None
+    assert check(1, object(), {"WORLD_SIZE": "8"}) is None

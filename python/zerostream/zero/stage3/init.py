@@ -50,6 +50,35 @@ def _all_subclasses(cls) -> List[type]:
     return out
 
 
+def contradicting_single_rank_group(
+    dp_world_size: int, explicit_process_group, env=None
+) -> Optional[str]:
+    """The error when zero.Init would partition over one rank while the launcher started
+    several (WORLD_SIZE above 1): a process group of one made before the launcher's world
+    (torch.distributed initialised by hand, or by a library, with world size 1) would leave
+    every rank holding the whole model, each running out of memory or training alone. None
+    when the group really is the world, or was handed over explicitly (a group of one on
+    purpose), or WORLD_SIZE does not say otherwise."""
+    import os
+
+    if dp_world_size != 1 or explicit_process_group is not None:
+        return None
+    raw = (os.environ if env is None else env).get("WORLD_SIZE")
+    try:
+        launched = int(raw) if raw is not None else 1
+    except (TypeError, ValueError):
+        return None
+    if launched <= 1:
+        return None
+    return (
+        f"zero.Init: the launcher started WORLD_SIZE={launched} processes, but the "
+        f"data-parallel group it would partition over has 1 rank (torch.distributed was "
+        f"initialised with world size 1 before zero.Init), so every rank would hold the whole "
+        f"model. Call deepspeed.init_distributed() (zerostream.init_distributed()) before "
+        f"building the model, or pass data_parallel_group= for a group of one on purpose."
+    )
+
+
 class Init(contextlib.ContextDecorator):
     """`with zero.Init(config_dict_or_path=ds_config): model = M()` (see the module doc)."""
 
@@ -78,6 +107,11 @@ class Init(contextlib.ContextDecorator):
             config_dict_or_path = config
         if not comm.is_initialized():
             comm.init_distributed()
+        error = contradicting_single_rank_group(
+            comm.get_world_size(data_parallel_group), data_parallel_group
+        )
+        if error is not None:
+            raise RuntimeError(error)
         cfg = None
         if config_dict_or_path is not None:
             from ...config import load

@@ -16,6 +16,7 @@ import functools
 import torch
 
 from zerostream.accelerator import get_accelerator
+from zerostream.zero.stage3.init import contradicting_single_rank_group
 from zerostream.zero import (
     GatheredParameters,
     Init,
@@ -23,6 +24,9 @@ from zerostream.zero import (
     register_external_parameter,
     unregister_external_parameter,
 )
+
+# DeepSpeed's name (#8084); zero.Init raises its message.
+_contradicting_single_rank_pg_error = contradicting_single_rank_group
 
 _orig_torch_arange = torch.arange
 _orig_torch_empty = torch.empty
