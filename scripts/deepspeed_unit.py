@@ -357,9 +357,15 @@ for name in sys.argv[1:]:
 """
 
 
-def prebuild_ops() -> None:
+def prebuild_ops(workdir: Path, version: str | None) -> None:
+    """Builds (or loads) DeepSpeed's CPU ops once per kept folder and DeepSpeed version: a
+    run file by file (deepspeed-unit-whole.sh) would otherwise load all seven each time."""
+    marker = workdir / "ops-built"
+    if marker.is_file() and marker.read_text() == str(version):
+        return
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     subprocess.run([sys.executable, "-c", _BUILD, *PEER_OPS], env=env, check=False)
+    marker.write_text(str(version))
 
 
 def check_label(package: str, version: str | None) -> None:
@@ -420,7 +426,7 @@ def main() -> None:
             return
         version = package_version(args.package)
         if args.package == "deepspeed":
-            prebuild_ops()
+            prebuild_ops(workdir, version)
         if args.resume and not args.keep:
             sys.exit("deepspeed-unit: --resume takes up a run kept with --keep DIR")
         xmls = run(args.checkout, files, workdir, args.timeout, args.chunk, args.resume)
