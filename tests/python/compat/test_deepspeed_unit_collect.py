@@ -25,8 +25,6 @@ KNOWN: dict[str, tuple[str, str, str]] = {
     "unit/runtime/activation_checkpointing/test_offload_activations.py": (
         NOT_BUILT, "offload_activations",
         "DeepSpeed's activation offloading module (DeepSpeed #8255)"),
-    "unit/runtime/zero/test_zero_tiled.py": (
-        NOT_BUILT, "deepspeed.runtime.zero.tiling", "TiledLinear"),
     "unit/v1/nvme/test_gds.py": (NOT_BUILT, "GDSBuilder", "GPUDirect Storage (the gds op)"),
     "unit/utils/test_nvtx.py": (
         OPEN, "deepspeed.utils.nvtx",

@@ -5,6 +5,8 @@ module names (stage_1_and_2, stage3) for isinstance checks."""
 from zerostream.zero import (
     GatheredParameters,
     Init,
+    TiledLinear,
+    TiledLinearReturnBias,
     ZeroParamStatus,
     register_external_parameter,
     unregister_external_parameter,
@@ -18,6 +20,7 @@ from . import (
     partition_parameters,
     stage3,
     stage_1_and_2,
+    tiling,
     utils,
 )
 from .stage3 import unwrap_model_for_generation
@@ -25,6 +28,8 @@ from .stage3 import unwrap_model_for_generation
 __all__ = [
     "GatheredParameters",
     "Init",
+    "TiledLinear",
+    "TiledLinearReturnBias",
     "ZeroParamStatus",
     "register_external_parameter",
     "unregister_external_parameter",
@@ -35,6 +40,7 @@ __all__ = [
     "partition_parameters",
     "stage3",
     "stage_1_and_2",
+    "tiling",
     "utils",
     "unwrap_model_for_generation",
 ]
