@@ -1,5 +1,6 @@
 """`zerostream.zero`: the ZeRO API DeepSpeed scripts import (`deepspeed.zero.*`): zero.Init,
-GatheredParameters, external parameters, ZeroParamStatus, TiledLinear (stage 3 lives in zero/stage3/)."""
+GatheredParameters, external parameters, ZeroParamStatus, TiledLinear (stage 3 lives in
+zero/stage3/)."""
 
 from __future__ import annotations
 

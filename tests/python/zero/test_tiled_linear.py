@@ -162,7 +162,7 @@ def reference(world):
         losses = [model(x[2 * r : 2 * r + 2]) for r in range(world)]
         sum(losses).div(world).backward()
         opt.step()
-        out.append([l.item() for l in losses])
+        out.append([loss.item() for loss in losses])
     return out
 
 

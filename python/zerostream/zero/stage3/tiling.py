@@ -16,7 +16,7 @@ differently from one matrix product: equal to `nn.Linear` within floating-point 
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -93,9 +93,14 @@ class TiledLinear(torch.nn.Module):
         for r in range(self.out_splits):
             acc = None
             for c in range(self.in_splits):
-                acc = self._reduce_local_output(c, r, acc, self.linears[r][c](inputs[c]))
+                acc = self._reduce_local_output(c, r, acc, self._tile(r, c)(inputs[c]))
             outputs.append(acc)
         return self._combine_output_splits(outputs) if self.combine_out_splits else outputs
+
+    def _tile(self, r: int, c: int) -> Any:  # a linear_cls module
+        row = self.linears[r]
+        assert isinstance(row, torch.nn.ModuleList)  # built so in __init__
+        return row[c]
 
     def _split_global_input(self, input_, split_sizes: List[int]):
         """The input cut along its last dimension into the column blocks (a subclass taking
@@ -123,14 +128,14 @@ class TiledLinear(torch.nn.Module):
     def _copy_from(self, other: torch.nn.Module) -> None:
         from .gathered import GatheredParameters
 
-        weight = getattr(other, "weight", None)
+        weight: Optional[torch.Tensor] = getattr(other, "weight", None)
         if weight is None or tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(
                 f"TiledLinear.copy_params_from: expected a weight of shape "
                 f"({self.out_features}, {self.in_features}), got "
                 f"{None if weight is None else tuple(weight.shape)}"
             )
-        other_bias = getattr(other, "bias", None)
+        other_bias: Optional[torch.Tensor] = getattr(other, "bias", None)
         if self.use_bias != (other_bias is not None):
             raise ValueError(
                 f"TiledLinear.copy_params_from: this layer has bias={self.use_bias}, the "
@@ -145,10 +150,10 @@ class TiledLinear(torch.nn.Module):
             r0, r1 = self.out_parts[r], self.out_parts[r + 1]
             for c in range(self.in_splits):
                 c0, c1 = self.in_parts[c], self.in_parts[c + 1]
-                tile = self.linears[r][c]
+                tile = self._tile(r, c)
                 with GatheredParameters(tile.weight, modifier_rank=0):
                     tile.weight.copy_(weight[r0:r1, c0:c1])
-                if tile.bias is not None:
+                if tile.bias is not None and other_bias is not None:
                     with GatheredParameters(tile.bias, modifier_rank=0):
                         tile.bias.copy_(other_bias[r0:r1])
 

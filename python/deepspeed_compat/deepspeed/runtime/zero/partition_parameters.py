@@ -16,7 +16,6 @@ import functools
 import torch
 
 from zerostream.accelerator import get_accelerator
-from zerostream.zero.stage3.init import contradicting_single_rank_group
 from zerostream.zero import (
     GatheredParameters,
     Init,
@@ -24,6 +23,7 @@ from zerostream.zero import (
     register_external_parameter,
     unregister_external_parameter,
 )
+from zerostream.zero.stage3.init import contradicting_single_rank_group
 
 # DeepSpeed's name (#8084); zero.Init raises its message.
 _contradicting_single_rank_pg_error = contradicting_single_rank_group
