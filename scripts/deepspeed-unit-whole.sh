@@ -3,8 +3,9 @@
 # and then zerostream at one commit, so that a run stopped part way holds both packages'
 # outcomes for the same files; run again with the same OUT, it takes up where it stopped.
 #
-#   scripts/deepspeed-unit-whole.sh CHECKOUT OUT [--timeout S]
+#   [ZS_DSUNIT_FIRST="unit/a.py unit/b.py"] scripts/deepspeed-unit-whole.sh CHECKOUT OUT [--timeout S]
 #
+# ZS_DSUNIT_FIRST: files to run before the others (those a change touched, say).
 # zerostream is tested from a copy of HEAD's python/ (with the built _C) made in OUT on the
 # first run, so the work tree may change meanwhile; OUT/commit names it. When every file is
 # done, OUT/deepspeed.json, OUT/zerostream.json and OUT/compare.json hold the count
@@ -15,7 +16,9 @@ checkout=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 shift 2
 cd "$root"
-if [ ! -f "$out/commit" ]; then
+# ZS_DSUNIT_REFRESH=1: test the files not yet done at HEAD instead (each file's record names
+# the commit it was tested at).
+if [ ! -f "$out/commit" ] || [ "${ZS_DSUNIT_REFRESH:-0}" = 1 ]; then
   [ -z "$(git status --porcelain -- python csrc)" ] \
     || { echo "deepspeed-unit-whole: python/ or csrc/ has uncommitted changes; commit first" >&2; exit 2; }
   rm -rf "$out/package"
@@ -30,11 +33,14 @@ mapfile -t files < <(.venv/bin/python -c "
 import sys; sys.path.insert(0, 'scripts')
 from pathlib import Path
 from deepspeed_unit_scope import in_scope_files
-print('\n'.join(in_scope_files(Path('$checkout/tests'))))")
+files = in_scope_files(Path('$checkout/tests'))
+first = [f for f in '${ZS_DSUNIT_FIRST:-}'.split() if f in files]
+print('\n'.join(first + [f for f in files if f not in first]))")
 for f in "${files[@]}"; do
   scripts/deepspeed-unit.sh --peer "$checkout" --files "$f" --chunk 1 --resume \
     --keep "$out/deepspeed" --json "$out/last-deepspeed.json" "$@"
-  ZS_DSUNIT_PACKAGE="$out/package" scripts/deepspeed-unit.sh "$checkout" --files "$f" \
+  ZS_DSUNIT_COMMIT=$(cat "$out/commit") ZS_DSUNIT_PACKAGE="$out/package" \
+    scripts/deepspeed-unit.sh "$checkout" --files "$f" \
     --chunk 1 --resume --keep "$out/zerostream" --json "$out/last-zerostream.json" "$@"
 done
 # Every file done: the whole records from the kept reports (nothing runs again), and the count.

@@ -115,6 +115,8 @@ def run(
         record.write_text(json.dumps({
             "files": part, "xmls": [x.name for x in part_xmls],
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+            # the package's commit, where the caller names it (deepspeed-unit-whole.sh)
+            "commit": os.environ.get("ZS_DSUNIT_COMMIT"),
         }))  # fmt: skip
         xmls += part_xmls
     return xmls
