@@ -43,7 +43,8 @@ const Json kMaxSize = static_cast<int64_t>(LLONG_MAX);
 struct Schema {
   Section root, zero, offload_optimizer, offload_param, fp16, bf16, optimizer, scheduler, aio,
       activation_checkpointing, data_types, checkpoint, parallel_write, tensorboard, csv_monitor,
-      wandb, comet, flops_profiler, comms_logger, torch_autocast, zerostream;
+      wandb, comet, flops_profiler, comms_logger, torch_autocast, zerostream, timers,
+      timers_throughput;
   Section opt_adam, opt_adagrad, opt_lion, opt_sgd;
   Section sch_warmup, sch_warmup_decay, sch_warmup_cosine, sch_one_cycle, sch_range_test;
 
@@ -219,6 +220,12 @@ struct Schema {
         E("buffer_dtype", nullptr, kDtypes),
     }};
     parallel_write = {"checkpoint.parallel_write", false, true, {B("pipeline_stage", false)}};
+    // The engine's throughput line (profiling/throughput.py). DeepSpeed synchronizes the
+    // device at each timed start and stop by default; zerostream does not unless asked
+    // (a synchronize would stall an update overlapped with the forward).
+    timers_throughput = {"timers.throughput", false, true, {
+        B("enabled", true), B("synchronized", false)}};
+    timers = {"timers", false, true, {Sec("throughput", &timers_throughput)}};
     checkpoint = {"checkpoint", false, true, {
         E("tag_validation", "Warn", {"Ignore", "Warn", "Fail"}, true),
         B("load_universal", false), B("use_node_local_storage", false),
@@ -286,6 +293,7 @@ struct Schema {
         Sec("tensorboard", &tensorboard), Sec("csv_monitor", &csv_monitor),
         Sec("wandb", &wandb), Sec("comet", &comet),
         Sec("comms_logger", &comms_logger),
+        Sec("timers", &timers),
         Sec("flops_profiler", &flops_profiler),
         Sec("torch_autocast", &torch_autocast).lazy(),
         Sec("zerostream", &zerostream),
@@ -296,7 +304,7 @@ struct Schema {
         A("eigenvalue"), A("progressive_layer_drop"), A("curriculum_learning"),
         A("data_efficiency"), A("compression_training"), A("quantize_training"),
         A("tensor_parallel"), A("nebula"), A("datastates"), A("hybrid_engine"), A("compile"),
-        A("timers"), A("weight_quantization"),
+        A("weight_quantization"),
     }};
   }
   // clang-format on

@@ -148,6 +148,12 @@ class _Accelerator:
     def memory_room(self) -> Optional[Tuple[int, int, int]]:
         raise NotImplementedError
 
+    def memory_allocated(self, device_index: Optional[int] = None) -> int:
+        raise NotImplementedError
+
+    def max_memory_allocated(self, device_index: Optional[int] = None) -> int:
+        raise NotImplementedError
+
     def reset_memory_peak(self) -> None:
         raise NotImplementedError
 
@@ -209,6 +215,12 @@ class CpuAccelerator(_Accelerator):
 
         return psutil.Process().memory_info().rss
 
+    def max_memory_allocated(self, device_index: Optional[int] = None) -> int:
+        """The process's peak resident memory (the kernel's high-water mark)."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
     def total_memory(self, device_index: Optional[int] = None) -> int:
         import psutil
 
@@ -255,6 +267,9 @@ class CudaAccelerator(_Accelerator):
 
     def is_bf16_supported(self) -> bool:
         return torch.cuda.is_bf16_supported()
+
+    def max_memory_allocated(self, device_index: Optional[int] = None) -> int:
+        return torch.cuda.max_memory_allocated(device_index)
 
     def manual_seed(self, seed: int) -> None:
         torch.cuda.manual_seed(seed)

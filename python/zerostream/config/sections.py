@@ -203,6 +203,19 @@ class DataTypesConfig:
 
 
 @dataclass(frozen=True)
+class ThroughputTimerConfig:
+    """`timers.throughput` (profiling/throughput.py)."""
+
+    enabled: bool
+    synchronized: bool
+
+
+@dataclass(frozen=True)
+class TimersConfig:
+    throughput: ThroughputTimerConfig
+
+
+@dataclass(frozen=True)
 class ParallelWriteConfig:
     pipeline_stage: bool
 
@@ -362,6 +375,7 @@ class DeepSpeedConfig:
     wandb: WandbConfig
     comet: CometConfig
     comms_logger: CommsLoggerConfig
+    timers: TimersConfig
     flops_profiler: FlopsProfilerConfig
     zerostream: ZeroStreamExtConfig
     # Read by autocast.plan (Note [torch_autocast] in autocast.py), as given.
@@ -384,7 +398,6 @@ class DeepSpeedConfig:
     datastates: Any
     hybrid_engine: Any
     compile: Any
-    timers: Any
     weight_quantization: Any
     # Not from the schema: how the values were settled, and the input itself.
     data_parallel_size: int = 1

@@ -360,6 +360,12 @@ class ZeroEngine(torch.nn.Module):
 
     # --- profiling: calls on the EngineProfiling it holds (profiling.py) -----------------------
     wall_clock_breakdown = delegated("_profiling", EngineProfiling.wall_clock_breakdown)
+
+    @property
+    def tput_timer(self):
+        """DeepSpeed's throughput timer (profiling/throughput.py)."""
+        return self._profiling.tput_timer
+
     get_wall_clock_timers = delegated("_profiling", EngineProfiling.get_wall_clock_timers)
     flops_profiler_enabled = delegated("_profiling", EngineProfiling.flops_profiler_enabled)
     flops_profiler_recompute_fwd_factor = delegated(

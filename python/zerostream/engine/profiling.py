@@ -3,8 +3,10 @@
 the stage, zero/base.py) and step; after each step() rank 0 prints the micro-step timers,
 and at each accumulation boundary the step's timers, which the monitors get as
 `Train/Samples/elapsed_time_ms_<phase>` (Note [Timers and device syncs] in
-profiling/timers.py). The `flops_profiler` profiles rank 0's forwards at global step
-`profile_step` and prints the profile in the step() that follows.
+profiling/timers.py). The throughput timer (`tput_timer`, profiling/throughput.py) runs
+from each forward to its step() and logs samples per second every `steps_per_print` steps.
+The `flops_profiler` profiles rank 0's forwards at global step `profile_step` and prints
+the profile in the step() that follows.
 
 A collaborator the engine holds: it reads the counters and ranks records and writes to the
 engine's monitor; the engine's DeepSpeed accessors of these sections call it."""
@@ -17,6 +19,7 @@ from typing import Dict, Iterator, Optional
 from ..config import DeepSpeedConfig
 from ..monitor import EngineMonitor
 from ..profiling import FlopsProfiler, PhaseTimers
+from ..profiling.throughput import ThroughputTimer
 from ..profiling.timers import PHASES
 from .records import EngineCounters, Ranks
 
@@ -39,6 +42,12 @@ class EngineProfiling:
         self.phases = phases
         self.flops_profiler = flops_profiler
         self._cache: Dict[str, float] = {}
+        # DeepSpeed's engine.tput_timer: started at each forward, stopped at each step().
+        self.tput_timer = ThroughputTimer(
+            config.timers.throughput,
+            batch_size=config.train_batch_size,
+            steps_per_output=config.steps_per_print,
+        )
 
     # --- DeepSpeed's accessors ---------------------------------------------------------------
     def wall_clock_breakdown(self) -> bool:
@@ -82,6 +91,7 @@ class EngineProfiling:
         profiler = self._profiling_now()
         if profiler is not None:
             profiler.start_profile(ignore_list=None)
+        self.tput_timer.start()
         try:
             with self.phases.span("forward"):
                 yield
@@ -99,6 +109,7 @@ class EngineProfiling:
         profiler = self._profiling_now()
         with self.phases.span("step"):
             yield
+        self.tput_timer.stop(global_step=boundary, report_speed=self._ranks.global_rank == 0)
         if profiler is not None:
             profiler.print_model_profile(
                 profile_step=self._counters.global_steps,

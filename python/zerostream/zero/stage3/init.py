@@ -164,8 +164,8 @@ class Init(contextlib.ContextDecorator):
     @staticmethod
     def _dtype(cfg, dtype: Optional[torch.dtype]) -> torch.dtype:
         """The config's precision when no dtype is given (both fp16 and bf16 enabled is an
-        error, as in DeepSpeed); else `dtype`; else fp16 on GPUs and bf16 on CPUs, DeepSpeed's
-        default by accelerator."""
+        error, as in DeepSpeed); else `dtype`; else, as DeepSpeed, fp16 where the accelerator
+        supports it (GPUs; CPUs with AVX512-FP16), else bf16 where it does, else fp32."""
         if cfg is not None and dtype is None:
             if cfg.fp16.enabled and cfg.bf16.enabled:
                 raise RuntimeError("zero.Init: fp16 and bf16 cannot both be enabled")
@@ -181,7 +181,12 @@ class Init(contextlib.ContextDecorator):
                     f"torch.float32; got {dtype}"
                 )
             return dtype
-        return torch.float16 if torch.cuda.is_available() else torch.bfloat16
+        from ...accelerator import get_accelerator
+
+        accel = get_accelerator()
+        if accel.is_fp16_supported():
+            return torch.float16
+        return torch.bfloat16 if accel.is_bf16_supported() else torch.float32
 
     # --- construction hooks ----------------------------------------------------------------------
     def _post_init(self, module: torch.nn.Module) -> None:
