@@ -3,7 +3,8 @@
 classes constructible with the schema's defaults, and the attributes `deepspeed.elasticity`,
 `deepspeed.monitor`, `deepspeed.comm.configure` / `log_summary` / `reset_log`, and
 `runtime.precision_config.DeepSpeedFP16Config` (pydantic's ValidationError for a bad section,
-as DeepSpeed's model raises, with the schema's message naming the key)."""
+as DeepSpeed's model raises, with the schema's message naming the key); the offload section's
+`ratio` alone, and a launcher runner's quoted exports."""
 
 from compat_run import run_python
 
@@ -41,6 +42,20 @@ for bad, key in ((dict(loss_scale=-1), "fp16.loss_scale"), (dict(loss_scale=floa
         raise SystemExit(f"accepted {bad}")
     except ValidationError as exc:
         assert key in str(exc), str(exc)
+# ZeRO-Offload++'s ratio checked with the section alone, as DeepSpeed's class does
+assert Opt(ratio=0.3).ratio == 0.3
+# A runner's export shows DeepSpeed's quoting of a value the shell reads specially (SLURM's
+# `64(x2)`); the command carries the value itself, quoted once.
+from deepspeed.launcher.multinode_runner import PDSHRunner
+from deepspeed.launcher.runner import parse_args
+args = parse_args(["--launcher", "pdsh", "train.py", "--x", "1"])
+runner = PDSHRunner(args, "e30=")
+runner.add_export("SLURM_JOB_CPUS_PER_NODE", "64(x2)")
+runner.add_export("PYTHONPATH", "/usr/lib/python3/site-packages")
+assert runner.exports == {"SLURM_JOB_CPUS_PER_NODE": '"64(x2)"',
+                          "PYTHONPATH": "/usr/lib/python3/site-packages"}
+line = " ".join(runner.get_cmd({}, {"localhost": [0]})[0])  # PDSH's: (start, kill, env)
+assert "SLURM_JOB_CPUS_PER_NODE='64(x2)'" in line and '"64(x2)"' not in line, line
 print("ok")
 """
 

@@ -19,12 +19,18 @@ instead of running something else:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import Dict, List, Mapping, Sequence, Union
 
 from zerostream.launcher import cluster, plan
 from zerostream.launcher.local import DEFAULT_MASTER_PORT
 from zerostream.launcher.resources import Node
+
+
+# DeepSpeed's rule for an export value that needs quoting: anything but word characters and
+# @ % + = : , . / -
+_SHELL_SPECIAL = re.compile(r"[^\w@%+=:,./-]")
 
 
 class MultiNodeRunner:
@@ -39,6 +45,7 @@ class MultiNodeRunner:
         self.user_script = args.user_script
         self.world_info_base64 = world_info_base64
         self.exports: Dict[str, str] = {}
+        self._export_values: Dict[str, str] = {}
 
     @property
     def name(self) -> str:
@@ -55,7 +62,22 @@ class MultiNodeRunner:
         return list(self.args.user_args)
 
     def add_export(self, key: str, var: str) -> None:
-        self.exports[key.strip()] = var.strip()
+        """`exports[key]` as DeepSpeed shows it: a value with characters a shell reads
+        specially (e.g. SLURM's `64(x2)`) in double quotes. The commands are built from the
+        value itself, quoted once where they are (zerostream/launcher/)."""
+        key, var = key.strip(), var.strip()
+        self._export_values[key] = var
+        self.exports[key] = f'"{var}"' if _SHELL_SPECIAL.search(var) else var
+
+    def _export_env(self) -> Dict[str, str]:
+        """The exports' values for the builders: what add_export was given (an entry set
+        in `exports` directly is taken as it is)."""
+        out = {}
+        for key, shown in self.exports.items():
+            given = self._export_values.get(key)
+            quoted = given is not None and shown == f'"{given}"'
+            out[key] = given if quoted else shown
+        return out
 
     def get_cmd(self, environment, active_resources: Mapping[str, Union[int, Sequence[int]]]):
         cmd = self._command(environment, active_resources)
@@ -74,7 +96,7 @@ class MultiNodeRunner:
             nodes,
             self.args.master_addr or nodes[0].name,
             self.args.master_port or DEFAULT_MASTER_PORT,
-            dict(self.exports),
+            self._export_env(),
             os.path.abspath("."),
         )
         return cluster.command(self.launcher, job, environment)

@@ -110,7 +110,9 @@ class DeepSpeedZeroOffloadOptimizerConfig(metaclass=_SectionClass):
 
     @staticmethod
     def _read(section):
-        return _resolve_zero({"stage": 1, "offload_optimizer": section}).offload_optimizer
+        # Checked as at stage 3, where every key of the section is allowed (`ratio` below 1,
+        # ZeRO-Offload++, is stage 3's); DeepSpeed's class checks the section alone.
+        return _resolve_zero({"stage": 3, "offload_optimizer": section}).offload_optimizer
 
 
 __all__ = [
