@@ -27,7 +27,6 @@ from zerostream.launcher import cluster, plan
 from zerostream.launcher.local import DEFAULT_MASTER_PORT
 from zerostream.launcher.resources import Node
 
-
 # DeepSpeed's rule for an export value that needs quoting: anything but word characters and
 # @ % + = : , . / -
 _SHELL_SPECIAL = re.compile(r"[^\w@%+=:,./-]")
