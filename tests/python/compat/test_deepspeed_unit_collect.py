@@ -22,9 +22,6 @@ OPEN = "open"  # a public name the package lacks (reported 2026-11-29)
 EVERY_PACKAGE = "every package"  # fails the same on DeepSpeed itself here
 
 KNOWN: dict[str, tuple[str, str, str]] = {
-    "unit/runtime/activation_checkpointing/test_offload_activations.py": (
-        NOT_BUILT, "offload_activations",
-        "DeepSpeed's activation offloading module (DeepSpeed #8255)"),
     "unit/v1/nvme/test_gds.py": (NOT_BUILT, "GDSBuilder", "GPUDirect Storage (the gds op)"),
     "unit/utils/test_nvtx.py": (
         OPEN, "deepspeed.utils.nvtx",

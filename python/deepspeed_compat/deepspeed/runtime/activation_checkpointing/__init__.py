@@ -1,5 +1,6 @@
-"""`deepspeed.runtime.activation_checkpointing`: where DeepSpeed keeps `checkpointing`."""
+"""`deepspeed.runtime.activation_checkpointing`: where DeepSpeed keeps `checkpointing` and
+`offload_activations`."""
 
-from . import checkpointing
+from . import checkpointing, offload_activations
 
-__all__ = ["checkpointing"]
+__all__ = ["checkpointing", "offload_activations"]
