@@ -573,3 +573,48 @@ def test_zero_init_refuses_a_world_of_one_when_the_launcher_started_more():
         assert check(1, None, env) is None
     assert check(8, None, {"WORLD_SIZE": "8"}) is None
     assert check(1, object(), {"WORLD_SIZE": "8"}) is None
+
+
+def sanity_worker(rank, world, checks):
+    from zerostream.zero import GatheredParameters, Init
+
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {
+            "stage": 3,
+            "enable_sanity_checks": checks,
+            "stage3_param_persistence_threshold": 0,
+        },
+    }
+    with Init(config_dict_or_path=config, dtype=torch.float32):
+        lin = nn.Linear(6, 6)
+    said = {}
+    try:  # only rank 1 changes a param in place, without a modifier
+        with GatheredParameters([lin.weight, lin.bias]):
+            if rank == 1:
+                with torch.no_grad():
+                    lin.weight.add_(1.0)
+    except RuntimeError as e:
+        said["error"] = str(e)
+    with GatheredParameters([lin.weight]):  # untouched: no error, and the change was dropped
+        said["weight"] = lin.weight.detach().clone()
+    said["numel after"] = lin.weight.numel()
+    return said
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("checks", [True, False])
+def test_sanity_checks_refuse_an_unkept_in_place_change_on_every_rank(checks):
+    """zero_optimization.enable_sanity_checks: a param changed in place inside
+    GatheredParameters with modifier_rank=None (its change is dropped) raises on every rank,
+    the one that changed it naming the param; without the key the change is dropped
+    silently, as in DeepSpeed."""
+    said = run_ranks(sanity_worker, 2, checks, timeout=120)
+    for rank, s in enumerate(said):
+        assert s["numel after"] == 0  # re-partitioned either way
+        if checks:
+            assert "in-place modification" in s["error"] and "modifier_rank" in s["error"]
+            assert ("ds_id" in s["error"]) == (rank == 1)
+        else:
+            assert "error" not in s
+    torch.testing.assert_close(said[0]["weight"], said[1]["weight"], rtol=0, atol=0)

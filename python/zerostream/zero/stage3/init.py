@@ -153,6 +153,7 @@ class Init(contextlib.ContextDecorator):
                 zero.stage3_model_persistence_threshold if zero else 2**63 - 1
             ),
             swapper=swapper,
+            sanity_checks=zero.enable_sanity_checks if zero else False,
         )
         self.coord = ParamCoordinator(self.part, tracing=False)
         self._depth: Dict[int, int] = {}

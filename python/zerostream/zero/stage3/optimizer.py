@@ -162,6 +162,7 @@ class Stage3Optimizer(ShardedOptimizerBase):
             world=ctx.world,
             rank=ctx.rank,
             swapper=swapper,
+            sanity_checks=zero.enable_sanity_checks,
         )
         leaf.apply_config(module, leaf.leaf_config(zero.leaf_module))
         _adopt_init_params(module, part, ctx)

@@ -121,8 +121,12 @@ class Partitioner:
         world: Optional[int] = None,
         rank: Optional[int] = None,
         swapper=None,
+        sanity_checks: bool = False,
     ):
         self.group = group
+        # zero_optimization.enable_sanity_checks: GatheredParameters without a modifier
+        # refuses, on every rank, an in-place change of the params it gathered (gathered.py).
+        self.sanity_checks = sanity_checks
         self.world = comm.get_world_size(group) if world is None else world
         self.rank = comm.get_rank(group) if rank is None else rank
         self.device = device
