@@ -295,19 +295,7 @@ class CheckpointHiddenStatesOffload(torch.autograd.graph.saved_tensors_hooks):
 
 
 def get_checkpoint_hidden_states_offloading_ctx_manager(
-    use_pin_memory: bool = True,
-    use_streams: bool = True,
-    min_offload_bytes: int = 1024,
-    max_fwd_stash_count: int = 2,
-    max_cpu_buffer_pool_count: int = 64,
-    keep_last_count: int = 1,
+    *args, **kwargs
 ) -> CheckpointHiddenStatesOffload:
-    """DeepSpeed's factory of the context (the same arguments)."""
-    return CheckpointHiddenStatesOffload(
-        use_pin_memory=use_pin_memory,
-        use_streams=use_streams,
-        min_offload_bytes=min_offload_bytes,
-        max_fwd_stash_count=max_fwd_stash_count,
-        max_cpu_buffer_pool_count=max_cpu_buffer_pool_count,
-        keep_last_count=keep_last_count,
-    )
+    """DeepSpeed's factory of the context: CheckpointHiddenStatesOffload(*args, **kwargs)."""
+    return CheckpointHiddenStatesOffload(*args, **kwargs)
