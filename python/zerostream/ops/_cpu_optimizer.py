@@ -244,6 +244,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
 
     _state_names: Tuple[str, ...] = ()
     _display_name = "CPUOptimizer"
+    _sparse_grads = False  # sparse COO gradients accepted (Adagrad: _step_item there)
 
     def __init__(
         self,
@@ -306,7 +307,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         if not p.is_contiguous():
             raise ValueError(f"{where}: expected a contiguous parameter")
         grad = self._grad(p)
-        if grad is not None and grad.is_sparse:
+        if grad is not None and grad.is_sparse and not self._sparse_grads:
             raise ValueError(f"{where}: sparse gradients are not supported")
 
     def _init_state(self, p: torch.Tensor, state: dict) -> None:
@@ -334,22 +335,22 @@ class CPUOptimizerBase(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for gi, group, params in self._stepping():
-            items = [
-                StepItem(
-                    p.data if master is None else master,
-                    self._grad(p).contiguous(),
-                    state,
-                    None if master is None else p.data,
-                    gi,
-                    pi,
-                )
-                for pi, p, state, master in params
-            ]
-            if items:
-                self._group_step(group, items, float(grad_scale))
-                for it in items:
-                    it.state["step"] += 1
+            made = [self._step_item(gi, pi, p, state, master) for pi, p, state, master in params]
+            if made:
+                self._group_step(group, [item for item, _ in made], float(grad_scale))
+                for item, finish in made:
+                    if finish is None:
+                        item.state["step"] += 1
+                    else:
+                        finish()
         return loss
+
+    def _step_item(self, gi: int, pi: int, p: torch.Tensor, state: dict, master):
+        """(the StepItem step() updates p through, a callable that completes p's step after
+        the kernel ran, or None: its step count is advanced)."""
+        copy = None if master is None else p.data
+        target = p.data if master is None else master
+        return StepItem(target, self._grad(p).contiguous(), state, copy, gi, pi), None
 
     @torch.no_grad()
     def step_in_pieces(self, piece: int, grad_scale: float, copy_to, done) -> None:

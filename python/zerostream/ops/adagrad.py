@@ -10,6 +10,7 @@ import torch
 from zerostream import _C
 from zerostream.ops._cpu_optimizer import (
     CPUOptimizerBase,
+    StepItem,
     check_hyperparams,
     many_buffers,
     run_kwargs,
@@ -52,6 +53,7 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
 
     _state_names = ("exp_avg_sq",)
     _display_name = "DeepSpeedCPUAdagrad"
+    _sparse_grads = True
 
     def __init__(
         self,
@@ -75,6 +77,31 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
         super().__init__(
             model_params, defaults, fp32_optimizer_states, threads, fp32_master_weights
         )
+
+    def _step_item(self, gi, pi, p, state, master):
+        """A sparse gradient (an embedding's with sparse=True, as DeepSpeed's CPU Adagrad
+        takes it): the rows it touches are gathered into compact copies of the param (its
+        fp32 master, if kept) and of the squared-gradient sum, stepped by the same kernel as
+        a dense param, and written back; the other rows and their state stay as they are,
+        as torch.optim.Adagrad leaves them."""
+        grad = self._grad(p)
+        if not grad.is_sparse:
+            return super()._step_item(gi, pi, p, state, master)
+        grad = grad.coalesce()
+        rows = tuple(grad.indices())
+        target = p.data if master is None else master
+        values = target[rows]  # advanced indexing: compact copies
+        compact = {"exp_avg_sq": state["exp_avg_sq"][rows], "step": state["step"]}
+
+        def finish() -> None:
+            target[rows] = values
+            state["exp_avg_sq"][rows] = compact["exp_avg_sq"]
+            if master is not None:
+                p.data[rows] = values.to(p.dtype)
+            state["step"] += 1
+
+        item = StepItem(values, grad.values().contiguous(), compact, None, gi, pi)
+        return item, finish
 
     def _group_step(self, group, items, grad_scale) -> None:
         b = many_buffers(items, self._state_names, self._display_name)

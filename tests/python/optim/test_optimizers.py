@@ -226,3 +226,32 @@ def test_fp32_optimizer_states_false_keeps_fp32_states_for_fp32_params():
     for p in params:
         assert opt.state[p]["exp_avg"].dtype == torch.float32
         assert "fp32_param" not in opt.state[p]
+
+
+def test_adagrad_steps_sparse_embedding_gradients_as_torch_adagrad():
+    """An embedding with sparse=True: DeepSpeedCPUAdagrad steps the rows the gradient
+    touches (as DeepSpeed's does) and equals torch.optim.Adagrad's sparse update; untouched
+    rows and their state stay; Adam still refuses sparse gradients, naming the param."""
+    torch.manual_seed(0)
+    ours, ref = torch.nn.Embedding(50, 8, sparse=True), torch.nn.Embedding(50, 8, sparse=True)
+    ref.load_state_dict(ours.state_dict())
+    dense = torch.nn.Linear(8, 1)  # a dense param beside it, in the same group
+    dense_ref = torch.nn.Linear(8, 1)
+    dense_ref.load_state_dict(dense.state_dict())
+    opt = DeepSpeedCPUAdagrad([ours.weight, dense.weight, dense.bias], lr=0.1)
+    want = torch.optim.Adagrad([ref.weight, dense_ref.weight, dense_ref.bias], lr=0.1, eps=1e-10)
+    for _ in range(5):
+        ids = torch.randint(0, 25, (4, 3))  # rows 25.. never touched
+        for emb, lin, o in ((ours, dense, opt), (ref, dense_ref, want)):
+            o.zero_grad()
+            lin(emb(ids)).square().sum().backward()
+            assert emb.weight.grad.is_sparse
+            o.step()
+    torch.testing.assert_close(ours.weight, ref.weight, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(dense.weight, dense_ref.weight, rtol=1e-6, atol=1e-7)
+    assert torch.equal(opt.state[ours.weight]["exp_avg_sq"][25:], torch.zeros(25, 8))
+    assert opt.state[ours.weight]["step"] == 5
+    emb = torch.nn.Embedding(5, 2, sparse=True)
+    emb(torch.tensor([1])).sum().backward()
+    with pytest.raises(ValueError, match=r"params'\]\[0\]: sparse gradients are not supported"):
+        DeepSpeedCPUAdam([emb.weight]).step()
