@@ -24,8 +24,15 @@ if [ ! -f "$out/commit" ] || [ "${ZS_DSUNIT_REFRESH:-0}" = 1 ]; then
   rm -rf "$out/package"
   mkdir -p "$out/package"
   git archive HEAD python | tar -x -C "$out/package" --strip-components=1
-  so=$(.venv/bin/python -c 'import zerostream._C as c; print(c.__file__)')
+  # The _C deepspeed-unit.sh would test: the in-place build (scripts/dev-build.sh), else
+  # .venv's; then checked against this commit's Python (its config schema).
+  so=$(compgen -G "python/zerostream/_C*.so" | head -n1 || true)
+  [ -n "$so" ] || so=$(.venv/bin/python -c 'import zerostream._C as c; print(c.__file__)')
   cp -L "$so" "$out/package/zerostream/"
+  PYTHONPATH="$out/package" .venv/bin/python -c '
+from zerostream.config import load
+load({"train_batch_size": 1}, world_size=1, log=False)' \
+    || { echo "deepspeed-unit-whole: $so does not match HEAD's python/ (run scripts/setup.sh)" >&2; exit 2; }
   git rev-parse --short HEAD > "$out/commit"
 fi
 echo "[deepspeed-unit-whole] zerostream at $(cat "$out/commit"), results in $out"

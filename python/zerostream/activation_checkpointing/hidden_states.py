@@ -21,7 +21,9 @@ Note [Parked hidden states]
   `min_offload_bytes`, not a parameter or buffer, and not an overlapping view (a stride of
   0). The newest `keep_last_count` marked tensors stay on the device (backward needs the last
   layer's first, before its download could finish); each newer one sends the oldest kept to
-  the parking. Everything else a layer saves passes through untouched.
+  the parking. Everything else a layer saves passes through untouched. A marked tensor
+  changed in place after it was saved is refused (when it is parked, or fetched while kept;
+  the parking checks it from there on), as autograd refuses it for a tensor no hook packs.
 
   The patch on `GradientCheckpointingLayer.__call__` is installed by the first context
   entered (any thread) and removed when the last one exits, also on an exception; the
@@ -66,10 +68,12 @@ class _Saved:
     """What the pack hook returned for a marked tensor: the tensor itself while it is one of
     the newest kept on the device, then its parking."""
 
-    __slots__ = ("ident", "kept", "parked", "counted", "__weakref__")
+    __slots__ = ("ident", "kept", "parked", "counted", "version", "shape", "__weakref__")
 
     def __init__(self, ident: int, tensor: torch.Tensor):
         self.ident = ident
+        # autograd checks a saved tensor's version only when no hook packs it: done here
+        self.version, self.shape = tensor._version, tuple(tensor.shape)
         self.kept: Optional[torch.Tensor] = tensor
         self.parked: Optional[saved_activations.Parked] = None
         self.counted = False  # restored (or handed back kept) once: the stats count it once
@@ -120,8 +124,10 @@ def _install_marker() -> None:
         try:
             return call(self, *args, **kwargs)
         finally:
-            if marked:  # a mark the checkpoint did not use must not outlive the call
-                manager._consume_mark(hidden)
+            # A mark the checkpoint did not use (its input was another tensor: a hook
+            # replaced the argument) must not outlive the call; it counts as skipped.
+            if marked and manager._consume_mark(hidden):
+                manager.stats.skipped_marked_tensors += 1
 
     cls.__call__ = marking_call
     _PATCH.update(wrapper=marking_call, owned=owned)
@@ -137,6 +143,18 @@ def _remove_marker() -> None:
         del cls.__call__
     else:
         cls.__call__ = owned
+
+
+def _check_unchanged(saved: _Saved, tensor: torch.Tensor) -> None:
+    """A marked tensor changed in place after it was saved is refused, as autograd refuses
+    it without the context (the download would have read either value)."""
+    if tensor._version != saved.version:
+        raise RuntimeError(
+            f"CheckpointHiddenStatesOffload: a hidden state saved for backward (shape "
+            f"{saved.shape}) was modified by an in-place operation after it was saved "
+            f"(version {saved.version} -> {tensor._version}); autograd refuses this without "
+            f"the context too. Use an out-of-place operation"
+        )
 
 
 class CheckpointHiddenStatesOffload(torch.autograd.graph.saved_tensors_hooks):
@@ -224,6 +242,7 @@ class CheckpointHiddenStatesOffload(torch.autograd.graph.saved_tensors_hooks):
     def _park(self, saved: Optional[_Saved], tensor: torch.Tensor) -> None:
         if saved is None:  # its graph is gone already: nothing will fetch it
             return
+        _check_unchanged(saved, tensor)
         saved.parked = saved_activations.parking_for(tensor.device).park(tensor)
         saved.kept = None
         self.stats.offloaded_tensors += 1
@@ -233,7 +252,9 @@ class CheckpointHiddenStatesOffload(torch.autograd.graph.saved_tensors_hooks):
         if not isinstance(packed, _Saved):
             return packed
         if packed.kept is not None:
-            self._keep_last.pop(packed.ident, None)
+            _check_unchanged(packed, packed.kept)
+            if self._keep_last.get(packed.ident) is packed.kept:  # not a later entry's
+                del self._keep_last[packed.ident]
             if not packed.counted:
                 packed.counted = True
                 self.stats.kept_last_tensors += 1

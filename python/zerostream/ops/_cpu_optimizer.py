@@ -382,6 +382,11 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         for gi, group, params in stepping:
             for pi, p, state, master in params:
                 p32 = (p.data if master is None else master).view(-1)
+                if self._grad(p).is_sparse:
+                    raise ValueError(
+                        f"{param_location(self._display_name, gi, pi)}: a sparse gradient is "
+                        f"stepped by step() only, not in pieces"
+                    )
                 grad = self._grad(p).contiguous().view(-1)
                 flat = {n: state[n].view(-1) for n in self._state_names}
                 work[gi, pi] = (group if hyper is None else hyper[gi], p32, grad, flat, state)

@@ -172,3 +172,28 @@ def test_the_parking_waits_are_what_makes_it_right(device):
     finally:
         device.violations.clear()
     assert not same_tensors(got, want)
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("keep_last", [0, 1])
+def test_a_hidden_state_changed_in_place_after_its_save_is_refused(device, keep_last):
+    """As autograd refuses it without the context: parked (keep_last 0, the parking's check
+    at backward), changed while still kept and then parked by the next layer (refused at
+    that park), or changed while kept to the end (refused at its fetch)."""
+    dev = torch.device("cuda") if device is None else device.torch_device
+    stack = layers(dev)
+    x = torch.randn(ROWS, H, device=dev, requires_grad=True)
+    off = CheckpointHiddenStatesOffload(min_offload_bytes=0, keep_last_count=keep_last)
+    with off, pytest.raises(RuntimeError, match="in-place"):
+        a = x * 1.0
+        h = stack[0](a)
+        with torch.no_grad():
+            a.add_(1.0)  # the first layer's saved input, changed
+        h = stack[1](h)  # with keep_last 1 this parks `a`: refused here
+        h.sum().backward()
+    with off, pytest.raises(RuntimeError, match="in-place"):
+        a = x * 1.0
+        h = stack[0](a)
+        with torch.no_grad():
+            a.mul_(2.0)
+        h.sum().backward()  # with keep_last 1, `a` is still kept: refused at its fetch

@@ -3,9 +3,7 @@ steps counted but not timed, micro-steps summed into their global step, the samp
 second it logs against the time the loop took, and the `timers` section."""
 
 import logging
-import time
 
-import pytest
 import torch
 
 from zerostream.profiling.throughput import ThroughputTimer
@@ -15,30 +13,42 @@ class Config:
     enabled, synchronized = True, False
 
 
-def test_warm_up_then_timed_global_steps():
+class Clock:
+    """time.time for the timer: advanced by the test, so the sums are exact."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def time(self):
+        return self.now
+
+
+def test_warm_up_then_timed_global_steps(monkeypatch):
+    from zerostream.profiling import throughput
+
+    clock = Clock()
+    monkeypatch.setattr(throughput, "time", clock)
     lines = []
     t = ThroughputTimer(Config(), batch_size=12, start_step=2, steps_per_output=2,
                         logging_fn=lines.append)  # fmt: skip
     t.stop()  # before any start: nothing
     assert (t.initialized, t.micro_step_count) == (False, 0)
-    took = []
-    for step in range(6):  # 6 global steps of 3 micro-steps each
-        began = time.time()
+    for step in range(6):  # 6 global steps of 3 micro-steps each, 0.25 s each, 1 s between
         for micro in range(3):
             t.start()
-            time.sleep(0.01)
+            clock.now += 0.25
             t.stop(global_step=micro == 2)
-        took.append(time.time() - began)
+            clock.now += 1.0  # outside forward-to-step: not timed
         if step < 2:  # warm-up: not timed
             assert t.start_time == 0 and t.total_elapsed_time == 0
     assert (t.micro_step_count, t.global_step_count) == (18, 6)
     assert t.step_elapsed_time == 0  # reset at each global step
-    timed = sum(took[2:])
-    assert t.total_elapsed_time == pytest.approx(timed, rel=0.2)
-    assert t.avg_samples_per_sec() == pytest.approx(12 / (timed / 4), rel=0.2)
+    assert t.total_elapsed_time == 4 * 3 * 0.25  # global steps 3-6
+    assert t.avg_samples_per_sec() == 12 / 0.75
     # steps 4 and 6 are report boundaries (steps_per_output 2), in DeepSpeed's wording
     assert len(lines) == 2 and lines[0].startswith("epoch=0/micro_step=12/global_step=4, ")
-    assert "RunningAvgSamplesPerSec=" in lines[1] and "MaxMemAllocated=" in lines[1]
+    assert "RunningAvgSamplesPerSec=16.0, CurrSamplesPerSec=15.99" in lines[1]
+    assert "MaxMemAllocated=" in lines[1]
 
 
 def test_disabled_timer_counts_nothing():
