@@ -30,6 +30,7 @@ AUDIT = "tests/python/zero/test_device_audit.py"
 REDUCE_OVERLAP = "tests/python/zero/test_reduce_overlap.py"
 RANKS_DIFFER = "tests/python/zero/test_ranks_differ.py"
 OVERLAP = "tests/python/zero/test_overlap_step.py"
+SPECULATE = "tests/python/zero/test_speculative_step.py"
 
 # (id, file, text to delete or replace, replacement, tests that must fail)
 MUTATIONS = [
@@ -281,9 +282,38 @@ MUTATIONS = [
     (
         "overlap-update-keeps-the-steps-lr",
         "zero/overlap.py",
-        "piece_done, hyper=hyper)",
-        "piece_done)",
+        "piece_done, hyper=hyper, stepped",
+        "piece_done, stepped",
         [OVERLAP + "::test_the_overlapped_step_is_the_serial_step_bit_for_bit"],
+    ),
+    (
+        "speculation-waits-for-the-gradients-downloads",
+        "zero/speculate.py",
+        "            if lanes is not None and not lanes.ready(mark):\n"
+        "                lanes.host_wait(mark)\n",
+        "            pass\n",
+        [SPECULATE + "::test_on_the_simulated_device_the_speculation_is_the_serial_step"],
+    ),
+    (
+        "speculation-thread-binds-the-device",
+        "zero/speculate.py",
+        "            stage.bind_thread()  # its host waits",
+        "            pass  # its host waits",
+        [SPECULATE + "::test_on_the_simulated_device_the_speculation_is_the_serial_step"],
+    ),
+    (
+        "speculation-put-back-when-proved-wrong",
+        "zero/speculate.py",
+        "        self.restore(opt, [p for p in self.backups if p not in kept])",
+        "        pass",
+        [SPECULATE + "::test_the_step_started_during_the_backward_is_the_serial_step_bit_for_bit"],
+    ),
+    (
+        "speculation-kept-pieces-handed-on",
+        "zero/overlap.py",
+        "                sinks.hand_on(partitions[gi], lo, hi, master, fused=False, stable=True)",
+        "                pass",
+        [SPECULATE + "::test_the_step_started_during_the_backward_is_the_serial_step_bit_for_bit"],
     ),
     (
         "overlap-persistent-params-gathered-again",

@@ -170,8 +170,11 @@ void offload_rules(Resolution& r, int64_t stage) {
                       "would silently use CPU memory instead)");
   // zerostream.overlap_step "next_forward" (python/zerostream/zero/overlap.py): the offloaded
   // CPU update runs on a thread of its own while the next forward gathers ZeRO-3 shards.
-  if (str(r, "zerostream.overlap_step") == "next_forward") {
-    const std::string key = "zerostream.overlap_step: \"next_forward\" ";
+  // "backward" starts it during the backward too (python/zerostream/zero/speculate.py) and
+  // goes on behind the next forward: the same combinations.
+  const std::string overlap = str(r, "zerostream.overlap_step");
+  if (overlap == "next_forward" || overlap == "backward") {
+    const std::string key = "zerostream.overlap_step: \"" + overlap + "\" ";
     if (stage != 3)
       r.errors.push_back(key +
                          "overlaps the offloaded optimizer step with the next forward's ZeRO-3 "

@@ -262,7 +262,8 @@ struct Schema {
                                                {"device", "host"}),
                                              E("host_malloc", "system", {"system", "retain"}),
                                              E("overlap_step", "none",
-                                               {"none", "next_forward"})}};
+                                               {"none", "next_forward", "backward"}),
+                                             U("speculative_step_bytes", 1ull << 30)}};
 
     root = {"", false, true, {
         I("train_batch_size", nullptr).greater_than_zero(),

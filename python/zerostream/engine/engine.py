@@ -240,6 +240,8 @@ class ZeroEngine(torch.nn.Module):
         self._require_consistent("backward")
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         # The optimizer runs it in the BACKWARD phase (the one path for optimizer.backward).
+        # overlap_step "backward" speculates on the backward that ends the accumulation.
+        self.optimizer.boundary_backward = self.is_gradient_accumulation_boundary()
         with self._profiling.backward():
             self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
         self._accumulation.backward_ran()

@@ -371,12 +371,27 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         self.step_ranges(pieces, grad_scale, copy_to, done)
 
     @torch.no_grad()
-    def step_ranges(self, pieces, grad_scale: float, copy_to, done, hyper=None) -> None:
+    def step_ranges(
+        self,
+        pieces,
+        grad_scale: float,
+        copy_to,
+        done,
+        hyper=None,
+        stepped=None,
+        partial: bool = False,
+    ) -> None:
         """step_in_pieces over the pieces a caller chose, in its order: `pieces` lists
         (gi, pi, lo, hi), covering each param with a gradient once (pieces of params without
         one are passed by, as step() passes them). `hyper[gi]` (lr, betas, ...) stands for
         param_groups[gi] where given: an update running behind the next forward reads the
-        values of the step() that launched it, whatever a scheduler sets meanwhile."""
+        values of the step() that launched it, whatever a scheduler sets meanwhile.
+
+        The step started during the backward (zero/speculate.py) runs some pieces early:
+        there, `partial` steps just the pieces given, as step number state["step"] + 1,
+        without counting the step; at step(), `stepped(gi, pi, lo, hi)` answers True for a
+        piece it updated already, which is passed to `done` without a kernel call, and the
+        step is counted once, here."""
         stepping = list(self._stepping())
         work = {}
         for gi, group, params in stepping:
@@ -395,7 +410,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
             if (gi, pi) in covered:
                 covered[gi, pi] += hi - lo
         short = [(k, n) for k, n in covered.items() if n != work[k][1].numel()]
-        if short:
+        if short and not partial:
             (gi, pi), n = short[0]
             raise ValueError(
                 f"{self._display_name}.step_ranges: the pieces of group {gi} param {pi} "
@@ -404,15 +419,32 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         for gi, pi, lo, hi in pieces:
             if (gi, pi) not in work:
                 continue
+            if stepped is not None and stepped(gi, pi, lo, hi):
+                done(gi, pi, lo, hi)
+                continue
             group, p32, grad, flat, state = work[gi, pi]
             views = {n: t[lo:hi] for n, t in flat.items()}
             views["step"] = state["step"]
             item = StepItem(p32[lo:hi], grad[lo:hi], views, copy_to(gi, pi, lo, hi), gi, pi)
             self._group_step(group, [item], float(grad_scale))
             done(gi, pi, lo, hi)
+        if partial:
+            return
         for _, _, params in stepping:
             for _, _, state, _ in params:
                 state["step"] += 1
+
+    def range_tensors(self, gi: int, pi: int, lo: int, hi: int) -> List[torch.Tensor]:
+        """Elements [lo, hi) of what a step of param_groups[gi]["params"][pi] rewrites: its
+        fp32 values (the master) and each state tensor, made at first use (the step
+        started during the backward copies them before a speculative update)."""
+        p = self.param_groups[gi]["params"][pi]
+        state = self.state[p]
+        if len(state) == 0:
+            self._init_state(p, state)
+        master = state.get("fp32_param")
+        p32 = (p.data if master is None else master).view(-1)
+        return [p32[lo:hi]] + [state[n].view(-1)[lo:hi] for n in self._state_names]
 
     def _stepping(self):
         """(group index, group, [(index, param, state, fp32 master or None)]) for every param

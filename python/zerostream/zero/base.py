@@ -137,17 +137,25 @@ class ZeroOptimizerBase:
 
     # The update running behind the next forward (zero/overlap.py), or None.
     behind = None
+    # The update started during the backward (zero/speculate.py), or None; the engine says
+    # whether the next backward ends the accumulation (the one speculated on).
+    speculation = None
+    boundary_backward = False
 
-    def settle_update(self) -> None:
+    def settle_update(self, keep_speculation: bool = False) -> None:
         """Waits for an update running behind the forward (Note [The step overlapped with
         the next forward] in zero/overlap.py): every reader and writer of the optimizer's
         state but the forward's gathers calls it first. A failed update leaves the run
-        inconsistent (its partitions partly updated) and raises, naming it."""
+        inconsistent (its partitions partly updated) and raises, naming it. Pieces updated
+        during the backward are put back first, unless step() asks to keep them (Note [The
+        step started during the backward] in zero/speculate.py)."""
         if self.behind is None:
             return
         from .overlap import UpdateFailed
 
         try:
+            if self.speculation is not None and not keep_speculation:
+                self.speculation.discard()
             ran = self.behind.settle()
         except UpdateFailed as e:
             self.ctx.run.set_inconsistent(str(e))
@@ -212,6 +220,8 @@ class ZeroOptimizerBase:
         run = self.ctx.run
         self.settle_update()  # its gradients land where the update reads
         run.require_consistent("backward")
+        if self.speculation is not None and self.boundary_backward and not self.coalescing:
+            self.arm_speculation()
         self._epilogue_queued = False  # see before_forward
         previous, run.state = run.state, TrainingState.BACKWARD
         try:

@@ -157,6 +157,11 @@ class Landing:
         # target (Note [Device-tier gradients stay on the device] in offload/device_tier.py)
         # (its target then holds only the rest: its element i is the partition's len + i)
         self.device_parts: Dict[int, torch.Tensor] = {}
+        # listener(group, at, n, mark): partition elements [at, at + n) of `group` hold what
+        # was landed into them, once the host waited for `mark` (None: at once); called
+        # where a span's values reach the partition, on whichever thread lands them (the
+        # step started during the backward, zero/speculate.py).
+        self.listener = None
 
     def land(self, source: torch.Tensor, spans: List[Tuple[int, int, int, int]]) -> None:
         if self.device_parts:
@@ -168,6 +173,8 @@ class Landing:
                 source = source.to(self.targets[0].device)
             for off, g, at, n in spans:
                 self.targets[g][at : at + n].add_(source[off : off + n])
+                if self.listener is not None:
+                    self.listener(g, at, n, None)
             return
         if not (self.direct and self.fresh):
             self._through_slot(source, [(off, g, at, n, False) for off, g, at, n in spans])
@@ -182,6 +189,10 @@ class Landing:
         if source.dtype == self.targets[0].dtype:
             for off, g, at, n in overwrite:
                 self.stage.download(source[off : off + n], self.targets[g][at : at + n])
+            if self.listener is not None and overwrite:
+                mark = self.stage.download_mark()  # after every download just queued
+                for off, g, at, n in overwrite:
+                    self.listener(g, at, n, mark)
         else:  # converted on the host
             add = [(off, g, at, n, True) for off, g, at, n in overwrite] + add
         self._through_slot(source, add)
@@ -232,6 +243,8 @@ class Landing:
                     target.copy_(piece)
                 else:
                     target.add_(piece)
+                if self.listener is not None:
+                    self.listener(g, lo, b - a, None)
 
     def drain(self) -> None:
         """Every span handed to the copy stage has landed; the backward's landing is done."""

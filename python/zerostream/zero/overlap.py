@@ -239,30 +239,45 @@ def make_behind(opt, ctx) -> UpdateBehind:
     return UpdateBehind(ctx.telemetry, opt.copy_stage.bind_thread)
 
 
-def launch_update(opt, partitions: list, factor: float) -> None:
+def launch_update(opt, partitions: list, factor: float, taken=None) -> None:
     """The CPU kernel's pass of the sharded optimizer's update, piece by piece in
     `opt._behind_pieces`'s order, on the update's thread: each piece's 16-bit values go
     through the copy stage and its upload mark is handed to the waiting gathers; the
-    gradient partitions are zeroed after (they are read until then)."""
+    gradient partitions are zeroed after (they are read until then). The pieces `taken`
+    (zero/speculate.py) updated during the backward with this factor and these
+    hyperparameters only hand their 16-bit values on; the others' copies are put back here,
+    before the thread starts, and they are updated as the rest."""
     from ..offload import sinks
 
     behind, stage = opt.behind, opt.copy_stage
     pieces = opt._behind_pieces(partitions)
     hyper = [dict(g) for g in opt.optimizer.param_groups]  # as at this step()
+    kept = taken.keep(opt, factor, hyper) if taken is not None else set()
+    if kept:
+        opt.speculation.kept_elements += sum(hi - lo for _, lo, hi in kept)
 
     def copy_to(gi, pi, lo, hi):
         behind.before_piece(gi, lo, hi)
         return sinks.fused_target(partitions[gi], lo, hi, opt.masters[gi].dtype)
 
+    def stepped(gi, pi, lo, hi) -> bool:
+        return (gi, lo, hi) in kept
+
     def run(done) -> None:
         def piece_done(gi, pi, lo, hi):
             master = opt.masters[gi][lo:hi]
-            sinks.hand_on(partitions[gi], lo, hi, master, fused=True, stable=True)
+            if (gi, lo, hi) in kept:  # updated during the backward: its 16-bit values now
+                behind.before_piece(gi, lo, hi)
+                sinks.hand_on(partitions[gi], lo, hi, master, fused=False, stable=True)
+            else:
+                sinks.hand_on(partitions[gi], lo, hi, master, fused=True, stable=True)
             done(gi, lo, hi, stage.upload_mark())
 
         work = [(g, 0, lo, hi) for g, lo, hi in pieces]
         with opt.telemetry.phase("cpu_update"):
-            opt.optimizer.step_ranges(work, factor, copy_to, piece_done, hyper=hyper)
+            opt.optimizer.step_ranges(
+                work, factor, copy_to, piece_done, hyper=hyper, stepped=stepped if kept else None
+            )
         opt._zero_partition_grads()
 
     behind.launch(pieces, run)

@@ -142,10 +142,15 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             else:  # torch refuses a 16-bit .grad on an fp32 tensor: the kernel is told
                 inner.bind_grads(dict(zip(self.masters, self.grads)))
         ZeroOptimizerBase.__init__(self, inner, ctx)
-        if ctx.config.zerostream.overlap_step == "next_forward":
+        overlap = ctx.config.zerostream.overlap_step
+        if overlap in ("next_forward", "backward"):
             from .overlap import make_behind
 
             self.behind = make_behind(self, ctx)
+        if overlap == "backward":
+            from .speculate import Speculation
+
+            self.speculation = Speculation(self, ctx.config.zerostream.speculative_step_bytes)
 
     def offloadable_states(self) -> dict:
         """The tensors of each state kind engine.offload_states may park (Note [Parking state
@@ -289,18 +294,35 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         # The partitions hold sums over ranks: the average's 1/world (gradient_allreduce_op
         # "mean") is folded into the norm and the factor instead of a pass over them (and a
         # rounding of 16-bit ones).
+        # The pieces updated during the backward stop here (zero/speculate.py): step()
+        # decides below whether they stand.
+        taken = self.speculation.take() if self.speculation is not None else None
         divisor = self.dp_divisor
         grads = list(self.grads) + self._device_grads()
         norm_sq = self._norm_and_overflow(grads, partitioned=True) / divisor**2
         factor = self._grad_factor(norm_sq)
         if factor is not None:
-            self._update(factor / divisor)
+            self._update(factor / divisor, taken)
+        elif taken is not None:  # an overflow: the step is skipped, the speculation undone
+            taken.restore(self)
         return factor is not None
+
+    def arm_speculation(self) -> None:
+        """At the start of the backward that ends the accumulation (overlap_step "backward"):
+        the update's pieces may start as their gradients land, with the factor step() takes
+        when nothing clips or overflows (as _grad_factor computes it with a coefficient of 1)
+        and the hyperparameters as they stand (Note [The step started during the backward])."""
+        pieces = self._behind_pieces(self._sinks(self.local_partitions()))
+        scale = self.loss_scaler.loss_scale
+        factor = (1.0 / (1.0 * scale)) / self.dp_divisor
+        self.speculation.arm(pieces, factor, self.optimizer.param_groups)
 
     def close_state(self) -> None:
         """Copies in flight read and write host memory that goes with the engine: they finish
         first; then the optimizer state's swap files (offload_optimizer nvme) are deleted."""
         super().close_state()
+        if self.speculation is not None:
+            self.speculation.close()
         if self.copy_stage is not None:
             self.copy_stage.drain()
         if self.swapper is not None:
@@ -312,10 +334,11 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 locked_tensors().forget(t)
             self._native_pins = []
 
-    def _update(self, factor: float) -> None:
+    def _update(self, factor: float, taken=None) -> None:
         """Steps this rank's partitions and writes them into the 16-bit partitions; with the
         copy stage, piece by piece, each piece's upload crossing while the next is stepped.
-        With overlap_step, on the update's own thread (zero/overlap.py's launch_update)."""
+        With overlap_step, on the update's own thread (zero/overlap.py's launch_update),
+        which keeps the pieces `taken` updated during the backward where they stand."""
         if self.copy_stage is not None:
             # The last update's uploads read the host masters (and staging) this one rewrites:
             # after a backward they were drained with its gradients, but a step() with no
@@ -325,7 +348,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         if self.behind is not None:
             from .overlap import launch_update
 
-            launch_update(self, partitions, factor)
+            launch_update(self, partitions, factor, taken)
             return
         try:
             self._update_into(partitions, factor)

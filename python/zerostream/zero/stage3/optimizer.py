@@ -386,7 +386,9 @@ class Stage3Optimizer(ShardedOptimizerBase):
                 zp.param.grad = None
 
     def step(self) -> bool:
-        self.settle_update()  # a step() with no backward since an overlapped one
+        # A step() with no backward since an overlapped one; the pieces updated during the
+        # backward stay for _average_and_update to judge.
+        self.settle_update(keep_speculation=True)
         with self.telemetry.phase("reduce"):
             if self.leaf_grads is not None:  # a plain loss.backward() ran no after_backward
                 self.leaf_grads.finish()

@@ -1,0 +1,269 @@
+"""zerostream.overlap_step "backward" (Note [The step started during the backward] in
+zero/speculate.py): ZeRO-3 with offload_optimizer cpu starts the CPU update during the
+backward, on the pieces whose gradients have all landed, with the factor of a step that
+neither clips nor overflows, and step() keeps or puts back what it did.
+
+Exactness: on 2 ranks the run is the serial run bit for bit (losses, norms, weights, the fp32
+state) in each case: nothing clips (the speculation is kept), the clip triggers at every step
+(all of it put back and redone), gradient accumulation (the fp32 landing through the copy
+stage's slots), fp16 whose first steps overflow (put back, the step skipped) and later ones
+kept. Mechanism: pieces really ran while autograd was in its backward, and kept pieces made
+no second kernel call. On the simulated device, the thread's wait for the gradients'
+downloads is needed (scripts/sync-mutations.py deletes it and this fails).
+"""
+
+import pytest
+import torch
+
+from multirank import run_ranks
+from tiny_gpt import TinyGPT, make_batches
+
+STEPS = 4
+GLOBAL_BATCH = 8
+
+
+def config(micro, gas, dtype, params, persist, clip, overlap) -> dict:
+    zero = {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "stage3_param_persistence_threshold": persist,
+        "reduce_bucket_size": 3000,
+        "stage3_prefetch_bucket_size": 3000,
+    }
+    if params != "none":
+        zero["offload_param"] = {"device": params}
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 10},
+        },
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16, "hysteresis": 1},
+    }
+    if overlap:
+        cfg["zerostream"] = {"overlap_step": overlap}
+    return cfg
+
+
+def _weights_and_state(engine) -> dict:
+    from zerostream.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    from zerostream.zero import GatheredParameters
+
+    out = {}
+    for name, p in engine.module.named_parameters():
+        out["fp32." + name] = safe_get_full_fp32_param(p).clone()
+        out["exp_avg." + name] = safe_get_full_optimizer_state(p, "exp_avg").clone()
+        out["exp_avg_sq." + name] = safe_get_full_optimizer_state(p, "exp_avg_sq").clone()
+    with GatheredParameters(list(engine.module.parameters())):
+        for name, p in engine.module.named_parameters():
+            out["16bit." + name] = p.detach().float().clone()
+    return out
+
+
+def _small_pieces(spec) -> None:
+    """The tiny model's partition in pieces of a few hundred elements (a real one's are cut
+    at 64 Ki elements and the copy slot), each made ready by its own buckets; and the
+    landing waits for the pieces it made ready, so that they run while the backward is
+    still producing gradients whatever the threads' timing."""
+    from zerostream.zero import overlap
+
+    overlap.MERGE = 256
+    spec.lockstep = True
+
+
+def train(rank, world, case, overlap, on_device=False):
+    import torch.distributed as dist
+
+    import zerostream
+
+    dtype, params, persist, gas, clip = case
+    micro = GLOBAL_BATCH // (world * gas)
+    xs, ys = make_batches(STEPS, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    cfg = config(micro, gas, dtype, params, persist, clip, overlap)
+    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    spec = engine.optimizer.speculation
+    ran_in = []
+    if spec is not None:
+        _small_pieces(spec)
+        spec.log = ran_in
+    losses, norms = [], []
+    for s in range(STEPS):
+        total = torch.zeros(())
+        for m in range(gas):
+            lo = (m * world + rank) * micro
+            x, y = xs[s][lo : lo + micro], ys[s][lo : lo + micro]
+            if on_device:
+                x, y = x.to(engine.device), y.to(engine.device)
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float().cpu()
+        if world > 1:
+            dist.all_reduce(total)
+        losses.append(float(total))
+        norms.append(float(engine.get_global_grad_norm()))
+    counts = None
+    if spec is not None:
+        counts = {
+            "speculated": spec.speculated_elements,
+            "kept": spec.kept_elements,
+            "states": sorted({state for _, state, _, _ in ran_in}),
+            # pieces updated before every gradient of their backward had landed
+            "early": sum(1 for _, _, landed, total in ran_in if landed < total),
+        }
+    state = _weights_and_state(engine)
+    skipped = engine.skipped_steps
+    engine.destroy()
+    return losses, norms, state, counts, skipped
+
+
+CASES = [
+    ("bf16", "none", 0, 1, 0.0),  # nothing clips: the speculation stands
+    ("bf16", "cpu", 100, 1, 0.05),  # the clip triggers at every step: all of it put back
+    ("fp32", "none", 100, 2, 0.0),  # accumulation: speculated on the second micro-step only
+    ("fp16", "none", 100, 1, 0.0),  # the first steps overflow (put back), later ones kept
+]
+
+
+def worker(rank, world):
+    return {
+        case: (train(rank, world, case, None), train(rank, world, case, "backward"))
+        for case in CASES
+    }
+
+
+def test_the_step_started_during_the_backward_is_the_serial_step_bit_for_bit():
+    results = run_ranks(worker, 2, timeout=600)
+    for rank, runs in enumerate(results):
+        for case, (serial, spec) in runs.items():
+            s_losses, s_norms, s_state, _, s_skipped = serial
+            o_losses, o_norms, o_state, counts, o_skipped = spec
+            assert o_losses == s_losses, (rank, case, o_losses, s_losses)
+            assert o_norms == s_norms, (rank, case)
+            assert o_skipped == s_skipped and (s_skipped > 0) == (case[0] == "fp16"), case
+            for key, value in s_state.items():
+                assert torch.equal(o_state[key], value), (rank, case, key)
+            # The mechanism: pieces ran during autograd's backward, and step() kept them
+            # exactly when nothing clipped.
+            assert counts["speculated"] > 0 and counts["states"] == ["BACKWARD"], (case, counts)
+            assert counts["early"] >= STEPS, (case, counts)
+            if case[4] > 0:
+                assert max(s_norms) > case[4] and counts["kept"] == 0, (case, counts, s_norms)
+            else:
+                assert counts["kept"] > 0, (case, counts)
+
+
+def _readers_undo(rank, world):
+    """A backward that ends the accumulation, then readers before step(): each sees the
+    state as it was before the speculation (every copy put back)."""
+    import zerostream
+
+    xs, ys = make_batches(2, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    cfg = config(GLOBAL_BATCH, 1, "bf16", "none", 0, 0.0, "backward")
+    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    engine.backward(engine(xs[0], ys[0]))
+    engine.step()
+    engine.optimizer.settle_update()
+    before = _weights_and_state(engine)
+    engine.backward(engine(xs[1], ys[1]))
+    speculated = engine.optimizer.speculation.speculated_elements
+    after = _weights_and_state(engine)  # the accessors put the speculation back
+    engine.zero_grad()
+    engine.destroy()
+    return before, after, speculated
+
+
+def test_a_reader_before_the_step_sees_the_state_without_the_speculation():
+    ((before, after, speculated),) = run_ranks(_readers_undo, 1, timeout=300)
+    assert speculated > 0
+    for key, value in before.items():
+        assert torch.equal(after[key], value), key
+
+
+def _budget(rank, world, budget):
+    import zerostream
+
+    xs, ys = make_batches(2, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    cfg = config(GLOBAL_BATCH, 1, "bf16", "none", 0, 0.0, "backward")
+    cfg["zerostream"]["speculative_step_bytes"] = budget if budget != "one" else 0
+    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    opt = engine.optimizer
+    spec = opt.speculation
+    _small_pieces(spec)
+    sizes = [hi - lo for _, lo, hi in opt._behind_pieces(opt._sinks(opt.local_partitions()))]
+    if budget == "one":  # room for the copies of the largest piece only (Adam: 12 B each)
+        spec.budget = 12 * max(sizes)
+    for s in range(2):
+        engine.backward(engine(xs[s], ys[s]))
+        engine.step()
+    out = (spec.speculated_elements, sizes, spec.budget)
+    engine.destroy()
+    return out
+
+
+def test_the_copies_stay_within_speculative_step_bytes():
+    ((none, _, _),) = run_ranks(_budget, 1, 0, timeout=300)
+    ((some, sizes, budget),) = run_ranks(_budget, 1, "one", timeout=300)
+    ((all_, _, _),) = run_ranks(_budget, 1, 1 << 30, timeout=300)
+    assert none == 0
+    assert len(sizes) > 1 and sum(sizes) > max(sizes), sizes
+    # Each of the 2 steps speculates at most the budget's worth, and at least one piece.
+    assert 0 < some <= 2 * (budget // 12) < all_, (some, budget, all_, sizes)
+    assert all_ <= 2 * sum(sizes)
+
+
+@pytest.mark.parametrize(
+    "zero, refused",
+    [
+        ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "got stage 2"),
+        ({"stage": 3}, 'offload_optimizer.device "cpu"; got "none"'),
+        (
+            {
+                "stage": 3,
+                "offload_optimizer": {"device": "cpu"},
+                "offload_param": {"device": "nvme", "nvme_path": "/tmp"},
+            },
+            'offload_param.device "nvme"',
+        ),
+    ],
+)
+def test_combinations_not_built_are_refused_by_name(zero, refused):
+    from zerostream.config import ConfigError, load
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}
+    cfg["zerostream"] = {"overlap_step": "backward"}
+    with pytest.raises(ConfigError) as e:
+        load(cfg)
+    text = str(e.value)
+    assert 'zerostream.overlap_step: "backward"' in text and refused in text, text
+
+
+# --- on the simulated device: the thread waits for the gradients' downloads ----------------------
+def _on_device(rank, world, policy, overlap):
+    from zerostream.testing import sim_device
+
+    with sim_device.installed(policy=policy, seed=rank, device_index=rank) as sim:
+        out = train(rank, world, ("bf16", "none", 100, 1, 0.0), overlap, on_device=True)
+        violations = list(sim.violations)
+        sim.violations.clear()
+    return out, violations
+
+
+@pytest.mark.parametrize("policy", ["lazy", "random"])
+def test_on_the_simulated_device_the_speculation_is_the_serial_step(policy):
+    serial = run_ranks(_on_device, 2, policy, None, timeout=600)
+    spec = run_ranks(_on_device, 2, policy, "backward", timeout=600)
+    for (s, s_seen), (o, o_seen) in zip(serial, spec):
+        assert s_seen == [] and o_seen == [], (s_seen, o_seen)
+        assert o[0] == s[0] and o[1] == s[1], (o[0], s[0])
+        for key, value in s[2].items():
+            assert torch.equal(o[2][key], value), key
+        assert o[3]["kept"] > 0, o[3]
