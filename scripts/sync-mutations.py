@@ -309,6 +309,13 @@ MUTATIONS = [
         [SPECULATE + "::test_the_step_started_during_the_backward_is_the_serial_step_bit_for_bit"],
     ),
     (
+        "speculation-late-part-makes-its-piece-dirty",
+        "zero/speculate.py",
+        "                        self._dirty.add(self._pieces[i])",
+        "                        pass",
+        [SPECULATE + "::test_a_piece_that_gets_more_gradient_after_its_update_is_updated_again"],
+    ),
+    (
         "speculation-kept-pieces-handed-on",
         "zero/overlap.py",
         "                sinks.hand_on(partitions[gi], lo, hi, master, fused=False, stable=True)",

@@ -57,8 +57,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--overlap-step",
-        action="store_true",
-        help='zerostream.overlap_step "next_forward" (stage 3, --offload-optimizer cpu)',
+        nargs="?",
+        const="next_forward",
+        choices=["next_forward", "backward"],
+        help='zerostream.overlap_step: "next_forward" (the default when given bare) or '
+        '"backward" (stage 3, --offload-optimizer cpu)',
     )
     p.add_argument("--steps", type=int, default=5, help="measured steps (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="steps before measuring (default 2)")
@@ -115,7 +118,7 @@ def _config(args, nvme_dir: str) -> dict:
                 "nvme_path": (args.nvme_path or nvme_dir) if args.offload_param == "nvme" else None,
             }
     if args.overlap_step:
-        cfg["zerostream"] = {**(cfg.get("zerostream") or {}), "overlap_step": "next_forward"}
+        cfg["zerostream"] = {**(cfg.get("zerostream") or {}), "overlap_step": args.overlap_step}
     if args.optimizer_max_on_device:
         value = args.optimizer_max_on_device
         value = value if value == "auto" else int(value)

@@ -85,6 +85,8 @@ class Taken:
         valid = factor == self.factor and _same_hyper(_hyper_of(hyper), self.hyper)
         kept = {p for p in self.backups if valid and p not in self.dirty}
         self.restore(opt, [p for p in self.backups if p not in kept])
+        spec = opt.speculation
+        spec.late_elements += sum(hi - lo for _, lo, hi in self.dirty & self.backups.keys())
         return kept
 
     def restore(self, opt, pieces=None) -> None:
@@ -122,6 +124,7 @@ class Speculation:
         self.speculated = 0
         self.speculated_elements = 0
         self.kept_elements = 0
+        self.late_elements = 0  # speculated, then put back: more gradient came after
         self.piece_hook = None  # tests: called on the thread before each piece
         # tests: (piece, training state, elements landed by then, of all) as each ran
         self.log: Optional[list] = None

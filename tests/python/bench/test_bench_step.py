@@ -132,6 +132,18 @@ def test_the_serial_step_peer_is_the_same_run_without_the_overlap(capsys):
     }
 
 
+@pytest.mark.timeout(600)
+def test_the_step_started_during_the_backward_is_benched_against_the_serial_step(capsys):
+    """--overlap-step backward: the update starts during the backward (the speculation's
+    own time is reported) and the losses are the serial step's bit for bit."""
+    flags = ["--stage", "3", "--offload-optimizer", "cpu", "--overlap-step", "backward"]
+    rc, res = _run(capsys, *flags, "--peers", "zerostream,serial-step", "--steps", "2")
+    assert rc == 0 and res["config"]["zerostream"]["overlap_step"] == "backward"
+    ours, serial = res["peers"]["zerostream"], res["peers"]["serial-step"]
+    assert ours["losses"] == serial["losses"]
+    assert ours["phase_seconds"]["speculate"] > 0, ours["phase_seconds"]
+
+
 def test_a_device_share_is_set_from_its_flag(capsys):
     """--optimizer-max-on-device sets zerostream.optimizer_max_on_device (a count or "auto")
     and the run takes it: on this host run, where the device's memory is the host's, "auto"

@@ -76,7 +76,7 @@ def _small_pieces(spec) -> None:
     spec.lockstep = True
 
 
-def train(rank, world, case, overlap, on_device=False):
+def train(rank, world, case, overlap, on_device=False, model=TinyGPT):
     import torch.distributed as dist
 
     import zerostream
@@ -86,7 +86,7 @@ def train(rank, world, case, overlap, on_device=False):
     xs, ys = make_batches(STEPS, GLOBAL_BATCH)
     torch.manual_seed(0)
     cfg = config(micro, gas, dtype, params, persist, clip, overlap)
-    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    engine = zerostream.initialize(model=model(), config=cfg)[0]
     spec = engine.optimizer.speculation
     ran_in = []
     if spec is not None:
@@ -113,6 +113,7 @@ def train(rank, world, case, overlap, on_device=False):
         counts = {
             "speculated": spec.speculated_elements,
             "kept": spec.kept_elements,
+            "late": spec.late_elements,
             "states": sorted({state for _, state, _, _ in ran_in}),
             # pieces updated before every gradient of their backward had landed
             "early": sum(1 for _, _, landed, total in ran_in if landed < total),
@@ -157,6 +158,28 @@ def test_the_step_started_during_the_backward_is_the_serial_step_bit_for_bit():
                 assert max(s_norms) > case[4] and counts["kept"] == 0, (case, counts, s_norms)
             else:
                 assert counts["kept"] > 0, (case, counts)
+
+
+def _late_parts(rank, world):
+    import functools
+
+    model = functools.partial(TinyGPT, checkpoint="reentrant", reuse=True)
+    case = ("bf16", "none", 0, 1, 0.0)
+    return train(rank, world, case, None, model=model), train(
+        rank, world, case, "backward", model=model
+    )
+
+
+def test_a_piece_that_gets_more_gradient_after_its_update_is_updated_again():
+    """Reentrant checkpointing with the last block run twice: its params' gradients come in
+    two parts, two inner backwards apart (Note [A gradient that arrives in parts]); a piece
+    updated after the first part is put back and updated again at step()."""
+    for serial, spec in run_ranks(_late_parts, 2, timeout=600):
+        assert spec[0] == serial[0] and spec[1] == serial[1], (spec[0], serial[0])
+        for key, value in serial[2].items():
+            assert torch.equal(spec[2][key], value), key
+        counts = spec[3]
+        assert counts["late"] > 0 and counts["kept"] > 0, counts
 
 
 def _readers_undo(rank, world):
