@@ -41,6 +41,7 @@ of them on top of the activations (measured: benchmarks/estimate.md).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -208,18 +209,24 @@ class Knobs:
     optimizer_max_on_device: int = 0
     # stage3_model_persistence_threshold: the persistent params' total (partitioner.py)
     model_persistence_threshold: int = 2**63 - 1
+    # zerostream.overlap_step "backward": the most host bytes its copies of speculatively
+    # updated pieces take (zerostream.speculative_step_bytes; zero/speculate.py), else 0
+    speculative_bytes: int = 0
 
     @classmethod
     def from_config(cls, cfg) -> "Knobs":
         """The knobs of a resolved config: its zero_optimization section and zerostream's
         tier settings (knobs_from_config)."""
         ext = cfg.zerostream
-        return knobs_from_config(
+        knobs = knobs_from_config(
             cfg.zero_optimization,
             ext.optimizer_max_in_cpu,
             ext.device_tier_grads,
             ext.optimizer_max_on_device,
         )
+        if ext.overlap_step == "backward":
+            knobs = dataclasses.replace(knobs, speculative_bytes=ext.speculative_step_bytes)
+        return knobs
 
 
 def auto_knobs(shape: ModelShape, option: Option) -> Knobs:
@@ -435,6 +442,9 @@ def _memory(shape, work, machine, option, knobs):
         del host[grads_key]
         name, size = host_grads or ("fp32 grads", 4 * landed)
         host[name] = size
+        if knobs.speculative_bytes:  # at most a copy of the whole master and moments
+            whole = states[master] + states[moments]
+            host["speculation copies"] = min(knobs.speculative_bytes, whole)
     else:
         # Sub-groups of sub_group_size (0: one per parameter, at most the largest), whole ones
         # within optimizer_max_in_cpu kept in host memory.

@@ -38,6 +38,9 @@ Note [The step overlapped with the next forward]
   An exception on the thread (a kernel refusing its input, a fault) is raised again, naming
   the update, by the next call that waits for it; the run is then left inconsistent (the
   partitions were partly updated), as after a serial step that raised.
+
+  overlap_step "backward" (zero/speculate.py) starts pieces during the backward; this update
+  then hands on their 16-bit values in their turn, and runs the kernel on the rest.
 """
 
 from __future__ import annotations

@@ -484,3 +484,30 @@ def test_planning_every_option_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_the_step_started_during_the_backward_plans_its_copies_in_host_memory():
+    """zerostream.overlap_step "backward": the copies of speculatively updated pieces take
+    up to speculative_step_bytes of host memory a process (zero/speculate.py), never more
+    than the master and moments they copy; other overlap modes take none."""
+    shape = from_hf_config(LLAMA2_70B)
+    work = Workload(1, 4096, 1, "bf16", True)
+    machine = _node()
+
+    def host(ext):
+        knobs = Knobs.from_config(config.load(
+            {"train_micro_batch_size_per_gpu": 1,
+             "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+             "zerostream": ext},
+            world_size=8, log=False,
+        ))  # fmt: skip
+        return predict(shape, work, machine, Option(3, "cpu", "none"), knobs).host
+
+    serial = host({})
+    behind = host({"overlap_step": "next_forward"})
+    spec = host({"overlap_step": "backward", "speculative_step_bytes": 3 * 10**9})
+    assert "speculation copies" not in serial and behind == serial
+    assert spec["speculation copies"] == 3 * 10**9
+    assert {k: v for k, v in spec.items() if k != "speculation copies"} == serial
+    huge = host({"overlap_step": "backward", "speculative_step_bytes": 10**15})
+    assert huge["speculation copies"] == serial["fp32 master"] + serial["Adam m, v"]
