@@ -170,6 +170,36 @@ def _late_parts(rank, world):
     )
 
 
+def _ranks_differ(rank, world):
+    """Rank 0 has no room for copies (it speculates nothing), rank 1 room for all."""
+    import zerostream
+
+    case = ("bf16", "none", 100, 1, 0.0)
+    serial = train(rank, world, case, None)
+    original = zerostream.initialize
+
+    def initialize(*args, **kwargs):
+        kwargs["config"]["zerostream"]["speculative_step_bytes"] = 0 if rank == 0 else 1 << 30
+        return original(*args, **kwargs)
+
+    zerostream.initialize = initialize
+    try:
+        return serial, train(rank, world, case, "backward")
+    finally:
+        zerostream.initialize = original
+
+
+def test_ranks_that_speculate_differently_issue_the_same_collectives_and_the_same_step():
+    """What a rank speculates is its own (its landing, its budget, its thread's timing): no
+    collective depends on it (run_ranks compares the ranks' collective sequences)."""
+    results = run_ranks(_ranks_differ, 2, timeout=600)
+    for rank, (serial, spec) in enumerate(results):
+        assert spec[0] == serial[0] and spec[1] == serial[1], rank
+        for key, value in serial[2].items():
+            assert torch.equal(spec[2][key], value), (rank, key)
+        assert (spec[3]["speculated"] > 0) == (rank == 1), (rank, spec[3])
+
+
 def test_a_piece_that_gets_more_gradient_after_its_update_is_updated_again():
     """Reentrant checkpointing with the last block run twice: its params' gradients come in
     two parts, two inner backwards apart (Note [A gradient that arrives in parts]); a piece
