@@ -202,13 +202,36 @@ class DynamicLossScaler(LossScaler):
 # --- fp16 section -> scaler --------------------------------------------------------------------
 
 
-def make_loss_scaler(fp16: Optional["FP16Config"]) -> LossScaler:
+def make_loss_scaler(fp16: Optional["FP16Config"], stage: int = 1) -> LossScaler:
     """The scaler for the resolved `fp16` section (validated, defaults filled, by the config
-    schema). A disabled or absent section (bf16, fp32) gets the no-op LossScaler(1.0)."""
+    schema). A disabled or absent section (bf16, fp32) gets the no-op LossScaler(1.0).
+
+    Note [The loss scale at stage 0]
+      Without ZeRO, DeepSpeed steps fp16 through its FP16_Optimizer (or the unfused one),
+      whose scale update is its own: every overflow halves the scale (floored at
+      min_loss_scale, without raising there), and `hysteresis` / `consecutive_hysteresis`
+      are not read; the doubling rule is the one above. ZeRO stages 1-3 use the
+      DynamicLossScaler with hysteresis. zerostream follows both, so a stage-0 run keeps
+      DeepSpeed's loss-scale trajectory (its unit test_dynamic_loss_scale.py checks it)."""
     if fp16 is None or not fp16.enabled:
         return LossScaler(1.0)
     if not fp16.dynamic_loss_scale:
         return LossScaler(fp16.loss_scale)
+    if stage == 0:
+        if fp16.hysteresis != 2 or fp16.consecutive_hysteresis:  # set by the user
+            logger.info(
+                "fp16.hysteresis (%d) and consecutive_hysteresis apply at ZeRO stages 1-3; at "
+                "stage 0 every overflow halves the loss scale, as DeepSpeed's FP16 optimizer "
+                "does",
+                fp16.hysteresis,
+            )
+        return DynamicLossScaler(
+            init_scale=2.0**fp16.initial_scale_power,
+            scale_window=fp16.loss_scale_window,
+            min_scale=fp16.min_loss_scale,
+            delayed_shift=1,
+            raise_error_at_min_scale=False,
+        )
     return DynamicLossScaler(
         init_scale=2.0**fp16.initial_scale_power,
         scale_window=fp16.loss_scale_window,

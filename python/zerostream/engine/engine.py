@@ -82,7 +82,7 @@ class ZeroEngine(torch.nn.Module):
         self._parts = TrainingParts()
         self._step_applied = False
         self._parked = None  # what offload_states moved to host memory (zero/state_offload.py)
-        self.loss_scaler = make_loss_scaler(cfg.fp16)
+        self.loss_scaler = make_loss_scaler(cfg.fp16, cfg.zero_optimization.stage)
         self._accessors = Accessors(cfg, self._parts, self.loss_scaler)
         device = self._device()
         self.telemetry = StepTelemetry(issue_timed=device.type == "cuda")
