@@ -46,7 +46,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deepspeed_unit_causes import CAUSES  # noqa: E402
-from deepspeed_unit_compare import compare, print_causes, print_comparison  # noqa: E402
+from deepspeed_unit_compare import (  # noqa: E402
+    compare,
+    markdown_table,
+    per_file,
+    print_causes,
+    print_comparison,
+)
 from deepspeed_unit_scope import in_scope_files  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -391,6 +397,8 @@ def main() -> None:
     ap.add_argument("--collect", action="store_true", help="only import every file (pytest)")
     ap.add_argument("--compare", type=Path, nargs=2, metavar=("PEER_JSON", "OURS_JSON"),
                     help="DeepSpeed's run against zerostream's; runs nothing")  # fmt: skip
+    ap.add_argument("--markdown", type=Path,
+                    help="with --compare: write the per-file table (Markdown) here")
     ap.add_argument("--chunk", type=int, default=8, help="files to a pytest process")
     ap.add_argument("--resume", action="store_true",
                     help="with --keep: skip the chunks a stopped run finished there")  # fmt: skip
@@ -401,7 +409,11 @@ def main() -> None:
         if peer.get("package") != "deepspeed" or ours.get("package") != "zerostream":
             sys.exit("deepspeed-unit: --compare takes DeepSpeed's JSON first, zerostream's second")
         result = compare(peer, ours)
+        result["files"] = per_file(peer, ours, result)
         print_comparison(result)
+        if args.markdown:
+            args.markdown.write_text(markdown_table(result["files"]))
+            print(f"(the per-file table written to {args.markdown})")
         out = args.json or RESULTS / "compare.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))

@@ -72,6 +72,60 @@ def compare(peer: dict, ours: dict) -> dict:
     }
 
 
+def file_of(case_id: str) -> str:
+    """`unit.x.test_y.TestA::test[1]` -> `unit/x/test_y.py` (a class name starts with an
+    upper-case letter; a module that failed to import is `::unit.x.test_y`)."""
+    owner = _owner(case_id) or case_id.lstrip(":")
+    parts = owner.split(".")
+    while len(parts) > 1 and parts[-1][:1].isupper():
+        parts.pop()
+    return "/".join(parts) + ".py"
+
+
+def per_file(peer: dict, ours: dict, result: dict) -> list:
+    """One row a file: what DeepSpeed ran, passed and skipped, what zerostream passed and
+    skipped, passed by both, by DeepSpeed only (the comparison's list) and by zerostream
+    only. A zerostream module that failed to import counts as every test of it not passed."""
+    rows = defaultdict(lambda: dict.fromkeys(
+        ("ds_ran", "ds_passed", "ds_skipped", "zs_passed", "zs_skipped", "both",
+         "ds_only", "zs_only"), 0))  # fmt: skip
+    for c in peer["cases"]:
+        row = rows[file_of(c["id"])]
+        row["ds_ran"] += 1
+        row["ds_passed"] += c["outcome"] == "passed"
+        row["ds_skipped"] += c["outcome"] == "skipped"
+    for c in ours["cases"]:
+        if c["id"].startswith("::"):
+            continue
+        row = rows[file_of(c["id"])]
+        row["zs_passed"] += c["outcome"] == "passed"
+        row["zs_skipped"] += c["outcome"] == "skipped"
+    for case in result["deepspeed_passes_zerostream_does_not"]:
+        rows[file_of(case["id"])]["ds_only"] += 1
+    for case_id in result["zerostream_passes_deepspeed_does_not"]:
+        rows[file_of(case_id)]["zs_only"] += 1
+    out = []
+    for name in sorted(rows):
+        row = rows[name]
+        row["both"] = row["ds_passed"] - row["ds_only"]
+        out.append({"file": name, **row})
+    return out
+
+
+def markdown_table(rows: list) -> str:
+    """The per-file rows as a Markdown table, with the totals last."""
+    keys = ("ds_ran", "ds_passed", "ds_skipped", "zs_passed", "zs_skipped", "both", "ds_only",
+            "zs_only")  # fmt: skip
+    head = ("| file | DeepSpeed ran | DeepSpeed passed | DeepSpeed skipped | zerostream passed "
+            "| zerostream skipped | passed by both | DeepSpeed only | zerostream only |")  # fmt: skip
+    lines = [head, "|---" * 9 + "|"]
+    for row in rows:
+        lines.append(f"| `{row['file']}` | " + " | ".join(str(row[k]) for k in keys) + " |")
+    total = {k: sum(r[k] for r in rows) for k in keys}
+    lines.append(f"| **{len(rows)} files** | " + " | ".join(f"**{total[k]}**" for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def print_causes(by_cause: dict, key) -> None:
     """Each (class, cause) of `by_cause` (-> test ids), in `key`'s order, with its first 40
     ids (the runner's report and the comparison print them alike)."""

@@ -13,7 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "scripts"))
 import deepspeed_unit  # noqa: E402
 import deepspeed_unit_scope  # noqa: E402
-from deepspeed_unit_compare import compare  # noqa: E402
+from deepspeed_unit_compare import compare, markdown_table, per_file  # noqa: E402
 
 from prerequisites import missing  # noqa: E402
 
@@ -132,6 +132,37 @@ def test_the_count_is_what_deepspeed_itself_passes():
     assert result["zerostream_passes_deepspeed_does_not"] == [
         "unit.a.test_x.TestB::test", "unit.a.test_x.TestC::test",
     ]  # fmt: skip
+
+
+def test_the_per_file_table_counts_each_file_on_both_sides():
+    """The per-file rows (docs/compat.md's table): what each package ran, passed and skipped,
+    passed by both, by DeepSpeed only and by zerostream only; a module zerostream cannot
+    import loses its tests in its own row; the totals are the sums."""
+    peer = {"package": "deepspeed", "cases": [
+        _case("unit.a.test_x.TestA::test[1]", "passed"),
+        _case("unit.a.test_x.TestA::test[2]", "passed"),
+        _case("unit.a.test_x::test_free", "skipped"),
+        _case("unit.b.test_y.TestD::test", "passed"),
+        _case("unit.c.test_z::test", "failed"),
+    ]}  # fmt: skip
+    ours = {"package": "zerostream", "cases": [
+        _case("unit.a.test_x.TestA::test[1]", "passed"),
+        _case("unit.a.test_x.TestA::test[2]", "failed", "internal", "reads _x"),
+        _case("unit.a.test_x::test_free", "skipped"),
+        _case("::unit.b.test_y", "failed", "failed", "ImportError"),
+        _case("unit.c.test_z::test", "passed"),
+    ]}  # fmt: skip
+    rows = {r["file"]: r for r in per_file(peer, ours, compare(peer, ours))}
+    assert set(rows) == {"unit/a/test_x.py", "unit/b/test_y.py", "unit/c/test_z.py"}
+    a, b, c = rows["unit/a/test_x.py"], rows["unit/b/test_y.py"], rows["unit/c/test_z.py"]
+    assert (a["ds_ran"], a["ds_passed"], a["ds_skipped"]) == (3, 2, 1)
+    assert (a["zs_passed"], a["zs_skipped"], a["both"], a["ds_only"], a["zs_only"]) == (
+        1, 1, 1, 1, 0)  # fmt: skip
+    assert (b["ds_passed"], b["zs_passed"], b["ds_only"], b["both"]) == (1, 0, 1, 0)
+    assert (c["ds_passed"], c["zs_passed"], c["zs_only"]) == (0, 1, 1)
+    table = markdown_table(list(rows.values()))
+    assert "| `unit/a/test_x.py` | 3 | 2 | 1 | 1 | 1 | 1 | 1 | 0 |" in table
+    assert table.splitlines()[-1] == "| **3 files** | **5** | **3** | **1** | **2** | **1** | **1** | **2** | **1** |"
 
 
 def test_compare_reads_both_json_files_and_refuses_them_swapped(tmp_path):
