@@ -49,7 +49,8 @@ def config(micro: int, gas: int, dtype: str, params: str, persist: int, overlap:
         "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16, "hysteresis": 1},
     }
     if overlap:
-        cfg["zerostream"] = {"overlap_step": "next_forward"}
+        mode = overlap if isinstance(overlap, str) else "next_forward"
+        cfg["zerostream"] = {"overlap_step": mode}
     return cfg
 
 
@@ -372,12 +373,15 @@ def _counted(rank, world, overlap):
     return counts, violations
 
 
-def test_on_the_device_the_step_leaves_the_waits_to_each_gather_of_the_next_forward():
+@pytest.mark.parametrize("mode", ["next_forward", "backward"])
+def test_on_the_device_the_step_leaves_the_waits_to_each_gather_of_the_next_forward(mode):
     """Serial: step() makes the compute stream wait for its uploads (the fence), and the
-    forward waits for nothing. Overlapped: step() waits for nothing, on the device or on the
-    main thread's host side; the next forward's compute stream waits instead, per gather."""
+    forward waits for nothing. Overlapped (and started during the backward, whose kept
+    pieces upload behind the forward too): step() waits for nothing, on the device or on
+    the main thread's host side; the next forward's compute stream waits instead, per
+    gather."""
     ((serial, s_seen),) = run_ranks(_counted, 1, False, timeout=300)
-    ((overlapped, o_seen),) = run_ranks(_counted, 1, True, timeout=300)
+    ((overlapped, o_seen),) = run_ranks(_counted, 1, mode, timeout=300)
     assert s_seen == [] and o_seen == [], (s_seen, o_seen)
     # Steps 2 and 3: the first forward recorded the trace; the second and third follow it.
     for s, o in zip(serial[1:], overlapped[1:]):
