@@ -204,6 +204,7 @@ configs=(
   "stage3-nvme-nvme 1 240 --stage 3 --offload-optimizer nvme --offload-param nvme --peers zerostream,deepspeed"
   "stage3-cpu-overlap 3 160 --stage 3 --offload-optimizer cpu --overlap-step --peers zerostream,serial-step,no-offload"
   "stage3-cpu-speculate 3 120 --stage 3 --offload-optimizer cpu --overlap-step backward --peers zerostream,serial-step"
+  "stage2-cpu-speculate 3 120 --stage 2 --offload-optimizer cpu --overlap-step backward --peers zerostream,serial-step"
   "stage2-cpu-device-share 3 160 --stage 2 --offload-optimizer cpu --optimizer-max-on-device auto --peers zerostream,no-offload"
 )
 run_bench() {

@@ -316,6 +316,13 @@ MUTATIONS = [
         [SPECULATE + "::test_a_piece_that_gets_more_gradient_after_its_update_is_updated_again"],
     ),
     (
+        "speculation-stage2-kept-pieces-handed-on",
+        "zero/sharded.py",
+        "            fused = (gi, lo, hi) not in kept",
+        "            fused = True",
+        [SPECULATE + "::test_the_step_started_during_the_backward_is_the_serial_step_bit_for_bit"],
+    ),
+    (
         "speculation-kept-pieces-handed-on",
         "zero/overlap.py",
         "                sinks.hand_on(partitions[gi], lo, hi, master, fused=False, stable=True)",

@@ -170,16 +170,25 @@ void offload_rules(Resolution& r, int64_t stage) {
                       "would silently use CPU memory instead)");
   // zerostream.overlap_step "next_forward" (python/zerostream/zero/overlap.py): the offloaded
   // CPU update runs on a thread of its own while the next forward gathers ZeRO-3 shards.
-  // "backward" starts it during the backward too (python/zerostream/zero/speculate.py) and
-  // goes on behind the next forward: the same combinations.
+  // "backward" starts it during the backward too (python/zerostream/zero/speculate.py) and,
+  // at stage 3, goes on behind the next forward; at stage 2 (whose buckets land during the
+  // backward too) step() finishes it.
   const std::string overlap = str(r, "zerostream.overlap_step");
   if (overlap == "next_forward" || overlap == "backward") {
     const std::string key = "zerostream.overlap_step: \"" + overlap + "\" ";
-    if (stage != 3)
+    if (overlap == "next_forward" && stage != 3)
       r.errors.push_back(key +
                          "overlaps the offloaded optimizer step with the next forward's ZeRO-3 "
                          "gathers, which wait for the shards they read; got stage " +
                          std::to_string(stage) + " (set zero_optimization.stage to 3)");
+    else if (overlap == "backward" && stage != 2 && stage != 3)
+      r.errors.push_back(key +
+                         "starts the offloaded update on gradients the backward has reduced, "
+                         "at ZeRO stages 2 and 3; got stage " +
+                         std::to_string(stage) +
+                         (stage == 1 ? " (stage 1 reduces the gradients at the step, so nothing "
+                                       "lands during the backward)"
+                                     : ""));
     else if (opt_device != "cpu")
       r.errors.push_back(key +
                          "runs the CPU optimizer update behind the next forward, with "

@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         const="next_forward",
         choices=["next_forward", "backward"],
         help='zerostream.overlap_step: "next_forward" (the default when given bare) or '
-        '"backward" (stage 3, --offload-optimizer cpu)',
+        '"backward" (stage 3, or 2 with "backward"; --offload-optimizer cpu)',
     )
     p.add_argument("--steps", type=int, default=5, help="measured steps (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="steps before measuring (default 2)")

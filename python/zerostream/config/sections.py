@@ -329,9 +329,10 @@ class ZeroStreamExtConfig:
     host_malloc: str
     # "next_forward": ZeRO-3 with offload_optimizer cpu runs the optimizer update on a thread
     # of its own while the next forward gathers the shards it has updated (Note [The step
-    # overlapped with the next forward] in zero/overlap.py); "backward": the same, and the
-    # update starts during the backward on the sub-groups whose gradients are final,
-    # speculatively (Note [The step started during the backward] in zero/speculate.py);
+    # overlapped with the next forward] in zero/overlap.py); "backward": the update starts
+    # during the backward on the pieces whose gradients are final, speculatively (Note [The
+    # step started during the backward] in zero/speculate.py), at stage 3 then behind the
+    # next forward as "next_forward", at stage 2 finished by step();
     # "none": step() returns updated.
     overlap_step: str
     # overlap_step "backward": host bytes the pre-update copies of the speculatively updated

@@ -149,13 +149,15 @@ class ZeroOptimizerBase:
         inconsistent (its partitions partly updated) and raises, naming it. Pieces updated
         during the backward are put back first, unless step() asks to keep them (Note [The
         step started during the backward] in zero/speculate.py)."""
-        if self.behind is None:
+        if self.behind is None and self.speculation is None:
             return
         from .overlap import UpdateFailed
 
         try:
             if self.speculation is not None and not keep_speculation:
                 self.speculation.discard()
+            if self.behind is None:
+                return
             ran = self.behind.settle()
         except UpdateFailed as e:
             self.ctx.run.set_inconsistent(str(e))

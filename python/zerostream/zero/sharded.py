@@ -143,14 +143,14 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 inner.bind_grads(dict(zip(self.masters, self.grads)))
         ZeroOptimizerBase.__init__(self, inner, ctx)
         overlap = ctx.config.zerostream.overlap_step
-        if overlap in ("next_forward", "backward"):
+        if overlap == "next_forward" or (overlap == "backward" and zero.stage == 3):
             from .overlap import make_behind
 
             self.behind = make_behind(self, ctx)
         if overlap == "backward":
-            from .speculate import Speculation
+            from .speculate import make_speculation
 
-            self.speculation = Speculation(self, ctx.config.zerostream.speculative_step_bytes)
+            self.speculation = make_speculation(self, ctx)
 
     def offloadable_states(self) -> dict:
         """The tensors of each state kind engine.offload_states may park (Note [Parking state
@@ -350,8 +350,11 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
 
             launch_update(self, partitions, factor, taken)
             return
+        if taken is not None and not isinstance(self.optimizer, CPUOptimizerBase):
+            taken.restore(self)  # not reached: speculation runs zerostream's CPU kernels only
+            taken = None
         try:
-            self._update_into(partitions, factor)
+            self._update_into(partitions, factor, taken)
         finally:
             if self.copy_stage is not None:
                 self.copy_stage.fence()
@@ -359,8 +362,18 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
 
     def _behind_pieces(self, partitions: list) -> list:
         """The update's pieces (group, lo, hi) in the order it runs them (stage 3 puts the
-        persistent params' first: zero/stage3/optimizer.py)."""
-        raise NotImplementedError
+        persistent params' first: zero/stage3/optimizer.py). Here (stage 2, whose pieces
+        only the step started during the backward uses): each partition in order, cut at
+        the copy stage's slot and at the overlap's merge size, so that a piece's gradients
+        land in a few buckets."""
+        from . import overlap
+
+        pieces = []
+        for g, part in enumerate(partitions):
+            n = sinks.numel(part)
+            cap = max(1, min(sinks.piece(part, 1 << 22), overlap.MERGE * 16))
+            pieces.extend((g, lo, min(lo + cap, n)) for lo in range(0, n, cap))
+        return pieces
 
     def _update_settled(self) -> None:
         """The update behind the forward ended: the compute stream waits for all of its
@@ -384,7 +397,25 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             for p in partitions
         ]
 
-    def _update_into(self, partitions: list, factor: float) -> None:
+    def _update_kept(self, partitions: list, factor: float, taken, copy_to) -> None:
+        """The serial update after a speculation (zero/speculate.py, stage 2): the pieces it
+        updated with this factor and these hyperparameters hand their 16-bit values on, the
+        others (their copies put back first) are updated in the kernel's pass."""
+        kept = taken.keep(self, factor, self.optimizer.param_groups)
+        self.speculation.kept_elements += sum(hi - lo for _, lo, hi in kept)
+
+        def done(gi, pi, lo, hi):
+            master = self.masters[gi][lo:hi]
+            fused = (gi, lo, hi) not in kept
+            sinks.hand_on(partitions[gi], lo, hi, master, fused=fused, stable=True)
+
+        work = [(g, 0, lo, hi) for g, lo, hi in self._behind_pieces(partitions)]
+        with self.telemetry.phase("cpu_update"):
+            self.optimizer.step_ranges(
+                work, factor, copy_to, done, stepped=lambda gi, pi, lo, hi: (gi, lo, hi) in kept
+            )
+
+    def _update_into(self, partitions: list, factor: float, taken=None) -> None:
         if self.swapper is not None:
             before = (
                 self.swapper.bytes_read,
@@ -404,6 +435,10 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             # piece's 16-bit copy straight into the copy stage's staging.
             def copy_to(gi, pi, lo, hi):
                 return sinks.fused_target(partitions[gi], lo, hi, self.masters[gi].dtype)
+
+            if taken is not None:  # stage 2: pieces updated during the backward
+                self._update_kept(partitions, factor, taken, copy_to)
+                return
 
             def done(gi, pi, lo, hi):
                 master = self.masters[gi][lo:hi]

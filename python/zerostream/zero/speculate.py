@@ -38,6 +38,12 @@ Note [The step started during the backward]
   reach the host only then). Elements no gradient reaches in the backward (a parameter
   without one on this rank, alignment padding) keep their pieces for step().
 
+  Stages: at ZeRO-3 step() hands the rest to the update behind the next forward
+  (zero/overlap.py); at ZeRO-2, whose buckets land in the partitions during the backward as
+  well, step() runs the rest itself (ShardedOptimizerBase._update_kept) and all-gathers as
+  usual, so the update that was hidden is the part the backward's length allowed. Stage 1
+  reduces at the step: nothing lands earlier, and the mode is refused there.
+
   Only the backward that ends the accumulation is speculated on (the engine says which),
   never one inside coalesce_grad_reduction. Anything that reads or writes the optimizer
   state between that backward and step() (another backward, zero_grad, a checkpoint, the
@@ -57,6 +63,22 @@ import torch
 
 from .grad_reduce import Coverage
 from .overlap import Piece, UpdateFailed
+
+
+def make_speculation(opt, ctx) -> "Speculation":
+    """The speculation of a sharded ZeRO optimizer under overlap_step "backward": zerostream's
+    CPU kernels over host masters, their pieces handed on through the copy stage."""
+    from ..ops._cpu_optimizer import CPUOptimizerBase
+
+    if not isinstance(opt.optimizer, CPUOptimizerBase) or opt.copy_stage is None:
+        raise ValueError(
+            f'zerostream.overlap_step: "backward" starts zerostream\'s CPU optimizer kernels '
+            f"during the backward, with zero_optimization.offload_optimizer.device \"cpu\"; "
+            f"this run steps {type(opt.optimizer).__name__} with offload_optimizer "
+            f'"{opt.offload_device}" (drop overlap_step, or use a DeepSpeed optimizer type '
+            f"such as AdamW with offload_optimizer cpu)"
+        )
+    return Speculation(opt, ctx.config.zerostream.speculative_step_bytes)
 
 
 def _hyper_of(groups) -> list:

@@ -208,6 +208,7 @@ class PartitionedOptimizer(ShardedOptimizerBase):
         return groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self.settle_update()  # pieces updated during a backward no step() followed go back
         self.holding_grads = False
         self._zero_partition_grads()
         for f in self.flat_groups:

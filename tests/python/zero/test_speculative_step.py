@@ -30,7 +30,9 @@ def config(micro, gas, dtype, params, persist, clip, overlap) -> dict:
         "reduce_bucket_size": 3000,
         "stage3_prefetch_bucket_size": 3000,
     }
-    if params != "none":
+    if params == "stage2":  # ZeRO-2: the buckets land during the backward too
+        zero = {"stage": 2, "offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": 3000}
+    elif params != "none":
         zero["offload_param"] = {"device": params}
     cfg = {
         "train_micro_batch_size_per_gpu": micro,
@@ -129,6 +131,8 @@ CASES = [
     ("bf16", "cpu", 100, 1, 0.05),  # the clip triggers at every step: all of it put back
     ("fp32", "none", 100, 2, 0.0),  # accumulation: speculated on the second micro-step only
     ("fp16", "none", 100, 1, 0.0),  # the first steps overflow (put back), later ones kept
+    ("bf16", "stage2", 0, 1, 0.0),  # stage 2: kept, then step() updates the rest
+    ("fp32", "stage2", 0, 2, 0.05),  # stage 2, accumulation, the clip triggers: put back
 ]
 
 
@@ -276,8 +280,10 @@ def test_the_copies_stay_within_speculative_step_bytes():
 @pytest.mark.parametrize(
     "zero, refused",
     [
-        ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "got stage 2"),
+        ({"stage": 1, "offload_optimizer": {"device": "cpu"}}, "nothing lands during"),
+        ({"stage": 0}, "got stage 0"),
         ({"stage": 3}, 'offload_optimizer.device "cpu"; got "none"'),
+        ({"stage": 2}, 'offload_optimizer.device "cpu"; got "none"'),
         (
             {
                 "stage": 3,
@@ -286,6 +292,7 @@ def test_the_copies_stay_within_speculative_step_bytes():
             },
             'offload_param.device "nvme"',
         ),
+        ({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "on the device"),
     ],
 )
 def test_combinations_not_built_are_refused_by_name(zero, refused):
@@ -300,20 +307,21 @@ def test_combinations_not_built_are_refused_by_name(zero, refused):
 
 
 # --- on the simulated device: the thread waits for the gradients' downloads ----------------------
-def _on_device(rank, world, policy, overlap):
+def _on_device(rank, world, policy, overlap, params):
     from zerostream.testing import sim_device
 
     with sim_device.installed(policy=policy, seed=rank, device_index=rank) as sim:
-        out = train(rank, world, ("bf16", "none", 100, 1, 0.0), overlap, on_device=True)
+        out = train(rank, world, ("bf16", params, 100, 1, 0.0), overlap, on_device=True)
         violations = list(sim.violations)
         sim.violations.clear()
     return out, violations
 
 
-@pytest.mark.parametrize("policy", ["lazy", "random"])
-def test_on_the_simulated_device_the_speculation_is_the_serial_step(policy):
-    serial = run_ranks(_on_device, 2, policy, None, timeout=600)
-    spec = run_ranks(_on_device, 2, policy, "backward", timeout=600)
+@pytest.mark.parametrize("policy, params", [("lazy", "none"), ("random", "none"),
+                                            ("lazy", "stage2")])  # fmt: skip
+def test_on_the_simulated_device_the_speculation_is_the_serial_step(policy, params):
+    serial = run_ranks(_on_device, 2, policy, None, params, timeout=600)
+    spec = run_ranks(_on_device, 2, policy, "backward", params, timeout=600)
     for (s, s_seen), (o, o_seen) in zip(serial, spec):
         assert s_seen == [] and o_seen == [], (s_seen, o_seen)
         assert o[0] == s[0] and o[1] == s[1], (o[0], s[0])
