@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Dict, Optional, Tuple
 
 from ..comm import LOCAL_SIZE_VARS, local_ranks
@@ -85,9 +86,21 @@ def _resolve_from_env() -> Tuple[int, str]:
 
 
 def optimizer_threads(threads: Optional[int] = None) -> int:
-    """The thread count to pass to a native optimizer call; logs the choice once."""
+    """The thread count to pass to a native optimizer call; logs the choice once. On a thread
+    that leaves a core to the one driving the device (leave_one_core), one fewer (at least 1)."""
     count, why = resolve(threads)
     if (count, why) not in _logged and not threads:
         _logged.add((count, why))
         logging.getLogger("zerostream").info("CPU optimizer: %d threads (%s)", count, why)
-    return count
+    return max(1, count - getattr(_local, "leave", 0))
+
+
+_local = threading.local()
+
+
+def leave_one_core() -> None:
+    """From now on, native optimizer calls made on the calling thread use one core fewer: a
+    thread updating beside the backward (zero/speculate.py) must not take the core of the
+    thread that runs autograd and launches the device's kernels (DeepSpeed's ZenFlow reserves
+    cores for the same reason, pt_reserved_cores_perc)."""
+    _local.leave = 1

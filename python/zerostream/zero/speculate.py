@@ -270,6 +270,9 @@ class Speculation:
 
     # --- the thread -----------------------------------------------------------------------------
     def _run(self) -> None:
+        from ..ops.threads import leave_one_core
+
+        leave_one_core()  # the backward's own thread keeps a core
         stage = self.opt.copy_stage
         if stage is not None:
             stage.bind_thread()  # its host waits on the copies' events are CUDA calls

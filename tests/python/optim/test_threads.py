@@ -111,3 +111,22 @@ def test_real_affinity_is_used(monkeypatch):
     zt._cache.clear()
     assert zt.resolve(None)[0] == len(os.sched_getaffinity(0))
     zt._cache.clear()
+
+
+def test_a_thread_beside_the_backward_leaves_one_core(env):
+    """zero/speculate.py's thread calls leave_one_core(): its kernels use one thread fewer
+    (at least one), other threads keep the whole count."""
+    import threading
+
+    seen = {}
+
+    def beside(name, explicit):
+        zt.leave_one_core()
+        seen[name] = zt.optimizer_threads(explicit)
+
+    for name, explicit in (("default", None), ("one", 1), ("four", 4)):
+        t = threading.Thread(target=beside, args=(name, explicit))
+        t.start()
+        t.join()
+    assert seen == {"default": 15, "one": 1, "four": 3}
+    assert zt.optimizer_threads() == 16  # this thread left none
