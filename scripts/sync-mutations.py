@@ -323,6 +323,14 @@ MUTATIONS = [
         [SPECULATE + "::test_the_step_started_during_the_backward_is_the_serial_step_bit_for_bit"],
     ),
     (
+        "speculation-hyperparameters-by-value",
+        "zero/speculate.py",
+        '    return [{k: _value(v) for k, v in g.items() if k != "params"} for g in groups]',
+        '    return [{k: v for k, v in g.items() if k != "params"} for g in groups]',
+        [SPECULATE + "::test_a_hyperparameter_changed_in_place_after_the_backward_puts_the_"
+         "speculation_back"],  # fmt: skip
+    ),
+    (
         "speculation-kept-pieces-handed-on",
         "zero/overlap.py",
         "                sinks.hand_on(partitions[gi], lo, hi, master, fused=False, stable=True)",

@@ -205,6 +205,16 @@ void offload_rules(Resolution& r, int64_t stage) {
                          "is not built with optimizer sub-groups on the device "
                          "(zero_optimization.offload_optimizer.ratio or "
                          "zerostream.optimizer_max_on_device)");
+    else if (overlap == "backward" && r.at("zero_optimization.zenflow").is_object())
+      r.errors.push_back(key +
+                         "is not built with zero_optimization.zenflow, whose own update "
+                         "writes the state the speculation would put back (ZenFlow has its "
+                         "own zenflow.overlap_step)");
+    else if (overlap == "backward" && !on(r, "managed_gradient_accumulation"))
+      r.errors.push_back(key +
+                         "needs the engine to know which backward ends the accumulation; with "
+                         "managed_gradient_accumulation false the caller's step() decides, so "
+                         "nothing could start during the backward (drop one of them)");
   }
   if (on(r, "aio.use_gds"))
     r.warnings.push_back(

@@ -242,8 +242,11 @@ class ZeroEngine(torch.nn.Module):
         # The optimizer runs it in the BACKWARD phase (the one path for optimizer.backward).
         # overlap_step "backward" speculates on the backward that ends the accumulation.
         self.optimizer.boundary_backward = self.is_gradient_accumulation_boundary()
-        with self._profiling.backward():
-            self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
+        try:
+            with self._profiling.backward():
+                self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)
+        finally:  # a direct optimizer.backward() later is not armed on a stale answer
+            self.optimizer.boundary_backward = False
         self._accumulation.backward_ran()
         self.monitor.backward_seen(loss, gas, self.global_samples)
         return loss.detach() / gas

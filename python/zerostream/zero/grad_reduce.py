@@ -171,10 +171,11 @@ class Landing:
         if self.stage is None:
             if not same_device(source.device, self.targets[0].device):  # stage-3 shards on the host
                 source = source.to(self.targets[0].device)
+            listener = self.listener
             for off, g, at, n in spans:
                 self.targets[g][at : at + n].add_(source[off : off + n])
-                if self.listener is not None:
-                    self.listener(g, at, n, None)
+                if listener is not None:
+                    listener(g, at, n, None)
             return
         if not (self.direct and self.fresh):
             self._through_slot(source, [(off, g, at, n, False) for off, g, at, n in spans])
@@ -189,10 +190,11 @@ class Landing:
         if source.dtype == self.targets[0].dtype:
             for off, g, at, n in overwrite:
                 self.stage.download(source[off : off + n], self.targets[g][at : at + n])
-            if self.listener is not None and overwrite:
+            listener = self.listener
+            if listener is not None and overwrite:
                 mark = self.stage.download_mark()  # after every download just queued
                 for off, g, at, n in overwrite:
-                    self.listener(g, at, n, mark)
+                    listener(g, at, n, mark)
         else:  # converted on the host
             add = [(off, g, at, n, True) for off, g, at, n in overwrite] + add
         self._through_slot(source, add)
@@ -233,6 +235,7 @@ class Landing:
         """The overlap of each span with a landed chunk (source elements [base + at, ...)),
         added (widened when the partition is fp32) or, for an overwriting span, copied."""
         c_lo, c_hi = base + at, base + at + chunk.numel()
+        listener = self.listener  # read once: take() may clear it from another thread
         for off, g, part_at, n, overwrite in spans:
             a, b = max(off, c_lo), min(off + n, c_hi)
             if a < b:
@@ -243,8 +246,8 @@ class Landing:
                     target.copy_(piece)
                 else:
                     target.add_(piece)
-                if self.listener is not None:
-                    self.listener(g, lo, b - a, None)
+                if listener is not None:
+                    listener(g, lo, b - a, None)
 
     def drain(self) -> None:
         """Every span handed to the copy stage has landed; the backward's landing is done."""

@@ -255,7 +255,7 @@ def launch_update(opt, partitions: list, factor: float, taken=None) -> None:
     behind, stage = opt.behind, opt.copy_stage
     pieces = opt._behind_pieces(partitions)
     hyper = [dict(g) for g in opt.optimizer.param_groups]  # as at this step()
-    kept = taken.keep(opt, factor, hyper) if taken is not None else set()
+    kept = taken.keep(opt, factor, hyper, pieces) if taken is not None else set()
     if kept:
         opt.speculation.kept_elements += sum(hi - lo for _, lo, hi in kept)
 

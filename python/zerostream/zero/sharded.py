@@ -297,14 +297,22 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         # The pieces updated during the backward stop here (zero/speculate.py): step()
         # decides below whether they stand.
         taken = self.speculation.take() if self.speculation is not None else None
-        divisor = self.dp_divisor
-        grads = list(self.grads) + self._device_grads()
-        norm_sq = self._norm_and_overflow(grads, partitioned=True) / divisor**2
-        factor = self._grad_factor(norm_sq)
-        if factor is not None:
-            self._update(factor / divisor, taken)
-        elif taken is not None:  # an overflow: the step is skipped, the speculation undone
-            taken.restore(self)
+        try:
+            divisor = self.dp_divisor
+            grads = list(self.grads) + self._device_grads()
+            norm_sq = self._norm_and_overflow(grads, partitioned=True) / divisor**2
+            factor = self._grad_factor(norm_sq)
+            if factor is not None:
+                self._update(factor / divisor, taken)
+            elif taken is not None:  # an overflow: the step is skipped, the speculation undone
+                taken.restore(self)
+        except BaseException:
+            # A failure before the pieces were judged (the norm's collective, a drain): they
+            # go back, so the state is the one before this step, as after a serial step
+            # that raised there.
+            if taken is not None and not taken.consumed:
+                taken.restore(self)
+            raise
         return factor is not None
 
     def arm_speculation(self) -> None:
@@ -401,7 +409,8 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
         """The serial update after a speculation (zero/speculate.py, stage 2): the pieces it
         updated with this factor and these hyperparameters hand their 16-bit values on, the
         others (their copies put back first) are updated in the kernel's pass."""
-        kept = taken.keep(self, factor, self.optimizer.param_groups)
+        pieces = self._behind_pieces(partitions)
+        kept = taken.keep(self, factor, self.optimizer.param_groups, pieces)
         self.speculation.kept_elements += sum(hi - lo for _, lo, hi in kept)
 
         def done(gi, pi, lo, hi):
@@ -409,7 +418,7 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
             fused = (gi, lo, hi) not in kept
             sinks.hand_on(partitions[gi], lo, hi, master, fused=fused, stable=True)
 
-        work = [(g, 0, lo, hi) for g, lo, hi in self._behind_pieces(partitions)]
+        work = [(g, 0, lo, hi) for g, lo, hi in pieces]
         with self.telemetry.phase("cpu_update"):
             self.optimizer.step_ranges(
                 work, factor, copy_to, done, stepped=lambda gi, pi, lo, hi: (gi, lo, hi) in kept

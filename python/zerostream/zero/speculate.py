@@ -81,14 +81,25 @@ def make_speculation(opt, ctx) -> "Speculation":
     return Speculation(opt, ctx.config.zerostream.speculative_step_bytes)
 
 
+def _value(v):
+    """A hyperparameter by value: a scheduler may change a tensor lr (fill_) or a list in
+    place, which a reference would follow."""
+    if torch.is_tensor(v):
+        return float(v) if v.numel() == 1 else tuple(v.detach().reshape(-1).tolist())
+    if isinstance(v, (list, tuple)):
+        return tuple(_value(x) for x in v)
+    return v
+
+
 def _hyper_of(groups) -> list:
-    return [{k: v for k, v in g.items() if k != "params"} for g in groups]
+    """The param groups' hyperparameters (all but "params"), by value."""
+    return [{k: _value(v) for k, v in g.items() if k != "params"} for g in groups]
 
 
 def _same_hyper(a: list, b: list) -> bool:
     try:
         return len(a) == len(b) and all(bool(x == y) for x, y in zip(a, b))
-    except (RuntimeError, TypeError):  # a tensor-valued hyperparameter: assume it changed
+    except (RuntimeError, TypeError, ValueError):  # values that do not compare: changed
         return False
 
 
@@ -100,13 +111,17 @@ class Taken:
         self.dirty = dirty
         self.factor = factor
         self.hyper = hyper
+        self.consumed = False  # keep() or restore() decided every piece
 
-    def keep(self, opt, factor: float, hyper: list) -> Set[Piece]:
-        """The pieces step() may keep: all the clean ones when its factor and hyperparameters
-        are the speculated ones. Every other piece's copy is put back now."""
+    def keep(self, opt, factor: float, hyper: list, pieces: List[Piece]) -> Set[Piece]:
+        """The pieces step() may keep: the clean ones of its own plan `pieces` when its
+        factor and hyperparameters are the speculated ones. Every other piece's copy is put
+        back now."""
         valid = factor == self.factor and _same_hyper(_hyper_of(hyper), self.hyper)
-        kept = {p for p in self.backups if valid and p not in self.dirty}
+        planned = set(pieces)
+        kept = {p for p in self.backups if valid and p not in self.dirty and p in planned}
         self.restore(opt, [p for p in self.backups if p not in kept])
+        self.consumed = True
         spec = opt.speculation
         spec.late_elements += sum(hi - lo for _, lo, hi in self.dirty & self.backups.keys())
         return kept
@@ -116,6 +131,8 @@ class Taken:
             g, lo, hi = piece
             for live, saved in zip(opt.optimizer.range_tensors(g, 0, lo, hi), self.backups[piece]):
                 live.copy_(saved)
+        if pieces is None:
+            self.consumed = True
 
 
 class Speculation:
@@ -127,6 +144,7 @@ class Speculation:
         self._cv = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._armed = False
+        self._closed = False
         self._queue: deque = deque()
         self._running: Optional[Piece] = None
         self._error: Optional[BaseException] = None
@@ -162,6 +180,8 @@ class Speculation:
         factor and hyperparameters step() takes when nothing clips or overflows."""
         self.discard()
         with self._cv:
+            if self._closed:
+                raise RuntimeError("the speculation of a closed optimizer was armed")
             self._pieces = list(pieces)
             self._starts, self._index = {}, {}
             for i in sorted(range(len(pieces)), key=lambda i: pieces[i][:2]):
@@ -192,7 +212,11 @@ class Speculation:
             if not self._armed and not self._backups:
                 return None
             self._armed = False
+            stop = None in self._queue  # close()'s marker stays
             self._queue.clear()
+            if stop:
+                self._queue.append(None)
+            self._cv.notify_all()  # a lockstep landing waiting for a piece no longer queued
             while self._running is not None:
                 self._cv.wait()
             self.opt.reducer.landing.listener = None
@@ -229,6 +253,7 @@ class Speculation:
     def close(self) -> None:
         with self._cv:
             self._armed = False
+            self._closed = True
             self._queue.append(None)
             self._cv.notify_all()
 

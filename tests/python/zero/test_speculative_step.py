@@ -216,6 +216,48 @@ def test_a_piece_that_gets_more_gradient_after_its_update_is_updated_again():
         assert counts["late"] > 0 and counts["kept"] > 0, counts
 
 
+def _changed_in_place(rank, world, overlap, mode):
+    """The lr as a tensor a scheduler fills, or betas as a list changed in place, between
+    the backward and step(): the speculation read the old values."""
+    import zerostream
+
+    xs, ys = make_batches(3, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    cfg = config(GLOBAL_BATCH, 1, "bf16", "none", 0, 0.0, overlap)
+    del cfg["scheduler"]
+    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    spec = engine.optimizer.speculation
+    if spec is not None:
+        _small_pieces(spec)
+    groups = engine.optimizer.param_groups
+    for g in groups:
+        if mode == "tensor":
+            g["lr"] = torch.tensor(1e-2, dtype=torch.float64)
+        else:
+            g["betas"] = list(g["betas"])
+    for s in range(3):
+        engine.backward(engine(xs[s], ys[s]))
+        for g in groups:
+            if mode == "tensor":
+                g["lr"].fill_(1e-3 * (s + 2))
+            else:
+                g["betas"][0] = 0.5 + 0.1 * s
+        engine.step()
+    out = _weights_and_state(engine)
+    counts = None if spec is None else (spec.speculated_elements, spec.kept_elements)
+    engine.destroy()
+    return out, counts
+
+
+@pytest.mark.parametrize("mode", ["tensor", "list"])
+def test_a_hyperparameter_changed_in_place_after_the_backward_puts_the_speculation_back(mode):
+    ((serial, _),) = run_ranks(_changed_in_place, 1, None, mode, timeout=300)
+    ((spec, counts),) = run_ranks(_changed_in_place, 1, "backward", mode, timeout=300)
+    assert counts[0] > 0 and counts[1] == 0, counts
+    for key, value in serial.items():
+        assert torch.equal(spec[key], value), key
+
+
 def _readers_undo(rank, world):
     """A backward that ends the accumulation, then readers before step(): each sees the
     state as it was before the speculation (every copy put back)."""
@@ -293,12 +335,19 @@ def test_the_copies_stay_within_speculative_step_bytes():
             'offload_param.device "nvme"',
         ),
         ({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "on the device"),
+        ({"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.1}},
+         "zero_optimization.zenflow"),  # fmt: skip
+        ({"stage": 2, "offload_optimizer": {"device": "cpu"}, "unmanaged": True},
+         "managed_gradient_accumulation false"),  # fmt: skip
     ],
 )
 def test_combinations_not_built_are_refused_by_name(zero, refused):
     from zerostream.config import ConfigError, load
 
+    zero = dict(zero)
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}
+    if zero.pop("unmanaged", False):
+        cfg["managed_gradient_accumulation"] = False
     cfg["zerostream"] = {"overlap_step": "backward"}
     with pytest.raises(ConfigError) as e:
         load(cfg)
