@@ -145,6 +145,8 @@ class Speculation:
         self._thread: Optional[threading.Thread] = None
         self._armed = False
         self._closed = False
+        self._pool: Optional[torch.Tensor] = None  # the copies' bytes, reused every backward
+        self._pool_bytes = 0
         self._queue: deque = deque()
         self._running: Optional[Piece] = None
         self._error: Optional[BaseException] = None
@@ -195,6 +197,8 @@ class Speculation:
             self._coverage = Coverage(groups)
             self._factor, self._hyper = factor, _hyper_of(hyper)
             self._used = 0
+            # The copies' pool: as much as the budget allows of what every piece would take.
+            self._pool_bytes = min(self.budget, sum(self._backup_bytes(p) for p in pieces))
             self._landed_elements = 0
             self._total = sum(hi - lo for _, lo, hi in pieces)
             self._armed = True
@@ -314,12 +318,12 @@ class Speculation:
                     self._state[i] = "skipped"  # left for step()
                     self._cv.notify_all()
                     continue
-                self._used += need
+                offset, self._used = self._used, self._used + need
                 self._state[i] = "running"
                 self._running = piece
                 marks, factor, hyper = list(self._marks[i]), self._factor, self._hyper
             try:
-                self._update(piece, marks, factor, hyper)
+                self._update(piece, marks, factor, hyper, offset)
             except BaseException as e:  # raised by take(), naming the update
                 with self._cv:
                     self._error = e
@@ -338,9 +342,26 @@ class Speculation:
         per = 4 + sum(
             (state[s].element_size() if s in state else 4) for s in inner._state_names
         )
-        return n * per
+        return n * per + 8 * (1 + len(inner._state_names))  # each copy 8-byte aligned
 
-    def _update(self, piece: Piece, marks: list, factor: float, hyper: list) -> None:
+    def _copies(self, tensors: List[torch.Tensor], offset: int) -> List[torch.Tensor]:
+        """Copies of `tensors` in the pool from byte `offset` (reserved by the caller). The
+        pool is allocated once and reused by every backward, so the copies fault in no fresh
+        pages after the first step (0.4 s a GB on a VM: Note [Fresh pages cost more than the
+        math] in host_malloc.py)."""
+        if self._pool is None or self._pool.numel() < self._pool_bytes:
+            self._pool = torch.empty(self._pool_bytes, dtype=torch.uint8)
+        out, at = [], offset
+        for t in tensors:
+            at = -(-at // 8) * 8
+            nbytes = t.numel() * t.element_size()
+            copy = self._pool[at : at + nbytes].view(t.dtype)
+            copy.copy_(t)
+            out.append(copy)
+            at += nbytes
+        return out
+
+    def _update(self, piece: Piece, marks: list, factor: float, hyper: list, offset: int) -> None:
         g, lo, hi = piece
         if self.piece_hook is not None:
             self.piece_hook(piece)
@@ -350,7 +371,7 @@ class Speculation:
                 lanes.host_wait(mark)
         inner = self.opt.optimizer
         start = time.perf_counter()
-        saved = [t.clone() for t in inner.range_tensors(g, 0, lo, hi)]
+        saved = self._copies(inner.range_tensors(g, 0, lo, hi), offset)
         with self._cv:  # before the kernel: a kernel that fails midway is put back too
             self._backups[piece] = saved
         groups = [dict(h, params=pg["params"]) for h, pg in zip(hyper, inner.param_groups)]
