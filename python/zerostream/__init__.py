@@ -191,4 +191,18 @@ def initialize(
         dp_group=dp_group,
     )
     engine.training_dataloader = loader
-    return engine, engine.optimizer, loader, engine.lr_scheduler
+    return engine, _returned_optimizer(engine.optimizer), loader, engine.lr_scheduler
+
+
+def _returned_optimizer(optimizer):
+    """What initialize() hands back as its optimizer: DeepSpeed's rule. Without ZeRO and in
+    fp32 it is the bare optimizer (the client's own object, or the config's FusedAdam), which
+    the caller may step directly since the gradients are all-reduced at the end of the
+    boundary's backward (Note [Stage 0 reduces at the boundary's backward] in
+    zero/stage0.py); the engine keeps its wrapper. Otherwise the ZeRO or mixed-precision
+    wrapper."""
+    from .zero.stage0 import ReplicatedOptimizer
+
+    if type(optimizer) is ReplicatedOptimizer and not optimizer.mixed:
+        return optimizer.optimizer
+    return optimizer

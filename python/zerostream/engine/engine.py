@@ -241,7 +241,9 @@ class ZeroEngine(torch.nn.Module):
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         # The optimizer runs it in the BACKWARD phase (the one path for optimizer.backward).
         # overlap_step "backward" speculates on the backward that ends the accumulation.
-        self.optimizer.boundary_backward = self.is_gradient_accumulation_boundary()
+        self.optimizer.boundary_backward = (
+            self.is_gradient_accumulation_boundary() and not self._accumulation.in_window
+        )
         try:
             with self._profiling.backward():
                 self.optimizer.run_backward(loss, self.loss_scaler.loss_scale / gas, retain_graph)

@@ -82,6 +82,13 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
 
     def after_backward(self) -> None:
         self._reduced = False  # this backward added gradients the reduction has not seen
+        # Note [Stage 0 reduces at the boundary's backward]: DeepSpeed all-reduces at the end
+        # of the backward that ends the accumulation (engine.allreduce_gradients), so the
+        # bare optimizer initialize() returns in fp32 (as DeepSpeed does) may be stepped
+        # directly. A plain loss.backward() (no engine.backward, so no boundary known) and
+        # a caller that turned the backward's reduction off keep it for step().
+        if self.boundary_backward and self.backward_allreduce and not self.coalescing:
+            self.allreduce_now()
 
     def allreduce_now(self) -> None:
         """engine.allreduce_gradients(): the reduction now instead of at the step."""
