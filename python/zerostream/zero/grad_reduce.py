@@ -193,7 +193,7 @@ class Landing:
             listener = self.listener
             if listener is not None and overwrite:
                 mark = self.stage.download_mark()  # after every download just queued
-                for off, g, at, n in overwrite:
+                for _, g, at, n in overwrite:
                     listener(g, at, n, mark)
         else:  # converted on the host
             add = [(off, g, at, n, True) for off, g, at, n in overwrite] + add

@@ -57,7 +57,7 @@ import bisect
 import threading
 import time
 from collections import deque
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set
 
 import torch
 
@@ -73,7 +73,7 @@ def make_speculation(opt, ctx) -> "Speculation":
     if not isinstance(opt.optimizer, CPUOptimizerBase) or opt.copy_stage is None:
         raise ValueError(
             f'zerostream.overlap_step: "backward" starts zerostream\'s CPU optimizer kernels '
-            f"during the backward, with zero_optimization.offload_optimizer.device \"cpu\"; "
+            f'during the backward, with zero_optimization.offload_optimizer.device "cpu"; '
             f"this run steps {type(opt.optimizer).__name__} with offload_optimizer "
             f'"{opt.offload_device}" (drop overlap_step, or use a DeepSpeed optimizer type '
             f"such as AdamW with offload_optimizer cpu)"
@@ -152,7 +152,7 @@ class Speculation:
         self._error: Optional[BaseException] = None
         self._backups: Dict[Piece, List[torch.Tensor]] = {}
         self._dirty: Set[Piece] = set()
-        self._factor = None
+        self._factor: Optional[float] = None
         self._hyper: list = []
         self._pieces: List[Piece] = []
         self._starts: Dict[int, List[int]] = {}
@@ -229,7 +229,7 @@ class Speculation:
                 self._backups_restore_all()
                 raise UpdateFailed(
                     f"the optimizer update started during the backward (zerostream."
-                    f"overlap_step \"backward\") failed: {type(e).__name__}: {e}"
+                    f'overlap_step "backward") failed: {type(e).__name__}: {e}'
                 ) from e
             taken = Taken(self._backups, self._dirty, self._factor, self._hyper)
             self._backups, self._dirty, self._used = {}, set(), 0
@@ -286,8 +286,9 @@ class Speculation:
                         self._cv.notify_all()
             if self.lockstep and ready:
                 self._cv.wait_for(
-                    lambda: all(self._state[i] in ("done", "skipped") for i in ready)
-                    or not self._armed,
+                    lambda: (
+                        all(self._state[i] in ("done", "skipped") for i in ready) or not self._armed
+                    ),
                     timeout=60,
                 )
 
@@ -321,7 +322,9 @@ class Speculation:
                 offset, self._used = self._used, self._used + need
                 self._state[i] = "running"
                 self._running = piece
-                marks, factor, hyper = list(self._marks[i]), self._factor, self._hyper
+                marks, hyper = list(self._marks[i]), self._hyper
+                factor = self._factor  # set by arm() before any piece is queued
+                assert factor is not None
             try:
                 self._update(piece, marks, factor, hyper, offset)
             except BaseException as e:  # raised by take(), naming the update
@@ -339,9 +342,7 @@ class Speculation:
         inner = self.opt.optimizer
         p = inner.param_groups[g]["params"][0]
         state = inner.state.get(p) or {}
-        per = 4 + sum(
-            (state[s].element_size() if s in state else 4) for s in inner._state_names
-        )
+        per = 4 + sum((state[s].element_size() if s in state else 4) for s in inner._state_names)
         return n * per + 8 * (1 + len(inner._state_names))  # each copy 8-byte aligned
 
     def _copies(self, tensors: List[torch.Tensor], offset: int) -> List[torch.Tensor]:

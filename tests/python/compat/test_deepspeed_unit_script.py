@@ -162,7 +162,10 @@ def test_the_per_file_table_counts_each_file_on_both_sides():
     assert (c["ds_passed"], c["zs_passed"], c["zs_only"]) == (0, 1, 1)
     table = markdown_table(list(rows.values()))
     assert "| `unit/a/test_x.py` | 3 | 2 | 1 | 1 | 1 | 1 | 1 | 0 |" in table
-    assert table.splitlines()[-1] == "| **3 files** | **5** | **3** | **1** | **2** | **1** | **1** | **2** | **1** |"
+    assert (
+        table.splitlines()[-1]
+        == "| **3 files** | **5** | **3** | **1** | **2** | **1** | **1** | **2** | **1** |"
+    )
 
 
 def test_compare_reads_both_json_files_and_refuses_them_swapped(tmp_path):

@@ -160,7 +160,7 @@ def test_make_loss_scaler_dynamic_from_the_fp16_section():
     ) == (4096.0, 50, 3, 2.0, True)
 
 
-def test_at_stage_0_every_overflow_halves_the_scale_down_to_the_floor_as_deepspeeds_fp16_optimizer():
+def test_at_stage_0_every_overflow_halves_the_scale_to_the_floor_as_deepspeeds_fp16_optimizer():
     """Note [The loss scale at stage 0]: DeepSpeed's FP16_Optimizer halves at each overflow
     whatever `hysteresis` says and stays at min_loss_scale without raising; ZeRO stages keep
     the hysteresis. The doubling rule is the same (DeepSpeed's test_dynamic_loss_scale.py)."""
@@ -168,9 +168,7 @@ def test_at_stage_0_every_overflow_halves_the_scale_down_to_the_floor_as_deepspe
     stage0 = P.make_loss_scaler(_fp16(**section), stage=0)
     zero = P.make_loss_scaler(_fp16(**section), stage=1)
     flips = [1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0]
-    assert [scale for scale, _ in _trajectory(stage0, flips)] == [
-        8, 4, 2, 1, 1, 1, 1, 1, 2, 2, 4
-    ]
+    assert [scale for scale, _ in _trajectory(stage0, flips)] == [8, 4, 2, 1, 1, 1, 1, 1, 2, 2, 4]
     assert [scale for scale, _ in _trajectory(zero, flips[:4])] == [16, 8, 4, 2]
     with pytest.raises(P.LossScaleAtMinimumError):
         _trajectory(zero, [1, 1])

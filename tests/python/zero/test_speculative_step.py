@@ -339,10 +339,14 @@ def test_the_copies_stay_within_speculative_step_bytes():
             'offload_param.device "nvme"',
         ),
         ({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "on the device"),
-        ({"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.1}},
-         "zero_optimization.zenflow"),  # fmt: skip
-        ({"stage": 2, "offload_optimizer": {"device": "cpu"}, "unmanaged": True},
-         "managed_gradient_accumulation false"),  # fmt: skip
+        (
+            {"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.1}},
+            "zero_optimization.zenflow",
+        ),  # fmt: skip
+        (
+            {"stage": 2, "offload_optimizer": {"device": "cpu"}, "unmanaged": True},
+            "managed_gradient_accumulation false",
+        ),  # fmt: skip
     ],
 )
 def test_combinations_not_built_are_refused_by_name(zero, refused):
