@@ -91,7 +91,10 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
             self.allreduce_now()
 
     def allreduce_now(self) -> None:
-        """engine.allreduce_gradients(): the reduction now instead of at the step."""
+        """engine.allreduce_gradients(): the reduction now instead of at the step; once per
+        boundary (the boundary's backward may have reduced already)."""
+        if self._reduced:
+            return
         with self.telemetry.phase("reduce"):
             self.reduce_gradients()
         self._reduced = True

@@ -31,6 +31,7 @@ def test_engine_and_optimizer_are_the_classes_tools_check(facts, stage):
     assert s["opt_is_stage_1_and_2"] == (stage in ("1", "2"))
     assert s["opt_is_stage3"] == (stage == "3")
     assert s["module_is_model"]
+    assert s["returned_is_bare"] == (stage == "0")  # DeepSpeed's rule in fp32
     assert s["missing_optimizer_attributes"] == []  # reference §2.4
     assert s["norm_attribute_is_engines"] and s["state_dict_is_dict"]
     assert s["partition_weights"] == (stage == "3")

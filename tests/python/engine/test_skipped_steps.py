@@ -104,7 +104,7 @@ def test_nan_in_the_masters_is_an_error_not_an_overflow(stage, offload):
     cfg["zero_optimization"].update(extra)
     engine, opt = _engine(cfg)
     _train(engine, 2)
-    master = opt.optimizer.param_groups[0]["params"][0]
+    master = engine.optimizer.optimizer.param_groups[0]["params"][0]
     with torch.no_grad():
         master.view(-1)[5] = float("nan")  # what a corrupt read or a diverged update leaves
     with pytest.raises(NonFiniteStateError, match=r"fp32 weights of param group 0") as err:

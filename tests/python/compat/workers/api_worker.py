@@ -62,7 +62,10 @@ def versions():
 def engine_surface(stage):
     """What tools read from the engine and its optimizer wrapper, after one step."""
     model = make_model()
-    engine, opt, _, _ = deepspeed.initialize(model=model, config=config(stage))
+    engine, returned, _, _ = deepspeed.initialize(model=model, config=config(stage))
+    # fp32 without ZeRO: initialize() returns the bare optimizer, as DeepSpeed does; the
+    # engine keeps its wrapper, whose surface is read below at every stage.
+    opt = engine.optimizer
     x, y = data()
     engine.set_gradient_accumulation_boundary(True)
     boundary = engine.is_gradient_accumulation_boundary()
@@ -74,6 +77,7 @@ def engine_surface(stage):
     wanted += ["load_state_dict", "zero_grad", "step", "backward"]
     wanted += {0: [], 1: ["bit16_groups"], 2: ["bit16_groups"], 3: ["fp16_groups"]}[stage]
     facts = {
+        "returned_is_bare": returned is not opt and returned is opt.optimizer,
         "missing_optimizer_attributes": [a for a in wanted if not hasattr(opt, a)],
         "norm_attribute_is_engines": opt._global_grad_norm is norm,
         "state_dict_is_dict": isinstance(opt.state_dict(), dict),
