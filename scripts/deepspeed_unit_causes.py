@@ -87,11 +87,6 @@ CAUSES: list[tuple[str, str, str, str]] = [
      "by design: overlap_comm is accepted at stages 0/1 with managed_gradient_accumulation "
      "false, where zerostream reduces at the step anyway (DeepSpeed refuses; its harness "
      "reports the missing exception as a timeout)"),
-    ("failed", r"TestClientOptimizer|TestConfigOptimizer",
-     r"isinstance\(ds_optimizer|ds_optimizer == client_optimizer",
-     "by design: initialize() returns the engine's optimizer wrapper at stage 0 in fp32 too "
-     "(it reduces the gradients in step(), so the bare optimizer stepped directly would "
-     "skip the reduction); DeepSpeed returns the bare optimizer there"),
     ("cuda", r"TestCPU(Adam|Lion)GPUError", r".",
      "puts params on the accelerator (device_name(0)) and expects the CPU optimizer to refuse "
      "them: on a CPU machine that device is the host, so no package raises"),
