@@ -141,6 +141,9 @@ class ZeroOptimizerBase:
     # whether the next backward ends the accumulation (the one speculated on).
     speculation = None
     boundary_backward = False
+    # The held gradients are already reduced over the ranks (stage 0 after the boundary's
+    # backward; the sharded stages reduce into partitions and read them there).
+    reduced = False
 
     def settle_update(self, keep_speculation: bool = False) -> None:
         """Waits for an update running behind the forward (Note [The step overlapped with

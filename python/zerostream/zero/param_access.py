@@ -321,6 +321,10 @@ def safe_get_full_grad(param) -> Optional[torch.Tensor]:
     if view is None:
         return None
     lo, values, _ = view
+    if access.replicated and access.opt.reduced:
+        # Stage 0 after the boundary's backward reduced (Note [Stage 0 reduces at the
+        # boundary's backward]): every rank holds the reduced gradient already.
+        return values.float().clone().view(access.shape(param)).to(param.device)
     full = _assemble(access, param, lo, values.float())
     return full.div_(access.divisor) if access.divisor > 1 else full
 

@@ -78,6 +78,10 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
     # engine.allreduce_gradients() averaged the gradients of the backwards so far.
     backward_allreduce = True
     _reduced = False
+
+    @property
+    def reduced(self) -> bool:
+        return self._reduced
     caller_may_reduce = True  # gradients stay whole on every rank until the step
 
     def after_backward(self) -> None:

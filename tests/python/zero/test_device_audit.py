@@ -347,7 +347,7 @@ def test_16bit_gradients_download_straight_into_the_host_partitions(
     assert opt.grads[0].device.type == "cpu"
     # The kernel reads memory (fake tensors have none); the update's uploads are audited by
     # the test above.
-    monkeypatch.setattr(type(opt), "_update_into", lambda self, parts, factor: None)
+    monkeypatch.setattr(type(opt), "_update_into", lambda self, parts, factor, taken=None: None)
     landed_through_slots = []
     monkeypatch.setattr(opt.reducer.landing, "_landed", lambda *a: landed_through_slots.append(a))
     audit = CopyAudit(fake_cuda)

@@ -127,7 +127,7 @@ def zerostream_worker(rank, world, cases, nvme_root):
             losses.append(float(total) / (world * gas))
             norms.append(float(engine.get_global_grad_norm()))
         mechanism["model_numel"] = sum(p.numel() for p in engine.module.parameters())
-        summary = optimizer.state_summary()
+        summary = engine.optimizer.state_summary()  # the engine keeps its wrapper
         mechanism["collectives"] = summary.get("collectives", {})
         if stage in (1, 2) and offload != "nvme":
             mechanism["state_numel"] = summary["optimizer_state_numel"]["exp_avg"]
