@@ -82,6 +82,7 @@ class ReplicatedOptimizer(ZeroOptimizerBase):
     @property
     def reduced(self) -> bool:
         return self._reduced
+
     caller_may_reduce = True  # gradients stay whole on every rank until the step
 
     def after_backward(self) -> None:
