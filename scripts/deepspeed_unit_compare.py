@@ -116,8 +116,9 @@ def markdown_table(rows: list) -> str:
     """The per-file rows as a Markdown table, with the totals last."""
     keys = ("ds_ran", "ds_passed", "ds_skipped", "zs_passed", "zs_skipped", "both", "ds_only",
             "zs_only")  # fmt: skip
-    head = ("| file | DeepSpeed ran | DeepSpeed passed | DeepSpeed skipped | zerostream passed "
-            "| zerostream skipped | passed by both | DeepSpeed only | zerostream only |")  # fmt: skip
+    head = ("| file | DeepSpeed ran | DeepSpeed passed | DeepSpeed skipped "
+            "| zerostream passed | zerostream skipped | passed by both | DeepSpeed only "
+            "| zerostream only |")  # fmt: skip
     lines = [head, "|---" * 9 + "|"]
     for row in rows:
         lines.append(f"| `{row['file']}` | " + " | ".join(str(row[k]) for k in keys) + " |")
