@@ -62,6 +62,11 @@ CASES += [(3, "ratio3", "bf16", 1), (3, "ratio", "bf16m", 1), (3, "ratioh", "bf1
 # host memory ("ovl", as "cpu"), with persistent params (gathered first at the next forward's
 # start).
 CASES += [(3, "none+ovl", "bf16", 1), (3, "ovl", "fp32", 2)]
+# "spec": overlap_step "backward" (zero/speculate.py), the update started during the backward
+# on pieces whose gradients have landed (their downloads host-waited on the speculation's
+# thread), then behind the next forward at stage 3 ("none+spec": shards on the device) or
+# finished by step() at stage 2.
+CASES += [(3, "none+spec", "bf16", 1), (2, "spec", "bf16", 1)]
 # "devmax": zerostream.optimizer_max_on_device at stages 1 and 2 (offload_optimizer cpu, the
 # first 4000 elements' sub-groups of each rank's partition stepped on the device from
 # gradients landed there, the rest by the CPU kernel).
@@ -89,6 +94,9 @@ def config(case, micro: int, nvme: str) -> dict:
     devmax = offload == "devmax"
     if devmax:
         offload = "none+cpu"
+    speculate = offload.endswith("spec")
+    if speculate:
+        offload = offload.replace("spec", "ovl")
     overlap = offload.endswith("ovl")
     if overlap:
         zero["stage3_param_persistence_threshold"] = 100
@@ -116,7 +124,8 @@ def config(case, micro: int, nvme: str) -> dict:
     if host_grads:
         cfg["zerostream"] = {**cfg.get("zerostream", {}), "device_tier_grads": "host"}
     if overlap:
-        cfg["zerostream"] = {**cfg.get("zerostream", {}), "overlap_step": "next_forward"}
+        mode = "backward" if speculate else "next_forward"
+        cfg["zerostream"] = {**cfg.get("zerostream", {}), "overlap_step": mode}
     if devmax:
         cfg["zerostream"] = {**cfg.get("zerostream", {}), "optimizer_max_on_device": 4000}
     return cfg
