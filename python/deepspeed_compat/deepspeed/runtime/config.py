@@ -5,6 +5,8 @@ names as in the JSON). isinstance() against this name holds for such configs."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from zerostream import comm
 from zerostream import config as _config
 
@@ -16,6 +18,58 @@ class _ConfigType(type):
         return isinstance(obj, _config.DeepSpeedConfig)
 
 
+_BATCH_FIELDS = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+)
+
+
+class _ResolvedConfig(_config.DeepSpeedConfig):
+    """zerostream's resolved config as DeepSpeedConfig(...) returns it: frozen like it, but
+    for DeepSpeed's three batch fields, which a caller may assign and then resolve again with
+    `_configure_train_batch_size()` (DeepSpeed's own tests of its batch rule do)."""
+
+    _world = 1
+
+    def __setattr__(self, name, value) -> None:
+        if name not in _BATCH_FIELDS:
+            super().__setattr__(name, value)  # frozen: raises, naming the field
+        object.__setattr__(self, name, value)
+
+    def _configure_train_batch_size(self) -> None:
+        """DeepSpeed's batch rule over the fields as assigned: the missing ones derived from
+        the others and the data-parallel world, then train = micro x accumulation x world;
+        an AssertionError when they cannot agree (DeepSpeed's exception)."""
+        train, micro, gas = (getattr(self, f) for f in _BATCH_FIELDS)
+        world = self._world
+        if train is not None and micro is not None and gas is None:
+            gas = train // micro // world
+        elif train is not None and gas is not None and micro is None:
+            micro = train // world // gas
+        elif micro is not None and gas is not None and train is None:
+            train = micro * gas * world
+        elif train is not None and micro is None and gas is None:
+            gas, micro = 1, train // world
+        elif micro is not None and train is None and gas is None:
+            gas, train = 1, micro * world
+        elif train is None or micro is None or gas is None:
+            raise AssertionError(
+                "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided"
+            )
+        for name, value in zip(_BATCH_FIELDS, (train, micro, gas)):
+            if not value or value <= 0:
+                raise AssertionError(f"{name}: {value} is not greater than 0")
+        if train != micro * gas * world:
+            raise AssertionError(
+                f"Check batch related parameters. train_batch_size is not equal to "
+                f"micro_batch_per_gpu * gradient_acc_step * world_size {train} != {micro} * "
+                f"{gas} * {world}"
+            )
+        for name, value in zip(_BATCH_FIELDS, (train, micro, gas)):
+            object.__setattr__(self, name, value)
+
+
 class DeepSpeedConfig(metaclass=_ConfigType):
     def __new__(cls, config, mpu=None, mesh_device=None):
         """`config`: a dict, a JSON/hjson file path or base64 text. The batch rule is
@@ -24,7 +78,10 @@ class DeepSpeedConfig(metaclass=_ConfigType):
             world = mpu.get_data_parallel_world_size()
         else:
             world = comm.get_world_size()
-        return _config.load(config, world_size=world)
+        resolved = _config.load(config, world_size=world)
+        out = _ResolvedConfig(**{f.name: getattr(resolved, f.name) for f in fields(resolved)})
+        object.__setattr__(out, "_world", world)
+        return out
 
 
 DeepSpeedConfigError = ValueError
