@@ -218,19 +218,25 @@ def _cut(g: int, lo: int, hi: int, cap: int, into: List[Piece]) -> None:
         into.append((g, a, min(a + cap, hi)))
 
 
-def make_behind(opt, ctx) -> UpdateBehind:
-    """The update's runner for a sharded ZeRO optimizer (zero/sharded.py) under
-    overlap_step "next_forward": zerostream's CPU kernels and the copy stage only."""
+def require_cpu_kernels(opt, mode: str, where: str) -> None:
+    """overlap_step `mode` runs zerostream's CPU optimizer kernels `where` (behind the forward,
+    during the backward), through the copy stage: refused, naming the key, otherwise."""
     from ..ops._cpu_optimizer import CPUOptimizerBase
 
     if not isinstance(opt.optimizer, CPUOptimizerBase) or opt.copy_stage is None:
         raise ValueError(
-            f'zerostream.overlap_step: "next_forward" runs zerostream\'s CPU optimizer '
-            f"kernels behind the forward, with zero_optimization.offload_optimizer.device "
+            f'zerostream.overlap_step: "{mode}" runs zerostream\'s CPU optimizer kernels '
+            f"{where}, with zero_optimization.offload_optimizer.device "
             f'"cpu"; this run steps {type(opt.optimizer).__name__} with offload_optimizer '
             f'"{opt.offload_device}" (drop overlap_step, or use a DeepSpeed optimizer '
             f"type such as AdamW with offload_optimizer cpu)"
         )
+
+
+def make_behind(opt, ctx) -> UpdateBehind:
+    """The update's runner for a sharded ZeRO optimizer (zero/sharded.py) under
+    overlap_step "next_forward": zerostream's CPU kernels and the copy stage only."""
+    require_cpu_kernels(opt, ctx.config.zerostream.overlap_step, "behind the forward")
     from ..accelerator import is_host_run
 
     if is_host_run(ctx.device):

@@ -68,16 +68,9 @@ from .overlap import Piece, UpdateFailed
 def make_speculation(opt, ctx) -> "Speculation":
     """The speculation of a sharded ZeRO optimizer under overlap_step "backward": zerostream's
     CPU kernels over host masters, their pieces handed on through the copy stage."""
-    from ..ops._cpu_optimizer import CPUOptimizerBase
+    from .overlap import require_cpu_kernels
 
-    if not isinstance(opt.optimizer, CPUOptimizerBase) or opt.copy_stage is None:
-        raise ValueError(
-            f'zerostream.overlap_step: "backward" starts zerostream\'s CPU optimizer kernels '
-            f'during the backward, with zero_optimization.offload_optimizer.device "cpu"; '
-            f"this run steps {type(opt.optimizer).__name__} with offload_optimizer "
-            f'"{opt.offload_device}" (drop overlap_step, or use a DeepSpeed optimizer type '
-            f"such as AdamW with offload_optimizer cpu)"
-        )
+    require_cpu_kernels(opt, "backward", "during the backward")
     return Speculation(opt, ctx.config.zerostream.speculative_step_bytes)
 
 

@@ -15,6 +15,7 @@ downloads is needed (scripts/sync-mutations.py deletes it and this fails).
 import pytest
 import torch
 
+from full_state import full_state
 from multirank import run_ranks
 from tiny_gpt import TinyGPT, make_batches
 
@@ -53,18 +54,7 @@ def config(micro, gas, dtype, params, persist, clip, overlap) -> dict:
 
 
 def _weights_and_state(engine) -> dict:
-    from zerostream.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-    from zerostream.zero import GatheredParameters
-
-    out = {}
-    for name, p in engine.module.named_parameters():
-        out["fp32." + name] = safe_get_full_fp32_param(p).clone()
-        out["exp_avg." + name] = safe_get_full_optimizer_state(p, "exp_avg").clone()
-        out["exp_avg_sq." + name] = safe_get_full_optimizer_state(p, "exp_avg_sq").clone()
-    with GatheredParameters(list(engine.module.parameters())):
-        for name, p in engine.module.named_parameters():
-            out["16bit." + name] = p.detach().float().clone()
-    return out
+    return full_state(engine, ("exp_avg", "exp_avg_sq"))
 
 
 def _small_pieces(spec) -> None:
