@@ -31,6 +31,7 @@ REDUCE_OVERLAP = "tests/python/zero/test_reduce_overlap.py"
 RANKS_DIFFER = "tests/python/zero/test_ranks_differ.py"
 OVERLAP = "tests/python/zero/test_overlap_step.py"
 SPECULATE = "tests/python/zero/test_speculative_step.py"
+OVERLAP_NVME = "tests/python/zero/test_overlap_step_nvme.py"
 
 # (id, file, text to delete or replace, replacement, tests that must fail)
 MUTATIONS = [
@@ -257,6 +258,31 @@ MUTATIONS = [
         [OVERLAP],
     ),
     (
+        "nvme-overlap-gather-waits-for-its-pieces",
+        "zero/stage3/partitioner.py",
+        "        if self.before_shard_access is not None:\n"
+        "            self.before_shard_access(zps)\n",
+        "",
+        [
+            OVERLAP_NVME
+            + "::test_persistent_ranges_go_first_and_the_forward_gathers_beside_the_rest"
+        ],
+    ),
+    (
+        "nvme-overlap-early-ranges-filled",
+        "offload/optimizer_swap.py",
+        "                early.fill(s, staged)",
+        "                pass",
+        [OVERLAP_NVME + "::test_the_overlapped_nvme_step_is_the_serial_step_bit_for_bit"],
+    ),
+    (
+        "nvme-overlap-keeps-the-steps-lr",
+        "zero/overlap.py",
+        "hyper=hyper, early=early",
+        "early=early",
+        [OVERLAP_NVME + "::test_the_overlapped_nvme_step_is_the_serial_step_bit_for_bit"],
+    ),
+    (
         "overlap-gather-waits-for-its-uploads",
         "zero/stage3/optimizer.py",
         "            self.copy_stage.wait_mark(mark)",
@@ -273,9 +299,9 @@ MUTATIONS = [
     (
         "overlap-settled-update-fenced",
         "zero/sharded.py",
-        "        uploads (the forward's gathers waited for their own pieces only).\"\"\"\n"
+        '        uploads (the forward\'s gathers waited for their own pieces only)."""\n'
         "        self.copy_stage.fence()",
-        "        uploads (the forward's gathers waited for their own pieces only).\"\"\"\n"
+        '        uploads (the forward\'s gathers waited for their own pieces only)."""\n'
         "        pass",
         [ENGINE],
     ),
@@ -327,8 +353,10 @@ MUTATIONS = [
         "zero/speculate.py",
         '    return [{k: _value(v) for k, v in g.items() if k != "params"} for g in groups]',
         '    return [{k: v for k, v in g.items() if k != "params"} for g in groups]',
-        [SPECULATE + "::test_a_hyperparameter_changed_in_place_after_the_backward_puts_the_"
-         "speculation_back"],  # fmt: skip
+        [
+            SPECULATE + "::test_a_hyperparameter_changed_in_place_after_the_backward_puts_the_"
+            "speculation_back"
+        ],  # fmt: skip
     ),
     (
         "speculation-kept-pieces-handed-on",

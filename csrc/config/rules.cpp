@@ -169,7 +169,8 @@ void offload_rules(Resolution& r, int64_t stage) {
                       " keeps optimizer states on NVMe (DeepSpeed "
                       "would silently use CPU memory instead)");
   // zerostream.overlap_step "next_forward" (python/zerostream/zero/overlap.py): the offloaded
-  // CPU update runs on a thread of its own while the next forward gathers ZeRO-3 shards.
+  // CPU update (offload_optimizer cpu, or nvme's sub-group pipeline) runs on a thread of its
+  // own while the next forward gathers ZeRO-3 shards (from offload_param nvme too).
   // "backward" starts it during the backward too (python/zerostream/zero/speculate.py) and,
   // at stage 3, goes on behind the next forward; at stage 2 (whose buckets land during the
   // backward too) step() finishes it.
@@ -189,17 +190,21 @@ void offload_rules(Resolution& r, int64_t stage) {
                          (stage == 1 ? " (stage 1 reduces the gradients at the step, so nothing "
                                        "lands during the backward)"
                                      : ""));
-    else if (opt_device != "cpu")
-      r.errors.push_back(key +
-                         "runs the CPU optimizer update behind the next forward, with "
-                         "zero_optimization.offload_optimizer.device \"cpu\"; got \"" +
-                         (opt_device.empty() ? std::string("none") : opt_device) +
-                         "\" (the NVMe sub-group pipeline does not run behind the forward yet)");
-    else if (param_device == "nvme")
+    else if (opt_device != "cpu" && !(overlap == "next_forward" && opt_device == "nvme"))
+      r.errors.push_back(
+          key + "runs the CPU optimizer update " +
+          (overlap == "backward" ? "during the backward, with zero_optimization.offload_optimizer"
+                                   ".device \"cpu\""
+                                 : "behind the next forward, with zero_optimization."
+                                   "offload_optimizer.device \"cpu\" or \"nvme\"") +
+          "; got \"" + (opt_device.empty() ? std::string("none") : opt_device) + "\"" +
+          (opt_device == "nvme" ? " (the NVMe sub-group pipeline runs behind the next forward: "
+                                  "use \"next_forward\")"
+                                : ""));
+    else if (overlap == "backward" && param_device == "nvme")
       r.errors.push_back(key +
                          "is not built with zero_optimization.offload_param.device \"nvme\" "
-                         "(the parameter swap store is driven by one thread); use \"cpu\" or "
-                         "\"none\"");
+                         "(\"next_forward\" is); use \"cpu\" or \"none\"");
     else if (partial || wants_device)
       r.errors.push_back(key +
                          "is not built with optimizer sub-groups on the device "

@@ -113,6 +113,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         '"auto" tiers too: trimmed at each step end until they are placed); "system" is '
         "glibc's policy, the engine's default",
     )
+    p.add_argument(
+        "--overlap-step",
+        choices=("none", "next_forward"),
+        default="none",
+        help='zerostream.overlap_step: "next_forward" runs the NVMe optimizer step behind the '
+        "next forward (zero/overlap.py); a step is then timed from its forward to its step()'s "
+        "return, so it holds the rest of the previous step's update",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -158,6 +166,7 @@ def _config(args, nvme: str) -> dict:
         "zerostream": {
             "optimizer_max_in_cpu": _max_in_cpu(args.optimizer_max_in_cpu),
             "host_malloc": args.host_malloc,
+            "overlap_step": args.overlap_step,
         },
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": 1,

@@ -148,6 +148,7 @@ _PASSED = (
     "buffer_size",
     "max_live",
     "host_malloc",
+    "overlap_step",
 )
 
 

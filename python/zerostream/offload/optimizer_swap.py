@@ -36,6 +36,7 @@ from .io_engine import IoEngine, io_config_for
 from .memory_preflight import skewed
 from .placement import device as device_placement
 from .placement.predict import StepClock, predict_peak_rss
+from .swap_early import EarlyRanges, PieceReport, cuts
 from .swap_store import SwapStore
 from .tiered_state import KINDS, SubGroup, TieredState
 
@@ -116,7 +117,7 @@ class SwappedAdam:
         sub_group_size = zero.sub_group_size
         if self.uses_disk:
             sub_group_size = self._fit_sub_group_size(sub_group_size, self.sets)
-        self.sub_groups = [
+        self.sub_groups: List[SubGroup] = [
             SubGroup(g, lo, hi, i)
             for i, (g, lo, hi) in enumerate(
                 _C.plan_sub_groups(self.numels, param_starts, sub_group_size)
@@ -171,6 +172,7 @@ class SwappedAdam:
         self.bytes_read = self.bytes_written = 0
         self.wait_seconds = 0.0
         self.store = None  # offload_optimizer "cpu" with a ratio: nothing on disk
+        self.io: Optional[IoEngine] = None  # the store's engine (EarlyRanges reads through it)
         if not self.uses_disk:
             self._write_initial_state(sources)
             return
@@ -178,7 +180,7 @@ class SwappedAdam:
             raise ValueError(
                 'zero_optimization.offload_optimizer.nvme_path: required with "device": "nvme"'
             )
-        engine = IoEngine(io_config_for(aio))
+        engine = self.io = IoEngine(io_config_for(aio))
         try:
             self.store = SwapStore(
                 engine,
@@ -334,6 +336,14 @@ class SwappedAdam:
         16-bit where nothing accumulates in it), partitions[g] the model-dtype partition that
         receives the updated params; `stage`, the copy stage, carries the device tier's
         gradients to the device."""
+        self.begin_step(grads)
+        self.run_step(grads, partitions, grad_scale, stage)
+
+    def begin_step(self, grads: List[torch.Tensor]) -> None:
+        """The part of a step that comes before its first sub-group, where every rank is (the
+        device tier's and the host tier's "auto" agree their readings across ranks): an
+        update run behind the next forward (zero/overlap.py) does this on the caller's
+        thread, then run_step on its own."""
         self.clock.begin()
         # The device tier's "auto" before the host tier's: that takes what the device leaves.
         tier = self.device_auto.at_step(
@@ -355,6 +365,24 @@ class SwappedAdam:
         self._clock_counters(self.clock.open)
         for g in range(len(self.steps)):
             self.steps[g] += 1
+
+    def run_step(
+        self,
+        grads: List[torch.Tensor],
+        partitions: List[torch.Tensor],
+        grad_scale: float,
+        stage=None,
+        hyper: Optional[List[dict]] = None,
+        early: Optional[EarlyRanges] = None,
+        report: Optional[PieceReport] = None,
+    ) -> None:
+        """Every sub-group's update after begin_step. `hyper`: the param groups'
+        hyperparameters as the step found them (the live ones when None); `early`: ranges
+        updated first, before any sub-group (Note [Persistent ranges first]); `report`
+        hears of each piece before and after it is handed on (update_pieces plans them)."""
+        hyper = self.hyper.param_groups if hyper is None else hyper
+        if early is not None:
+            early.run(grads, partitions, grad_scale, hyper, report)
         # NVMe sub-groups take staging slots in turn (the j-th one slot j % sets); host ones
         # are updated in place between them, while the next NVMe read is in flight.
         disk = [s for s in self.sub_groups if s.on_disk]
@@ -365,12 +393,12 @@ class SwappedAdam:
         for s in self.sub_groups:
             dt = self.device_tier
             if s.dev is not None and dt is not None:
-                group = self.hyper.param_groups[s.group]
+                group = hyper[s.group]
                 step = self.steps[s.group]
                 dt.update(s, grads, partitions, group, step, self.adamw_mode, grad_scale, stage)
                 continue
             if s.on_host:
-                self._update(s, s.host, grads, partitions, grad_scale)
+                self._update(s, s.host, grads, partitions, grad_scale, hyper, early, report)
                 continue
             slot = slot_of[s.index]
             self._wait(pending_reads.pop(j))
@@ -381,7 +409,9 @@ class SwappedAdam:
                 pending_reads[nxt] = self._read(disk[nxt], nslot)
             n = s.hi - s.lo
             staged = self._staged(slot, n)
-            self._update(s, staged, grads, partitions, grad_scale)
+            if early is not None:
+                early.fill(s, staged)
+            self._update(s, staged, grads, partitions, grad_scale, hyper, early, report)
             writes = [self.disk.write(3 * s.index + k, buf) for k, buf in enumerate(staged)]
             self.bytes_written += self.element_bytes * n
             if self.pipeline_write:
@@ -397,6 +427,16 @@ class SwappedAdam:
         if self.device_tier is not None:
             self.device_tier.finish(stage)
         self._clock_counters(self.clock.close)
+
+    def update_pieces(self, partitions: list, early: Optional[EarlyRanges] = None) -> list:
+        """The pieces (group, lo, hi) run_step hands on, in its order: `early`'s ranges
+        first, then each sub-group's elements outside them, cut at the sink's piece."""
+        out = list(early.pieces(partitions)) if early is not None else []
+        for s in self.sub_groups:
+            sink = partitions[s.group]
+            for a, b in early.rest(s) if early is not None else [(s.lo, s.hi)]:
+                out.extend((s.group, lo, hi) for lo, hi in cuts(sink, a, b, s.hi - s.lo))
+        return out
 
     def _clock_counters(self, mark) -> None:
         """The step clock's counters now: disk bytes moved by this tier, shard bytes written,
@@ -530,40 +570,63 @@ class SwappedAdam:
         state = 2 * self.element_bytes * self.tiers.nvme_elements  # read and written back
         return self.clock.predict(state, self.placer.shards_move)
 
-    def _update(self, s: SubGroup, state, grads, partitions, grad_scale: float) -> None:
-        p, m, v = (buf[: s.hi - s.lo] for buf in state)
-        group = self.hyper.param_groups[s.group]
+    def _update(
+        self,
+        s: SubGroup,
+        state,
+        grads,
+        partitions,
+        grad_scale: float,
+        hyper: Optional[List[dict]] = None,
+        early: Optional[EarlyRanges] = None,
+        report: Optional[PieceReport] = None,
+    ) -> None:
+        group = (self.hyper.param_groups if hyper is None else hyper)[s.group]
         # The gradient partition starts past the device tier's gradients, where they land
         # on the device (Note [Device-tier gradients stay on the device]).
         dev = self.device_tier.grad_parts.get(s.group) if self.device_tier else None
         base = 0 if dev is None else dev.numel()
         sink = partitions[s.group]
         # Pieces of one copy-stage slot for a DeviceSink, each crossing to the device while
-        # the next is stepped; the whole sub-group otherwise (Note [Partition sinks]).
-        piece = sinks.piece(sink, s.hi - s.lo)
-        for lo in range(s.lo, s.hi, piece):
-            hi = min(lo + piece, s.hi)
-            target = sinks.fused_target(sink, lo, hi, p.dtype)
-            a, b = lo - s.lo, hi - s.lo
-            cpu_adam_step(
-                p[a:b],
-                grads[s.group][lo - base : hi - base],
-                m[a:b],
-                v[a:b],
-                lr=group["lr"],
-                betas=group["betas"],
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                step=self.steps[s.group],
-                bias_correction=group.get("bias_correction", True),
-                adamw_mode=self.adamw_mode,
-                grad_scale=grad_scale,
-                param_copy=target,
-                threads=self.threads,
-            )
-            # A staging buffer is reused by the next sub-groups: never uploaded from directly;
-            # a host-tier master stays until the next step rewrites it.
-            sinks.hand_on(sink, lo, hi, p[a:b], fused=target is not None, stable=s.on_host)
+        # the next is stepped; the whole sub-group otherwise (Note [Partition sinks]). A
+        # host-tier master stays until the next step rewrites it; a staging buffer is reused
+        # by the next sub-groups, so it is never uploaded from directly.
+        for a, b in early.rest(s) if early is not None else [(s.lo, s.hi)]:
+            for lo, hi in cuts(sink, a, b, s.hi - s.lo):
+                view = [buf[lo - s.lo : hi - s.lo] for buf in state]
+                grad = grads[s.group][lo - base : hi - base]
+                self.step_range(
+                    s.group, lo, hi, view, grad, sink, grad_scale, group, report, stable=s.on_host
+                )
+
+    def step_range(
+        self, g, lo, hi, state, grad, sink, grad_scale, group, report, stable: bool
+    ) -> None:
+        """Adam over elements [lo, hi) of group g (`state`: their param, exp_avg and
+        exp_avg_sq; `grad`: their gradients), the 16-bit values handed on to `sink`."""
+        if report is not None:
+            report.before(g, lo, hi)
+        p, m, v = state
+        target = sinks.fused_target(sink, lo, hi, p.dtype)
+        cpu_adam_step(
+            p,
+            grad,
+            m,
+            v,
+            lr=group["lr"],
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            step=self.steps[g],
+            bias_correction=group.get("bias_correction", True),
+            adamw_mode=self.adamw_mode,
+            grad_scale=grad_scale,
+            param_copy=target,
+            threads=self.threads,
+        )
+        sinks.hand_on(sink, lo, hi, p, fused=target is not None, stable=stable)
+        if report is not None:
+            report.done(g, lo, hi)
 
     def close(self) -> None:
         """Deletes the optimizer state's swap files (the run is over)."""

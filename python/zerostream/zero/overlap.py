@@ -2,14 +2,15 @@
 "next_forward"}`).
 
 Note [The step overlapped with the next forward]
-  With the optimizer offloaded, the step is the CPU's: the device idles while the host updates
-  every partition. Here step() does what must be done where every rank is (the gradients'
-  reduction, the global norm and its one host read, the clip/unscale factor) and hands the
-  update itself to a thread of its own, then returns. The next forward runs beside it: ZeRO-3
-  gathers each module's parameters from their shards just before the module runs, and each
-  gather first waits for the pieces of the update that write those shards (`UpdateBehind.
-  wait_range`: on the host for the kernel, then on the device for the piece's upload, so the
-  compute stream waits for exactly what it reads, never for the whole step).
+  With the optimizer offloaded (cpu or nvme), the step is the CPU's and the disk's: the device
+  idles while the host updates every partition. Here step() does what must be done where every
+  rank is (the gradients' reduction, the global norm and its one host read, the clip/unscale
+  factor) and hands the update itself to a thread of its own, then returns. The next forward
+  runs beside it: ZeRO-3 gathers each module's parameters from their shards just before the
+  module runs, and each gather first waits for the pieces of the update that write those
+  shards (`UpdateBehind.wait_range`: on the host for the kernel, then on the device for the
+  piece's upload, so the compute stream waits for exactly what it reads, never for the whole
+  step).
 
   Exact: the update is the serial step's, piece for piece (the kernel is elementwise and the
   factor is computed before the thread starts), with the hyperparameters snapshot at step()
@@ -25,6 +26,14 @@ Note [The step overlapped with the next forward]
   update writes their shards first, in pieces of their own, then the rest of each partition
   in partition order, which is the model's parameter order. No collective runs on the
   update's thread: the sequence of collectives is the serial step's on every rank.
+
+  With offload_optimizer "nvme" the thread runs the sub-group pipeline (offload/
+  optimizer_swap.py's run_step: reads, kernel and write-backs overlapped), the persistent
+  params' ranges first, read from their extents alone (Note [Persistent ranges first] in
+  offload/swap_early.py); the step's start (the tiers' "auto", whose readings are agreed
+  across ranks) stays on the caller's thread. With offload_param "nvme" the thread writes
+  shards while the forward reads others (Note [Shard writes beside the forward's reads] in
+  zero/stage3/param_swap.py); "auto" moving shards into host memory waits for the update.
 
   On a GPU the thread binds the rank's device first (a thread starts on device 0). Its
   uploads go on the copy stage's lane, which waits for the compute stream where it stands at
@@ -223,7 +232,8 @@ def require_cpu_kernels(opt, mode: str, where: str) -> None:
     during the backward), through the copy stage: refused, naming the key, otherwise."""
     from ..ops._cpu_optimizer import CPUOptimizerBase
 
-    if not isinstance(opt.optimizer, CPUOptimizerBase) or opt.copy_stage is None:
+    swapped = mode == "next_forward" and getattr(opt, "swapper", None) is not None
+    if not (isinstance(opt.optimizer, CPUOptimizerBase) or swapped) or opt.copy_stage is None:
         raise ValueError(
             f'zerostream.overlap_step: "{mode}" runs zerostream\'s CPU optimizer kernels '
             f"{where}, with zero_optimization.offload_optimizer.device "
@@ -258,6 +268,8 @@ def launch_update(opt, partitions: list, factor: float, taken=None) -> None:
     before the thread starts, and they are updated as the rest."""
     from ..offload import sinks
 
+    if opt.swapper is not None:
+        return _launch_swapped(opt, partitions, factor)
     behind, stage = opt.behind, opt.copy_stage
     pieces = opt._behind_pieces(partitions)
     hyper = [dict(g) for g in opt.optimizer.param_groups]  # as at this step()
@@ -287,6 +299,49 @@ def launch_update(opt, partitions: list, factor: float, taken=None) -> None:
             opt.optimizer.step_ranges(
                 work, factor, copy_to, piece_done, hyper=hyper, stepped=stepped if kept else None
             )
+        opt._zero_partition_grads()
+
+    behind.launch(pieces, run)
+
+
+class _Report:
+    """The swapped update's pieces told to the UpdateBehind (offload/swap_early.py's
+    PieceReport), each with the copy stage's upload mark after it."""
+
+    def __init__(self, behind: UpdateBehind, stage, done: Callable):
+        self.behind, self.stage, self._done = behind, stage, done
+
+    def before(self, g: int, lo: int, hi: int) -> None:
+        self.behind.before_piece(g, lo, hi)
+
+    def done(self, g: int, lo: int, hi: int) -> None:
+        self._done(g, lo, hi, self.stage.upload_mark())
+
+
+def _launch_swapped(opt, partitions: list, factor: float) -> None:
+    """offload_optimizer "nvme": the sub-group pipeline (offload/optimizer_swap.py) on the
+    update's thread, the persistent params' ranges first (Note [Persistent ranges first] in
+    offload/swap_early.py). Its start (the tiers' "auto", whose readings are agreed across
+    ranks) runs here, on the caller's thread, so that no collective runs on the update's."""
+    from ..offload.swap_early import EarlyRanges
+
+    swapper, behind = opt.swapper, opt.behind
+    swapper.begin_step(opt.grads)
+    early = EarlyRanges(swapper, opt._early_ranges())
+    pieces = swapper.update_pieces(partitions, early)
+    hyper = [dict(g) for g in swapper.hyper.param_groups]  # as at this step()
+
+    def run(done) -> None:
+        report = _Report(behind, opt.copy_stage, done)
+        before = (swapper.bytes_read, swapper.bytes_written, swapper.wait_seconds)
+        start = time.perf_counter()
+        swapper.run_step(
+            opt.grads, partitions, factor, opt.copy_stage, hyper=hyper, early=early, report=report
+        )
+        took = time.perf_counter() - start
+        opt.telemetry.moved("nvme_read", swapper.bytes_read - before[0], took)
+        opt.telemetry.moved("nvme_write", swapper.bytes_written - before[1], took)
+        opt.telemetry.add_seconds("swap_wait", swapper.wait_seconds - before[2])
         opt._zero_partition_grads()
 
     behind.launch(pieces, run)

@@ -62,6 +62,10 @@ CASES += [(3, "ratio3", "bf16", 1), (3, "ratio", "bf16m", 1), (3, "ratioh", "bf1
 # host memory ("ovl", as "cpu"), with persistent params (gathered first at the next forward's
 # start).
 CASES += [(3, "none+ovl", "bf16", 1), (3, "ovl", "fp32", 2)]
+# "nvovl": the same with offload_optimizer nvme (the sub-group pipeline behind the forward,
+# persistent ranges first: offload/swap_early.py), shards on the device ("none+nvovl") or on
+# NVMe too ("nvovl": written from the update's thread while the forward reads others).
+CASES += [(3, "none+nvovl", "bf16", 1), (3, "nvovl", "fp32", 1)]
 # "spec": overlap_step "backward" (zero/speculate.py), the update started during the backward
 # on pieces whose gradients have landed (their downloads host-waited on the speculation's
 # thread), then behind the next forward at stage 3 ("none+spec": shards on the device) or
@@ -100,7 +104,7 @@ def config(case, micro: int, nvme: str) -> dict:
     overlap = offload.endswith("ovl")
     if overlap:
         zero["stage3_param_persistence_threshold"] = 100
-        offload = offload.replace("ovl", "cpu")
+        offload = offload.replace("nvovl", "nvme").replace("ovl", "cpu")
     tiered = offload in ("tiered", "ratio3")
     ratio = offload.endswith("ratio") or offload in ("ratio3", "ratioh")
     host_grads = offload == "ratioh"

@@ -304,19 +304,7 @@ def test_a_failing_update_is_raised_by_the_next_wait_and_the_run_stops():
     "zero, refused",
     [
         ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "got stage 2"),
-        ({"stage": 3}, 'offload_optimizer.device "cpu"; got "none"'),
-        (
-            {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
-            'got "nvme"',
-        ),
-        (
-            {
-                "stage": 3,
-                "offload_optimizer": {"device": "cpu"},
-                "offload_param": {"device": "nvme", "nvme_path": "/tmp"},
-            },
-            'offload_param.device "nvme"',
-        ),
+        ({"stage": 3}, 'offload_optimizer.device "cpu" or "nvme"; got "none"'),
         ({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "on the device"),
     ],
 )

@@ -321,6 +321,10 @@ def test_the_copies_stay_within_speculative_step_bytes():
         ({"stage": 3}, 'offload_optimizer.device "cpu"; got "none"'),
         ({"stage": 2}, 'offload_optimizer.device "cpu"; got "none"'),
         (
+            {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
+            'got "nvme" (the NVMe sub-group pipeline runs behind the next forward',
+        ),
+        (
             {
                 "stage": 3,
                 "offload_optimizer": {"device": "cpu"},

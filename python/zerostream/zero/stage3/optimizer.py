@@ -279,6 +279,8 @@ class Stage3Optimizer(ShardedOptimizerBase):
         )
         if self.behind is not None:  # each gather waits for the update of its shards
             self.part.before_shard_access = self._await_shards
+            if self.part.swapper is not None:  # "auto" moves shards the update may write
+                self.part.swapper.before_move = self.settle_update
 
     @staticmethod
     def _zero_param(p: torch.nn.Parameter) -> ZeroParam:
@@ -423,6 +425,16 @@ class Stage3Optimizer(ShardedOptimizerBase):
         caps = [sinks.piece(p, 1 << 22) for p in partitions]
         return plan_pieces(layout, [sinks.numel(p) for p in partitions], caps)
 
+    def _early_ranges(self) -> list:
+        """The persistent params' shards (group, lo, hi): the update behind the next forward
+        writes them first (the next forward's start gathers them)."""
+        return [
+            (g, off, off + zp.shard_numel)
+            for g, (zps, starts) in enumerate(zip(self.groups, self._starts()))
+            for zp, off in zip(zps, starts)
+            if zp.persist and zp.shard_numel > 0
+        ]
+
     def _starts(self) -> List[List[int]]:
         """Each group's params' shard offsets in its partition."""
         return [[self.slots[zp.ds_id][1] for zp in zps] for zps in self.groups]
@@ -461,6 +473,10 @@ class Stage3Optimizer(ShardedOptimizerBase):
         super().close_state()
         if self._on_shard_modified in self.part.shard_listeners:
             self.part.shard_listeners.remove(self._on_shard_modified)
+        if self.part.before_shard_access == self._await_shards:
+            self.part.before_shard_access = None
+        if self.part.swapper is not None and self.part.swapper.before_move == self.settle_update:
+            self.part.swapper.before_move = None
 
     def _on_shard_modified(self, zp: ZeroParam) -> None:
         """GatheredParameters rewrote a shard: the fp32 master follows it."""

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
-from typing import Deque, Dict, List, Optional
+from typing import Callable, Deque, Dict, List, Optional
 
 import torch
 
 from ... import sizing
+from ...aligned import DIRECT_ALIGN, aligned_empty
 from ...comm import ranks_on_this_host
 from ...offload.copy_stage import to_device
 from ...offload.host_buffers import HostArena, arena_bytes
@@ -94,6 +96,20 @@ class ParamSwapper:
         self.auto_buffer_count = True  # fit_read_ahead may raise buffer_count
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
         self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
+        # Note [Shard writes beside the forward's reads]
+        # An optimizer update behind the next forward (zero/overlap.py) writes shards from
+        # its own thread while the forward reads others (a shard is read only once its
+        # piece is written: the gather waits for it first). Writes are synchronous and go
+        # through one reused O_DIRECT-aligned buffer of their own, under a lock, never
+        # through the staging arena: a write that waited there for a buffer held by a read
+        # ahead, which the forward lands only after its next gather (waiting for this very
+        # update), would wait forever. The reads' state (the arena, `pending`) is the
+        # forward's thread's alone.
+        self._write_lock = threading.Lock()
+        self._write_buf: Optional[torch.Tensor] = None
+        # Called before "auto" moves shards into host memory (an update behind the forward
+        # is waited for: it may still be writing them).
+        self.before_move: Optional[Callable[[], None]] = None
 
     def require_space(self, params, world: int, persistence_threshold: int) -> None:
         """Preflight before a model's shards are swapped out: the shards that will go to disk
@@ -114,14 +130,12 @@ class ParamSwapper:
                 sizes, "zero_optimization.offload_param.nvme_path", sharing=ranks_on_this_host()
             )
 
-    def _host(
-        self, numel: int, dtype: torch.dtype, uploads=None, reading: bool = True
-    ) -> torch.Tensor:
-        """A page-locked staging buffer. When the arena is full: buffers whose uploads have
-        completed go back first, then reads issued ahead land (oldest first), then the host
-        waits for the oldest upload still reading a buffer (`uploads`, the copy stage);
-        only then does it wait on the arena."""
-        arena = self._ensure_arena(numel, dtype, reading)
+    def _host(self, numel: int, dtype: torch.dtype, uploads=None) -> torch.Tensor:
+        """A page-locked staging buffer for a read. When the arena is full: buffers whose
+        uploads have completed go back first, then reads issued ahead land (oldest first),
+        then the host waits for the oldest upload still reading a buffer (`uploads`, the copy
+        stage); only then does it wait on the arena."""
+        arena = self._ensure_arena(numel, dtype)
         while True:
             if uploads is not None:
                 uploads.release_held()
@@ -159,15 +173,15 @@ class ParamSwapper:
         )
         self.buffer_count = count  # the next read makes the larger arena (_ensure_arena)
 
-    def _ensure_arena(self, numel: int, dtype: torch.dtype, reading: bool = True) -> HostArena:
-        """Makes the arena hold two shards of `numel`, and for reads buffer_count x
-        buffer_size if larger. A larger budget replaces the arena only when no read ahead
-        holds its buffers (buffers already handed out keep the old arena's memory until
-        freed). Writes (shards homed at setup, one at a time) only ever need two shards: a
-        pooled arena is locked and registered whole when made, so it is not remade for
-        every shard that adds to the swapped bytes; it grows at least twofold."""
+    def _ensure_arena(self, numel: int, dtype: torch.dtype) -> HostArena:
+        """Makes the reads' arena hold two shards of `numel`, and buffer_count x buffer_size
+        if larger. A larger budget replaces the arena only when no read ahead holds its
+        buffers (buffers already handed out keep the old arena's memory until freed); a
+        pooled arena is locked and registered whole when made, so it grows at least
+        twofold. (Writes have a buffer of their own: Note [Shard writes beside the
+        forward's reads].)"""
         need = sizing.param_staging_need(numel * dtype.itemsize)
-        configured = self._configured_budget() if reading else 0
+        configured = self._configured_budget()
         grow = configured > self.arena_bytes and not self.pending
         if self.arena is None or need > self.arena_bytes or grow:
             budget = max(need, configured, self.arena_bytes)
@@ -307,6 +321,8 @@ class ParamSwapper:
         rank's share of the usable host memory, less a step's measured excess and the
         reserve) are read into one page-locked arena and live there from now on (Note
         [Parameter shards in host memory]). Returns the arena's bytes."""
+        if self.before_move is not None:
+            self.before_move()
         reads = self.pending_reads or {}
         self.read_counts = {zp.ds_id: n for zp, n in reads.items()}  # stats(), tests
         while self.pending:  # reads issued ahead land first: no shard moves under a read
@@ -354,23 +370,29 @@ class ParamSwapper:
         self._write_extent(zp, values)
 
     def _write_extent(self, zp: ZeroParam, values: torch.Tensor) -> None:
-        if zp.ds_id not in self._swapped:
-            self._swapped.add(zp.ds_id)
-            self.swapped_bytes += arena_bytes(zp.shard_numel * zp.dtype.itemsize)
-        staged = values if self._is_staging(values) else self._staged_copy(values)
-        start = time.perf_counter()
-        self.store.write(zp.ds_id, staged).wait()
-        nbytes = staged.numel() * staged.element_size()
-        self.telemetry.moved("param_nvme_write", nbytes, time.perf_counter() - start)
-        self.bytes_written += nbytes
-        self.writes += 1
+        """One shard to disk, waited for (Note [Shard writes beside the forward's reads])."""
+        with self._write_lock:
+            if zp.ds_id not in self._swapped:
+                self._swapped.add(zp.ds_id)
+                self.swapped_bytes += arena_bytes(zp.shard_numel * zp.dtype.itemsize)
+            staged = values if self._is_staging(values) else self._staged_copy(values)
+            start = time.perf_counter()
+            self.store.write(zp.ds_id, staged).wait()
+            nbytes = staged.numel() * staged.element_size()
+            self.telemetry.moved("param_nvme_write", nbytes, time.perf_counter() - start)
+            self.bytes_written += nbytes
+            self.writes += 1
 
     def _is_staging(self, t: torch.Tensor) -> bool:
-        return t.device.type == "cpu" and t.is_contiguous() and t.data_ptr() % 4096 == 0
+        return t.device.type == "cpu" and t.is_contiguous() and t.data_ptr() % DIRECT_ALIGN == 0
 
     def _staged_copy(self, values: torch.Tensor) -> torch.Tensor:
-        buf = self._host(values.numel(), values.dtype, reading=False)
-        buf.copy_(values)
+        """`values` in the writes' own aligned buffer (grown to the largest shard written)."""
+        nbytes = values.numel() * values.element_size()
+        if self._write_buf is None or self._write_buf.numel() < nbytes:
+            self._write_buf = aligned_empty(nbytes, torch.uint8)
+        buf = self._write_buf[:nbytes].view(values.dtype)
+        buf.copy_(values.reshape(-1))
         return buf
 
     def read_into(
