@@ -201,10 +201,6 @@ void offload_rules(Resolution& r, int64_t stage) {
           (opt_device == "nvme" ? " (the NVMe sub-group pipeline runs behind the next forward: "
                                   "use \"next_forward\")"
                                 : ""));
-    else if (overlap == "backward" && param_device == "nvme")
-      r.errors.push_back(key +
-                         "is not built with zero_optimization.offload_param.device \"nvme\" "
-                         "(\"next_forward\" is); use \"cpu\" or \"none\"");
     else if (partial || wants_device)
       r.errors.push_back(key +
                          "is not built with optimizer sub-groups on the device "

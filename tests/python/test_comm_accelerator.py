@@ -130,6 +130,23 @@ def test_accelerator_on_this_machine():
     assert acc.device_count() >= 1
 
 
+def test_deepspeeds_accelerator_classes_select_zerostreams():
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+
+    before = get_accelerator()
+    try:
+        set_accelerator(CPU_Accelerator())
+        acc = get_accelerator()
+        assert isinstance(acc, CPU_Accelerator) and acc.device_name() == "cpu"
+        assert acc.communication_backend_name() == "gloo"
+        cuda = CUDA_Accelerator()  # made without a GPU too; used only where one is
+        assert cuda.device_name() == "cuda" and cuda.communication_backend_name() == "nccl"
+    finally:
+        set_accelerator(before)
+
+
 def test_bad_accelerator_override_names_the_choices():
     code = "import zerostream; zerostream.get_accelerator()"
     proc = subprocess.run(

@@ -92,6 +92,8 @@ REQUIRED = [
 # test file of DeepSpeed's suite imports at all).
 EXPORTS = [
     "deepspeed.accelerator.is_current_accelerator_supported",
+    "deepspeed.accelerator.cpu_accelerator.CPU_Accelerator",
+    "deepspeed.accelerator.cuda_accelerator.CUDA_Accelerator",
     "deepspeed.git_version_info.torch_info",
     "deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum",
     "deepspeed.runtime.zero.offload_states.get_state_devices",

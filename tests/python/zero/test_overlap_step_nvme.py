@@ -242,3 +242,45 @@ def test_nvme_combinations_not_built_are_refused_by_name(zero, refused):
     with pytest.raises(ConfigError) as e:
         load(cfg)
     assert "zerostream.overlap_step" in str(e.value) and refused in str(e.value), str(e.value)
+
+
+# --- a disk error on the update's thread is raised by the next wait, naming it -------------------
+def _failing_update(rank, world, root):
+    import zerostream
+    from zerostream.offload.fault_injection import io_faults_injected, set_io_fault
+    from zerostream.zero.overlap import UpdateFailed
+
+    xs, ys = make_batches(2, GLOBAL_BATCH)
+    torch.manual_seed(0)
+    cfg = config(("bf16", "none", 0, 1), True, root)
+    cfg["train_micro_batch_size_per_gpu"] = GLOBAL_BATCH
+    engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
+    engine.backward(engine(xs[0], ys[0]))
+    engine.step()
+    engine.optimizer.settle_update()
+    engine.backward(engine(xs[1], ys[1]))
+    set_io_fault("1:ENOSPC")  # the next I/O: the update's own, on its thread
+    raised = []
+    try:
+        engine.step()  # returns: the update fails on its thread
+        for what, call in (
+            ("forward", lambda: engine(xs[1], ys[1])),
+            ("step", engine.step),
+        ):
+            try:
+                call()
+            except UpdateFailed as e:
+                raised.append((what, str(e)))
+    finally:
+        injected = io_faults_injected()
+        set_io_fault(None)
+    engine.destroy()
+    return injected, raised
+
+
+def test_a_disk_error_on_the_update_is_raised_by_the_next_wait(tmp_path):
+    ((injected, raised),) = run_ranks(_failing_update, 1, str(tmp_path), timeout=300)
+    assert injected == 1, injected
+    assert [r[0] for r in raised] == ["forward", "step"], raised
+    text = raised[0][1]
+    assert "overlap_step" in text and "No space left on device" in text, text
