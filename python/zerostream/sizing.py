@@ -142,6 +142,11 @@ def param_staging_budget(buffer_count: int, buffer_size: int, swapped_bytes: int
     return min(buffer_count * param_buffer_bytes(buffer_size), max(swapped_bytes, 1))
 
 
+# Stage-3 shard writes in flight at once, each in a buffer of its own as large as the shard
+# (Note [Shard writes beside the forward's reads] in zero/stage3/param_swap.py).
+PARAM_WRITES_IN_FLIGHT = 4
+
+
 def param_staging_need(shard_bytes: int) -> int:
     """What staging must hold for a shard of `shard_bytes` (twice it: one being read while
     the other uploads)."""

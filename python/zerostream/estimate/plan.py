@@ -26,8 +26,8 @@ per allocated size]), so its numbers can be checked against `zerostream bench st
                             staging (sets x 3 buffers of sub_group_size, widest state kind);
                             params offloaded to cpu: the shards (and, without optimizer
                             offload, the optimizer state beside them); to nvme: max_in_cpu of
-                            them, the staging arena and the writes' buffer (the largest
-                            shard); any offload: the copy stage's pinned
+                            them, the staging arena and the writes' buffers (4 of the
+                            largest shard); any offload: the copy stage's pinned
                             staging slots
   per node NVMe             nvme optimizer: fp32 master + moments, 12 B per element (bf16
                             masters, bf16.bf16_master_weights_and_grads: 2 + 8; with
@@ -484,9 +484,11 @@ def _memory(shape, work, machine, option, knobs):
                 if homes.swapped
                 else 0
             )
-            # Writes go through a buffer of their own, the largest shard (Note [Shard writes
-            # beside the forward's reads]).
-            host["param write buffer"] = d * max(homes.swapped) if homes.swapped else 0
+            # Writes go through buffers of their own, WRITES_IN_FLIGHT of the largest shard
+            # (Note [Shard writes beside the forward's reads] in zero/stage3/param_swap.py).
+            host["param write buffers"] = (
+                sizing.PARAM_WRITES_IN_FLIGHT * d * max(homes.swapped) if homes.swapped else 0
+            )
             nvme[f"{dname} param shards"] = swapped
     act = shape.activation_bytes(work.tokens, d, work.checkpointing)
     backward["activations"] = act["layers"]

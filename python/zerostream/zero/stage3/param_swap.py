@@ -26,7 +26,7 @@ from typing import Callable, Deque, Dict, List, Optional
 import torch
 
 from ... import sizing
-from ...aligned import DIRECT_ALIGN, aligned_empty
+from ...aligned import aligned_empty
 from ...comm import ranks_on_this_host
 from ...offload.copy_stage import to_device
 from ...offload.host_buffers import HostArena, arena_bytes
@@ -97,16 +97,21 @@ class ParamSwapper:
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
         self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
         # Note [Shard writes beside the forward's reads]
-        # An optimizer update behind the next forward (zero/overlap.py) writes shards from
-        # its own thread while the forward reads others (a shard is read only once its
-        # piece is written: the gather waits for it first). Writes are synchronous and go
-        # through one reused O_DIRECT-aligned buffer of their own, under a lock, never
-        # through the staging arena: a write that waited there for a buffer held by a read
-        # ahead, which the forward lands only after its next gather (waiting for this very
-        # update), would wait forever. The reads' state (the arena, `pending`) is the
-        # forward's thread's alone.
+        # An optimizer update writes shards a piece at a time, and behind the next forward
+        # (zero/overlap.py) from its own thread while the forward reads others (a shard is
+        # read only once its piece is written: the gather waits for the piece first). Writes
+        # are asynchronous, so the update goes on to its next piece (and its disk reads)
+        # while they land: each is copied into a write buffer of its own (an O_DIRECT-
+        # aligned pool, never the reads' staging arena: a write that waited there for a
+        # buffer held by a read ahead, which the forward lands only after its next gather,
+        # waiting for this very update, would wait forever), at most WRITES_IN_FLIGHT at
+        # once. Every read of the store first waits for the writes in flight
+        # (flush_writes): a piece reported written may still be landing, and a serial
+        # step's last writes are read by the next forward. The reads' state (the arena,
+        # `pending`) is the forward's thread's alone.
         self._write_lock = threading.Lock()
-        self._write_buf: Optional[torch.Tensor] = None
+        self._writing: Deque[_Write] = collections.deque()
+        self._write_pool: List[torch.Tensor] = []
         # Called before "auto" moves shards into host memory (an update behind the forward
         # is waited for: it may still be writing them).
         self.before_move: Optional[Callable[[], None]] = None
@@ -208,6 +213,7 @@ class ParamSwapper:
         and returns at once (a prefetch); `PendingReads.land()` puts every shard into
         `send` (through `uploads`, a copy stage, when given: see _land). Shards that find
         no free buffer now are read when it lands."""
+        self.flush_writes()
         ahead, later = [], []
         start, before = time.perf_counter(), self.bytes_read
         for zp, off in zip(zps, offsets):
@@ -323,6 +329,7 @@ class ParamSwapper:
         [Parameter shards in host memory]). Returns the arena's bytes."""
         if self.before_move is not None:
             self.before_move()
+        self.flush_writes()
         reads = self.pending_reads or {}
         self.read_counts = {zp.ds_id: n for zp, n in reads.items()}  # stats(), tests
         while self.pending:  # reads issued ahead land first: no shard moves under a read
@@ -370,30 +377,46 @@ class ParamSwapper:
         self._write_extent(zp, values)
 
     def _write_extent(self, zp: ZeroParam, values: torch.Tensor) -> None:
-        """One shard to disk, waited for (Note [Shard writes beside the forward's reads])."""
+        """One shard to disk, asynchronously (Note [Shard writes beside the forward's
+        reads])."""
+        nbytes = values.numel() * values.element_size()
         with self._write_lock:
             if zp.ds_id not in self._swapped:
                 self._swapped.add(zp.ds_id)
                 self.swapped_bytes += arena_bytes(zp.shard_numel * zp.dtype.itemsize)
-            staged = values if self._is_staging(values) else self._staged_copy(values)
-            start = time.perf_counter()
-            self.store.write(zp.ds_id, staged).wait()
-            nbytes = staged.numel() * staged.element_size()
-            self.telemetry.moved("param_nvme_write", nbytes, time.perf_counter() - start)
+            oldest = self._writing[0] if len(self._writing) >= WRITES_IN_FLIGHT else None
+        if oldest is not None:
+            self._reap([oldest])
+        with self._write_lock:
+            fits = [i for i, b in enumerate(self._write_pool) if b.numel() >= nbytes]
+            buf = self._write_pool.pop(fits[0]) if fits else aligned_empty(nbytes, torch.uint8)
+        staged = buf[:nbytes].view(values.dtype)
+        staged.copy_(values.reshape(-1))
+        write = _Write(self.store.write(zp.ds_id, staged), buf, nbytes, time.perf_counter())
+        with self._write_lock:
+            self._writing.append(write)
             self.bytes_written += nbytes
             self.writes += 1
 
-    def _is_staging(self, t: torch.Tensor) -> bool:
-        return t.device.type == "cpu" and t.is_contiguous() and t.data_ptr() % DIRECT_ALIGN == 0
+    def flush_writes(self) -> None:
+        """Waits for every shard write in flight now (before any read of the store)."""
+        with self._write_lock:
+            writing = list(self._writing)
+        self._reap(writing)
 
-    def _staged_copy(self, values: torch.Tensor) -> torch.Tensor:
-        """`values` in the writes' own aligned buffer (grown to the largest shard written)."""
-        nbytes = values.numel() * values.element_size()
-        if self._write_buf is None or self._write_buf.numel() < nbytes:
-            self._write_buf = aligned_empty(nbytes, torch.uint8)
-        buf = self._write_buf[:nbytes].view(values.dtype)
-        buf.copy_(values.reshape(-1))
-        return buf
+    def _reap(self, writes: List["_Write"]) -> None:
+        """Waits for `writes` (raising a failed one's error, naming its file) and gives
+        their buffers back to the pool."""
+        for w in writes:
+            w.ticket.wait()
+        with self._write_lock:
+            for w in writes:
+                if w in self._writing:
+                    self._writing.remove(w)
+                    if len(self._write_pool) < WRITES_IN_FLIGHT:
+                        self._write_pool.append(w.buf)
+                    took = time.perf_counter() - w.start
+                    self.telemetry.moved("param_nvme_write", w.nbytes, took)
 
     def read_into(
         self, zps: List[ZeroParam], send: torch.Tensor, offsets: List[int], uploads=None
@@ -401,6 +424,7 @@ class ParamSwapper:
         """Copies each shard into `send[offset:offset+shard_numel]`: host ones directly,
         swapped ones read into staging buffers as many at a time as the arena holds; with
         `uploads` (a copy stage, `send` on the device) through its upload lane."""
+        self.flush_writes()
         pending = []
         start, before = time.perf_counter(), self.bytes_read
         for zp, off in zip(zps, offsets):
@@ -441,6 +465,7 @@ class ParamSwapper:
         return out
 
     def stats(self) -> dict:
+        self.flush_writes()  # the counts and files are the written ones
         return {
             "directory": self.store.directory,
             "bytes_read": self.bytes_read,
@@ -462,12 +487,29 @@ class ParamSwapper:
 
     def close(self) -> None:
         """Deletes the shards' swap files (the run is over)."""
-        self.store.close()
+        try:
+            self.flush_writes()  # their buffers are read until the writes end
+        finally:
+            self.store.close()
         if self.placer is not None:  # no placement follows: the windows stop
             self.placer.withdraw(self)
 
     def extent_of(self, zp: ZeroParam):
+        """(file, offset, bytes) of zp's shard, its bytes on disk by now."""
+        self.flush_writes()
         return self.store.extent_of(zp.ds_id)
+
+
+WRITES_IN_FLIGHT = sizing.PARAM_WRITES_IN_FLIGHT
+
+
+class _Write:
+    """A shard write in flight: its ticket, its buffer and when it was issued."""
+
+    __slots__ = ("ticket", "buf", "nbytes", "start")
+
+    def __init__(self, ticket, buf: torch.Tensor, nbytes: int, start: float):
+        self.ticket, self.buf, self.nbytes, self.start = ticket, buf, nbytes, start
 
 
 class PendingReads:
