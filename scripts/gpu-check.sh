@@ -206,6 +206,7 @@ configs=(
   "stage3-cpu-speculate 3 120 --stage 3 --offload-optimizer cpu --overlap-step backward --peers zerostream,serial-step"
   "stage2-cpu-speculate 3 120 --stage 2 --offload-optimizer cpu --overlap-step backward --peers zerostream,serial-step"
   "stage2-cpu-device-share 3 160 --stage 2 --offload-optimizer cpu --optimizer-max-on-device auto --peers zerostream,no-offload"
+  "stage3-nvme-overlap 1 240 --stage 3 --offload-optimizer nvme --offload-param nvme --overlap-step --peers zerostream,serial-step"
 )
 run_bench() {
   local name steps cap flags peers
@@ -236,6 +237,7 @@ if [ "$bench" -eq 1 ] && [ "$simulated" -eq 1 ]; then
   skipped bench-stage2-cpu-device-share "simulated: bench-stage3-nvme-nvme checks the command"
   skipped bench-stage3-cpu-speculate "simulated: bench-stage3-nvme-nvme checks the command"
   skipped bench-stage2-cpu-speculate "simulated: bench-stage3-nvme-nvme checks the command"
+  skipped bench-stage3-nvme-overlap "simulated: bench-stage3-nvme-nvme checks the command"
 elif [ "$bench" -eq 1 ]; then
   # By index into configs: the older targets first, the step started during the backward
   # (4, 5) last, so a short budget still measures the rest.
@@ -245,6 +247,7 @@ elif [ "$bench" -eq 1 ]; then
 fi
 if [ "$bench" -eq 1 ]; then
   run_bench "${configs[2]}"
+  [ "$simulated" -eq 1 ] || run_bench "${configs[7]}"  # NVMe behind the next forward, last
 else
   skipped bench "--no-bench"
 fi

@@ -283,6 +283,13 @@ MUTATIONS = [
         [OVERLAP_NVME + "::test_the_overlapped_nvme_step_is_the_serial_step_bit_for_bit"],
     ),
     (
+        "shard-reads-wait-for-writes-in-flight",
+        "zero/stage3/param_swap.py",
+        "        self.flush_writes()\n        ahead, later = [], []",
+        "        ahead, later = [], []",
+        ["tests/python/zero/test_shard_writes.py"],
+    ),
+    (
         "overlap-gather-waits-for-its-uploads",
         "zero/stage3/optimizer.py",
         "            self.copy_stage.wait_mark(mark)",

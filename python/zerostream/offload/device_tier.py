@@ -57,6 +57,7 @@ import torch
 
 from .. import sizing
 from ..accelerator import same_device
+from ..ops.adam import adam_hyper
 from ..ops.device_adam import device_adam_step
 from . import sinks
 
@@ -158,20 +159,7 @@ class DeviceTier:
             else:
                 grad.copy_(host_grad)
         p, m, v = s.dev
-        device_adam_step(
-            p,
-            grad,
-            m,
-            v,
-            lr=group["lr"],
-            betas=group["betas"],
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            step=step,
-            bias_correction=group.get("bias_correction", True),
-            adamw_mode=adamw_mode,
-            grad_scale=grad_scale,
-        )
+        device_adam_step(p, grad, m, v, **adam_hyper(group, step, adamw_mode, grad_scale))
         if write_partition(partitions[s.group], s.lo, s.hi, p, stage):
             self._downloaded = True
 

@@ -29,7 +29,7 @@ import torch
 
 from .. import _C, sizing
 from ..comm import ranks_on_this_host
-from ..ops.adam import cpu_adam_step
+from ..ops.adam import adam_hyper, cpu_adam_step
 from . import placement, sinks
 from .host_buffers import HostArena, arena_bytes
 from .io_engine import IoEngine, io_config_for
@@ -608,22 +608,8 @@ class SwappedAdam:
             report.before(g, lo, hi)
         p, m, v = state
         target = sinks.fused_target(sink, lo, hi, p.dtype)
-        cpu_adam_step(
-            p,
-            grad,
-            m,
-            v,
-            lr=group["lr"],
-            betas=group["betas"],
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            step=self.steps[g],
-            bias_correction=group.get("bias_correction", True),
-            adamw_mode=self.adamw_mode,
-            grad_scale=grad_scale,
-            param_copy=target,
-            threads=self.threads,
-        )
+        hyper = adam_hyper(group, self.steps[g], self.adamw_mode, grad_scale)
+        cpu_adam_step(p, grad, m, v, **hyper, param_copy=target, threads=self.threads)
         sinks.hand_on(sink, lo, hi, p, fused=target is not None, stable=stable)
         if report is not None:
             report.done(g, lo, hi)

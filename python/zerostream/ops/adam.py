@@ -25,6 +25,21 @@ from zerostream.ops.threads import optimizer_threads
 __all__ = ["DeepSpeedCPUAdam", "CPUAdam", "cpu_adam_step"]
 
 
+def adam_hyper(group: dict, step: int, adamw_mode: bool, grad_scale: float) -> dict:
+    """cpu_adam_step's (and ops/device_adam.py's device_adam_step's) keyword arguments for a
+    param group's hyperparameters at 1-based `step`."""
+    return dict(
+        lr=group["lr"],
+        betas=group["betas"],
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+        step=step,
+        bias_correction=group.get("bias_correction", True),
+        adamw_mode=adamw_mode,
+        grad_scale=grad_scale,
+    )
+
+
 def cpu_adam_step(
     param: torch.Tensor,
     grad: torch.Tensor,

@@ -120,6 +120,8 @@ def config(case, micro: int, nvme: str) -> dict:
         zero["offload_param"] = {"device": param, "nvme_path": f"{nvme}/param"}
         if tiered and not ratio:
             zero["offload_param"]["max_in_cpu"] = "auto"
+        elif overlap and param == "nvme":  # every shard on disk, written behind the forward
+            zero["offload_param"]["max_in_cpu"] = 0
     cfg = adamw_config(micro, gas, zero, "bf16" if dtype == "bf16m" else dtype)
     if dtype == "bf16m":
         cfg["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)

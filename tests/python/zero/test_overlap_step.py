@@ -12,13 +12,12 @@ waits (a checkpoint or an accessor right after step()), and a failing update is 
 the next wait, naming it, with the run left inconsistent.
 """
 
-import threading
-
 import pytest
 import torch
 
 from full_state import full_state
 from multirank import run_ranks
+from overlap_trace import gathers_beside, pieces_of, watch
 from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
@@ -135,7 +134,6 @@ def _mechanism(rank, world):
     cfg = config(GLOBAL_BATCH // world, 1, "bf16", "none", 100, True)
     engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
     opt = engine.optimizer
-    behind, part = opt.behind, opt.part
     lo = rank * (GLOBAL_BATCH // world)
     micro = slice(lo, lo + GLOBAL_BATCH // world)
     engine.backward(engine(xs[0][micro], ys[0][micro]))
@@ -143,29 +141,8 @@ def _mechanism(rank, world):
 
     engine.backward(engine(xs[1][micro], ys[1][micro]))
     last_piece = opt._behind_pieces(opt._sinks(opt.local_partitions()))[-1]
-    log = behind.log = []  # from the second update's launch on
-    gate = part.before_shard_access
-    gathered = threading.Event()
-
-    def logged_gate(zps):
-        gate(zps)
-        ids = [zp.ds_id for zp in zps]
-        log.append(
-            (
-                "gather",
-                [opt.slots[i] + (part.params[i].shard_numel,) for i in ids if i in opt.slots],
-            )
-        )
-        gathered.set()
-
-    held = {"waited": None}
-
-    def hold_last_piece(piece):
-        if piece == last_piece:  # the update waits here until the forward gathered beside it
-            held["waited"] = gathered.wait(timeout=60)
-
-    part.before_shard_access = logged_gate
-    behind.piece_hook = hold_last_piece
+    # The update waits before its last piece until the forward gathered beside it.
+    log, held = watch(opt, last_piece)
     engine.step()
     loss = engine(xs[2][micro], ys[2][micro])  # gathers beside the held update
     engine.backward(loss)
@@ -196,24 +173,9 @@ def test_the_forward_gathers_beside_the_update_each_after_the_pieces_of_its_shar
     serial = run_ranks(_serial_third_loss, 2, timeout=300)
     for rank, (log, waited, last_piece, loss) in enumerate(results):
         assert waited is True, "no gather ran while the update held its last piece"
-        done = set()
-        gathers_before_last = 0
-        for entry in log:
-            if entry[0] == "piece":
-                done.add(entry[1:])
-                continue
-            for group, at, n in entry[1]:
-                need = [p for p in _pieces_of(log) if p[0] == group and p[1] < at + n and p[2] > at]
-                missing = [p for p in need if p not in done]
-                assert not missing, f"rank {rank}: a gather read [{at}, {at + n}) before {missing}"
-            if tuple(last_piece) not in done:
-                gathers_before_last += 1
-        assert gathers_before_last >= 1, log
+        assert pieces_of(log)[-1] == tuple(last_piece), log
+        assert gathers_beside(log, pieces_of(log), rank) >= 1, log
         assert loss == serial[rank], (loss, serial[rank])
-
-
-def _pieces_of(log):
-    return [entry[1:] for entry in log if entry[0] == "piece"]
 
 
 # --- every other reader waits; a failing update is raised by the next wait -----------------------

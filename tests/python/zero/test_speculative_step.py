@@ -36,7 +36,8 @@ def config(micro, gas, dtype, params, persist, clip, overlap) -> dict:
     if params == "stage2":  # ZeRO-2: the buckets land during the backward too
         zero = {"stage": 2, "offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": 3000}
     elif params == "nvme":  # shards written from the update's thread, read by the forward
-        zero["offload_param"] = {"device": "nvme", "nvme_path": tempfile.mkdtemp()}
+        path = tempfile.mkdtemp()
+        zero["offload_param"] = {"device": "nvme", "nvme_path": path, "max_in_cpu": 0}
     elif params != "none":
         zero["offload_param"] = {"device": params}
     cfg = {

@@ -112,6 +112,7 @@ class ParamSwapper:
         self._write_lock = threading.Lock()
         self._writing: Deque[_Write] = collections.deque()
         self._write_pool: List[torch.Tensor] = []
+        self._write_buf_bytes = 0
         # Called before "auto" moves shards into host memory (an update behind the forward
         # is waited for: it may still be writing them).
         self.before_move: Optional[Callable[[], None]] = None
@@ -388,8 +389,12 @@ class ParamSwapper:
         if oldest is not None:
             self._reap([oldest])
         with self._write_lock:
-            fits = [i for i, b in enumerate(self._write_pool) if b.numel() >= nbytes]
-            buf = self._write_pool.pop(fits[0]) if fits else aligned_empty(nbytes, torch.uint8)
+            # Every buffer as large as the largest shard written yet: a few sizes over a run,
+            # not one allocation per write (a retained heap would fragment under them).
+            self._write_buf_bytes = max(self._write_buf_bytes, nbytes)
+            pool = [b for b in self._write_pool if b.numel() >= self._write_buf_bytes]
+            buf = pool.pop() if pool else aligned_empty(self._write_buf_bytes, torch.uint8)
+            self._write_pool = pool
         staged = buf[:nbytes].view(values.dtype)
         staged.copy_(values.reshape(-1))
         write = _Write(self.store.write(zp.ds_id, staged), buf, nbytes, time.perf_counter())

@@ -1,0 +1,53 @@
+"""The update behind the next forward (zero/overlap.py), watched: a log of its pieces and of
+the forward's gathers, a hold on one piece until the forward has gathered, and the check that
+each gather came after the pieces that write its shards."""
+
+import threading
+
+
+def watch(opt, hold_at):
+    """From now on logs opt's update pieces ("piece", g, lo, hi) and the forward's gathers
+    ("gather", [(g, at, n), ...]) in order, and holds the update before piece `hold_at` until
+    a gather ran (60 s at most). Returns (log, held): held["waited"] is True when it did."""
+    behind, part = opt.behind, opt.part
+    log = behind.log = []
+    gate = part.before_shard_access
+    gathered = threading.Event()
+    held = {"waited": None}
+
+    def logged_gate(zps):
+        gate(zps)
+        ids = [zp.ds_id for zp in zps]
+        slots = [opt.slots[i] + (part.params[i].shard_numel,) for i in ids if i in opt.slots]
+        log.append(("gather", slots))
+        gathered.set()
+
+    def hold(piece):
+        if piece == hold_at:
+            held["waited"] = gathered.wait(timeout=60)
+
+    part.before_shard_access = logged_gate
+    behind.piece_hook = hold
+    return log, held
+
+
+def pieces_of(log):
+    return [tuple(entry[1:]) for entry in log if entry[0] == "piece"]
+
+
+def gathers_beside(log, plan, rank) -> int:
+    """Asserts that every gather in `log` came after the pieces of `plan` that write its
+    shards; returns how many gathers ran before the whole plan was done."""
+    plan = [tuple(p) for p in plan]
+    done, beside = set(), 0
+    for entry in log:
+        if entry[0] == "piece":
+            done.add(tuple(entry[1:]))
+            continue
+        for group, at, n in entry[1]:
+            missing = [
+                p for p in plan if p[0] == group and p[1] < at + n and p[2] > at and p not in done
+            ]
+            assert not missing, f"rank {rank}: a gather read [{at}, {at + n}) before {missing}"
+        beside += len(done) < len(plan)
+    return beside
