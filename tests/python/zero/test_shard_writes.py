@@ -1,8 +1,8 @@
 """Stage-3 shard writes in flight (Note [Shard writes beside the forward's reads] in
 zero/stage3/param_swap.py): an update's shard writes are asynchronous, at most
 WRITES_IN_FLIGHT at once, and no shard is read while its own write may be in flight (not yet
-waited for), in a serial step's next forward as behind an overlapped one. Training matches the run with
-every shard in host memory bit for bit."""
+waited for), in a serial step's next forward as behind an overlapped one. Training matches
+the run with every shard in host memory bit for bit."""
 
 import pytest
 import torch
