@@ -1,8 +1,11 @@
 """The update behind the next forward (zero/overlap.py), watched: a log of its pieces and of
-the forward's gathers, a hold on one piece until the forward has gathered, and the check that
-each gather came after the pieces that write its shards."""
+the forward's gathers, a hold on one piece until the forward has gathered, the check that
+each gather came after the pieces that write its shards; and the training loop its tests
+compare with the serial step."""
 
 import threading
+
+import torch
 
 
 def watch(opt, hold_at):
@@ -51,3 +54,26 @@ def gathers_beside(log, plan, rank) -> int:
             assert not missing, f"rank {rank}: a gather read [{at}, {at + n}) before {missing}"
         beside += len(done) < len(plan)
     return beside
+
+
+def train_steps(engine, xs, ys, rank, world, gas):
+    """steps x gas micro-steps of the global batches xs[s], ys[s] (this rank's slice of each
+    micro-batch); returns each step's loss summed over ranks and micro-steps, its pre-clip
+    global norm and its lr."""
+    import torch.distributed as dist
+
+    micro = xs[0].shape[0] // (world * gas)
+    losses, norms, lrs = [], [], []
+    for s in range(len(xs)):
+        total = torch.zeros(())
+        for m in range(gas):
+            lo = (m * world + rank) * micro
+            loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float()
+        dist.all_reduce(total)
+        losses.append(float(total))
+        norms.append(float(engine.get_global_grad_norm()))
+        lrs.append(engine.get_lr()[0])
+    return losses, norms, lrs

@@ -17,7 +17,7 @@ import torch
 
 from full_state import full_state
 from multirank import run_ranks
-from overlap_trace import gathers_beside, pieces_of, watch
+from overlap_trace import gathers_beside, pieces_of, train_steps, watch
 from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
@@ -59,7 +59,6 @@ def _weights_and_state(engine) -> dict:
 
 
 def train(rank, world, case, overlap):
-    import torch.distributed as dist
 
     import zerostream
 
@@ -69,19 +68,7 @@ def train(rank, world, case, overlap):
     torch.manual_seed(0)
     cfg = config(micro, gas, dtype, params, persist, overlap)
     engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
-    losses, norms, lrs = [], [], []
-    for s in range(STEPS):
-        total = torch.zeros(())
-        for m in range(gas):
-            lo = (m * world + rank) * micro
-            loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
-            engine.backward(loss)
-            engine.step()
-            total += loss.detach().float()
-        dist.all_reduce(total)
-        losses.append(float(total))
-        norms.append(float(engine.get_global_grad_norm()))
-        lrs.append(engine.get_lr()[0])
+    losses, norms, lrs = train_steps(engine, xs, ys, rank, world, gas)
     behind = engine.optimizer.behind
     launched = behind.launched if behind is not None else 0
     launched = (launched, engine.skipped_steps)
@@ -268,6 +255,17 @@ def test_a_failing_update_is_raised_by_the_next_wait_and_the_run_stops():
         ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "got stage 2"),
         ({"stage": 3}, 'offload_optimizer.device "cpu" or "nvme"; got "none"'),
         ({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "on the device"),
+        (
+            {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
+            "got stage 2",
+        ),
+        (
+            {
+                "stage": 3,
+                "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.5},
+            },
+            "on the device",
+        ),
     ],
 )
 def test_combinations_not_built_are_refused_by_name(zero, refused):

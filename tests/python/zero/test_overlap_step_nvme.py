@@ -12,12 +12,11 @@ before any sub-group, a window read of their state moved bytes, the forward gath
 the update still held its last piece, and each gather ran after the pieces of its shards.
 """
 
-import pytest
 import torch
 
 from full_state import full_state
 from multirank import run_ranks
-from overlap_trace import gathers_beside, watch
+from overlap_trace import gathers_beside, train_steps, watch
 from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
@@ -62,23 +61,10 @@ def train(rank, world, case, overlap, nvme):
     import zerostream
 
     gas = case[3]
-    micro = GLOBAL_BATCH // (world * gas)
     xs, ys = make_batches(STEPS, GLOBAL_BATCH)
     torch.manual_seed(0)
     engine = zerostream.initialize(model=TinyGPT(), config=config(case, overlap, nvme))[0]
-    losses, norms, lrs = [], [], []
-    for s in range(STEPS):
-        total = torch.zeros(())
-        for m in range(gas):
-            lo = (m * world + rank) * micro
-            loss = engine(xs[s][lo : lo + micro], ys[s][lo : lo + micro])
-            engine.backward(loss)
-            engine.step()
-            total += loss.detach().float()
-        dist.all_reduce(total)
-        losses.append(float(total))
-        norms.append(float(engine.get_global_grad_norm()))
-        lrs.append(engine.get_lr()[0])
+    losses, norms, lrs = train_steps(engine, xs, ys, rank, world, gas)
     opt = engine.optimizer
     launched = opt.behind.launched if opt.behind is not None else 0
     tiers = {s.tier for s in opt.swapper.sub_groups}
@@ -188,32 +174,6 @@ def test_persistent_ranges_go_first_and_the_forward_gathers_beside_the_rest(tmp_
         assert pieces[: len(plan)] == [tuple(p) for p in plan], "pieces ran out of plan order"
         beside = gathers_beside(log, plan, rank)
         assert beside >= 1, log
-
-
-@pytest.mark.parametrize(
-    "zero, refused",
-    [
-        (
-            {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
-            "got stage 2",
-        ),
-        (
-            {
-                "stage": 3,
-                "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.5},
-            },
-            "on the device",
-        ),
-    ],
-)
-def test_nvme_combinations_not_built_are_refused_by_name(zero, refused):
-    from zerostream.config import ConfigError, load
-
-    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}
-    cfg["zerostream"] = {"overlap_step": "next_forward"}
-    with pytest.raises(ConfigError) as e:
-        load(cfg)
-    assert "zerostream.overlap_step" in str(e.value) and refused in str(e.value), str(e.value)
 
 
 # --- a disk error on the update's thread is raised by the next wait, naming it -------------------
