@@ -77,3 +77,22 @@ def train_steps(engine, xs, ys, rank, world, gas):
         norms.append(float(engine.get_global_grad_norm()))
         lrs.append(engine.get_lr()[0])
     return losses, norms, lrs
+
+
+def step_config(micro: int, gas: int, dtype: str, zero: dict, clip: float = 0.05) -> dict:
+    """The overlapped-step tests' ds_config around `zero`: AdamW under a WarmupLR that moves
+    the lr every step, gradient clipping at `clip` (0.05 is below the tiny model's norms:
+    the clip triggers), and with fp16 a loss scale that overflows at first."""
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 10},
+        },
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16, "hysteresis": 1},
+    }

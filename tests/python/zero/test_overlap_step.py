@@ -17,7 +17,7 @@ import torch
 
 from full_state import full_state
 from multirank import run_ranks
-from overlap_trace import gathers_beside, pieces_of, train_steps, watch
+from overlap_trace import gathers_beside, pieces_of, step_config, train_steps, watch
 from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
@@ -34,20 +34,7 @@ def config(micro: int, gas: int, dtype: str, params: str, persist: int, overlap:
     }
     if params != "none":
         zero["offload_param"] = {"device": params}
-    cfg = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "gradient_clipping": 0.05,  # below the tiny model's norms: the clip triggers
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-        "scheduler": {
-            "type": "WarmupLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 10},
-        },
-        "zero_optimization": zero,
-        "bf16": {"enabled": dtype == "bf16"},
-        # A loss scale that overflows at first: skipped steps launch no update.
-        "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16, "hysteresis": 1},
-    }
+    cfg = step_config(micro, gas, dtype, zero)
     if overlap:
         mode = overlap if isinstance(overlap, str) else "next_forward"
         cfg["zerostream"] = {"overlap_step": mode}

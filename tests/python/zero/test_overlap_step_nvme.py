@@ -16,7 +16,7 @@ import torch
 
 from full_state import full_state
 from multirank import run_ranks
-from overlap_trace import gathers_beside, train_steps, watch
+from overlap_trace import gathers_beside, step_config, train_steps, watch
 from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
@@ -36,20 +36,8 @@ def config(case, overlap: bool, nvme: str) -> dict:
     if params != "none":
         # max_in_cpu 0: every shard on disk (DeepSpeed's default keeps 1e9 elements in RAM)
         zero["offload_param"] = {"device": params, "nvme_path": f"{nvme}/param", "max_in_cpu": 0}
-    cfg = {
-        "train_micro_batch_size_per_gpu": GLOBAL_BATCH // (2 * gas),
-        "gradient_accumulation_steps": gas,
-        "gradient_clipping": 0.05,  # below the tiny model's norms: the clip triggers
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-        "scheduler": {
-            "type": "WarmupLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 10},
-        },
-        "zero_optimization": zero,
-        "bf16": {"enabled": dtype == "bf16"},
-        "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16, "hysteresis": 1},
-        "zerostream": {"optimizer_max_in_cpu": in_cpu},
-    }
+    cfg = step_config(GLOBAL_BATCH // (2 * gas), gas, dtype, zero)
+    cfg["zerostream"] = {"optimizer_max_in_cpu": in_cpu}
     if overlap:
         cfg["zerostream"]["overlap_step"] = "next_forward"
     return cfg

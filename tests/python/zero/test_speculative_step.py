@@ -19,6 +19,7 @@ import torch
 
 from full_state import full_state
 from multirank import run_ranks
+from overlap_trace import step_config
 from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
@@ -40,19 +41,7 @@ def config(micro, gas, dtype, params, persist, clip, overlap) -> dict:
         zero["offload_param"] = {"device": "nvme", "nvme_path": path, "max_in_cpu": 0}
     elif params != "none":
         zero["offload_param"] = {"device": params}
-    cfg = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "gradient_clipping": clip,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-        "scheduler": {
-            "type": "WarmupLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 10},
-        },
-        "zero_optimization": zero,
-        "bf16": {"enabled": dtype == "bf16"},
-        "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16, "hysteresis": 1},
-    }
+    cfg = step_config(micro, gas, dtype, zero, clip)
     if overlap:
         cfg["zerostream"] = {"overlap_step": overlap}
     return cfg
