@@ -23,7 +23,7 @@ Note [Persistent ranges first]
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Dict, List, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Protocol, Tuple
 
 import torch
 
@@ -31,7 +31,6 @@ from ..aligned import DIRECT_ALIGN, aligned_empty
 from . import sinks
 
 if TYPE_CHECKING:
-    from .optimizer_swap import SwappedAdam
     from .tiered_state import SubGroup
 
 Range = Tuple[int, int]
@@ -56,8 +55,9 @@ class EarlyRanges:
     """The ranges (group, lo, hi) of `owner`'s partitions stepped before its sub-groups
     (Note [Persistent ranges first]), split where they cross a sub-group's edge."""
 
-    def __init__(self, owner: "SwappedAdam", ranges: List[Tuple[int, int, int]]):
-        self.owner: "SwappedAdam" = owner
+    def __init__(self, owner: Any, ranges: List[Tuple[int, int, int]]):
+        # owner: the SwappedAdam (offload/optimizer_swap.py, which imports this module)
+        self.owner = owner
         self._by_sub: Dict[int, List[Range]] = {}
         self._order: List[Tuple["SubGroup", int, int]] = []
         by_group: Dict[int, List["SubGroup"]] = {}
