@@ -143,7 +143,7 @@ def param_staging_budget(buffer_count: int, buffer_size: int, swapped_bytes: int
 
 
 # Stage-3 shard writes in flight at once, each in a buffer of its own as large as the shard
-# (Note [Shard writes beside the forward's reads] in zero/stage3/param_swap.py).
+# (Note [Shard writes beside the forward's reads] in zero/stage3/shard_writes.py).
 PARAM_WRITES_IN_FLIGHT = 4
 
 

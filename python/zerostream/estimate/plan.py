@@ -485,7 +485,7 @@ def _memory(shape, work, machine, option, knobs):
                 else 0
             )
             # Writes go through buffers of their own, WRITES_IN_FLIGHT of the largest shard
-            # (Note [Shard writes beside the forward's reads] in zero/stage3/param_swap.py).
+            # (Note [Shard writes beside the forward's reads] in zero/stage3/shard_writes.py).
             host["param write buffers"] = (
                 sizing.PARAM_WRITES_IN_FLIGHT * d * max(homes.swapped) if homes.swapped else 0
             )

@@ -33,7 +33,7 @@ Note [The step overlapped with the next forward]
   offload/swap_early.py); the step's start (the tiers' "auto", whose readings are agreed
   across ranks) stays on the caller's thread. With offload_param "nvme" the thread writes
   shards while the forward reads others (Note [Shard writes beside the forward's reads] in
-  zero/stage3/param_swap.py); "auto" moving shards into host memory waits for the update.
+  zero/stage3/shard_writes.py); "auto" moving shards into host memory waits for the update.
 
   On a GPU the thread binds the rank's device first (a thread starts on device 0). Its
   uploads go on the copy stage's lane, which waits for the compute stream where it stands at

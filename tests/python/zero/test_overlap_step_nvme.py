@@ -2,7 +2,7 @@
 (offload/optimizer_swap.py) runs on the update's thread behind the next forward, the
 persistent params' ranges first (Note [Persistent ranges first] in offload/swap_early.py),
 with offload_param none, cpu and nvme (Note [Shard writes beside the forward's reads] in
-zero/stage3/param_swap.py).
+zero/stage3/shard_writes.py).
 
 Exactness: on 2 ranks the overlapped run is the serial run bit for bit (losses, pre-clip
 norms, weights, the fp32 state and moments read back from disk), with clipping that

@@ -1,5 +1,5 @@
 """Stage-3 shard writes in flight (Note [Shard writes beside the forward's reads] in
-zero/stage3/param_swap.py): an update's shard writes are asynchronous, at most
+zero/stage3/shard_writes.py): an update's shard writes are asynchronous, at most
 WRITES_IN_FLIGHT at once, and no shard is read while its own write may be in flight (not yet
 waited for), in a serial step's next forward as behind an overlapped one. Training matches
 the run with every shard in host memory bit for bit."""
@@ -43,11 +43,12 @@ def _train(rank, world, root, params, overlap):
         def read(tensor_id, tensor):
             seen["reads"] += 1
             ticket = last_write.get(tensor_id)
-            seen["while_writing"] += any(w.ticket is ticket for w in list(swapper._writing))
+            seen["while_writing"] += any(t is ticket for t in swapper.shard_writes.in_flight())
             return store_read(tensor_id, tensor)
 
         def write(tensor_id, tensor):
-            seen["most_in_flight"] = max(seen["most_in_flight"], len(swapper._writing) + 1)
+            in_flight = len(swapper.shard_writes.in_flight()) + 1
+            seen["most_in_flight"] = max(seen["most_in_flight"], in_flight)
             ticket = last_write[tensor_id] = store_write(tensor_id, tensor)
             return ticket
 

@@ -26,7 +26,6 @@ from typing import Callable, Deque, Dict, List, Optional
 import torch
 
 from ... import sizing
-from ...aligned import aligned_empty
 from ...comm import ranks_on_this_host
 from ...offload.copy_stage import to_device
 from ...offload.host_buffers import HostArena, arena_bytes
@@ -37,6 +36,7 @@ from ...offload.sinks import StagedSink
 from ...offload.swap_store import SwapStore
 from ...telemetry import NULL_TELEMETRY
 from .param import ShardHome, ZeroParam
+from .shard_writes import ShardWrites
 
 logger = logging.getLogger("zerostream")
 
@@ -96,23 +96,11 @@ class ParamSwapper:
         self.auto_buffer_count = True  # fit_read_ahead may raise buffer_count
         self.telemetry = NULL_TELEMETRY  # the engine's, once an optimizer owns the params
         self.pending: Deque["PendingReads"] = collections.deque()  # see start_reads
-        # Note [Shard writes beside the forward's reads]
-        # An optimizer update writes shards a piece at a time, and behind the next forward
-        # (zero/overlap.py) from its own thread while the forward reads others (a shard is
-        # read only once its piece is written: the gather waits for the piece first). Writes
-        # are asynchronous, so the update goes on to its next piece (and its disk reads)
-        # while they land: each is copied into a write buffer of its own (an O_DIRECT-
-        # aligned pool, never the reads' staging arena: a write that waited there for a
-        # buffer held by a read ahead, which the forward lands only after its next gather,
-        # waiting for this very update, would wait forever), at most WRITES_IN_FLIGHT at
-        # once. Every read of the store first waits for the writes in flight
-        # (flush_writes): a piece reported written may still be landing, and a serial
-        # step's last writes are read by the next forward. The reads' state (the arena,
-        # `pending`) is the forward's thread's alone.
+        # Shard writes, asynchronous (Note [Shard writes beside the forward's reads] in
+        # shard_writes.py); the lock keeps the written shards' count beside the update's
+        # thread.
+        self.shard_writes = ShardWrites(self.store, lambda: self.telemetry)
         self._write_lock = threading.Lock()
-        self._writing: Deque[_Write] = collections.deque()
-        self._write_pool: List[torch.Tensor] = []
-        self._write_buf_bytes = 0
         # Called before "auto" moves shards into host memory (an update behind the forward
         # is waited for: it may still be writing them).
         self.before_move: Optional[Callable[[], None]] = None
@@ -379,49 +367,18 @@ class ParamSwapper:
 
     def _write_extent(self, zp: ZeroParam, values: torch.Tensor) -> None:
         """One shard to disk, asynchronously (Note [Shard writes beside the forward's
-        reads])."""
-        nbytes = values.numel() * values.element_size()
+        reads] in shard_writes.py)."""
         with self._write_lock:
             if zp.ds_id not in self._swapped:
                 self._swapped.add(zp.ds_id)
                 self.swapped_bytes += arena_bytes(zp.shard_numel * zp.dtype.itemsize)
-            oldest = self._writing[0] if len(self._writing) >= WRITES_IN_FLIGHT else None
-        if oldest is not None:
-            self._reap([oldest])
-        with self._write_lock:
-            # Every buffer as large as the largest shard written yet: a few sizes over a run,
-            # not one allocation per write (a retained heap would fragment under them).
-            self._write_buf_bytes = max(self._write_buf_bytes, nbytes)
-            pool = [b for b in self._write_pool if b.numel() >= self._write_buf_bytes]
-            buf = pool.pop() if pool else aligned_empty(self._write_buf_bytes, torch.uint8)
-            self._write_pool = pool
-        staged = buf[:nbytes].view(values.dtype)
-        staged.copy_(values.reshape(-1))
-        write = _Write(self.store.write(zp.ds_id, staged), buf, nbytes, time.perf_counter())
-        with self._write_lock:
-            self._writing.append(write)
-            self.bytes_written += nbytes
+            self.bytes_written += values.numel() * values.element_size()
             self.writes += 1
+        self.shard_writes.write(zp.ds_id, values)
 
     def flush_writes(self) -> None:
         """Waits for every shard write in flight now (before any read of the store)."""
-        with self._write_lock:
-            writing = list(self._writing)
-        self._reap(writing)
-
-    def _reap(self, writes: List["_Write"]) -> None:
-        """Waits for `writes` (raising a failed one's error, naming its file) and gives
-        their buffers back to the pool."""
-        for w in writes:
-            w.ticket.wait()
-        with self._write_lock:
-            for w in writes:
-                if w in self._writing:
-                    self._writing.remove(w)
-                    if len(self._write_pool) < WRITES_IN_FLIGHT:
-                        self._write_pool.append(w.buf)
-                    took = time.perf_counter() - w.start
-                    self.telemetry.moved("param_nvme_write", w.nbytes, took)
+        self.shard_writes.flush()
 
     def read_into(
         self, zps: List[ZeroParam], send: torch.Tensor, offsets: List[int], uploads=None
@@ -503,18 +460,6 @@ class ParamSwapper:
         """(file, offset, bytes) of zp's shard, its bytes on disk by now."""
         self.flush_writes()
         return self.store.extent_of(zp.ds_id)
-
-
-WRITES_IN_FLIGHT = sizing.PARAM_WRITES_IN_FLIGHT
-
-
-class _Write:
-    """A shard write in flight: its ticket, its buffer and when it was issued."""
-
-    __slots__ = ("ticket", "buf", "nbytes", "start")
-
-    def __init__(self, ticket, buf: torch.Tensor, nbytes: int, start: float):
-        self.ticket, self.buf, self.nbytes, self.start = ticket, buf, nbytes, start
 
 
 class PendingReads:
