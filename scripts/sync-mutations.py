@@ -278,8 +278,8 @@ MUTATIONS = [
     (
         "nvme-overlap-keeps-the-steps-lr",
         "zero/overlap.py",
-        "hyper=hyper, early=early",
-        "early=early",
+        "opt.copy_stage, hyper, early, report)",
+        "opt.copy_stage, None, early, report)",
         [OVERLAP_NVME + "::test_the_overlapped_nvme_step_is_the_serial_step_bit_for_bit"],
     ),
     (

@@ -170,6 +170,7 @@ class SwappedAdam:
             [self.arena.empty(wide, torch.uint8) for _ in KINDS] for _ in range(self.sets)
         ]
         self.bytes_read = self.bytes_written = 0
+        self.window_bytes_read = 0  # of bytes_read: EarlyRanges' windows (swap_early.py)
         self.wait_seconds = 0.0
         self.store = None  # offload_optimizer "cpu" with a ratio: nothing on disk
         self.io: Optional[IoEngine] = None  # the store's engine (EarlyRanges reads through it)

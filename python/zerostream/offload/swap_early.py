@@ -84,9 +84,6 @@ class EarlyRanges:
         # Stepped state of the ranges on disk: sub-group index -> [(lo, hi, [p, m, v])].
         self._stepped: Dict[int, List[Tuple[int, int, List[torch.Tensor]]]] = {}
 
-    def __len__(self) -> int:
-        return len(self._order)
-
     def pieces(self, partitions: list) -> List[Tuple[int, int, int]]:
         """The pieces run() hands on, in its order."""
         return [
@@ -155,5 +152,6 @@ class EarlyRanges:
             skip = (lo - s.lo) * size - first
             out.append(buf[skip : skip + (hi - lo) * size].view(dtype))
             owner.bytes_read += end - first
+            owner.window_bytes_read += end - first
         owner._wait(tickets)
         return out

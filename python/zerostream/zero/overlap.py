@@ -233,11 +233,12 @@ def require_cpu_kernels(opt, mode: str, where: str) -> None:
     from ..ops._cpu_optimizer import CPUOptimizerBase
 
     swapped = mode == "next_forward" and getattr(opt, "swapper", None) is not None
+    also = ' or "nvme"' if mode == "next_forward" else ""
     if not (isinstance(opt.optimizer, CPUOptimizerBase) or swapped) or opt.copy_stage is None:
         raise ValueError(
             f'zerostream.overlap_step: "{mode}" runs zerostream\'s CPU optimizer kernels '
             f"{where}, with zero_optimization.offload_optimizer.device "
-            f'"cpu"; this run steps {type(opt.optimizer).__name__} with offload_optimizer '
+            f'"cpu"{also}; this run steps {type(opt.optimizer).__name__} with offload_optimizer '
             f'"{opt.offload_device}" (drop overlap_step, or use a DeepSpeed optimizer '
             f"type such as AdamW with offload_optimizer cpu)"
         )
@@ -245,7 +246,8 @@ def require_cpu_kernels(opt, mode: str, where: str) -> None:
 
 def make_behind(opt, ctx) -> UpdateBehind:
     """The update's runner for a sharded ZeRO optimizer (zero/sharded.py) under
-    overlap_step "next_forward": zerostream's CPU kernels and the copy stage only."""
+    overlap_step "next_forward": zerostream's CPU kernels (over host masters, or the NVMe
+    sub-group pipeline) and the copy stage only."""
     require_cpu_kernels(opt, ctx.config.zerostream.overlap_step, "behind the forward")
     from ..accelerator import is_host_run
 
@@ -333,15 +335,8 @@ def _launch_swapped(opt, partitions: list, factor: float) -> None:
 
     def run(done) -> None:
         report = _Report(behind, opt.copy_stage, done)
-        before = (swapper.bytes_read, swapper.bytes_written, swapper.wait_seconds)
-        start = time.perf_counter()
-        swapper.run_step(
-            opt.grads, partitions, factor, opt.copy_stage, hyper=hyper, early=early, report=report
-        )
-        took = time.perf_counter() - start
-        opt.telemetry.moved("nvme_read", swapper.bytes_read - before[0], took)
-        opt.telemetry.moved("nvme_write", swapper.bytes_written - before[1], took)
-        opt.telemetry.add_seconds("swap_wait", swapper.wait_seconds - before[2])
+        with opt.swapped_step_counted():
+            swapper.run_step(opt.grads, partitions, factor, opt.copy_stage, hyper, early, report)
         opt._zero_partition_grads()
 
     behind.launch(pieces, run)

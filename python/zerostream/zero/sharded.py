@@ -13,6 +13,7 @@ its parameters) and in how gradients reach the fp32 partition.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -424,19 +425,23 @@ class ShardedOptimizerBase(ZeroOptimizerBase):
                 work, factor, copy_to, done, stepped=lambda gi, pi, lo, hi: (gi, lo, hi) in kept
             )
 
+    @contextlib.contextmanager
+    def swapped_step_counted(self):
+        """The NVMe optimizer step inside (offload_optimizer nvme, here or on the update's
+        thread): its disk bytes and waits go into the step's telemetry."""
+        swapper = self.swapper
+        before = (swapper.bytes_read, swapper.bytes_written, swapper.wait_seconds)
+        start = time.perf_counter()
+        yield
+        took = time.perf_counter() - start
+        self.telemetry.moved("nvme_read", swapper.bytes_read - before[0], took)
+        self.telemetry.moved("nvme_write", swapper.bytes_written - before[1], took)
+        self.telemetry.add_seconds("swap_wait", swapper.wait_seconds - before[2])
+
     def _update_into(self, partitions: list, factor: float, taken=None) -> None:
         if self.swapper is not None:
-            before = (
-                self.swapper.bytes_read,
-                self.swapper.bytes_written,
-                self.swapper.wait_seconds,
-            )
-            start = time.perf_counter()
-            self.swapper.step(self.grads, partitions, factor, self.copy_stage)
-            took = time.perf_counter() - start
-            self.telemetry.moved("nvme_read", self.swapper.bytes_read - before[0], took)
-            self.telemetry.moved("nvme_write", self.swapper.bytes_written - before[1], took)
-            self.telemetry.add_seconds("swap_wait", self.swapper.wait_seconds - before[2])
+            with self.swapped_step_counted():
+                self.swapper.step(self.grads, partitions, factor, self.copy_stage)
             return
 
         if isinstance(self.optimizer, CPUOptimizerBase) and self.copy_stage is not None:

@@ -17,7 +17,7 @@ import torch
 
 from full_state import full_state
 from multirank import run_ranks
-from overlap_trace import gathers_beside, pieces_of, step_config, train_steps, watch
+from overlap_trace import gathers_beside, pieces_of, step_config, third_loss, train_steps, watch
 from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
@@ -132,14 +132,7 @@ def _serial_third_loss(rank, world):
     torch.manual_seed(0)
     cfg = config(GLOBAL_BATCH // world, 1, "bf16", "none", 100, False)
     engine = zerostream.initialize(model=TinyGPT(), config=cfg)[0]
-    lo = rank * (GLOBAL_BATCH // world)
-    micro = slice(lo, lo + GLOBAL_BATCH // world)
-    for s in range(2):
-        engine.backward(engine(xs[s][micro], ys[s][micro]))
-        engine.step()
-    loss = float(engine(xs[2][micro], ys[2][micro]))
-    engine.destroy()
-    return loss
+    return third_loss(engine, xs, ys, rank, world)
 
 
 def test_the_forward_gathers_beside_the_update_each_after_the_pieces_of_its_shards():

@@ -16,7 +16,7 @@ import torch
 
 from full_state import full_state
 from multirank import run_ranks
-from overlap_trace import gathers_beside, step_config, train_steps, watch
+from overlap_trace import gathers_beside, step_config, third_loss, train_steps, watch
 from tiny_gpt import TinyGPT, make_batches
 
 STEPS = 4
@@ -124,12 +124,12 @@ def _mechanism(rank, world, root):
     # The update stops before its first sub-group until the forward has gathered: the
     # forward's start needs the persistent params, which must be updated already.
     log, held = watch(opt, first_rest)
-    read_before = opt.swapper.bytes_read
+    read_before = opt.swapper.window_bytes_read
     engine.step()
     loss = engine(xs[2][micro], ys[2][micro])  # gathers beside the held update
     engine.backward(loss)
     engine.step()
-    windows = opt.swapper.bytes_read - read_before
+    windows = opt.swapper.window_bytes_read - read_before
     engine.destroy()
     return log, held["waited"], plan, len(early.pieces(partitions)), float(loss), windows
 
@@ -142,13 +142,7 @@ def _serial_third_loss(rank, world, root):
     engine = zerostream.initialize(
         model=TinyGPT(), config=config(("bf16", "nvme", 0, 1), False, root)
     )[0]
-    micro = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
-    for s in range(2):
-        engine.backward(engine(xs[s][micro], ys[s][micro]))
-        engine.step()
-    loss = float(engine(xs[2][micro], ys[2][micro]))
-    engine.destroy()
-    return loss
+    return third_loss(engine, xs, ys, rank, world)
 
 
 def test_persistent_ranges_go_first_and_the_forward_gathers_beside_the_rest(tmp_path):
